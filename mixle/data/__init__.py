@@ -1,0 +1,1 @@
+"""Sources, sampling and index math."""

@@ -1,0 +1,88 @@
+"""Counter-based hashing: random-looking uint64 values as pure functions of integers.
+
+Everything random in mixle is ``hash_words(seed, stream, ...)`` — splitmix64 finalisation
+folded over the words in NumPy uint64 arithmetic. There is no generator state: any value
+can be computed for any index in any process, in O(1) memory, and the results do not
+depend on the NumPy release or on how work is split between workers. Golden-value tests
+pin the algorithm; changing it changes every user's sampled patches.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+__all__ = ["MASK64", "hash_words", "parse_seed", "splitmix64", "uniform_below"]
+
+MASK64 = (1 << 64) - 1
+_GOLDEN_GAMMA = np.uint64(0x9E3779B97F4A7C15)
+_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX2 = np.uint64(0x94D049BB133111EB)
+_S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
+
+
+def splitmix64(x: NDArray[np.uint64]) -> NDArray[np.uint64]:
+    """The splitmix64 output function applied elementwise (wrapping uint64 arithmetic)."""
+    z = np.add(x, _GOLDEN_GAMMA, dtype=np.uint64)
+    z = np.multiply(z ^ (z >> _S30), _MIX1, dtype=np.uint64)
+    z = np.multiply(z ^ (z >> _S27), _MIX2, dtype=np.uint64)
+    return z ^ (z >> _S31)
+
+
+def _as_words(value: ArrayLike) -> NDArray[np.uint64]:
+    arr = np.asarray(value)
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"hash words must be integers, got dtype {arr.dtype}")
+    if arr.dtype.kind == "i" and arr.size and int(arr.min()) < 0:
+        return arr.astype(np.int64).view(np.uint64)  # two's complement, like & MASK64
+    return arr.astype(np.uint64)
+
+
+def hash_words(seed: int, *words: ArrayLike) -> NDArray[np.uint64]:
+    """Hash ``seed`` and integer ``words`` (broadcast together) to uint64 values.
+
+    ``h = splitmix64(seed)``, then ``h = splitmix64(h ^ w)`` for each word in order. The
+    result has the broadcast shape of the words, at least 1-D.
+    """
+    shape = np.broadcast_shapes(*(np.shape(w) for w in words)) if words else ()
+    h = splitmix64(np.full(shape or (1,), seed & MASK64, dtype=np.uint64))
+    for w in words:
+        h = splitmix64(h ^ _as_words(w))
+    return h
+
+
+def uniform_below(n: int, seed: int, *words: ArrayLike) -> NDArray[np.int64]:
+    """Exactly uniform integers in ``[0, n)``, one per broadcast element of ``words``.
+
+    The hash of ``(seed, *words, attempt)`` is reduced modulo ``n``; values in the short
+    top range that would bias the modulo are rejected and redrawn with ``attempt + 1``, so
+    every value in ``[0, n)`` is exactly equally likely (rejection happens with probability
+    below ``n / 2**64``).
+    """
+    if not 1 <= n <= MASK64:
+        raise ValueError(f"n={n} must be in [1, 2**64)")
+    shape = np.broadcast_shapes(*(np.shape(w) for w in words)) if words else ()
+    cols = [np.broadcast_to(np.asarray(w), shape) for w in words]
+    h = hash_words(seed, *cols, 0)
+    limit = (1 << 64) - ((1 << 64) % n)  # accept h < limit
+    if limit < (1 << 64):
+        bad = np.flatnonzero(h >= np.uint64(limit))
+        attempt = 1
+        while bad.size:
+            redo = hash_words(seed, *(c.reshape(-1)[bad] for c in cols), attempt)
+            h.reshape(-1)[bad] = redo
+            bad = bad[redo >= np.uint64(limit)]
+            attempt += 1
+    return (h % np.uint64(n)).astype(np.int64).reshape(shape or (1,))
+
+
+def parse_seed(seed: object, name: str = "seed") -> int:
+    """Validate an integer seed (NumPy integers accepted, bools and floats refused)."""
+    if isinstance(seed, bool):
+        raise TypeError(f"{name}={seed!r} must be an int, not a bool")
+    try:
+        return operator.index(seed)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(f"{name}={seed!r} must be an int") from None

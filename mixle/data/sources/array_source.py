@@ -1,0 +1,98 @@
+"""Lazy N-D array sources (zarr, HDF5, raw memmap, ``.npy``) and the patch sampler.
+
+This module is the stable import path for the array family; the implementations live in
+one module per backend beside it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from numpy.typing import DTypeLike
+
+from mixle.data.patch_sampler import PatchSampler
+from mixle.data.schema import Schema
+from mixle.data.sources.adopt import ArrayLikeSource, as_array_source
+from mixle.data.sources.base import ArraySource
+from mixle.data.sources.hdf5_source import HDF5ArraySource
+from mixle.data.sources.memmap_source import MemmapArraySource, NpyArraySource
+from mixle.data.sources.zarr_source import ZarrArraySource
+from mixle.data.structure import EXCHANGEABLE, SampleStructure
+
+__all__ = [
+    "ArrayLikeSource",
+    "ArraySource",
+    "HDF5ArraySource",
+    "MemmapArraySource",
+    "NpyArraySource",
+    "PatchSampler",
+    "ZarrArraySource",
+    "as_array_source",
+    "read_hdf5",
+    "read_memmap",
+    "read_npy",
+    "read_zarr",
+]
+
+
+def read_zarr(
+    path: str | os.PathLike[str] | Any,
+    component: str | None = None,
+    *,
+    storage_options: dict[str, Any] | None = None,
+    structure: SampleStructure = EXCHANGEABLE,
+    schema: Schema | None = None,
+) -> ZarrArraySource:
+    """Open a zarr array lazily; see :class:`ZarrArraySource` (needs ``mixle[zarr]``)."""
+    return ZarrArraySource(
+        path, component, storage_options=storage_options, structure=structure, schema=schema
+    )
+
+
+def read_hdf5(
+    path: str | os.PathLike[str],
+    dataset: str,
+    *,
+    structure: SampleStructure = EXCHANGEABLE,
+    schema: Schema | None = None,
+    **h5py_options: Any,
+) -> HDF5ArraySource:
+    """Open an HDF5 dataset lazily; see :class:`HDF5ArraySource` (needs ``mixle[hdf5]``)."""
+    return HDF5ArraySource(path, dataset, structure=structure, schema=schema, **h5py_options)
+
+
+def read_memmap(
+    path: str | os.PathLike[str],
+    dtype: DTypeLike,
+    shape: int | Sequence[int],
+    *,
+    mode: str = "r",
+    offset: int = 0,
+    order: str = "C",
+    structure: SampleStructure = EXCHANGEABLE,
+    schema: Schema | None = None,
+) -> MemmapArraySource:
+    """Memory-map a raw binary volume; see :class:`MemmapArraySource`."""
+    return MemmapArraySource(
+        path,
+        dtype,
+        shape,
+        mode=mode,
+        offset=offset,
+        order=order,
+        structure=structure,
+        schema=schema,
+    )
+
+
+def read_npy(
+    path: str | os.PathLike[str],
+    *,
+    mode: str = "r",
+    structure: SampleStructure = EXCHANGEABLE,
+    schema: Schema | None = None,
+) -> NpyArraySource:
+    """Memory-map a ``.npy`` file using its header; see :class:`NpyArraySource`."""
+    return NpyArraySource(path, mode=mode, structure=structure, schema=schema)

@@ -1,0 +1,363 @@
+"""The shared surface of every lazy N-D array source.
+
+A backend subclass says how to open its store (:meth:`ArraySource._open`), which
+constructor arguments reopen it (:attr:`ArraySource._args`), and how to describe it. This
+base class gives every backend the same contract: metadata-only opening, N-D basic
+indexing with NumPy's semantics, rows along axis 0 as records, multi-row batch reads,
+pickling by reference, reopening after ``fork``, and a clear error after ``close()``.
+"""
+
+from __future__ import annotations
+
+import abc
+import os
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from mixle.data.indexing import KeyLike, parse_key
+from mixle.data.schema import Schema, parse_schema
+from mixle.data.spec import ArraySpec
+from mixle.data.structure import EXCHANGEABLE, SampleStructure, parse_structure
+from mixle.errors import SourceClosedError
+
+__all__ = [
+    "LISTED_NAMES",
+    "RECORD_BLOCK_BYTES",
+    "ArrayMeta",
+    "ArraySource",
+    "listing",
+    "parse_indices",
+]
+
+#: How many bytes of rows ``records()`` reads at a time when the store has no chunking.
+RECORD_BLOCK_BYTES = 16 * 1024 * 1024
+#: How many names an error message lists before it says "and N more".
+LISTED_NAMES = 40
+
+
+def listing(names: list[str], noun: str) -> str:
+    """``"<noun>: a, b, c"`` for error messages, shortened past :data:`LISTED_NAMES`."""
+    if not names:
+        return f"it holds no {noun}"
+    more = f" and {len(names) - LISTED_NAMES} more" if len(names) > LISTED_NAMES else ""
+    return f"{noun}: {', '.join(names[:LISTED_NAMES])}{more}"
+
+
+@dataclass(frozen=True)
+class ArrayMeta:
+    """Metadata read when a source opens."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    chunks: tuple[int, ...] | None = None
+    shards: tuple[int, ...] | None = None
+
+
+def parse_indices(indices: ArrayLike, length: int, *, name: str = "indices") -> NDArray[np.int64]:
+    """Validate record indices: a 1-D integer array in ``[-length, length)``, made non-negative."""
+    idx = np.asarray(indices)
+    if idx.dtype == np.bool_ or (idx.size and idx.dtype.kind not in "iu"):
+        raise TypeError(f"{name} must be integers, got dtype {idx.dtype}")
+    idx = idx.astype(np.int64, copy=False).reshape(-1)
+    if idx.size:
+        lo, hi = int(idx.min()), int(idx.max())
+        if lo < -length or hi >= length:
+            bad = lo if lo < -length else hi
+            raise IndexError(f"{name} contains {bad}, out of range for length {length}")
+        if lo < 0:
+            idx = np.where(idx < 0, idx + length, idx)
+    return idx
+
+
+class ArraySource(abc.ABC):
+    """Base class of lazy N-D array sources (zarr, HDF5, memmap, ``.npy``, in-memory).
+
+    Notes
+    -----
+    - Opening reads metadata only. ``src[key]`` reads exactly the region asked for and
+      returns a new NumPy array (never a view into the user's file).
+    - Records are rows along axis 0: ``len(src) == src.shape[0]``.
+    - Pickling stores the constructor arguments, never data; the copy reopens lazily on
+      first use. A source used in a forked child reopens its handles there.
+    - Reads are safe from several threads.
+    """
+
+    #: Name of the storage family shown in reprs and errors.
+    kind: ClassVar[str] = "array"
+
+    _args: dict[str, Any] | None
+    _structure: SampleStructure
+    _schema: Schema | None
+    _handle: Any
+    _meta: ArrayMeta | None
+    _pid: int
+    _closed: bool
+    _lock: threading.Lock
+
+    # -- construction -------------------------------------------------------------------
+    def _init_state(
+        self, args: dict[str, Any] | None, structure: object, schema: object
+    ) -> None:
+        """Store arguments and reset handles; no I/O."""
+        self._args = args
+        self._structure = parse_structure(structure)
+        self._schema = parse_schema(schema)
+        self._handle = None
+        self._meta = None
+        self._pid = os.getpid()
+        self._closed = False
+        self._lock = threading.Lock()
+
+    @abc.abstractmethod
+    def _open(self) -> Any:
+        """Open the store and return the live array object."""
+
+    @abc.abstractmethod
+    def _describe(self, handle: Any) -> ArrayMeta:
+        """Read metadata from the live array object."""
+
+    @abc.abstractmethod
+    def _location(self) -> str:
+        """Where the data lives, safe to show (no credentials)."""
+
+    def _release(self, handle: Any) -> None:  # noqa: B027 - optional hook
+        """Close OS resources held by ``handle`` (called by :meth:`close`)."""
+
+    def _read(self, handle: Any, key: tuple[int | slice, ...]) -> np.ndarray:
+        """Read a region given as non-negative ints and positive-step slices."""
+        return np.asarray(handle[key])
+
+    # -- handles ------------------------------------------------------------------------
+    def _live(self) -> Any:
+        """The open array object, opened on first use and reopened after a fork."""
+        if self._closed:
+            raise SourceClosedError(
+                f"{type(self).__name__}({self._location()}) is closed; open it again to read it"
+            )
+        pid = os.getpid()
+        if self._pid != pid:  # forked: never share the parent's handles
+            self._pid, self._handle, self._lock = pid, None, threading.Lock()
+        handle = self._handle
+        if handle is None:
+            with self._lock:
+                if self._handle is None:
+                    handle = self._open()
+                    meta = self._describe(handle)
+                    if self._schema is not None:
+                        self._schema.check(meta.dtype, meta.shape, what=self._location())
+                    self._meta, self._handle = meta, handle
+                handle = self._handle
+        return handle
+
+    def _metadata(self) -> ArrayMeta:
+        self._live()
+        assert self._meta is not None
+        return self._meta
+
+    def _adopt(self, handle: Any) -> None:
+        """Use an already-open array object as this source's live handle."""
+        self._handle = handle
+        self._meta = self._describe(handle)
+        if self._schema is not None:
+            self._schema.check(self._meta.dtype, self._meta.shape, what=self._location())
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        if self._closed:
+            raise SourceClosedError(
+                f"{type(self).__name__}({self._location()}) is closed and cannot be pickled"
+            )
+        if self._args is None:
+            raise TypeError(
+                f"{self!r} cannot be pickled by reference: it wraps an object that cannot "
+                "be reopened from a path; open it with a mixle read_* function instead"
+            )
+        return (_reopen, (type(self), self._args, self._structure, self._schema))
+
+    # -- metadata -----------------------------------------------------------------------
+    @property
+    def array(self) -> Any:
+        """The live lazy array object (zarr ``Array``, h5py ``Dataset``, ``np.memmap``...)."""
+        return self._live()
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Shape of the whole array."""
+        return self._metadata().shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        """Element dtype."""
+        return self._metadata().dtype
+
+    @property
+    def ndim(self) -> int:
+        """Number of dimensions."""
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        """Number of elements."""
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the whole array, decoded."""
+        return self.size * self.dtype.itemsize
+
+    @property
+    def chunks(self) -> tuple[int, ...] | None:
+        """Shape of one stored chunk (the unit of decoding), or ``None`` if unchunked."""
+        return self._metadata().chunks
+
+    @property
+    def shards(self) -> tuple[int, ...] | None:
+        """Shape of one shard for sharded zarr arrays, else ``None``."""
+        return self._metadata().shards
+
+    @property
+    def structure(self) -> SampleStructure:
+        """How the records (rows along axis 0) relate to each other."""
+        return self._structure
+
+    @property
+    def schema(self) -> Schema | None:
+        """The schema checked at open, if any."""
+        return self._schema
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` has been called."""
+        return self._closed
+
+    def element_spec(self) -> ArraySpec:
+        """Shape and dtype of one record (a row along axis 0), from metadata."""
+        shape = self.shape
+        if not shape:
+            raise TypeError(f"{self!r} is 0-dimensional and has no records")
+        return ArraySpec(shape[1:], self.dtype)
+
+    # -- reading ------------------------------------------------------------------------
+    def __len__(self) -> int:
+        shape = self.shape
+        if not shape:
+            raise TypeError(f"len() of a 0-dimensional source: {self!r}")
+        return shape[0]
+
+    def __getitem__(self, key: KeyLike) -> Any:
+        """Read ``key`` (ints, negative ints, slices with any step, ``...``, tuples)."""
+        handle = self._live()
+        parsed = parse_key(key, self.shape)
+        block = parsed.finish(self._read(handle, parsed.read))
+        if block.ndim == 0:
+            return block[()]
+        return _owned(block)
+
+    def read_box(self, start: ArrayLike, size: ArrayLike) -> np.ndarray:
+        """Read the box ``[start, start + size)``; it must lie inside the array."""
+        handle = self._live()
+        shape = self.shape
+        lo = np.asarray(start, dtype=np.int64).reshape(-1)
+        ext = np.asarray(size, dtype=np.int64).reshape(-1)
+        if lo.size != len(shape) or ext.size != len(shape):
+            raise ValueError(
+                f"start={tuple(lo.tolist())} and size={tuple(ext.tolist())} must both have "
+                f"{len(shape)} entries for an array of shape {shape}"
+            )
+        if (lo < 0).any() or (ext < 0).any() or (lo + ext > np.asarray(shape)).any():
+            raise IndexError(
+                f"box start={tuple(lo.tolist())}, size={tuple(ext.tolist())} is outside "
+                f"the array of shape {shape}"
+            )
+        key = tuple(slice(int(a), int(a + n)) for a, n in zip(lo, ext))
+        return _owned(self._read(handle, key))
+
+    def get_batch(self, indices: ArrayLike) -> np.ndarray:
+        """Rows ``indices`` stacked on axis 0; contiguous runs are read in one call each."""
+        handle = self._live()
+        shape = self.shape
+        if not shape:
+            raise TypeError(f"{self!r} is 0-dimensional and has no records")
+        idx = parse_indices(indices, shape[0])
+        out = np.empty((idx.size, *shape[1:]), dtype=self.dtype)
+        if not idx.size:
+            return out
+        unique = np.unique(idx)
+        breaks = np.flatnonzero(np.diff(unique) != 1) + 1
+        rows = np.empty((unique.size, *shape[1:]), dtype=self.dtype)
+        for run in np.split(np.arange(unique.size), breaks):
+            lo, hi = int(unique[run[0]]), int(unique[run[-1]]) + 1
+            rows[run[0] : run[-1] + 1] = self._read(handle, (slice(lo, hi),))
+        position = np.searchsorted(unique, idx)
+        np.take(rows, position, axis=0, out=out)
+        return out
+
+    def records(self) -> Iterator[np.ndarray]:
+        """Yield rows along axis 0 in order, reading a block of rows at a time."""
+        n = len(self)
+        for lo in range(0, n, self._rows_per_block()):
+            block = self[lo : lo + self._rows_per_block()]
+            yield from block
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        return self.records()
+
+    def _rows_per_block(self) -> int:
+        chunks = self.chunks
+        if chunks:
+            return max(1, chunks[0])
+        row_bytes = max(1, int(np.prod(self.shape[1:], dtype=np.int64)) * self.dtype.itemsize)
+        return max(1, RECORD_BLOCK_BYTES // row_bytes)
+
+    # -- lifetime -----------------------------------------------------------------------
+    def close(self) -> None:
+        """Release the store's handles; later reads raise :class:`SourceClosedError`."""
+        if self._closed:
+            return
+        self._closed = True
+        handle, self._handle = self._handle, None
+        if handle is not None and self._pid == os.getpid():
+            self._release(handle)
+
+    def __enter__(self) -> ArraySource:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        name = type(self).__name__
+        if self._closed:
+            return f"<{name} {self._location()} (closed)>"
+        meta = self._meta
+        if meta is None:
+            return f"<{name} {self._location()} (not opened yet)>"
+        parts = [self._location(), f"shape={meta.shape}", f"dtype={meta.dtype}"]
+        if meta.chunks is not None:
+            parts.append(f"chunks={meta.chunks}")
+        if meta.shards is not None:
+            parts.append(f"shards={meta.shards}")
+        return f"{name}({', '.join(parts)})"
+
+
+def _owned(block: np.ndarray) -> np.ndarray:
+    """A plain ndarray that owns its memory (no memmap subclass, no view into a file)."""
+    if type(block) is np.ndarray and block.base is None:
+        return block
+    return np.array(block, copy=True, subok=False)
+
+
+def _reopen(
+    cls: type[ArraySource],
+    args: dict[str, Any],
+    structure: SampleStructure,
+    schema: Schema | None,
+) -> ArraySource:
+    """Rebuild a pickled source without opening it; it opens on first use."""
+    obj = cls.__new__(cls)
+    obj._init_state(args, structure, schema)
+    return obj

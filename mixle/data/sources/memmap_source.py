@@ -1,0 +1,224 @@
+"""Raw binary volumes and ``.npy`` files, memory-mapped and never loaded whole."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from numpy.typing import DTypeLike
+
+from mixle.data.sources.base import ArrayMeta, ArraySource
+from mixle.data.structure import EXCHANGEABLE, SampleStructure
+
+__all__ = ["MemmapArraySource", "NpyArraySource", "parse_memmap_mode"]
+
+_MODE_ALIASES = {
+    "r": "r",
+    "readonly": "r",
+    "r+": "r+",
+    "readwrite": "r+",
+    "c": "c",
+    "copyonwrite": "c",
+}
+_NPY_MAGIC = b"\x93NUMPY"
+
+
+def parse_memmap_mode(mode: object) -> str:
+    """Validate a memmap ``mode``; modes that would create or truncate a file are refused."""
+    if mode in ("w+", "write"):
+        raise ValueError(
+            f"mode={mode!r} would truncate the file; use 'r' (read-only, the default), "
+            "'r+' (read-write) or 'c' (copy-on-write, changes stay in memory)"
+        )
+    if mode not in _MODE_ALIASES:
+        raise ValueError(f"mode={mode!r} is not one of 'r', 'r+', 'c'")
+    return _MODE_ALIASES[str(mode)]
+
+
+def _parse_shape(shape: object) -> tuple[int, ...]:
+    dims = (shape,) if isinstance(shape, (int, np.integer)) else shape
+    if not isinstance(dims, Sequence) or isinstance(dims, str):
+        raise TypeError(f"shape={shape!r} must be an int or a sequence of ints")
+    out = []
+    for d in dims:
+        if isinstance(d, (bool, np.bool_)) or not isinstance(d, (int, np.integer)) or d < 0:
+            raise ValueError(f"shape={shape!r} must hold non-negative ints")
+        out.append(int(d))
+    return tuple(out)
+
+
+def _check_path(path: object) -> str:
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path={path!r} must be a path to a file")
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"path={path!r}: no such file")
+    return path
+
+
+class MemmapArraySource(ArraySource):
+    """A raw binary volume (no header), memory-mapped read-only by default.
+
+    Parameters
+    ----------
+    path
+        Path of the raw file.
+    dtype, shape
+        Element type and shape of the volume; ``offset + prod(shape) * itemsize`` must be
+        exactly the file size.
+    mode
+        ``"r"`` (default), ``"r+"`` or ``"c"`` (copy-on-write). ``"w+"`` is refused: it
+        would truncate the file.
+    offset
+        Bytes to skip at the start of the file (a header).
+    order
+        ``"C"`` (row-major, default) or ``"F"`` (column-major).
+    structure, schema
+        See :mod:`mixle.data.structure` and :class:`mixle.data.schema.Schema`.
+
+    Raises
+    ------
+    FileNotFoundError
+        When ``path`` does not exist.
+    ValueError
+        When the file size disagrees with ``offset``, ``shape`` and ``dtype``, or for a bad
+        ``mode`` or ``order``.
+    """
+
+    kind = "memmap"
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        dtype: DTypeLike,
+        shape: int | Sequence[int],
+        *,
+        mode: str = "r",
+        offset: int = 0,
+        order: str = "C",
+        structure: SampleStructure = EXCHANGEABLE,
+        schema: Any = None,
+    ) -> None:
+        self._init_state(
+            _memmap_args(path, dtype, shape, mode, offset, order), structure, schema
+        )
+        self._live()
+
+    @classmethod
+    def from_memmap(
+        cls, mm: np.memmap, *, structure: SampleStructure = EXCHANGEABLE, schema: Any = None
+    ) -> MemmapArraySource:
+        """Wrap an ``np.memmap`` that maps a whole file region; pickling reopens it read-only."""
+        order = "F" if mm.flags.f_contiguous and not mm.flags.c_contiguous else "C"
+        obj = cls.__new__(cls)
+        obj._init_state(
+            _memmap_args(mm.filename, mm.dtype, mm.shape, "r", mm.offset, order),
+            structure,
+            schema,
+        )
+        obj._adopt(mm)
+        return obj
+
+    def _location(self) -> str:
+        assert self._args is not None
+        return repr(self._args["path"])
+
+    def _open(self) -> Any:
+        a = self._args
+        assert a is not None
+        path = _check_path(a["path"])
+        dtype, shape, offset = a["dtype"], a["shape"], a["offset"]
+        expected = offset + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        actual = os.path.getsize(path)
+        if actual != expected:
+            raise ValueError(
+                f"path={path!r} has {actual} bytes but offset={offset} + shape={shape} x "
+                f"{dtype} ({dtype.itemsize} bytes each) needs {expected}; check dtype, "
+                "shape and offset"
+            )
+        if expected == offset:  # nothing to map: an empty, read-only array
+            empty = np.empty(shape, dtype=dtype, order=a["order"])
+            empty.flags.writeable = False
+            return empty
+        return np.memmap(
+            path, dtype=dtype, mode=a["mode"], offset=offset, shape=shape, order=a["order"]
+        )
+
+    def _describe(self, handle: Any) -> ArrayMeta:
+        return ArrayMeta(shape=tuple(handle.shape), dtype=handle.dtype)
+
+    def _read(self, handle: Any, key: tuple[int | slice, ...]) -> np.ndarray:
+        return np.array(handle[key], copy=True, subok=False)
+
+
+class NpyArraySource(MemmapArraySource):
+    """A ``.npy`` file, memory-mapped; dtype, shape and order come from its header.
+
+    Parameters
+    ----------
+    path
+        Path of the ``.npy`` file.
+    mode
+        ``"r"`` (default), ``"r+"`` or ``"c"``; ``"w+"`` is refused.
+    structure, schema
+        See :mod:`mixle.data.structure` and :class:`mixle.data.schema.Schema`.
+
+    Raises
+    ------
+    FileNotFoundError
+        When ``path`` does not exist.
+    ValueError
+        When the file is not a ``.npy`` file or holds Python objects (cannot be mapped).
+    """
+
+    kind = "npy"
+
+    def __init__(  # type: ignore[override]
+        self,
+        path: str | os.PathLike[str],
+        *,
+        mode: str = "r",
+        structure: SampleStructure = EXCHANGEABLE,
+        schema: Any = None,
+    ) -> None:
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError(f"path={path!r} must be a path to a .npy file")
+        args = {"path": os.fspath(path), "mode": parse_memmap_mode(mode)}
+        self._init_state(args, structure, schema)
+        self._live()
+
+    def _open(self) -> Any:
+        assert self._args is not None
+        path = _check_path(self._args["path"])
+        with open(path, "rb") as fh:
+            magic = fh.read(len(_NPY_MAGIC))
+        if magic != _NPY_MAGIC:
+            raise ValueError(f"path={path!r} is not a .npy file (no NUMPY magic header)")
+        try:
+            return np.load(path, mmap_mode=self._args["mode"], allow_pickle=False)
+        except ValueError as exc:
+            raise ValueError(f"path={path!r} cannot be memory-mapped: {exc}") from exc
+
+
+def _memmap_args(
+    path: Any, dtype: Any, shape: Any, mode: Any, offset: Any, order: Any
+) -> dict[str, Any]:
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path={path!r} must be a path to a file")
+    dt = np.dtype(dtype)
+    if dt.hasobject:
+        raise ValueError(f"dtype={dt} holds Python objects and cannot be memory-mapped")
+    if isinstance(offset, bool) or not isinstance(offset, (int, np.integer)) or offset < 0:
+        raise ValueError(f"offset={offset!r} must be a non-negative int")
+    if order not in ("C", "F"):
+        raise ValueError(f"order={order!r} must be 'C' or 'F'")
+    return {
+        "path": os.fspath(path),
+        "dtype": dt,
+        "shape": _parse_shape(shape),
+        "mode": parse_memmap_mode(mode),
+        "offset": int(offset),
+        "order": order,
+    }

@@ -1,0 +1,151 @@
+"""Lazy zarr arrays (format 2 and 3, sharded or not) on local paths or fsspec URLs."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from mixle.data.sources.base import ArrayMeta, ArraySource, listing
+from mixle.data.structure import EXCHANGEABLE, SampleStructure
+from mixle.errors import ArrayNotFoundError, NotAnArrayError
+from mixle.utils.optional_deps import require
+from mixle.utils.redact import display_path
+
+__all__ = ["ZarrArraySource", "list_zarr_arrays"]
+
+def _zarr() -> Any:
+    return require("zarr", "zarr", feature="ZarrArraySource")
+
+
+def list_zarr_arrays(group: Any) -> list[str]:
+    """Describe every array below a zarr group as ``"name shape dtype"`` strings."""
+    zarr = _zarr()
+    return [
+        f"{name} {node.shape} {node.dtype}"
+        for name, node in group.members(max_depth=None)
+        if isinstance(node, zarr.Array)
+    ]
+
+
+class ZarrArraySource(ArraySource):
+    """A zarr array (format 2 or 3, sharded or not), opened read-only and read lazily.
+
+    Parameters
+    ----------
+    path
+        A local path, an fsspec URL (``memory://``, ``file://``, ``http://``, ``s3://``...)
+        or a zarr store object.
+    component
+        Path of the array inside the store when ``path`` is a group.
+    storage_options
+        Passed to fsspec for URLs (credentials, endpoints). Never shown in reprs or errors.
+    structure, schema
+        See :mod:`mixle.data.structure` and :class:`mixle.data.schema.Schema`.
+
+    Raises
+    ------
+    ImportError
+        When zarr is missing: ``pip install "mixle[zarr]"``.
+    FileNotFoundError
+        When nothing exists at ``path``.
+    NotAnArrayError
+        When ``path``/``component`` is a group; the message lists the arrays inside it.
+    ArrayNotFoundError
+        When ``component`` does not exist; the message lists the arrays that do.
+    """
+
+    kind = "zarr"
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | Any,
+        component: str | None = None,
+        *,
+        storage_options: dict[str, Any] | None = None,
+        structure: SampleStructure = EXCHANGEABLE,
+        schema: Any = None,
+    ) -> None:
+        self._init_state(
+            _zarr_args(path, component, storage_options), structure, schema
+        )
+        self._live()
+
+    @classmethod
+    def from_array(
+        cls, array: Any, *, structure: SampleStructure = EXCHANGEABLE, schema: Any = None
+    ) -> ZarrArraySource:
+        """Wrap an open ``zarr.Array``; pickling reopens it from its store, read-only."""
+        obj = cls.__new__(cls)
+        obj._init_state(
+            _zarr_args(array.store, array.path or None, None), structure, schema
+        )
+        obj._adopt(array)
+        return obj
+
+    def _location(self) -> str:
+        args = self._args or {}
+        where = repr(display_path(args.get("path", "?")))
+        if args.get("component"):
+            where += f", component={args['component']!r}"
+        return where
+
+    def _open(self) -> Any:
+        zarr = _zarr()
+        assert self._args is not None
+        path, component = self._args["path"], self._args["component"]
+        kwargs: dict[str, Any] = {"mode": "r"}
+        if self._args["storage_options"]:
+            kwargs["storage_options"] = self._args["storage_options"]
+        if isinstance(path, str) and "://" not in path and not os.path.exists(path):
+            raise FileNotFoundError(f"path={display_path(path)!r}: no such file or directory")
+        try:
+            node = zarr.open(store=path, path=component or "", **kwargs)
+        except FileNotFoundError as exc:
+            if component:
+                try:
+                    root = zarr.open_group(store=path, **kwargs)
+                except FileNotFoundError:
+                    pass
+                else:
+                    raise ArrayNotFoundError(
+                        f"component={component!r} does not exist in zarr store "
+                        f"{display_path(path)!r}; {listing(list_zarr_arrays(root), 'arrays')}"
+                    ) from None
+            raise FileNotFoundError(
+                f"path={display_path(path)!r}: no zarr array or group found there"
+                f" ({type(exc).__name__})"
+            ) from None
+        if not isinstance(node, zarr.Array):
+            where = f"component={component!r} in " if component else "path="
+            raise NotAnArrayError(
+                f"{where}{display_path(path)!r} is a zarr group, not an array; pass "
+                f"component= to pick one of its {listing(list_zarr_arrays(node), 'arrays')}"
+            )
+        return node
+
+    def _describe(self, handle: Any) -> ArrayMeta:
+        shards = getattr(handle, "shards", None)
+        return ArrayMeta(
+            shape=tuple(handle.shape),
+            dtype=handle.dtype,
+            chunks=tuple(handle.chunks),
+            shards=None if shards is None else tuple(shards),
+        )
+
+
+def _zarr_args(path: Any, component: str | None, storage_options: Any) -> dict[str, Any]:
+    if isinstance(path, os.PathLike):
+        path = os.fspath(path)
+    if path is None or isinstance(path, (bytes, int, float)):
+        raise TypeError(f"path={path!r} must be a local path, an fsspec URL or a zarr store")
+    if component is not None and not isinstance(component, str):
+        raise TypeError(f"component={component!r} must be a str (a path inside the store)")
+    if storage_options is not None and not isinstance(storage_options, dict):
+        raise TypeError("storage_options must be a dict of fsspec options or None")
+    if storage_options and not (isinstance(path, str) and "://" in path):
+        raise ValueError(
+            "storage_options only apply to fsspec URLs (such as s3://bucket/x.zarr); "
+            f"path={display_path(path)!r} is not one"
+        )
+    component = component.strip("/") if component else None
+    return {"path": path, "component": component, "storage_options": storage_options}

@@ -1,0 +1,1 @@
+"""Utilities shared across mixle: optional dependencies and parallel helpers."""

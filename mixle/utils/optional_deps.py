@@ -1,0 +1,88 @@
+"""Optional dependencies: cheap availability flags and an import that names the pip extra.
+
+The ``HAS_*`` flags only ask :func:`importlib.util.find_spec`, so ``import mixle`` never pays
+for importing zarr, h5py, fsspec or jax. The real import happens in the adapter that needs
+it, through :func:`require`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from types import ModuleType
+
+__all__ = [
+    "EXTRAS",
+    "HAS_AIOHTTP",
+    "HAS_DASK",
+    "HAS_FSSPEC",
+    "HAS_H5PY",
+    "HAS_JAX",
+    "HAS_MATPLOTLIB",
+    "HAS_NUMCODECS",
+    "HAS_PYARROW",
+    "HAS_ZARR",
+    "has",
+    "require",
+]
+
+#: Which ``mixle[...]`` extra installs each optional module.
+EXTRAS: dict[str, str] = {
+    "zarr": "zarr",
+    "numcodecs": "zarr",
+    "h5py": "hdf5",
+    "fsspec": "remote",
+    "aiohttp": "remote",
+    "jax": "jax",
+    "dask": "dask",
+    "distributed": "dask",
+    "pyarrow": "tabular",
+    "matplotlib": "plot",
+}
+
+
+def has(name: str) -> bool:
+    """Return whether module ``name`` can be imported, without importing it."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+HAS_ZARR = has("zarr")
+HAS_NUMCODECS = has("numcodecs")
+HAS_H5PY = has("h5py")
+HAS_FSSPEC = has("fsspec")
+HAS_AIOHTTP = has("aiohttp")
+HAS_JAX = has("jax")
+HAS_DASK = has("dask")
+HAS_PYARROW = has("pyarrow")
+HAS_MATPLOTLIB = has("matplotlib")
+
+
+def require(name: str, extra: str | None = None, *, feature: str | None = None) -> ModuleType:
+    """Import and return optional module ``name``.
+
+    Parameters
+    ----------
+    name
+        The module to import, e.g. ``"zarr"``.
+    extra
+        The ``mixle[...]`` extra that installs it; looked up in :data:`EXTRAS` when omitted.
+    feature
+        What needs the module (e.g. ``"ZarrArraySource"``), used in the error message.
+
+    Raises
+    ------
+    ImportError
+        When the module is missing; the message names the ``pip install "mixle[extra]"``
+        command that fixes it.
+    """
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        extra = extra or EXTRAS.get(name.split(".")[0], "all")
+        what = f"{feature} needs {name}" if feature else f"{name} is required"
+        raise ImportError(
+            f'{what}, which is not installed: pip install "mixle[{extra}]"'
+        ) from exc

@@ -72,6 +72,8 @@ class HDF5ArraySource(ArraySource):
 
     Notes
     -----
+    HDF5 keeps one chunk cache per dataset per process, sized by whichever handle opened
+    the dataset first; close other handles to the same dataset for ``rdcc_*`` to apply.
     The file stays open while anything derived from the source is alive: ``.array`` of a
     discarded source keeps working. :meth:`close` closes the file explicitly.
     """
@@ -126,18 +128,19 @@ class HDF5ArraySource(ArraySource):
         except OSError as exc:
             raise OSError(f"path={path!r} could not be opened as an HDF5 file: {exc}") from exc
         try:
-            node = file.get(name)
-            if node is None:
+            kind = file.get(name, getclass=True)
+            if kind is None:
                 raise ArrayNotFoundError(
                     f"dataset={name!r} does not exist in {path!r}; "
                     f"{listing(list_hdf5_datasets(file), 'datasets')}"
                 )
-            if not isinstance(node, h5py.Dataset):
-                inside = list_hdf5_datasets(node) if isinstance(node, h5py.Group) else []
+            if kind is not h5py.Dataset:
+                inside = list_hdf5_datasets(file[name]) if kind is h5py.Group else []
                 raise NotAnArrayError(
                     f"dataset={name!r} in {path!r} is a group, not a dataset; pass one of "
                     f"its {listing(inside, 'datasets')}"
                 )
+            node = _open_with_chunk_cache(h5py, file, name, options)
         except BaseException:
             file.close()
             raise
@@ -156,6 +159,19 @@ class HDF5ArraySource(ArraySource):
         file, self._h5file = self._h5file, None
         if file is not None:
             file.close()
+
+
+def _open_with_chunk_cache(h5py: Any, file: Any, name: str, options: dict[str, Any]) -> Any:
+    """Open dataset ``name`` with this source's chunk cache.
+
+    HDF5 keeps one chunk cache per open dataset in a process, set by whoever opens it first:
+    a dataset already open elsewhere in the process keeps that opener's cache.
+    """
+    dapl = h5py.h5p.create(h5py.h5p.DATASET_ACCESS)
+    dapl.set_chunk_cache(
+        options["rdcc_nslots"], options["rdcc_nbytes"], options.get("rdcc_w0", 0.75)
+    )
+    return h5py.Dataset(h5py.h5d.open(file.id, name.encode(), dapl=dapl))
 
 
 def _hdf5_args(path: Any, dataset: Any, options: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,127 @@
+"""Shared fixtures: stores written by other tools (zarr, h5py, NumPy), and a check that
+every test that reads them leaves them byte-identical."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mixle.testing import snapshot_tree
+
+
+@dataclass
+class Stores:
+    """Files written once per session, with the NumPy arrays they hold."""
+
+    root: Path
+    truth: dict[str, np.ndarray] = field(default_factory=dict)
+    snapshot: dict[str, str] = field(default_factory=dict)
+
+    def path(self, name: str) -> str:
+        return str(self.root / name)
+
+
+def _volume(shape: tuple[int, ...], dtype: str, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    if np.dtype(dtype).kind == "f":
+        return rng.standard_normal(shape).astype(dtype)
+    return rng.integers(-1000, 1000, size=shape).astype(dtype)
+
+
+def _write_zarr(stores: Stores) -> None:
+    import numcodecs
+    import zarr
+    from zarr.codecs import BloscCodec, ZstdCodec
+
+    v3 = _volume((21, 34, 17), "float32", 1)
+    arr = zarr.create_array(
+        stores.path("v3.zarr"), shape=v3.shape, chunks=(8, 10, 7), dtype=v3.dtype,
+        compressors=ZstdCodec(level=3),
+    )
+    arr[:] = v3
+    stores.truth["v3.zarr"] = v3
+
+    v2 = _volume((30, 12), "int16", 2)
+    arr = zarr.create_array(
+        stores.path("v2.zarr"), shape=v2.shape, chunks=(7, 5), dtype=v2.dtype, zarr_format=2,
+        compressors=numcodecs.Blosc(cname="lz4", shuffle=numcodecs.Blosc.SHUFFLE),
+    )
+    arr[:] = v2
+    stores.truth["v2.zarr"] = v2
+
+    sharded = _volume((24, 24, 20), "float64", 3)
+    arr = zarr.create_array(
+        stores.path("sharded.zarr"), shape=sharded.shape, chunks=(4, 4, 5),
+        shards=(12, 8, 10), dtype=sharded.dtype, compressors=BloscCodec(cname="zstd"),
+    )
+    arr[:] = sharded
+    stores.truth["sharded.zarr"] = sharded
+
+    group = zarr.open_group(stores.path("group.zarr"), mode="w")
+    image = _volume((10, 11, 12), "uint8", 4)
+    group.create_array("image", shape=image.shape, chunks=(5, 5, 5), dtype=image.dtype)[:] = image
+    nested = group.create_group("labels")
+    mask = _volume((10, 11, 12), "int32", 5)
+    nested.create_array("mask", shape=mask.shape, chunks=(5, 5, 5), dtype=mask.dtype)[:] = mask
+    stores.truth["group.zarr/image"] = image
+    stores.truth["group.zarr/labels/mask"] = mask
+
+
+def _write_hdf5(stores: Stores) -> None:
+    import h5py
+
+    with h5py.File(stores.path("volumes.h5"), "w") as f:
+        gz = _volume((19, 23, 16), "float32", 6)
+        f.create_dataset("gzip", data=gz, chunks=(8, 8, 8), compression="gzip", shuffle=True)
+        lzf = _volume((40, 9), "int64", 7)
+        f.create_dataset("lzf", data=lzf, chunks=(16, 9), compression="lzf")
+        contiguous = _volume((13, 14), "float64", 8)
+        f.create_dataset("contiguous", data=contiguous)
+        nested = _volume((6, 5, 4, 3), "uint16", 9)
+        f.create_group("scans").create_dataset("ct", data=nested, chunks=(2, 5, 4, 3))
+        f.create_dataset("scalar", data=np.float32(2.5))
+    for name, arr in [("gzip", gz), ("lzf", lzf), ("contiguous", contiguous),
+                      ("scans/ct", nested)]:
+        stores.truth[f"volumes.h5/{name}"] = arr
+
+
+def _write_numpy(stores: Stores) -> None:
+    c = _volume((17, 6, 5), "float32", 10)
+    np.save(stores.path("c.npy"), c)
+    f = np.asfortranarray(_volume((9, 8, 7), "int32", 11))
+    np.save(stores.path("fortran.npy"), f)
+    stores.truth["c.npy"] = c
+    stores.truth["fortran.npy"] = f
+
+    raw = _volume((12, 10, 8), "uint16", 12)
+    with open(stores.path("header.raw"), "wb") as fh:
+        fh.write(b"HDR!" * 16)  # a 64-byte header to skip
+        fh.write(raw.tobytes())
+    stores.truth["header.raw"] = raw
+    raw_f = np.asfortranarray(_volume((5, 7, 3), "float64", 13))
+    raw_f.T.tofile(stores.path("fortran.raw"))  # column-major bytes
+    stores.truth["fortran.raw"] = raw_f
+
+
+@pytest.fixture(scope="session")
+def stores(tmp_path_factory: pytest.TempPathFactory) -> Stores:
+    """Stores of every backend, written by zarr, h5py and NumPy themselves."""
+    result = Stores(tmp_path_factory.mktemp("stores"))
+    _write_zarr(result)
+    _write_hdf5(result)
+    _write_numpy(result)
+    result.snapshot = snapshot_tree(result.root)
+    return result
+
+
+@pytest.fixture(autouse=True)
+def _stores_left_unchanged(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After every test that reads the shared stores, check they are byte-identical."""
+    yield
+    if "stores" in request.fixturenames:
+        shared: Stores = request.getfixturevalue("stores")
+        assert snapshot_tree(shared.root) == shared.snapshot, "a test changed the shared stores"

@@ -64,21 +64,24 @@ def run_demo(
     patch: int = 32,
     num_patches: int = 512,
     seed: int = 0,
-    out: TextIO = sys.stdout,
+    out: TextIO | None = None,
 ) -> dict[str, float]:
-    """Run the demo and print a short report; returns the numbers it printed."""
+    """Run the demo and print a short report (to ``out``, default stdout); returns the numbers."""
     if backend not in BACKENDS:
         raise ValueError(f"backend={backend!r} is not one of {', '.join(BACKENDS)}")
     if backend == "auto":
         backend = "zarr" if HAS_ZARR else "memmap"
     shape = (size, size, size)
-    say: Callable[[str], None] = lambda line: print(line, file=out)  # noqa: E731
+    stream = sys.stdout if out is None else out
+    say: Callable[[str], None] = lambda line: print(line, file=stream)  # noqa: E731
     with tempfile.TemporaryDirectory(prefix="mixle-demo-") as tmp:
         t0 = time.perf_counter()
         src = write_synthetic_volume(Path(tmp), shape, backend)
         t_write = time.perf_counter() - t0
-        say(f"wrote a {shape} float32 volume ({src.nbytes / 2**20:.0f} MiB, {backend}) "
-            f"to {tmp} in {t_write:.1f} s")
+        say(
+            f"wrote a {shape} float32 volume ({src.nbytes / 2**20:.0f} MiB, {backend}) "
+            f"to {tmp} in {t_write:.1f} s"
+        )
         say(f"opened {src!r}")
         sampler = PatchSampler(src, patch, num_patches, seed=seed)
         t0 = time.perf_counter()
@@ -95,12 +98,16 @@ def run_demo(
             "volume_mib": src.nbytes / 2**20,
             "mean_intensity": total / max(num_patches, 1),
         }
-        say(f"sampled {num_patches} patches of {sampler.patch_size} with seed={seed}; "
-            f"first corners {first}")
+        say(
+            f"sampled {num_patches} patches of {sampler.patch_size} with seed={seed}; "
+            f"first corners {first}"
+        )
         say("")
         say(f"  {'patches/s':>12} {'MiB/s':>10} {'peak RSS MiB':>13} {'volume MiB':>11}")
-        say(f"  {stats['patches_per_s']:12.0f} {stats['mib_per_s']:10.1f} "
-            f"{stats['peak_rss_mib']:13.0f} {stats['volume_mib']:11.0f}")
+        say(
+            f"  {stats['patches_per_s']:12.0f} {stats['mib_per_s']:10.1f} "
+            f"{stats['peak_rss_mib']:13.0f} {stats['volume_mib']:11.0f}"
+        )
         say("")
         say(f"mean patch intensity {stats['mean_intensity']:.2f}; removed {tmp}")
         src.close()

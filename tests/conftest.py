@@ -39,7 +39,10 @@ def _write_zarr(stores: Stores) -> None:
 
     v3 = _volume((21, 34, 17), "float32", 1)
     arr = zarr.create_array(
-        stores.path("v3.zarr"), shape=v3.shape, chunks=(8, 10, 7), dtype=v3.dtype,
+        stores.path("v3.zarr"),
+        shape=v3.shape,
+        chunks=(8, 10, 7),
+        dtype=v3.dtype,
         compressors=ZstdCodec(level=3),
     )
     arr[:] = v3
@@ -47,7 +50,11 @@ def _write_zarr(stores: Stores) -> None:
 
     v2 = _volume((30, 12), "int16", 2)
     arr = zarr.create_array(
-        stores.path("v2.zarr"), shape=v2.shape, chunks=(7, 5), dtype=v2.dtype, zarr_format=2,
+        stores.path("v2.zarr"),
+        shape=v2.shape,
+        chunks=(7, 5),
+        dtype=v2.dtype,
+        zarr_format=2,
         compressors=numcodecs.Blosc(cname="lz4", shuffle=numcodecs.Blosc.SHUFFLE),
     )
     arr[:] = v2
@@ -55,8 +62,12 @@ def _write_zarr(stores: Stores) -> None:
 
     sharded = _volume((24, 24, 20), "float64", 3)
     arr = zarr.create_array(
-        stores.path("sharded.zarr"), shape=sharded.shape, chunks=(4, 4, 5),
-        shards=(12, 8, 10), dtype=sharded.dtype, compressors=BloscCodec(cname="zstd"),
+        stores.path("sharded.zarr"),
+        shape=sharded.shape,
+        chunks=(4, 4, 5),
+        shards=(12, 8, 10),
+        dtype=sharded.dtype,
+        compressors=BloscCodec(cname="zstd"),
     )
     arr[:] = sharded
     stores.truth["sharded.zarr"] = sharded
@@ -84,8 +95,7 @@ def _write_hdf5(stores: Stores) -> None:
         nested = _volume((6, 5, 4, 3), "uint16", 9)
         f.create_group("scans").create_dataset("ct", data=nested, chunks=(2, 5, 4, 3))
         f.create_dataset("scalar", data=np.float32(2.5))
-    for name, arr in [("gzip", gz), ("lzf", lzf), ("contiguous", contiguous),
-                      ("scans/ct", nested)]:
+    for name, arr in [("gzip", gz), ("lzf", lzf), ("contiguous", contiguous), ("scans/ct", nested)]:
         stores.truth[f"volumes.h5/{name}"] = arr
 
 

@@ -40,11 +40,13 @@ def test_zarr_fsspec_url(stores):
 
 def test_zarr_memory_url_with_storage_options():
     data = np.arange(60, dtype=np.int32).reshape(6, 10)
-    arr = zarr.create_array("memory://mixle-test/a.zarr", shape=data.shape, chunks=(4, 4),
-                            dtype=data.dtype)
+    arr = zarr.create_array(
+        "memory://mixle-test/a.zarr", shape=data.shape, chunks=(4, 4), dtype=data.dtype
+    )
     arr[:] = data
-    src = mixle.read_zarr("memory://mixle-test/a.zarr", storage_options={"skip_instance_cache":
-                                                                         False})
+    src = mixle.read_zarr(
+        "memory://mixle-test/a.zarr", storage_options={"skip_instance_cache": False}
+    )
     np.testing.assert_array_equal(src[::-1, 3:], data[::-1, 3:])
     assert "storage_options" not in repr(src)
 
@@ -92,8 +94,9 @@ def test_hdf5_array_outlives_its_source(stores):
     gc.collect()
     truth = stores.truth["volumes.h5/gzip"]
     np.testing.assert_array_equal(dataset[2:4], truth[2:4])
-    sampler = mixle.PatchSampler(mixle.read_hdf5(stores.path("volumes.h5"), "gzip").array,
-                                 (4, 5, 6), 10, seed=3)
+    sampler = mixle.PatchSampler(
+        mixle.read_hdf5(stores.path("volumes.h5"), "gzip").array, (4, 5, 6), 10, seed=3
+    )
     gc.collect()
     patch, (z, y, x) = sampler[7]
     np.testing.assert_array_equal(patch, truth[z : z + 4, y : y + 5, x : x + 6])
@@ -136,8 +139,7 @@ def test_memmap_is_read_only_and_patches_are_copies(stores):
 
 
 def test_copy_on_write_mode_never_reaches_the_file(stores):
-    src = mixle.read_memmap(stores.path("header.raw"), "uint16", (12, 10, 8), offset=64,
-                            mode="c")
+    src = mixle.read_memmap(stores.path("header.raw"), "uint16", (12, 10, 8), offset=64, mode="c")
     src.array[0, 0, 0] = 12345
     assert src[0, 0, 0] == 12345
     src.close()  # the stores fixture then checks the file is byte-identical
@@ -201,8 +203,11 @@ def test_in_memory_hdf5_cannot_pickle_by_reference():
 
 
 def test_structure_and_schema_are_kept(stores):
-    src = mixle.read_npy(stores.path("c.npy"), structure=mixle.SEQUENTIAL,
-                         schema=mixle.Schema("float32", (None, 6, 5)))
+    src = mixle.read_npy(
+        stores.path("c.npy"),
+        structure=mixle.SEQUENTIAL,
+        schema=mixle.Schema("float32", (None, 6, 5)),
+    )
     assert src.structure is mixle.SEQUENTIAL
     clone = pickle.loads(pickle.dumps(src))
     assert clone.structure == mixle.SEQUENTIAL and clone.schema == src.schema
@@ -213,8 +218,10 @@ def test_sampler_reads_ground_truth_on_every_backend(stores):
         (mixle.read_zarr(stores.path("sharded.zarr")), stores.truth["sharded.zarr"]),
         (mixle.read_hdf5(stores.path("volumes.h5"), "gzip"), stores.truth["volumes.h5/gzip"]),
         (mixle.read_npy(stores.path("fortran.npy")), stores.truth["fortran.npy"]),
-        (mixle.read_memmap(stores.path("header.raw"), "uint16", (12, 10, 8), offset=64),
-         stores.truth["header.raw"]),
+        (
+            mixle.read_memmap(stores.path("header.raw"), "uint16", (12, 10, 8), offset=64),
+            stores.truth["header.raw"],
+        ),
     ]
     for src, truth in cases:
         sampler = mixle.PatchSampler(src, (3, 4, 5), 25, seed=11, stride=(1, 2, 1))
@@ -269,8 +276,9 @@ def keys_for(draw, shape):
 
 
 def _write_all(folder: Path, data: np.ndarray, chunks: tuple[int, ...]):
-    zarr.create_array(str(folder / "a.zarr"), shape=data.shape, chunks=chunks,
-                      dtype=data.dtype)[:] = data
+    zarr.create_array(str(folder / "a.zarr"), shape=data.shape, chunks=chunks, dtype=data.dtype)[
+        :
+    ] = data
     with h5py.File(folder / "a.h5", "w") as f:
         f.create_dataset("a", data=data, chunks=chunks, compression="gzip")
     np.save(folder / "a.npy", data)
@@ -296,10 +304,10 @@ def test_random_keys_match_numpy_on_every_backend(data):
                     got, want = src[key], volume[key]
                     assert np.shape(got) == np.shape(want)
                     np.testing.assert_array_equal(got, want)
-                idx = data.draw(st.lists(st.integers(-len(volume), len(volume) - 1),
-                                         max_size=8))
-                np.testing.assert_array_equal(src.get_batch(idx),
-                                              volume[np.asarray(idx, dtype=np.int64)])
+                idx = data.draw(st.lists(st.integers(-len(volume), len(volume) - 1), max_size=8))
+                np.testing.assert_array_equal(
+                    src.get_batch(idx), volume[np.asarray(idx, dtype=np.int64)]
+                )
                 src.close()
 
 

@@ -60,9 +60,7 @@ def parse_key(key: KeyLike, shape: Sequence[int]) -> BasicKey:
         raise IndexError(f"key={key!r}: an index can only have a single ellipsis ('...')")
     n_real = len(items) - n_ellipsis
     if n_real > len(shape):
-        raise IndexError(
-            f"key={key!r}: too many indices for an array of {len(shape)} dimension(s)"
-        )
+        raise IndexError(f"key={key!r}: too many indices for an array of {len(shape)} dimension(s)")
     if n_ellipsis:
         at = next(i for i, item in enumerate(items) if item is Ellipsis)
         fill = (slice(None),) * (len(shape) - n_real)

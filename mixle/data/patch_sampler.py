@@ -23,12 +23,12 @@ Patch = tuple[np.ndarray, tuple[int, ...]]
 
 
 def _per_axis(value: object, ndim: int, name: str, minimum: int) -> tuple[int, ...]:
-    items = value if isinstance(value, (tuple, list)) else None
-    if items is None:
-        if isinstance(value, np.ndarray) and value.ndim == 1:
-            items = list(value)
-        else:
-            items = [value] * ndim
+    if isinstance(value, (tuple, list)):
+        items = list(value)
+    elif isinstance(value, np.ndarray) and value.ndim == 1:
+        items = value.tolist()
+    else:
+        items = [value] * ndim
     out = []
     for item in items:
         if isinstance(item, (bool, np.bool_)):

@@ -42,9 +42,7 @@ class Schema:
             if isinstance(shape, (int, np.integer)) or not all(
                 s is None or (isinstance(s, (int, np.integer)) and s >= 0) for s in shape
             ):
-                raise TypeError(
-                    f"shape={shape!r} must be a sequence of non-negative ints or None"
-                )
+                raise TypeError(f"shape={shape!r} must be a sequence of non-negative ints or None")
             shape = tuple(None if s is None else int(s) for s in shape)
         object.__setattr__(self, "shape", shape)
 

@@ -83,6 +83,4 @@ def require(name: str, extra: str | None = None, *, feature: str | None = None) 
     except ImportError as exc:
         extra = extra or EXTRAS.get(name.split(".")[0], "all")
         what = f"{feature} needs {name}" if feature else f"{name} is required"
-        raise ImportError(
-            f'{what}, which is not installed: pip install "mixle[{extra}]"'
-        ) from exc
+        raise ImportError(f'{what}, which is not installed: pip install "mixle[{extra}]"') from exc

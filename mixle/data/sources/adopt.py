@@ -29,9 +29,7 @@ class ArrayLikeSource(ArraySource):
         self, array: Any, *, structure: SampleStructure = EXCHANGEABLE, schema: Any = None
     ) -> None:
         if not _is_array_like(array):
-            raise TypeError(
-                f"array={type(array).__name__} must have .shape and N-D __getitem__"
-            )
+            raise TypeError(f"array={type(array).__name__} must have .shape and N-D __getitem__")
         self._init_state({"array": array}, structure, schema)
         self._live()
 

@@ -22,7 +22,7 @@ from numpy.typing import ArrayLike, NDArray
 from mixle.data.indexing import KeyLike, parse_key
 from mixle.data.schema import Schema, parse_schema
 from mixle.data.spec import ArraySpec
-from mixle.data.structure import EXCHANGEABLE, SampleStructure, parse_structure
+from mixle.data.structure import SampleStructure, parse_structure
 from mixle.errors import SourceClosedError
 
 __all__ = [
@@ -100,9 +100,7 @@ class ArraySource(abc.ABC):
     _lock: threading.Lock
 
     # -- construction -------------------------------------------------------------------
-    def _init_state(
-        self, args: dict[str, Any] | None, structure: object, schema: object
-    ) -> None:
+    def _init_state(self, args: dict[str, Any] | None, structure: object, schema: object) -> None:
         """Store arguments and reset handles; no I/O."""
         self._args = args
         self._structure = parse_structure(structure)

@@ -101,9 +101,7 @@ class MemmapArraySource(ArraySource):
         structure: SampleStructure = EXCHANGEABLE,
         schema: Any = None,
     ) -> None:
-        self._init_state(
-            _memmap_args(path, dtype, shape, mode, offset, order), structure, schema
-        )
+        self._init_state(_memmap_args(path, dtype, shape, mode, offset, order), structure, schema)
         self._live()
 
     @classmethod

@@ -13,15 +13,20 @@ from mixle.utils.redact import display_path
 
 __all__ = ["ZarrArraySource", "list_zarr_arrays"]
 
+
 def _zarr() -> Any:
     return require("zarr", "zarr", feature="ZarrArraySource")
 
 
-def list_zarr_arrays(group: Any) -> list[str]:
-    """Describe every array below a zarr group as ``"name shape dtype"`` strings."""
+def list_zarr_arrays(group: Any, prefix: str = "") -> list[str]:
+    """Describe every array below a zarr group as ``"component shape dtype"`` strings.
+
+    ``prefix`` is the group's own component, so the names can be passed as ``component=``.
+    """
     zarr = _zarr()
+    prefix = f"{prefix.strip('/')}/" if prefix and prefix.strip("/") else ""
     return [
-        f"{name} {node.shape} {node.dtype}"
+        f"{prefix}{name} {node.shape} {node.dtype}"
         for name, node in group.members(max_depth=None)
         if isinstance(node, zarr.Array)
     ]
@@ -65,9 +70,7 @@ class ZarrArraySource(ArraySource):
         structure: SampleStructure = EXCHANGEABLE,
         schema: Any = None,
     ) -> None:
-        self._init_state(
-            _zarr_args(path, component, storage_options), structure, schema
-        )
+        self._init_state(_zarr_args(path, component, storage_options), structure, schema)
         self._live()
 
     @classmethod
@@ -76,9 +79,7 @@ class ZarrArraySource(ArraySource):
     ) -> ZarrArraySource:
         """Wrap an open ``zarr.Array``; pickling reopens it from its store, read-only."""
         obj = cls.__new__(cls)
-        obj._init_state(
-            _zarr_args(array.store, array.path or None, None), structure, schema
-        )
+        obj._init_state(_zarr_args(array.store, array.path or None, None), structure, schema)
         obj._adopt(array)
         return obj
 
@@ -117,9 +118,10 @@ class ZarrArraySource(ArraySource):
             ) from None
         if not isinstance(node, zarr.Array):
             where = f"component={component!r} in " if component else "path="
+            arrays = listing(list_zarr_arrays(node, component or ""), "arrays")
             raise NotAnArrayError(
                 f"{where}{display_path(path)!r} is a zarr group, not an array; pass "
-                f"component= to pick one of its {listing(list_zarr_arrays(node), 'arrays')}"
+                f"component= to pick one of its {arrays}"
             )
         return node
 

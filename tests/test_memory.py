@@ -1,0 +1,71 @@
+"""Streaming patches from a large volume keeps memory flat (measured in a clean subprocess)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import zarr
+
+from mixle.testing import assert_unchanged
+
+VOLUME_SHAPE = (512, 512, 512)  # float32: 512 MiB decoded
+CHUNK = 32
+
+MEASURE = textwrap.dedent(
+    """
+    import json, resource, sys
+
+    def peak_rss():
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+    import mixle
+    after_import = peak_rss()
+    src = mixle.read_zarr(sys.argv[1])
+    after_open = peak_rss()
+    sampler = mixle.PatchSampler(src, 16, 400, seed=1)
+    total = 0.0
+    for patch, corner in sampler:
+        total += float(patch.sum())
+    after_stream = peak_rss()
+    print(json.dumps({
+        "after_import": after_import, "after_open": after_open,
+        "after_stream": after_stream, "nbytes": src.nbytes,
+    }))
+    """
+)
+
+
+@pytest.mark.slow
+def test_streaming_patches_from_a_512_mib_zarr_keeps_rss_flat(tmp_path):
+    path = tmp_path / "big.zarr"
+    arr = zarr.create_array(str(path), shape=VOLUME_SHAPE, chunks=(CHUNK,) * 3, dtype="float32")
+    z, y, x = np.ogrid[0:CHUNK, 0 : VOLUME_SHAPE[1], 0 : VOLUME_SHAPE[2]]
+    for z0 in range(0, VOLUME_SHAPE[0], CHUNK):  # non-constant data: every chunk is stored
+        arr[z0 : z0 + CHUNK] = ((z + z0) * 7 + y * 3 + x) % 251
+    with assert_unchanged(path):
+        # Linux carries a process's peak RSS across fork+exec, so pytest's own peak would
+        # show up in a direct child; a shell in between forks a fresh, small process.
+        out = subprocess.run(
+            ["sh", "-c", '"$0" -c "$1" "$2"; exit $?', sys.executable, MEASURE, str(path)],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=600,
+        )
+    rss = json.loads(out.stdout)
+    volume = rss["nbytes"]
+    assert volume >= 512 * 2**20
+    growth = rss["after_stream"] - rss["after_open"]
+    print(
+        f"\npeak RSS after import {rss['after_import'] / 2**20:.1f} MiB, after open "
+        f"{rss['after_open'] / 2**20:.1f} MiB, after 400 patches "
+        f"{rss['after_stream'] / 2**20:.1f} MiB (growth {growth / 2**20:.1f} MiB = "
+        f"{100 * growth / volume:.2f} % of the {volume / 2**20:.0f} MiB volume)"
+    )
+    assert growth < 0.02 * volume  # well under 5 %
+    assert rss["after_stream"] < 0.25 * volume  # far below the volume size overall

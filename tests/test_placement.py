@@ -132,6 +132,26 @@ def test_corner_of_index_does_not_depend_on_other_indices(cfg: dict, data: st.Da
     assert longer.coords_array()[:n].tolist() == everything.tolist()
 
 
+@pytest.mark.parametrize("seed", [0, -1, 2**63 + 3])
+def test_patch_corners_same_for_any_batch_size(seed: int) -> None:
+    """Few and many indices (scalar and vectorised code paths alike) give the same corners."""
+    idx = np.array([5, -3, 0, 2**40, -(2**63), 2**63 - 1, 7, 7, *range(100, 130)], dtype=np.int64)
+    counts, stride = (3, 2**40 + 1, 1, 2**62 + 1), (2, 1, 5, 1)
+    everything = patch_corners(seed, idx, counts, stride, epoch=2)
+    assert everything.shape == (idx.size, 4)
+    for k in range(idx.size + 1):
+        assert patch_corners(seed, idx[:k], counts, stride, epoch=2).tolist() == (
+            everything[:k].tolist()
+        )
+    for i in range(idx.size):
+        assert patch_corners(seed, [idx[i]], counts, stride, epoch=2).tolist() == [
+            everything[i].tolist()
+        ]
+        assert patch_corners(seed, idx[i], counts, stride, epoch=2).tolist() == [
+            everything[i].tolist()
+        ]
+
+
 @settings(max_examples=40, deadline=None)
 @given(sampler_configs().filter(lambda c: c["num"] > 0), st.data())
 def test_patch_equals_numpy_slice(cfg: dict, data: st.DataObject) -> None:

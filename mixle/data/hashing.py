@@ -14,7 +14,19 @@ import operator
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-__all__ = ["MASK64", "hash_words", "parse_seed", "splitmix64", "uniform_below"]
+__all__ = [
+    "MASK64",
+    "below",
+    "below_int",
+    "hash_int",
+    "hash_words",
+    "mix",
+    "mix_int",
+    "parse_seed",
+    "splitmix64",
+    "splitmix64_int",
+    "uniform_below",
+]
 
 MASK64 = (1 << 64) - 1
 _GOLDEN_GAMMA = np.uint64(0x9E3779B97F4A7C15)
@@ -40,6 +52,29 @@ def _as_words(value: ArrayLike) -> NDArray[np.uint64]:
     return arr.astype(np.uint64)
 
 
+def splitmix64_int(x: int) -> int:
+    """:func:`splitmix64` on one Python int; identical results, no array overhead."""
+    z = (x + 0x9E3779B97F4A7C15) & MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
+    return z ^ (z >> 31)
+
+
+def mix(state: ArrayLike, *words: ArrayLike) -> NDArray[np.uint64]:
+    """Fold integer ``words`` into hash ``state``: ``state = splitmix64(state ^ w)`` each."""
+    h = _as_words(state)
+    for w in words:
+        h = splitmix64(h ^ _as_words(w))
+    return np.atleast_1d(h)
+
+
+def mix_int(state: int, *words: int) -> int:
+    """:func:`mix` on Python ints (negative words taken modulo 2**64)."""
+    for w in words:
+        state = splitmix64_int(state ^ (w & MASK64))
+    return state
+
+
 def hash_words(seed: int, *words: ArrayLike) -> NDArray[np.uint64]:
     """Hash ``seed`` and integer ``words`` (broadcast together) to uint64 values.
 
@@ -48,34 +83,60 @@ def hash_words(seed: int, *words: ArrayLike) -> NDArray[np.uint64]:
     """
     shape = np.broadcast_shapes(*(np.shape(w) for w in words)) if words else ()
     h = splitmix64(np.full(shape or (1,), seed & MASK64, dtype=np.uint64))
-    for w in words:
-        h = splitmix64(h ^ _as_words(w))
-    return h
+    return mix(h, *words)
+
+
+def hash_int(seed: int, *words: int) -> int:
+    """:func:`hash_words` for Python ints: the same value as ``hash_words(seed, *words)[0]``."""
+    return mix_int(splitmix64_int(seed & MASK64), *words)
+
+
+def _limit(n: int) -> int:
+    n = operator.index(n)
+    if not 1 <= n <= 1 << 63:
+        raise ValueError(f"n={n} must be in [1, 2**63] (results are int64)")
+    return (1 << 64) - ((1 << 64) % n)  # accept draws below this
+
+
+def below(n: int, state: NDArray[np.uint64]) -> NDArray[np.int64]:
+    """Exactly uniform integers in ``[0, n)``, one per hash ``state``.
+
+    Draw ``mix(state, attempt)`` for ``attempt = 0, 1, ...`` until it falls below the
+    largest multiple of ``n`` that fits in 64 bits, then reduce it modulo ``n``: every value
+    is exactly equally likely (a redraw happens with probability below ``n / 2**64``).
+    """
+    limit, n = _limit(n), operator.index(n)
+    h = mix(state, 0)
+    if limit < (1 << 64):
+        flat = h.reshape(-1)
+        bad = np.flatnonzero(flat >= np.uint64(limit))
+        attempt = 1
+        while bad.size:
+            redo = mix(state.reshape(-1)[bad], attempt)
+            flat[bad] = redo
+            bad = bad[redo >= np.uint64(limit)]
+            attempt += 1
+    return (h % np.uint64(n)).astype(np.int64)
+
+
+def below_int(n: int, state: int) -> int:
+    """:func:`below` for one Python int state."""
+    limit, n = _limit(n), operator.index(n)
+    attempt = 0
+    while True:
+        h = mix_int(state, attempt)
+        if h < limit:
+            return h % n
+        attempt += 1
 
 
 def uniform_below(n: int, seed: int, *words: ArrayLike) -> NDArray[np.int64]:
     """Exactly uniform integers in ``[0, n)``, one per broadcast element of ``words``.
 
-    The hash of ``(seed, *words, attempt)`` is reduced modulo ``n``; values in the short
-    top range that would bias the modulo are rejected and redrawn with ``attempt + 1``, so
-    every value in ``[0, n)`` is exactly equally likely (rejection happens with probability
-    below ``n / 2**64``).
+    The same as ``below(n, hash_words(seed, *words))``: the hash of ``(seed, *words,
+    attempt)`` reduced modulo ``n`` with rejection of the biased top range.
     """
-    if not 1 <= n <= MASK64:
-        raise ValueError(f"n={n} must be in [1, 2**64)")
-    shape = np.broadcast_shapes(*(np.shape(w) for w in words)) if words else ()
-    cols = [np.broadcast_to(np.asarray(w), shape) for w in words]
-    h = hash_words(seed, *cols, 0)
-    limit = (1 << 64) - ((1 << 64) % n)  # accept h < limit
-    if limit < (1 << 64):
-        bad = np.flatnonzero(h >= np.uint64(limit))
-        attempt = 1
-        while bad.size:
-            redo = hash_words(seed, *(c.reshape(-1)[bad] for c in cols), attempt)
-            h.reshape(-1)[bad] = redo
-            bad = bad[redo >= np.uint64(limit)]
-            attempt += 1
-    return (h % np.uint64(n)).astype(np.int64).reshape(shape or (1,))
+    return below(n, hash_words(seed, *words))
 
 
 def parse_seed(seed: object, name: str = "seed") -> int:

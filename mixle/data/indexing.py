@@ -74,8 +74,10 @@ def parse_key(key: KeyLike, shape: Sequence[int]) -> BasicKey:
         if isinstance(item, slice):
             start, stop, step = item.indices(dim)
             count = len(range(start, stop, step))
-            if step > 0 or count == 0:
-                read.append(slice(start, start if count == 0 else stop, max(step, 1)))
+            if count == 0:
+                read.append(slice(0, 0, 1))
+            elif step > 0:
+                read.append(slice(start, stop, step))
             else:
                 last = start + (count - 1) * step
                 read.append(slice(last, start + 1, -step))

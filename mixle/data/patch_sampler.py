@@ -77,7 +77,7 @@ class PatchSampler:
     num_patches
         How many patches the sampler addresses (``len(sampler)``).
     seed
-        Any int; patch corners are a pure function of ``(seed, index)``.
+        Any int, taken modulo 2**64; patch corners are a pure function of ``(seed, index)``.
     stride
         Corners lie on the grid ``0, stride, 2*stride, ...`` (int or per-axis); ``None``
         allows every position.
@@ -217,7 +217,7 @@ class PatchSampler:
         corners = self.coords_array(indices)
         out = np.empty((len(corners), *self._patch_size), dtype=self._source.dtype)
         for row, corner in enumerate(corners):
-            out[row] = self._source.read_box(corner, self._patch_size)
+            self._source.read_box_into(corner, out[row])
         return out, corners
 
     def records(self) -> Iterator[Patch]:

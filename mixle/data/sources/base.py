@@ -255,24 +255,35 @@ class ArraySource(abc.ABC):
             return block[()]
         return _owned(block)
 
+    def _box_key(self, start: ArrayLike, size: ArrayLike) -> tuple[slice, ...]:
+        """Validate a box and return it as slices."""
+        shape = self.shape
+        lo = np.asarray(start, dtype=np.int64).reshape(-1).tolist()
+        ext = np.asarray(size, dtype=np.int64).reshape(-1).tolist()
+        if len(lo) != len(shape) or len(ext) != len(shape):
+            raise ValueError(
+                f"start={tuple(lo)} and size={tuple(ext)} must both have {len(shape)} "
+                f"entries for an array of shape {shape}"
+            )
+        if any(a < 0 or n < 0 or a + n > s for a, n, s in zip(lo, ext, shape)):
+            raise IndexError(
+                f"box start={tuple(lo)}, size={tuple(ext)} is outside the array of shape {shape}"
+            )
+        return tuple(slice(a, a + n) for a, n in zip(lo, ext))
+
     def read_box(self, start: ArrayLike, size: ArrayLike) -> np.ndarray:
         """Read the box ``[start, start + size)``; it must lie inside the array."""
         handle = self._live()
-        shape = self.shape
-        lo = np.asarray(start, dtype=np.int64).reshape(-1)
-        ext = np.asarray(size, dtype=np.int64).reshape(-1)
-        if lo.size != len(shape) or ext.size != len(shape):
-            raise ValueError(
-                f"start={tuple(lo.tolist())} and size={tuple(ext.tolist())} must both have "
-                f"{len(shape)} entries for an array of shape {shape}"
-            )
-        if (lo < 0).any() or (ext < 0).any() or (lo + ext > np.asarray(shape)).any():
-            raise IndexError(
-                f"box start={tuple(lo.tolist())}, size={tuple(ext.tolist())} is outside "
-                f"the array of shape {shape}"
-            )
-        key = tuple(slice(int(a), int(a + n)) for a, n in zip(lo, ext))
-        return _owned(self._read(handle, key))
+        return _owned(self._read(handle, self._box_key(start, size)))
+
+    def read_box_into(self, start: ArrayLike, out: np.ndarray) -> None:
+        """Read the box at ``start`` with the shape of ``out`` straight into ``out``."""
+        handle = self._live()
+        self._read_into(handle, self._box_key(start, out.shape), out)
+
+    def _read_into(self, handle: Any, key: tuple[int | slice, ...], out: np.ndarray) -> None:
+        """Write a region into ``out``; backends that can skip the temporary override this."""
+        out[...] = self._read(handle, key)
 
     def get_batch(self, indices: ArrayLike) -> np.ndarray:
         """Rows ``indices`` stacked on axis 0; contiguous runs are read in one call each."""

@@ -150,6 +150,9 @@ class MemmapArraySource(ArraySource):
     def _read(self, handle: Any, key: tuple[int | slice, ...]) -> np.ndarray:
         return np.array(handle[key], copy=True, subok=False)
 
+    def _read_into(self, handle: Any, key: tuple[int | slice, ...], out: np.ndarray) -> None:
+        out[...] = handle[key]  # one copy, from the page cache into the output
+
 
 class NpyArraySource(MemmapArraySource):
     """A ``.npy`` file, memory-mapped; dtype, shape and order come from its header.

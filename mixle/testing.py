@@ -112,6 +112,16 @@ def check_array_source(
             size = tuple(max(1, s // 2) if s else 0 for s in expected.shape)
             box = tuple(slice(a, a + b) for a, b in zip(start, size))
             np.testing.assert_array_equal(source.read_box(start, size), expected[box])
+            starts = [
+                start,
+                (0,) * expected.ndim,
+                tuple(s - b for s, b in zip(expected.shape, size)),
+            ]
+            boxes = source.read_boxes(starts, size)
+            assert boxes.shape == (3, *size) and boxes.dtype == expected.dtype
+            for got_box, corner in zip(boxes, starts):
+                want = expected[tuple(slice(a, a + b) for a, b in zip(corner, size))]
+                np.testing.assert_array_equal(got_box, want)
         assert source.get_batch([]).shape == (0, *expected.shape[1:])
         rows = list(source.records())
         assert len(rows) == n

@@ -106,3 +106,17 @@ def test_pickle_size_does_not_grow_with_data(tmp_path):
         sizes.append(len(pickle.dumps(mixle.PatchSampler(mm, 5, 100))))
     assert max(sizes) < 2048
     assert abs(sizes[0] - sizes[2]) < 16 and abs(sizes[1] - sizes[3]) < 16
+
+
+@pytest.mark.parametrize("backend", ["zarr", "hdf5", "npy", "memmap"])
+def test_threads_share_one_lazily_opened_source(stores, backend):
+    from concurrent.futures import ThreadPoolExecutor
+
+    sampler = mixle.PatchSampler(_sources(stores)[backend], 3, 64, seed=5)
+    expected, _ = sampler.get_batch(np.arange(64))
+    clone = pickle.loads(pickle.dumps(sampler))  # not opened yet
+    opened = _count_opens(clone.source)
+    with ThreadPoolExecutor(8) as pool:
+        patches = list(pool.map(lambda i: clone[i][0], range(64)))
+    assert len(opened) == 1  # the first reads raced to open; exactly one did
+    np.testing.assert_array_equal(np.stack(patches), expected)

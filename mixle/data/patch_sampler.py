@@ -208,17 +208,13 @@ class PatchSampler:
     def __getitem__(self, index: int) -> Patch:
         """Patch ``index`` and its corner: ``(patch, coords)``."""
         i = self._index(index)
-        corner = self.coords_array([i])[0]
-        patch = self._source.read_box(corner, self._patch_size)
-        return patch, tuple(int(c) for c in corner)
+        corner = tuple(patch_corners(self._seed, (i,), self._counts, self._stride)[0].tolist())
+        return self._source.read_box(corner, self._patch_size), corner
 
     def get_batch(self, indices: ArrayLike) -> tuple[np.ndarray, NDArray[np.int64]]:
         """Patches ``indices`` stacked: ``(patches[B, *patch_size], coords[B, ndim])``."""
         corners = self.coords_array(indices)
-        out = np.empty((len(corners), *self._patch_size), dtype=self._source.dtype)
-        for row, corner in enumerate(corners):
-            self._source.read_box_into(corner, out[row])
-        return out, corners
+        return self._source.read_boxes(corners, self._patch_size), corners
 
     def records(self) -> Iterator[Patch]:
         """Yield ``(patch, coords)`` for every index in order."""

@@ -258,8 +258,7 @@ class ArraySource(abc.ABC):
     def _box_key(self, start: ArrayLike, size: ArrayLike) -> tuple[slice, ...]:
         """Validate a box and return it as slices."""
         shape = self.shape
-        lo = np.asarray(start, dtype=np.int64).reshape(-1).tolist()
-        ext = np.asarray(size, dtype=np.int64).reshape(-1).tolist()
+        lo, ext = _int_list(start), _int_list(size)
         if len(lo) != len(shape) or len(ext) != len(shape):
             raise ValueError(
                 f"start={tuple(lo)} and size={tuple(ext)} must both have {len(shape)} "
@@ -276,10 +275,40 @@ class ArraySource(abc.ABC):
         handle = self._live()
         return _owned(self._read(handle, self._box_key(start, size)))
 
-    def read_box_into(self, start: ArrayLike, out: np.ndarray) -> None:
-        """Read the box at ``start`` with the shape of ``out`` straight into ``out``."""
+    def read_boxes(
+        self, starts: ArrayLike, size: ArrayLike, *, out: np.ndarray | None = None
+    ) -> np.ndarray:
+        """Read boxes of one ``size`` at each row of ``starts`` into ``out[B, *size]``.
+
+        ``starts`` is ``(B, ndim)``; every box must lie inside the array. ``out`` (optional)
+        must have shape ``(B, *size)`` and this source's dtype.
+        """
         handle = self._live()
-        self._read_into(handle, self._box_key(start, out.shape), out)
+        shape = self.shape
+        lo = np.asarray(starts, dtype=np.int64).reshape(-1, len(shape))
+        ext = _int_list(size)
+        if len(ext) != len(shape) or any(n < 0 for n in ext):
+            raise ValueError(
+                f"size={tuple(ext)} must hold {len(shape)} non-negative ints for an array "
+                f"of shape {shape}"
+            )
+        if lo.size and ((lo < 0).any() or (lo + ext > np.asarray(shape)).any()):
+            bad = lo[((lo < 0) | (lo + ext > np.asarray(shape))).any(axis=1)][0]
+            raise IndexError(
+                f"box start={tuple(bad.tolist())}, size={tuple(ext)} is outside the array "
+                f"of shape {shape}"
+            )
+        want = (len(lo), *ext)
+        if out is None:
+            out = np.empty(want, dtype=self.dtype)
+        elif out.shape != want or out.dtype != self.dtype:
+            raise ValueError(
+                f"out has shape {out.shape} and dtype {out.dtype}; expected {want} {self.dtype}"
+            )
+        for row, corner in enumerate(lo.tolist()):
+            key = tuple(slice(a, a + n) for a, n in zip(corner, ext))
+            self._read_into(handle, key, out[row])
+        return out
 
     def _read_into(self, handle: Any, key: tuple[int | slice, ...], out: np.ndarray) -> None:
         """Write a region into ``out``; backends that can skip the temporary override this."""
@@ -351,6 +380,13 @@ class ArraySource(abc.ABC):
         if meta.shards is not None:
             parts.append(f"shards={meta.shards}")
         return f"{name}({', '.join(parts)})"
+
+
+def _int_list(values: ArrayLike) -> list[int]:
+    """Box coordinates as Python ints (tuples of ints pass straight through)."""
+    if isinstance(values, tuple) and all(type(v) is int for v in values):
+        return list(values)
+    return np.asarray(values, dtype=np.int64).reshape(-1).tolist()
 
 
 def _owned(block: np.ndarray) -> np.ndarray:

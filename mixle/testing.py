@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from mixle.data.sources.base import ArraySource
+from mixle.data.sources.protocols import SupportsArrayRead, SupportsBatchRead, SupportsRecords
 from mixle.errors import SourceClosedError
 
 __all__ = ["assert_unchanged", "check_array_source", "snapshot_tree"]
@@ -85,6 +86,8 @@ def check_array_source(
     manager and errors after close. Closes ``source`` at the end.
     """
     assert isinstance(source, ArraySource), type(source)
+    for protocol in (SupportsRecords, SupportsBatchRead, SupportsArrayRead):
+        assert isinstance(source, protocol), protocol.__name__
     assert source.shape == expected.shape, (source.shape, expected.shape)
     assert source.dtype == expected.dtype, (source.dtype, expected.dtype)
     assert source.ndim == expected.ndim

@@ -325,3 +325,15 @@ def test_random_patches_match_numpy_on_every_backend(data):
                 box = tuple(slice(c, c + p) for c, p in zip(corner, patch))
                 np.testing.assert_array_equal(got, volume[box])
             src.close()
+
+
+def test_sampler_keeps_the_record_protocols(stores):
+    from mixle.data.sources.protocols import SupportsBatchRead, SupportsRecords
+
+    sampler = mixle.PatchSampler(mixle.read_npy(stores.path("c.npy")), 2, 3)
+    assert isinstance(sampler, SupportsRecords)
+    assert isinstance(sampler, SupportsBatchRead)
+    patch_spec, coords_spec = sampler.element_spec()
+    patches, coords = sampler.get_batch([0, 1])
+    assert patches.shape[1:] == patch_spec.shape and patches.dtype == patch_spec.dtype
+    assert coords.shape[1:] == coords_spec.shape and coords.dtype == coords_spec.dtype

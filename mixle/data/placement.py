@@ -48,10 +48,10 @@ def patch_corners(
     if idx.size <= SCALAR_PATH_MAX:  # same values as below, without per-call array overhead
         rows = []
         for i in idx.tolist():
-            state = mix_int(prefix, i)
+            key = mix_int(prefix, i)
             rows.append(
                 [
-                    below_int(n, mix_int(state, a)) * st
+                    below_int(n, mix_int(key, a)) * st
                     for a, (n, st) in enumerate(zip(counts, stride))
                 ]
             )

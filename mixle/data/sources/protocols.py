@@ -10,17 +10,7 @@ from numpy.typing import ArrayLike
 
 from mixle.data.spec import ArraySpec
 
-__all__ = ["ArrayLikeND", "SupportsArrayRead", "SupportsBatchRead", "SupportsRecords"]
-
-
-@runtime_checkable
-class ArrayLikeND(Protocol):
-    """Anything with a ``shape`` and N-D basic ``__getitem__`` (ndarray, zarr, h5py, dask)."""
-
-    @property
-    def shape(self) -> tuple[int, ...]: ...
-
-    def __getitem__(self, key: Any) -> Any: ...
+__all__ = ["SupportsArrayRead", "SupportsBatchRead", "SupportsRecords"]
 
 
 @runtime_checkable

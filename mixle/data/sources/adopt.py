@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from mixle.data.schema import Schema
 from mixle.data.sources.base import ArrayMeta, ArraySource
 from mixle.data.sources.hdf5_source import HDF5ArraySource
 from mixle.data.sources.memmap_source import MemmapArraySource
@@ -23,10 +24,8 @@ class ArrayLikeSource(ArraySource):
     Pickling pickles the wrapped object itself, so in-memory arrays travel with their data.
     """
 
-    kind = "array-like"
-
     def __init__(
-        self, array: Any, *, structure: SampleStructure = EXCHANGEABLE, schema: Any = None
+        self, array: Any, *, structure: SampleStructure = EXCHANGEABLE, schema: Schema | None = None
     ) -> None:
         if not _is_array_like(array):
             raise TypeError(f"array={type(array).__name__} must have .shape and N-D __getitem__")
@@ -59,7 +58,7 @@ def as_array_source(
     *,
     name: str = "array",
     structure: SampleStructure = EXCHANGEABLE,
-    schema: Any = None,
+    schema: Schema | None = None,
 ) -> ArraySource:
     """Return ``obj`` as an :class:`ArraySource`, wrapping live arrays so they pickle small.
 

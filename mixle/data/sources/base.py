@@ -14,7 +14,7 @@ import os
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -86,9 +86,6 @@ class ArraySource(abc.ABC):
       first use. A source used in a forked child reopens its handles there.
     - Reads are safe from several threads.
     """
-
-    #: Name of the storage family shown in reprs and errors.
-    kind: ClassVar[str] = "array"
 
     _args: dict[str, Any] | None
     _structure: SampleStructure

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from mixle.data.schema import Schema
 from mixle.data.sources.base import ArrayMeta, ArraySource, listing
 from mixle.data.structure import EXCHANGEABLE, SampleStructure
 from mixle.errors import ArrayNotFoundError, NotAnArrayError
@@ -78,7 +79,6 @@ class HDF5ArraySource(ArraySource):
     discarded source keeps working. :meth:`close` closes the file explicitly.
     """
 
-    kind = "hdf5"
     _h5file: Any = None
 
     def __init__(
@@ -87,7 +87,7 @@ class HDF5ArraySource(ArraySource):
         dataset: str,
         *,
         structure: SampleStructure = EXCHANGEABLE,
-        schema: Any = None,
+        schema: Schema | None = None,
         **h5py_options: Any,
     ) -> None:
         self._init_state(_hdf5_args(path, dataset, h5py_options), structure, schema)
@@ -95,7 +95,11 @@ class HDF5ArraySource(ArraySource):
 
     @classmethod
     def from_dataset(
-        cls, dataset: Any, *, structure: SampleStructure = EXCHANGEABLE, schema: Any = None
+        cls,
+        dataset: Any,
+        *,
+        structure: SampleStructure = EXCHANGEABLE,
+        schema: Schema | None = None,
     ) -> HDF5ArraySource:
         """Wrap an open ``h5py.Dataset``; pickling reopens its file by path, read-only.
 

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import DTypeLike
 
+from mixle.data.schema import Schema
 from mixle.data.sources.base import ArrayMeta, ArraySource
 from mixle.data.structure import EXCHANGEABLE, SampleStructure
 
@@ -87,8 +88,6 @@ class MemmapArraySource(ArraySource):
         ``mode`` or ``order``.
     """
 
-    kind = "memmap"
-
     def __init__(
         self,
         path: str | os.PathLike[str],
@@ -99,14 +98,18 @@ class MemmapArraySource(ArraySource):
         offset: int = 0,
         order: str = "C",
         structure: SampleStructure = EXCHANGEABLE,
-        schema: Any = None,
+        schema: Schema | None = None,
     ) -> None:
         self._init_state(_memmap_args(path, dtype, shape, mode, offset, order), structure, schema)
         self._live()
 
     @classmethod
     def from_memmap(
-        cls, mm: np.memmap, *, structure: SampleStructure = EXCHANGEABLE, schema: Any = None
+        cls,
+        mm: np.memmap,
+        *,
+        structure: SampleStructure = EXCHANGEABLE,
+        schema: Schema | None = None,
     ) -> MemmapArraySource:
         """Wrap an ``np.memmap`` that maps a whole file region; pickling reopens it read-only."""
         order = "F" if mm.flags.f_contiguous and not mm.flags.c_contiguous else "C"
@@ -174,15 +177,13 @@ class NpyArraySource(MemmapArraySource):
         When the file is not a ``.npy`` file or holds Python objects (cannot be mapped).
     """
 
-    kind = "npy"
-
     def __init__(  # type: ignore[override]
         self,
         path: str | os.PathLike[str],
         *,
         mode: str = "r",
         structure: SampleStructure = EXCHANGEABLE,
-        schema: Any = None,
+        schema: Schema | None = None,
     ) -> None:
         if not isinstance(path, (str, os.PathLike)):
             raise TypeError(f"path={path!r} must be a path to a .npy file")

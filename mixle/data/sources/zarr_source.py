@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from mixle.data.schema import Schema
 from mixle.data.sources.base import ArrayMeta, ArraySource, listing
 from mixle.data.structure import EXCHANGEABLE, SampleStructure
 from mixle.errors import ArrayNotFoundError, NotAnArrayError
@@ -59,8 +60,6 @@ class ZarrArraySource(ArraySource):
         When ``component`` does not exist; the message lists the arrays that do.
     """
 
-    kind = "zarr"
-
     def __init__(
         self,
         path: str | os.PathLike[str] | Any,
@@ -68,14 +67,14 @@ class ZarrArraySource(ArraySource):
         *,
         storage_options: dict[str, Any] | None = None,
         structure: SampleStructure = EXCHANGEABLE,
-        schema: Any = None,
+        schema: Schema | None = None,
     ) -> None:
         self._init_state(_zarr_args(path, component, storage_options), structure, schema)
         self._live()
 
     @classmethod
     def from_array(
-        cls, array: Any, *, structure: SampleStructure = EXCHANGEABLE, schema: Any = None
+        cls, array: Any, *, structure: SampleStructure = EXCHANGEABLE, schema: Schema | None = None
     ) -> ZarrArraySource:
         """Wrap an open ``zarr.Array``; pickling reopens it from its store, read-only."""
         obj = cls.__new__(cls)

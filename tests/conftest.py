@@ -3,14 +3,22 @@ every test that reads them leaves them byte-identical."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import settings
 
 from mixle.testing import snapshot_tree
+
+# CI runs a fixed sequence of examples so a landing never depends on luck; locally the
+# examples vary from run to run.
+settings.register_profile("ci", derandomize=True, print_blob=True)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
 
 
 @dataclass

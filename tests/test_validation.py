@@ -256,7 +256,7 @@ def test_use_after_close_on_sampler(stores):
         sampler.get_batch([0])
 
 
-def test_unpickleable_wrapped_objects_fail_clearly():
+def test_array_like_without_dtype_is_wrapped():
     class Weird:
         shape = (3,)
 

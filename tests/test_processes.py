@@ -120,3 +120,21 @@ def test_threads_share_one_lazily_opened_source(stores, backend):
         patches = list(pool.map(lambda i: clone[i][0], range(64)))
     assert len(opened) == 1  # the first reads raced to open; exactly one did
     np.testing.assert_array_equal(np.stack(patches), expected)
+
+
+@pytest.mark.filterwarnings("ignore:.*fork.*:DeprecationWarning")
+def test_forked_child_keeps_a_handle_that_cannot_be_reopened():
+    import h5py
+
+    from mixle.data.sources.adopt import as_array_source
+
+    with h5py.File("in-memory.h5", "w", driver="core", backing_store=False) as f:
+        src = as_array_source(f.create_dataset("x", data=np.arange(6)))
+        ctx = mp.get_context("fork")
+        queue = ctx.Queue()
+        proc = ctx.Process(target=lambda: queue.put(src[2:4]))
+        proc.start()
+        rows = queue.get(timeout=120)
+        proc.join(timeout=60)
+    assert proc.exitcode == 0
+    np.testing.assert_array_equal(rows, [2, 3])

@@ -135,8 +135,10 @@ class ArraySource(abc.ABC):
                 f"{type(self).__name__}({self._location()}) is closed; open it again to read it"
             )
         pid = os.getpid()
-        if self._pid != pid:  # forked: never share the parent's handles
-            self._pid, self._handle, self._lock = pid, None, threading.Lock()
+        if self._pid != pid:  # forked: never share the parent's handles...
+            self._pid, self._lock = pid, threading.Lock()
+            if self._args is not None:  # ...unless they cannot be reopened (in-memory file)
+                self._handle = None
         handle = self._handle
         if handle is None:
             with self._lock:

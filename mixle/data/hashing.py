@@ -14,6 +14,8 @@ import operator
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from mixle.utils.validation import parse_int
+
 __all__ = [
     "MASK64",
     "below",
@@ -141,9 +143,4 @@ def uniform_below(n: int, seed: int, *words: ArrayLike) -> NDArray[np.int64]:
 
 def parse_seed(seed: object, name: str = "seed") -> int:
     """Validate an integer seed (NumPy integers accepted, bools and floats refused)."""
-    if isinstance(seed, bool):
-        raise TypeError(f"{name}={seed!r} must be an int, not a bool")
-    try:
-        return operator.index(seed)  # type: ignore[arg-type]
-    except TypeError:
-        raise TypeError(f"{name}={seed!r} must be an int") from None
+    return parse_int(seed, name)

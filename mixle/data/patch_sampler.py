@@ -16,6 +16,7 @@ from mixle.data.sources.adopt import as_array_source
 from mixle.data.sources.base import ArraySource, parse_indices
 from mixle.data.spec import ArraySpec
 from mixle.data.structure import EXCHANGEABLE, SampleStructure, parse_structure
+from mixle.utils.validation import parse_int
 
 __all__ = ["PatchSampler", "parse_patch_size", "parse_stride"]
 
@@ -111,12 +112,7 @@ class PatchSampler:
         if not shape:
             raise ValueError("array is 0-dimensional; patches need at least one axis")
         self._patch_size = parse_patch_size(patch_size, shape)
-        if isinstance(num_patches, (bool, np.bool_)):
-            raise TypeError(f"num_patches={num_patches!r} must be an int")
-        try:
-            self._num_patches = operator.index(num_patches)
-        except TypeError:
-            raise TypeError(f"num_patches={num_patches!r} must be an int") from None
+        self._num_patches = parse_int(num_patches, "num_patches")
         if self._num_patches < 0:
             raise ValueError(f"num_patches={num_patches} must be >= 0")
         self._seed = parse_seed(seed)
@@ -194,12 +190,7 @@ class PatchSampler:
 
     # -- reading ------------------------------------------------------------------------
     def _index(self, index: object) -> int:
-        if isinstance(index, (bool, np.bool_)):
-            raise TypeError(f"index={index!r} must be an int")
-        try:
-            i = operator.index(index)  # type: ignore[arg-type]
-        except TypeError:
-            raise TypeError(f"index={index!r} must be an int") from None
+        i = parse_int(index, "index")
         n = self._num_patches
         if not -n <= i < n:
             raise IndexError(f"index={i} is out of range for a sampler of {n} patches")

@@ -19,7 +19,7 @@ __all__ = [
 ]
 
 #: Default per-dataset HDF5 chunk cache (``rdcc_nbytes``): room for the chunks a batch of
-#: patches touches, where HDF5's own 1 MiB default cannot hold even one 64³ float32 chunk.
+#: patches touches, where HDF5's own 1 MiB default holds at most one 64³ float32 chunk.
 HDF5_CHUNK_CACHE_BYTES = 64 * 1024 * 1024
 #: Default hash-table size of the chunk cache (``rdcc_nslots``), a prime well above the
 #: number of chunks that fit.

@@ -234,11 +234,15 @@ def test_source_read_errors(stores):
         src.get_batch([0.5])
     with pytest.raises(IndexError, match="outside the array"):
         src.read_box((15, 0, 0), (4, 6, 5))
-    with pytest.raises(ValueError, match="must both have 3 entries"):
+    with pytest.raises(
+        ValueError, match=r"start=\[0, 0\]: every box needs 3 start and size entries"
+    ):
         src.read_box((0, 0), (1, 1))
     with pytest.raises(IndexError, match=r"box start=\(0, 3, 0\), size=\(2, 4, 5\) is outside"):
         src.read_boxes([(0, 0, 0), (0, 3, 0)], (2, 4, 5))
-    with pytest.raises(ValueError, match=r"size=\(2, 4\) must hold 3"):
+    with pytest.raises(
+        ValueError, match=r"size=\(2, 4\): every box needs 3 start and size entries"
+    ):
         src.read_boxes([(0, 0, 0)], (2, 4))
     with pytest.raises(ValueError, match=r"out has shape \(1, 2, 2, 2\) and dtype float64"):
         src.read_boxes([(0, 0, 0)], (2, 2, 2), out=np.empty((1, 2, 2, 2)))

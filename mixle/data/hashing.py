@@ -93,11 +93,12 @@ def hash_int(seed: int, *words: int) -> int:
     return mix_int(splitmix64_int(seed & MASK64), *words)
 
 
-def _limit(n: int) -> int:
+def _bound(n: int) -> tuple[int, int]:
+    """``n`` as an int, and the rejection limit: draws at or above it would bias ``% n``."""
     n = operator.index(n)
     if not 1 <= n <= 1 << 63:
         raise ValueError(f"n={n} must be in [1, 2**63] (results are int64)")
-    return (1 << 64) - ((1 << 64) % n)  # accept draws below this
+    return n, (1 << 64) - ((1 << 64) % n)
 
 
 def below(n: int, state: NDArray[np.uint64]) -> NDArray[np.int64]:
@@ -107,7 +108,7 @@ def below(n: int, state: NDArray[np.uint64]) -> NDArray[np.int64]:
     largest multiple of ``n`` that fits in 64 bits, then reduce it modulo ``n``: every value
     is exactly equally likely (a redraw happens with probability below ``n / 2**64``).
     """
-    limit, n = _limit(n), operator.index(n)
+    n, limit = _bound(n)
     h = mix(state, 0)
     if limit < (1 << 64):
         flat = h.reshape(-1)
@@ -123,7 +124,7 @@ def below(n: int, state: NDArray[np.uint64]) -> NDArray[np.int64]:
 
 def below_int(n: int, state: int) -> int:
     """:func:`below` for one Python int state."""
-    limit, n = _limit(n), operator.index(n)
+    n, limit = _bound(n)
     attempt = 0
     while True:
         h = mix_int(state, attempt)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -30,14 +29,7 @@ def _per_axis(value: object, ndim: int, name: str, minimum: int) -> tuple[int, .
         items = value.tolist()
     else:
         items = [value] * ndim
-    out = []
-    for item in items:
-        if isinstance(item, (bool, np.bool_)):
-            raise TypeError(f"{name}={value!r} must hold ints, not bools")
-        try:
-            out.append(operator.index(item))
-        except TypeError:
-            raise TypeError(f"{name}={value!r} must be an int or a sequence of ints") from None
+    out = [parse_int(item, name) for item in items]
     if len(out) != ndim:
         raise ValueError(
             f"{name}={value!r} has {len(out)} entries but the array has {ndim} dimensions"

@@ -14,7 +14,7 @@ import os
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -254,25 +254,12 @@ class ArraySource(abc.ABC):
             return block[()]
         return _owned(block)
 
-    def _box_key(self, start: ArrayLike, size: ArrayLike) -> tuple[slice, ...]:
-        """Validate a box and return it as slices."""
-        shape = self.shape
-        lo, ext = _int_list(start), _int_list(size)
-        if len(lo) != len(shape) or len(ext) != len(shape):
-            raise ValueError(
-                f"start={tuple(lo)} and size={tuple(ext)} must both have {len(shape)} "
-                f"entries for an array of shape {shape}"
-            )
-        if any(a < 0 or n < 0 or a + n > s for a, n, s in zip(lo, ext, shape)):
-            raise IndexError(
-                f"box start={tuple(lo)}, size={tuple(ext)} is outside the array of shape {shape}"
-            )
-        return tuple(slice(a, a + n) for a, n in zip(lo, ext))
-
     def read_box(self, start: ArrayLike, size: ArrayLike) -> np.ndarray:
         """Read the box ``[start, start + size)``; it must lie inside the array."""
-        handle = self._live()
-        return _owned(self._read(handle, self._box_key(start, size)))
+        ext = _int_list(size)
+        box = np.empty(ext if all(n >= 0 for n in ext) else 0, dtype=self.dtype)
+        self.read_boxes([_int_list(start)], ext, out=box[np.newaxis])
+        return box
 
     def read_boxes(
         self, starts: ArrayLike, size: ArrayLike, *, out: np.ndarray | None = None
@@ -284,29 +271,33 @@ class ArraySource(abc.ABC):
         """
         handle = self._live()
         shape = self.shape
-        lo = np.asarray(starts, dtype=np.int64).reshape(-1, len(shape))
+        rows: list[Any] = (
+            starts if _is_int_rows(starts) else np.asarray(starts, dtype=np.int64).tolist()
+        )
         ext = _int_list(size)
-        if len(ext) != len(shape) or any(n < 0 for n in ext):
+        bad_rows = [r for r in rows if not isinstance(r, list) or len(r) != len(shape)]
+        if len(ext) != len(shape) or bad_rows:
+            shown = f"start={bad_rows[0]}" if bad_rows else f"size={tuple(ext)}"
             raise ValueError(
-                f"size={tuple(ext)} must hold {len(shape)} non-negative ints for an array "
-                f"of shape {shape}"
+                f"{shown}: every box needs {len(shape)} start and size entries for an array "
+                f"of shape {shape} (starts is (B, {len(shape)}))"
             )
-        if lo.size and ((lo < 0).any() or (lo + ext > np.asarray(shape)).any()):
-            bad = lo[((lo < 0) | (lo + ext > np.asarray(shape))).any(axis=1)][0]
-            raise IndexError(
-                f"box start={tuple(bad.tolist())}, size={tuple(ext)} is outside the array "
-                f"of shape {shape}"
-            )
-        want = (len(lo), *ext)
+        for row in rows:
+            if any(a < 0 or n < 0 or a + n > d for a, n, d in zip(row, ext, shape)):
+                raise IndexError(
+                    f"box start={tuple(row)}, size={tuple(ext)} is outside the array of "
+                    f"shape {shape}"
+                )
+        want = (len(rows), *ext)
         if out is None:
             out = np.empty(want, dtype=self.dtype)
         elif out.shape != want or out.dtype != self.dtype:
             raise ValueError(
                 f"out has shape {out.shape} and dtype {out.dtype}; expected {want} {self.dtype}"
             )
-        for row, corner in enumerate(lo.tolist()):
-            key = tuple(slice(a, a + n) for a, n in zip(corner, ext))
-            self._read_into(handle, key, out[row])
+        for i, row in enumerate(rows):
+            key = tuple(slice(a, a + n) for a, n in zip(row, ext))
+            self._read_into(handle, key, out[i])
         return out
 
     def _read_into(self, handle: Any, key: tuple[int | slice, ...], out: np.ndarray) -> None:
@@ -379,6 +370,13 @@ class ArraySource(abc.ABC):
         if meta.shards is not None:
             parts.append(f"shards={meta.shards}")
         return f"{name}({', '.join(parts)})"
+
+
+def _is_int_rows(starts: object) -> TypeGuard[list[Any]]:
+    """Whether ``starts`` is already a list of lists of Python ints (the per-index path)."""
+    return isinstance(starts, list) and all(
+        isinstance(row, list) and all(type(v) is int for v in row) for row in starts
+    )
 
 
 def _int_list(values: ArrayLike) -> list[int]:

@@ -1,8 +1,10 @@
 """mixle: lazy, index-addressable sources and seeded N-D patches for data bigger than memory.
 
-``import mixle`` imports NumPy only; zarr, h5py, fsspec and jax are imported by the
-adapters that need them.
+``import mixle`` imports NumPy only; zarr, h5py, fsspec, dask and jax are imported by the
+adapters that need them, and the parallel backends on first use.
 """
+
+from typing import TYPE_CHECKING, Any
 
 from mixle.data.patch_sampler import PatchSampler
 from mixle.data.schema import Schema
@@ -27,10 +29,20 @@ from mixle.data.structure import (
 )
 from mixle.errors import (
     ArrayNotFoundError,
+    BrokenEncodedDataError,
+    EncodedDataClosedError,
     NotAnArrayError,
     SchemaMismatchError,
     SourceClosedError,
+    WorkerDiedError,
+    WorkerError,
+    WorkerTimeoutError,
 )
+from mixle.utils.parallel.registry import encoded_data, register_encoded_data_backend
+
+if TYPE_CHECKING:
+    from mixle.utils.parallel.dask_backend import DaskEncodedData
+    from mixle.utils.parallel.multiprocessing import MPEncodedData
 
 __version__ = "0.1.0"
 
@@ -41,7 +53,11 @@ __all__ = [
     "ArrayNotFoundError",
     "ArraySource",
     "ArraySpec",
+    "BrokenEncodedDataError",
+    "DaskEncodedData",
+    "EncodedDataClosedError",
     "HDF5ArraySource",
+    "MPEncodedData",
     "MemmapArraySource",
     "NotAnArrayError",
     "NpyArraySource",
@@ -50,11 +66,30 @@ __all__ = [
     "Schema",
     "SchemaMismatchError",
     "SourceClosedError",
+    "WorkerDiedError",
+    "WorkerError",
+    "WorkerTimeoutError",
     "ZarrArraySource",
     "__version__",
+    "encoded_data",
     "partially_exchangeable",
     "read_hdf5",
     "read_memmap",
     "read_npy",
     "read_zarr",
+    "register_encoded_data_backend",
 ]
+
+# The parallel backends import multiprocessing machinery or dask: load them on first use.
+_LAZY = {
+    "MPEncodedData": "mixle.utils.parallel.multiprocessing",
+    "DaskEncodedData": "mixle.utils.parallel.dask_backend",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'mixle' has no attribute {name!r}")

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 __all__ = [
     "ArrayNotFoundError",
+    "BrokenEncodedDataError",
+    "EncodedDataClosedError",
     "NotAnArrayError",
     "SchemaMismatchError",
     "SourceClosedError",
+    "WorkerDiedError",
+    "WorkerError",
+    "WorkerTimeoutError",
 ]
 
 
@@ -27,3 +32,45 @@ class NotAnArrayError(ValueError):
 
 class SchemaMismatchError(ValueError):
     """A source or sampler does not match the ``schema`` it was given."""
+
+
+class WorkerError(RuntimeError):
+    """A worker of an encoded-data handle raised; the message carries the worker's traceback.
+
+    Attributes
+    ----------
+    worker
+        Index of the worker that failed (``0 <= worker < num_workers``).
+    remote_traceback
+        The traceback text formatted in the worker process.
+    exc_type
+        Name of the exception type raised in the worker, e.g. ``"ValueError"``.
+    """
+
+    def __init__(
+        self, message: str, *, worker: int, remote_traceback: str = "", exc_type: str = ""
+    ) -> None:
+        super().__init__(message)
+        self.worker = worker
+        self.remote_traceback = remote_traceback
+        self.exc_type = exc_type
+
+
+class WorkerDiedError(WorkerError):
+    """A worker process exited or was lost mid-call; the handle is broken from then on."""
+
+
+class WorkerTimeoutError(TimeoutError):
+    """A call on an encoded-data handle ran past its ``timeout``; the handle is broken."""
+
+    def __init__(self, message: str, *, workers: tuple[int, ...] = ()) -> None:
+        super().__init__(message)
+        self.workers = workers
+
+
+class EncodedDataClosedError(ValueError):
+    """An encoded-data handle was used after ``close()``."""
+
+
+class BrokenEncodedDataError(RuntimeError):
+    """An encoded-data handle lost a worker or timed out earlier and cannot be used again."""

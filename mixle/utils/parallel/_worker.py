@@ -1,0 +1,69 @@
+"""The loop a :class:`~mixle.utils.parallel.multiprocessing.MPEncodedData` worker runs.
+
+Kept apart so that a spawned worker imports only this module, the shard builder and
+NumPy. Messages are pickled tuples ``(seq, kind, *payload)``; every message except
+``close`` gets exactly one reply ``(seq, "ok", result)`` or
+``(seq, "error", type name, message, traceback)``.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import traceback
+from multiprocessing.connection import Connection
+from typing import Any
+
+from mixle.utils.parallel.encoding import build_shard
+
+__all__ = ["CLOSE", "worker_main"]
+
+#: The message that ends a worker's loop.
+CLOSE = pickle.dumps((-1, "close"), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _error_reply(seq: int, exc: BaseException) -> bytes:
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    message = str(exc)
+    return pickle.dumps(
+        (seq, "error", type(exc).__name__, message, text), protocol=pickle.HIGHEST_PROTOCOL
+    )
+
+
+def _handle(kind: str, payload: tuple[Any, ...], state: dict[str, Any]) -> Any:
+    if kind == "build":
+        data, pieces, encoder, batched, raw_pieces = payload
+        state["shard"] = build_shard(data, pieces, encoder, batched, raw_pieces=raw_pieces)
+        return os.getpid()
+    if kind == "call":
+        fn, args = payload
+        if "shard" not in state:
+            raise RuntimeError("this worker has no shard yet; 'build' must come first")
+        return fn(state["shard"], *args)
+    raise ValueError(f"unknown message kind {kind!r}")
+
+
+def worker_main(conn: Connection) -> None:
+    """Serve messages from the driver until ``close`` or until the driver goes away."""
+    # Ctrl-C goes to the whole process group; the driver decides what to do with it.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    state: dict[str, Any] = {}
+    while True:
+        try:
+            blob = conn.recv_bytes()
+        except (EOFError, OSError):  # the driver closed its end or exited
+            return
+        seq = -1
+        try:
+            seq, kind, *payload = pickle.loads(blob)
+            if kind == "close":
+                return
+            result = _handle(kind, tuple(payload), state)
+            reply = pickle.dumps((seq, "ok", result), protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:  # report everything; the loop survives user errors
+            reply = _error_reply(seq, exc)
+        try:
+            conn.send_bytes(reply)
+        except (EOFError, OSError):
+            return

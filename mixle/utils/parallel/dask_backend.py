@@ -1,0 +1,241 @@
+"""DaskEncodedData: worker-resident encoded shards on a Dask cluster; each worker reads its own.
+
+Each shard is a task pinned to one Dask worker that reads and encodes it there; the
+resulting future stays held, so the shard stays in that worker's memory. ``map`` submits
+``fn(shard, *args)`` pinned to the same worker, so it runs where the shard lives.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import pickle
+import time
+import traceback
+import uuid
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from mixle.errors import WorkerDiedError, WorkerError, WorkerTimeoutError
+from mixle.utils.optional_deps import require
+from mixle.utils.parallel.base import EncodedData, ReadIn, parse_read_in, parse_timeout
+from mixle.utils.parallel.encoding import (
+    EncoderLike,
+    build_shard,
+    parse_encoder,
+    read_piece,
+    reads_batches,
+    tree_nbytes,
+)
+from mixle.utils.parallel.sharding import parse_count, plan_shards
+
+__all__ = ["POLL_INTERVAL_S", "DaskEncodedData"]
+
+#: How often a waiting call checks that the shards it needs still exist.
+POLL_INTERVAL_S = 0.2
+
+
+def _build_remote(data: Any, pieces: Any, encoder: Any, batched: bool, raw: Any) -> Any:
+    return build_shard(data, pieces, encoder, batched, raw_pieces=raw)
+
+
+def _call_remote(fn: Callable[..., Any], shard: Any, *args: Any) -> Any:
+    return fn(shard, *args)
+
+
+def _release(client: Any, futures: list[Any], own: tuple[Any, Any] | None) -> None:
+    """Drop the shard futures (freeing worker memory); close a cluster the handle started."""
+    if futures and client.status == "running":
+        client.cancel(futures)
+    futures.clear()
+    if own is not None:
+        own[0].close()
+        own[1].close()
+
+
+class DaskEncodedData(EncodedData):
+    """Shard ``data`` over the workers of a Dask cluster, each reading its own shard.
+
+    Parameters
+    ----------
+    data, encoder, sub_chunks, read_in, timeout
+        As for :class:`~mixle.utils.parallel.multiprocessing.MPEncodedData`.
+    client
+        A ``distributed.Client``; default: the current client, else a local cluster (one
+        single-threaded worker process per shard) that :meth:`close` shuts down.
+    num_workers
+        Number of shards; default: one per Dask worker. Shard ``i`` lives on worker
+        ``i % len(workers)`` (workers sorted by address).
+
+    Notes
+    -----
+    A Dask worker that is lost takes its shards with it: the call waiting on it raises
+    :class:`~mixle.errors.WorkerDiedError` (checked every :data:`POLL_INTERVAL_S` seconds)
+    and the handle is broken.
+    """
+
+    def __init__(
+        self,
+        data: Any,
+        encoder: EncoderLike = None,
+        *,
+        client: Any = None,
+        num_workers: int | None = None,
+        sub_chunks: int = 1,
+        read_in: ReadIn = "auto",
+        timeout: float | None = None,
+    ) -> None:
+        distributed = require("distributed", "dask", feature="DaskEncodedData")
+        self._distributed = distributed
+        self._timeout = parse_timeout(timeout)
+        fn = parse_encoder(encoder)
+        self._read_in = parse_read_in(read_in, data)
+        chunks = parse_count(sub_chunks, "sub_chunks")
+        if num_workers is not None:
+            num_workers = parse_count(num_workers, "num_workers")
+        own = None
+        if client is None:
+            try:
+                client = distributed.default_client()
+            except ValueError:  # no client yet: start a private local cluster
+                cluster = distributed.LocalCluster(
+                    n_workers=num_workers or None,
+                    threads_per_worker=1,
+                    processes=True,
+                    dashboard_address=None,
+                )
+                client = distributed.Client(cluster)
+                own = (client, cluster)
+        self._client = client
+        self._shards: list[Any] = []
+        self._finalizer = weakref.finalize(self, _release, client, self._shards, own)
+        try:
+            addresses = sorted(client.scheduler_info(n_workers=-1)["workers"])
+            if not addresses:
+                raise ValueError(f"client={client!r} has no workers; start some first")
+            shards = len(addresses) if num_workers is None else num_workers
+            self._plan = plan_shards(data, len(data), shards, chunks)
+            self._homes = [addresses[w % len(addresses)] for w in range(shards)]
+            self._build(data, fn, reads_batches(data, fn))
+        except BaseException:
+            self._closed = True
+            self._finalizer()
+            raise
+
+    @property
+    def client(self) -> Any:
+        """The ``distributed.Client`` the shards live on."""
+        return self._client
+
+    @property
+    def homes(self) -> tuple[str, ...]:
+        """Address of the Dask worker holding each shard, in shard order."""
+        return tuple(self._homes)
+
+    def _build(self, data: Any, encoder: Any, batched: bool) -> None:
+        token = uuid.uuid4().hex
+        for w, pieces in enumerate(self._plan.pieces):
+            home = self._homes[w]
+            if self._read_in == "workers":
+                args: tuple[Any, ...] = (data, pieces, encoder, batched, None)
+            else:
+                raw = [read_piece(data, p, batched) for p in pieces]
+                self._driver_bytes_read += tree_nbytes(raw)
+                [raw] = self._client.scatter([raw], workers=[home])
+                args = (None, None, encoder, batched, raw)
+            self._bytes_sent += len(pickle.dumps(args[:4], protocol=pickle.HIGHEST_PROTOCOL))
+            self._shards.append(
+                self._client.submit(
+                    _build_remote,
+                    *args,
+                    key=f"mixle-shard-{w}-{token}",
+                    workers=[home],
+                    allow_other_workers=False,
+                    pure=False,
+                )
+            )
+        self._wait(
+            list(self._shards), self._timeout, "building the shards", build=True
+        )  # waits only: the shards stay on their workers
+
+    def _map(self, fn: Callable[..., Any], args: tuple[Any, ...], timeout: float | None) -> list:
+        self._check_usable()
+        what = f"map({getattr(fn, '__qualname__', fn)!s})"
+        try:
+            pickle.dumps((fn, args), protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:
+            raise TypeError(
+                f"fn and its arguments must be picklable to reach the workers "
+                f"({type(exc).__name__}: {exc}); define functions at module level"
+            ) from exc
+        calls = [
+            self._client.submit(
+                _call_remote,
+                fn,
+                shard,
+                *args,
+                workers=[home],
+                allow_other_workers=False,
+                pure=False,
+            )
+            for shard, home in zip(self._shards, self._homes)
+        ]
+        try:
+            return self._wait(calls, timeout, what)
+        finally:
+            if self._client.status == "running":
+                self._client.cancel(calls)
+
+    def _wait(
+        self, futures: list[Any], timeout: float | None, what: str, *, build: bool = False
+    ) -> list[Any]:
+        """Results of ``futures`` in order (none when ``build``: shards stay on the workers);
+        bounded by ``timeout``; while mapping, a lost shard ends the wait."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                late = tuple(w for w, f in enumerate(futures) if not f.done())
+                self._break(f"{what} ran past timeout={timeout}s")
+                raise WorkerTimeoutError(
+                    f"{what} ran past timeout={timeout}s waiting for shards {list(late)}; "
+                    "the handle is broken: build a new one with a larger timeout=",
+                    workers=late,
+                )
+            step = POLL_INTERVAL_S if remaining is None else min(POLL_INTERVAL_S, remaining)
+            with contextlib.suppress(TimeoutError):
+                self._distributed.wait(futures, timeout=step)
+            if all(f.done() for f in futures) or any(f.status == "error" for f in futures):
+                break
+            if not build:  # a finished shard that is no longer finished was lost
+                lost = [w for w, s in enumerate(self._shards) if s.status != "finished"]
+                if lost:
+                    self._lost(lost[0], what)
+        for w, future in enumerate(futures):
+            if future.status == "error":
+                self._raise_error(w, future, what)
+        return [] if build else [f.result() for f in futures]
+
+    def _lost(self, worker: int, what: str) -> None:
+        reason = f"shard {worker} on Dask worker {self._homes[worker]} was lost during {what}"
+        self._break(reason)
+        raise WorkerDiedError(
+            f"{reason}; the handle is broken: close it and build a new one", worker=worker
+        )
+
+    def _raise_error(self, worker: int, future: Any, what: str) -> None:
+        exc = future.exception()
+        if type(exc).__name__ == "KilledWorker":
+            self._lost(worker, what)
+        tb = future.traceback()
+        text = "".join(traceback.format_exception(type(exc), exc, tb))
+        raise WorkerError(
+            f"worker {worker} of {self.num_workers} raised {type(exc).__name__} during "
+            f"{what}: {exc}\n\nWorker traceback:\n{text}",
+            worker=worker,
+            remote_traceback=text,
+            exc_type=type(exc).__name__,
+        )
+
+    def _shutdown(self, graceful: bool) -> None:
+        self._finalizer()

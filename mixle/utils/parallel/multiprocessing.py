@@ -1,0 +1,285 @@
+"""MPEncodedData: worker-resident encoded shards in local processes; each worker reads its own.
+
+The driver sends each worker the pickled ``data`` (a few hundred bytes for mixle sources
+and samplers) and its index range; the worker reads and encodes its shard, keeps it, and
+runs ``fn(shard, *args)`` on request.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import multiprocessing
+import os
+import pickle
+import signal
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+from mixle.errors import WorkerDiedError, WorkerError, WorkerTimeoutError
+from mixle.utils.parallel._worker import CLOSE, worker_main
+from mixle.utils.parallel.base import EncodedData, ReadIn, parse_read_in, parse_timeout
+from mixle.utils.parallel.encoding import (
+    EncoderLike,
+    parse_encoder,
+    read_piece,
+    reads_batches,
+    tree_nbytes,
+)
+from mixle.utils.parallel.sharding import parse_count, plan_shards
+
+__all__ = ["SHUTDOWN_GRACE_S", "MPEncodedData"]
+
+#: Seconds ``close()`` waits for workers to exit on their own before terminating them.
+SHUTDOWN_GRACE_S = 5.0
+
+
+def _describe_exit(proc: BaseProcess) -> str:
+    proc.join(timeout=1.0)
+    code = proc.exitcode
+    if code is None:
+        return "stopped answering"
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def _shutdown(procs: list[BaseProcess], conns: list[Connection], graceful: bool) -> None:
+    """Stop ``procs`` and close ``conns``: ask, then terminate, then kill. Idempotent."""
+    if graceful:
+        for conn in conns:
+            with contextlib.suppress(OSError, ValueError):
+                conn.send_bytes(CLOSE)
+        deadline = time.monotonic() + SHUTDOWN_GRACE_S
+        for proc in procs:
+            proc.join(timeout=max(0.0, deadline - time.monotonic()))
+    for proc in procs:
+        if proc.is_alive():
+            proc.terminate()
+    for proc in procs:
+        proc.join(timeout=2.0)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(timeout=2.0)
+    for conn in conns:
+        conn.close()
+    procs.clear()
+    conns.clear()
+
+
+class MPEncodedData(EncodedData):
+    """Shard ``data`` over local worker processes that read, encode and keep their shards.
+
+    Parameters
+    ----------
+    data
+        Anything with ``__len__`` and ``__getitem__`` (a ``PatchSampler``, a source, a list).
+    encoder
+        ``encoder(records) -> encoded`` or an object with ``seq_encode(records)``; picklable.
+        ``None`` keeps the records, stacked leaf by leaf (``data.get_batch`` when it has one).
+    num_workers
+        Number of worker processes; default ``min(os.cpu_count(), len(data))``, at least 1.
+    sub_chunks
+        Each worker encodes its shard in this many pieces (bounding the records held at
+        once); with more than one, ``fn`` receives the list of encoded pieces.
+    start_method
+        ``"spawn"`` (default), ``"forkserver"`` or ``"fork"``.
+    read_in
+        ``"workers"``: send the pickled ``data`` and each worker reads its shard;
+        ``"driver"``: read here and send the shards; ``"auto"``: workers when ``data``
+        pickles small (mixle sources and samplers always do).
+    timeout
+        Seconds that building the shards, and each later call, may take; ``None``: no limit.
+
+    Raises
+    ------
+    WorkerError
+        When reading or encoding a shard raised in a worker.
+    WorkerDiedError, WorkerTimeoutError
+        When a worker died or building ran past ``timeout``.
+
+    Notes
+    -----
+    Worker ``i`` holds ``data[j]`` for ``j in range(i, len(data), num_workers)``; with a
+    ``partially_exchangeable`` structure on ``data`` whole groups go to one worker
+    (:meth:`shard_indices` tells which). A worker that dies is detected as soon as its
+    process exits. Workers are daemon processes, stopped by :meth:`close`, by garbage
+    collection of the handle and at interpreter exit.
+    """
+
+    def __init__(
+        self,
+        data: Any,
+        encoder: EncoderLike = None,
+        *,
+        num_workers: int | None = None,
+        sub_chunks: int = 1,
+        start_method: str = "spawn",
+        read_in: ReadIn = "auto",
+        timeout: float | None = None,
+    ) -> None:
+        n = len(data)
+        workers = max(1, min(os.cpu_count() or 1, n)) if num_workers is None else num_workers
+        workers = parse_count(workers, "num_workers")
+        chunks = parse_count(sub_chunks, "sub_chunks")
+        methods = multiprocessing.get_all_start_methods()
+        if start_method not in methods:
+            raise ValueError(
+                f"start_method={start_method!r} is not available here; use one of "
+                f"{', '.join(map(repr, methods))}"
+            )
+        self._timeout = parse_timeout(timeout)
+        fn = parse_encoder(encoder)
+        self._read_in = parse_read_in(read_in, data)
+        self._plan = plan_shards(data, n, workers, chunks)
+        self._lock = threading.Lock()
+        self._seq = itertools.count()
+        self._procs: list[BaseProcess] = []
+        self._conns: list[Connection] = []
+        self._pids: list[int] = []
+        # registered before any process starts, so a failure half-way still cleans up
+        self._finalizer = weakref.finalize(self, _shutdown, self._procs, self._conns, False)
+        try:
+            self._start(multiprocessing.get_context(start_method))
+            self._build(data, fn, reads_batches(data, fn))
+        except BaseException:
+            self._closed = True
+            self._finalizer()
+            raise
+
+    @property
+    def pids(self) -> tuple[int, ...]:
+        """Process ids of the workers, in worker order."""
+        return tuple(self._pids)
+
+    def _start(self, ctx: Any) -> None:
+        for _ in range(self.num_workers):
+            mine, theirs = ctx.Pipe(duplex=True)
+            proc = ctx.Process(target=worker_main, args=(theirs,), daemon=True)
+            self._conns.append(mine)
+            proc.start()
+            self._procs.append(proc)
+            theirs.close()  # the worker sees EOF when the driver goes away
+            assert proc.pid is not None
+            self._pids.append(proc.pid)
+
+    def _build(self, data: Any, encoder: Any, batched: bool) -> None:
+        seq = next(self._seq)
+        for w, pieces in enumerate(self._plan.pieces):
+            if self._read_in == "workers":
+                message = (seq, "build", data, pieces, encoder, batched, None)
+            else:
+                raw = [read_piece(data, p, batched) for p in pieces]
+                self._driver_bytes_read += tree_nbytes(raw)
+                message = (seq, "build", None, None, encoder, batched, raw)
+            blob = self._dumps(message, "data and encoder")
+            self._bytes_sent += len(blob)
+            self._send(w, blob, "building the shards")
+        self._collect(seq, self._timeout, "building the shards")
+
+    def _map(self, fn: Callable[..., Any], args: tuple[Any, ...], timeout: float | None) -> list:
+        with self._lock:
+            self._check_usable()
+            seq = next(self._seq)
+            blob = self._dumps((seq, "call", fn, args), "fn and its arguments")
+            what = f"map({getattr(fn, '__qualname__', fn)!s})"
+            try:
+                for w in range(self.num_workers):
+                    self._send(w, blob, what)
+                return self._collect(seq, timeout, what)
+            except (WorkerError, WorkerTimeoutError):
+                raise
+            except BaseException as exc:  # e.g. KeyboardInterrupt mid-call: replies unknown
+                self._break(f"{type(exc).__name__} during {what}")
+                raise
+
+    @staticmethod
+    def _dumps(message: tuple[Any, ...], what: str) -> bytes:
+        try:
+            return pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:
+            raise TypeError(
+                f"{what} must be picklable to reach the workers ({type(exc).__name__}: {exc}); "
+                "define functions at module level rather than as lambdas or closures"
+            ) from exc
+
+    def _send(self, worker: int, blob: bytes, what: str) -> None:
+        try:
+            self._conns[worker].send_bytes(blob)
+        except OSError:
+            self._died(worker, what)
+
+    def _died(self, worker: int, what: str) -> None:
+        how = _describe_exit(self._procs[worker])
+        reason = f"worker {worker} (pid {self._pids[worker]}) {how} during {what}"
+        self._break(reason)
+        raise WorkerDiedError(
+            f"{reason}; the handle is broken: close it and build a new one", worker=worker
+        )
+
+    def _collect(self, seq: int, timeout: float | None, what: str) -> list[Any]:
+        """One reply per worker for message ``seq``; raise the first worker error after all."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pending = set(range(self.num_workers))
+        results: list[Any] = [None] * self.num_workers
+        errors: dict[int, tuple[str, str, str]] = {}
+        while pending:
+            owner: dict[Any, int] = {}
+            for w in pending:
+                owner[self._conns[w]] = w
+                owner[self._procs[w].sentinel] = w
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready = wait(list(owner), timeout=remaining)
+            if not ready:
+                late = tuple(sorted(pending))
+                self._break(f"{what} ran past timeout={timeout}s")
+                raise WorkerTimeoutError(
+                    f"{what} ran past timeout={timeout}s waiting for workers {list(late)}; "
+                    "the handle is broken: build a new one with a larger timeout=",
+                    workers=late,
+                )
+            for obj in ready:
+                w = owner[obj]
+                if w not in pending:
+                    continue
+                conn = self._conns[w]
+                if obj is not conn and not conn.poll(0):
+                    self._died(w, what)  # the process ended without a reply
+                try:
+                    reply = pickle.loads(conn.recv_bytes())
+                except (EOFError, OSError):
+                    self._died(w, what)
+                except Exception as exc:  # a result the driver cannot unpickle
+                    reply = (seq, "error", type(exc).__name__, str(exc), repr(exc))
+                pending.discard(w)
+                if reply[0] != seq:
+                    self._break(f"worker {w} answered message {reply[0]} instead of {seq}")
+                    raise WorkerDiedError(f"worker {w} is out of step: {self._broken}", worker=w)
+                if reply[1] == "ok":
+                    results[w] = reply[2]
+                else:
+                    errors[w] = reply[2:]
+        if errors:
+            w = min(errors)
+            exc_type, message, text = errors[w]
+            raise WorkerError(
+                f"worker {w} of {self.num_workers} raised {exc_type} during {what}: {message}\n"
+                f"\nWorker traceback:\n{text}",
+                worker=w,
+                remote_traceback=text,
+                exc_type=exc_type,
+            )
+        return results
+
+    def _shutdown(self, graceful: bool) -> None:
+        if self._finalizer.alive:
+            self._finalizer.detach()
+            _shutdown(self._procs, self._conns, graceful)

@@ -24,6 +24,7 @@ from mixle.data.schema import Schema, parse_schema
 from mixle.data.spec import ArraySpec
 from mixle.data.structure import SampleStructure, parse_structure
 from mixle.errors import SourceClosedError
+from mixle.reading import ChunkReader, read_chunked
 
 __all__ = [
     "LISTED_NAMES",
@@ -95,6 +96,7 @@ class ArraySource(abc.ABC):
     _pid: int
     _closed: bool
     _lock: threading.Lock
+    _reader: tuple[Any, ChunkReader | None] | None
 
     # -- construction -------------------------------------------------------------------
     def _init_state(self, args: dict[str, Any] | None, structure: object, schema: object) -> None:
@@ -107,6 +109,7 @@ class ArraySource(abc.ABC):
         self._pid = os.getpid()
         self._closed = False
         self._lock = threading.Lock()
+        self._reader = None
 
     @abc.abstractmethod
     def _open(self) -> Any:
@@ -122,6 +125,10 @@ class ArraySource(abc.ABC):
 
     def _release(self, handle: Any) -> None:  # noqa: B027 - optional hook
         """Close OS resources held by ``handle`` (called by :meth:`close`)."""
+
+    def _chunk_reader(self, handle: Any) -> ChunkReader | None:
+        """A reader of whole decoded chunks for the read planner, or ``None`` (no chunks)."""
+        return None
 
     def _read(self, handle: Any, key: tuple[int | slice, ...]) -> np.ndarray:
         """Read a region given as non-negative ints and positive-step slices."""
@@ -295,10 +302,33 @@ class ArraySource(abc.ABC):
             raise ValueError(
                 f"out has shape {out.shape} and dtype {out.dtype}; expected {want} {self.dtype}"
             )
-        for i, row in enumerate(rows):
-            key = tuple(slice(a, a + n) for a, n in zip(row, ext))
-            self._read_into(handle, key, out[i])
+        if rows and all(ext):
+            self._read_boxes_into(handle, rows, ext, out)
         return out
+
+    def _read_boxes_into(
+        self, handle: Any, starts: list[list[int]], size: list[int], out: np.ndarray
+    ) -> None:
+        """Fill ``out`` with validated boxes: by chunk when the store has a chunk reader."""
+        reader = self._reader_for(handle)
+        if reader is not None:
+            read_chunked(reader, starts, size, self.shape, out)
+            return
+        for i, row in enumerate(starts):
+            key = tuple(slice(a, a + n) for a, n in zip(row, size))
+            self._read_into(handle, key, out[i])
+
+    def _reader_for(self, handle: Any) -> ChunkReader | None:
+        """The chunk reader of the current handle, made on first use."""
+        state = self._reader
+        if state is None or state[0] is not handle:
+            chunked = bool(self.shape)  # 0-d arrays have no chunk grid
+            with self._lock:
+                state = self._reader
+                if state is None or state[0] is not handle:
+                    state = (handle, self._chunk_reader(handle) if chunked else None)
+                    self._reader = state
+        return state[1]
 
     def _read_into(self, handle: Any, key: tuple[int | slice, ...], out: np.ndarray) -> None:
         """Write a region into ``out``; backends that can skip the temporary override this."""
@@ -347,7 +377,7 @@ class ArraySource(abc.ABC):
         if self._closed:
             return
         self._closed = True
-        handle, self._handle = self._handle, None
+        handle, self._handle, self._reader = self._handle, None, None
         if handle is not None and self._pid == os.getpid():
             self._release(handle)
 

@@ -12,6 +12,7 @@ from numpy.typing import DTypeLike
 from mixle.data.schema import Schema
 from mixle.data.sources.base import ArrayMeta, ArraySource
 from mixle.data.structure import EXCHANGEABLE, SampleStructure
+from mixle.reading import read_strided
 
 __all__ = ["MemmapArraySource", "NpyArraySource", "parse_memmap_mode"]
 
@@ -155,6 +156,11 @@ class MemmapArraySource(ArraySource):
 
     def _read_into(self, handle: Any, key: tuple[int | slice, ...], out: np.ndarray) -> None:
         out[...] = handle[key]  # one copy, from the page cache into the output
+
+    def _read_boxes_into(
+        self, handle: Any, starts: list[list[int]], size: list[int], out: np.ndarray
+    ) -> None:
+        read_strided(handle, starts, size, out)  # file order, split across the decode pool
 
 
 class NpyArraySource(MemmapArraySource):

@@ -7,6 +7,7 @@ from typing import Any
 
 from mixle.data.schema import Schema
 from mixle.data.sources.base import ArrayMeta, ArraySource, listing
+from mixle.data.sources.zarr_chunks import zarr_chunk_reader
 from mixle.data.structure import EXCHANGEABLE, SampleStructure
 from mixle.errors import ArrayNotFoundError, NotAnArrayError
 from mixle.utils.optional_deps import require
@@ -123,6 +124,9 @@ class ZarrArraySource(ArraySource):
                 f"component= to pick one of its {arrays}"
             )
         return node
+
+    def _chunk_reader(self, handle: Any) -> Any:
+        return zarr_chunk_reader(handle)
 
     def _describe(self, handle: Any) -> ArrayMeta:
         shards = getattr(handle, "shards", None)

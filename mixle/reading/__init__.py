@@ -1,0 +1,36 @@
+"""The read layer: plan batches of boxes by chunk, decode each chunk once, in parallel.
+
+Storage adapters plug in a :class:`ChunkReader`; sources call :func:`read_chunked` (chunked
+stores) or :func:`read_strided` (memory maps). Decoded chunks live in one process-wide,
+byte-budgeted cache (:func:`chunk_cache`); decoding runs on one process-wide thread pool
+(:func:`set_decode_threads`).
+"""
+
+from mixle.reading.cache import (
+    DEFAULT_CHUNK_CACHE_BYTES,
+    CacheStats,
+    ChunkCache,
+    chunk_cache,
+    set_chunk_cache_bytes,
+)
+from mixle.reading.executor import ChunkReader, new_token, read_chunked, read_strided
+from mixle.reading.plan import ChunkPlan, order_by_offset, plan_chunks
+from mixle.reading.pool import decode_threads, default_decode_threads, set_decode_threads
+
+__all__ = [
+    "DEFAULT_CHUNK_CACHE_BYTES",
+    "CacheStats",
+    "ChunkCache",
+    "ChunkPlan",
+    "ChunkReader",
+    "chunk_cache",
+    "decode_threads",
+    "default_decode_threads",
+    "new_token",
+    "order_by_offset",
+    "plan_chunks",
+    "read_chunked",
+    "read_strided",
+    "set_chunk_cache_bytes",
+    "set_decode_threads",
+]

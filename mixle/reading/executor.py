@@ -1,0 +1,102 @@
+"""Execute read plans: decode each touched chunk once and scatter it into the output."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from mixle.reading.cache import ChunkCache, chunk_cache
+from mixle.reading.plan import ChunkPlan, Piece, order_by_offset, plan_chunks
+from mixle.reading.pool import decode_threads, run_all
+
+__all__ = ["ChunkReader", "new_token", "read_chunked", "read_strided"]
+
+_tokens = itertools.count()
+
+
+def new_token() -> int:
+    """A process-unique cache token for a newly opened store handle."""
+    return next(_tokens)
+
+
+@runtime_checkable
+class ChunkReader(Protocol):
+    """Reads and decodes whole stored chunks of one array.
+
+    Storage adapters implement this to plug into the read planner.
+
+    Attributes
+    ----------
+    chunks
+        Chunk extent per axis.
+    token
+        Distinguishes this open store in the shared cache (see :func:`new_token`).
+    """
+
+    chunks: tuple[int, ...]
+    token: int
+
+    def read_chunk(self, coords: tuple[int, ...]) -> np.ndarray:
+        """Chunk ``coords`` of the chunk grid, decoded.
+
+        The result covers at least the part of the chunk inside the array (edge chunks may
+        be returned whole or clipped). Called from several threads at once.
+        """
+        ...
+
+
+def read_chunked(
+    reader: ChunkReader,
+    starts: Sequence[Sequence[int]],
+    size: Sequence[int],
+    shape: Sequence[int],
+    out: np.ndarray,
+    *,
+    cache: ChunkCache | None = None,
+) -> ChunkPlan:
+    """Fill ``out[b]`` with box ``b`` by decoding every chunk the boxes touch once.
+
+    Boxes must lie inside ``shape`` (callers validate). Chunks come from ``cache`` (default:
+    the process-wide :func:`~mixle.reading.cache.chunk_cache`) or are read with
+    ``reader.read_chunk`` on the decode pool and kept there. Returns the plan it executed.
+    """
+    plan = plan_chunks(starts, size, reader.chunks, shape)
+    store = chunk_cache() if cache is None else cache
+    token = reader.token
+
+    def task(coords: tuple[int, ...], pieces: list[Piece]) -> Callable[[], None]:
+        def run() -> None:
+            chunk = store.get_or_load((token, coords), lambda: reader.read_chunk(coords))
+            for box, region, inner in pieces:
+                out[box][region] = chunk[inner]
+
+        return run
+
+    run_all([task(c, p) for c, p in zip(plan.chunks, plan.pieces)])
+    return plan
+
+
+def read_strided(
+    array: np.ndarray, starts: Sequence[Sequence[int]], size: Sequence[int], out: np.ndarray
+) -> None:
+    """Copy boxes of an unchunked (memory-mapped) array into ``out``, in file order.
+
+    Boxes are visited by increasing byte offset and split into one contiguous run per
+    decode thread, so each thread sweeps forward through its part of the file.
+    """
+    order = order_by_offset(starts, array.strides).tolist()
+    parts = max(1, min(decode_threads(), len(order)))
+    bounds = [len(order) * k // parts for k in range(parts + 1)]
+
+    def copy(lo: int, hi: int) -> Callable[[], None]:
+        def run() -> None:
+            for b in order[lo:hi]:
+                row = starts[b]
+                out[b] = array[tuple(slice(a, a + n) for a, n in zip(row, size))]
+
+        return run
+
+    run_all([copy(bounds[k], bounds[k + 1]) for k in range(parts)])

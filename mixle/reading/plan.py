@@ -1,0 +1,129 @@
+"""Read plans: which stored chunks a batch of boxes touches, and where each piece goes.
+
+Pure integer math, no I/O. A plan lists every chunk the boxes touch once, and for each
+chunk the pieces it contributes: which box, the region inside the box and the same region
+inside the chunk. Planning is vectorised and O(P log P) in the number of (box, chunk)
+pieces, so a batch of thousands of boxes plans in milliseconds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+__all__ = ["ChunkPlan", "Piece", "order_by_offset", "plan_chunks"]
+
+#: One piece of a plan: ``(box, region in the box, region in the chunk)``.
+Piece = tuple[int, tuple[slice, ...], tuple[slice, ...]]
+
+
+@dataclass(frozen=True)
+class ChunkPlan:
+    """The chunks a batch of boxes touches and what each chunk contributes.
+
+    Attributes
+    ----------
+    chunks
+        Grid coordinates of each touched chunk, as tuples, in C order of the chunk grid;
+        every chunk appears once.
+    pieces
+        ``pieces[k]`` lists what chunk ``chunks[k]`` gives: ``(box, out, inner)`` means
+        ``output[box][out] = chunk[inner]``. Pieces of one box never overlap, and together
+        they cover the box exactly.
+    """
+
+    chunks: list[tuple[int, ...]]
+    pieces: list[list[Piece]]
+
+    def __len__(self) -> int:
+        return len(self.chunks)
+
+    @property
+    def num_pieces(self) -> int:
+        """How many (box, chunk) pieces the plan scatters."""
+        return sum(len(p) for p in self.pieces)
+
+
+def plan_chunks(
+    starts: ArrayLike, size: Sequence[int], chunks: Sequence[int], shape: Sequence[int]
+) -> ChunkPlan:
+    """Plan reading boxes ``[start, start + size)`` from an array stored in ``chunks``.
+
+    Parameters
+    ----------
+    starts
+        ``(B, ndim)`` box corners; every box must lie inside ``shape`` (callers validate).
+    size
+        Box extent per axis, each >= 0.
+    chunks
+        Chunk extent per axis, each >= 1.
+    shape
+        Array shape (used to order chunks; edge chunks may be partial).
+
+    Returns
+    -------
+    ChunkPlan
+        Each touched chunk once, in C order of the chunk grid, with its pieces.
+
+    Notes
+    -----
+    Boxes with a zero extent touch no chunk. The plan depends only on its arguments.
+    """
+    start = np.asarray(starts, dtype=np.int64).reshape(-1, len(chunks))
+    ext = np.asarray(size, dtype=np.int64)
+    step = np.asarray(chunks, dtype=np.int64)
+    if start.shape[0] == 0 or (ext == 0).any():
+        return ChunkPlan([], [])
+    first = start // step
+    last = (start + ext - 1) // step
+    span = last - first + 1  # chunks per axis per box
+    per_box = np.prod(span, axis=1)
+    box = np.repeat(np.arange(start.shape[0], dtype=np.int64), per_box)
+    # position of each piece inside its box's chunk range, unravelled per axis (mixed radix)
+    rank = np.arange(box.size, dtype=np.int64) - np.repeat(np.cumsum(per_box) - per_box, per_box)
+    coord = np.empty((box.size, step.size), dtype=np.int64)
+    for axis in range(step.size - 1, -1, -1):
+        radix = span[box, axis]
+        coord[:, axis] = first[box, axis] + rank % radix
+        rank //= radix
+    grid = -(-np.asarray(shape, dtype=np.int64) // step)
+    flat = np.ravel_multi_index(tuple(coord.T), tuple(grid.tolist()))
+    order = np.argsort(flat, kind="stable")
+    flat, box, coord = flat[order], box[order], coord[order]
+    origin = coord * step
+    lo = np.maximum(start[box], origin)
+    hi = np.minimum(start[box] + ext, origin + step)
+    out_lo, out_hi = (lo - start[box]).tolist(), (hi - start[box]).tolist()
+    in_lo, in_hi = (lo - origin).tolist(), (hi - origin).tolist()
+    boundaries = np.flatnonzero(np.diff(flat)) + 1
+    heads = np.concatenate(([0], boundaries)).tolist()
+    tails = np.concatenate((boundaries, [flat.size])).tolist()
+    box_ids = box.tolist()
+    coords = coord[heads].tolist()
+    pieces: list[list[Piece]] = []
+    for head, tail in zip(heads, tails):
+        pieces.append(
+            [
+                (
+                    box_ids[k],
+                    tuple(map(slice, out_lo[k], out_hi[k])),
+                    tuple(map(slice, in_lo[k], in_hi[k])),
+                )
+                for k in range(head, tail)
+            ]
+        )
+    return ChunkPlan([tuple(c) for c in coords], pieces)
+
+
+def order_by_offset(starts: ArrayLike, byte_strides: Sequence[int]) -> NDArray[np.int64]:
+    """Box order that visits boxes by increasing byte offset of their first element.
+
+    For unchunked (memory-mapped) arrays: reading boxes in file order turns random access
+    into a forward sweep over the file. Ties keep their input order.
+    """
+    start = np.asarray(starts, dtype=np.int64).reshape(-1, len(byte_strides))
+    offsets = start @ np.asarray(byte_strides, dtype=np.int64)
+    return np.argsort(offsets, kind="stable")

@@ -29,8 +29,10 @@ from mixle.utils.parallel.encoding import (
 )
 from mixle.utils.parallel.sharding import parse_count, plan_shards
 
-__all__ = ["POLL_INTERVAL_S", "DaskEncodedData"]
+__all__ = ["POLL_INTERVAL_S", "QUIET_SCHEDULER", "DaskEncodedData"]
 
+#: The scheduler's HTTP routes bind a free port instead of 8787 (which warns when taken).
+QUIET_SCHEDULER = {"dashboard": False, "dashboard_address": ":0"}
 #: How often a waiting call checks that the shards it needs still exist.
 POLL_INTERVAL_S = 0.2
 
@@ -103,6 +105,7 @@ class DaskEncodedData(EncodedData):
                     threads_per_worker=1,
                     processes=True,
                     dashboard_address=None,
+                    scheduler_kwargs=QUIET_SCHEDULER,
                 )
                 client = distributed.Client(cluster)
                 own = (client, cluster)
@@ -203,7 +206,7 @@ class DaskEncodedData(EncodedData):
                     workers=late,
                 )
             step = POLL_INTERVAL_S if remaining is None else min(POLL_INTERVAL_S, remaining)
-            with contextlib.suppress(TimeoutError):
+            with contextlib.suppress(TimeoutError), self._client.as_current():
                 self._distributed.wait(futures, timeout=step)
             if all(f.done() for f in futures) or any(f.status == "error" for f in futures):
                 break

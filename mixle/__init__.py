@@ -19,7 +19,7 @@ from mixle.data.sources.array_source import (
     read_npy,
     read_zarr,
 )
-from mixle.data.spec import ArraySpec
+from mixle.data.spec import ArraySpec, validate_batch
 from mixle.data.structure import (
     EXCHANGEABLE,
     IID,
@@ -38,6 +38,7 @@ from mixle.errors import (
     WorkerError,
     WorkerTimeoutError,
 )
+from mixle.loading import Loader, LoaderStateError
 from mixle.utils.parallel.registry import encoded_data, register_encoded_data_backend
 
 if TYPE_CHECKING:
@@ -57,6 +58,8 @@ __all__ = [
     "DaskEncodedData",
     "EncodedDataClosedError",
     "HDF5ArraySource",
+    "Loader",
+    "LoaderStateError",
     "MPEncodedData",
     "MemmapArraySource",
     "NotAnArrayError",
@@ -78,6 +81,7 @@ __all__ = [
     "read_npy",
     "read_zarr",
     "register_encoded_data_backend",
+    "validate_batch",
 ]
 
 # The parallel backends import multiprocessing machinery or dask: load them on first use.

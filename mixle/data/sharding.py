@@ -1,0 +1,159 @@
+"""Which positions of an epoch's global order each process shard and worker reads.
+
+An epoch is a global order of ``n`` positions (shuffled or not; the permutation is applied
+afterwards, see :mod:`mixle.data.permutation`). Shard ``s`` of ``S`` takes the positions
+``s, s + S, s + 2 S, ...`` and cuts them into batches of ``B``. So batch ``t`` of every shard
+together is the contiguous block ``[t B S, (t + 1) B S)`` of the global order: the union over
+shards is the epoch exactly once, and the global order does not depend on ``S`` or on how
+many workers read a shard. Workers take whole batches (:func:`worker_batches`).
+
+Remainder policy (``drop_last``):
+
+- ``False``: every position is read once; the last batch of a shard may be short and shards
+  may differ by one batch.
+- ``True``: the last ``n mod (B S)`` positions of the epoch's order are dropped, so every
+  shard reads the same number of full batches (with shuffling, a different tail each epoch).
+- ``"pad"``: the order is padded to a multiple of ``B S`` so every shard reads the same number
+  of full batches; a padding position ``p >= n`` reads the record at position ``p - n``
+  (wrapping again if needed) and is marked not real in the batch mask.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+from numpy.typing import NDArray
+
+from mixle.utils.validation import parse_int
+
+__all__ = ["DropLast", "ShardLayout", "parse_drop_last", "worker_batches"]
+
+DropLast = bool | Literal["pad"]
+
+
+def parse_drop_last(drop_last: object) -> DropLast:
+    """Validate ``drop_last``: ``False``, ``True`` or ``"pad"``."""
+    if drop_last is False or drop_last is True or drop_last == "pad":
+        return drop_last  # type: ignore[return-value]
+    raise ValueError(f"drop_last={drop_last!r} must be False, True or 'pad'")
+
+
+@dataclass(frozen=True)
+class ShardLayout:
+    """The positions one shard reads in each epoch, batch by batch.
+
+    Parameters
+    ----------
+    num_records
+        ``n``, the positions in one epoch (``>= 0``).
+    batch_size
+        Rows per batch (``>= 1``).
+    shard_index, num_shards
+        This shard and how many there are: ``0 <= shard_index < num_shards``.
+    drop_last
+        The remainder policy: ``False``, ``True`` or ``"pad"`` (see the module notes).
+
+    Raises
+    ------
+    TypeError
+        An argument that must be an int is not one.
+    ValueError
+        ``batch_size < 1``, ``num_shards < 1``, ``num_records < 0`` or a bad ``drop_last``.
+    IndexError
+        ``shard_index`` is outside ``[0, num_shards)``.
+    """
+
+    num_records: int
+    batch_size: int
+    shard_index: int = 0
+    num_shards: int = 1
+    drop_last: DropLast = False
+
+    def __post_init__(self) -> None:
+        n = parse_int(self.num_records, "num_records")
+        batch = parse_int(self.batch_size, "batch_size")
+        shards = parse_int(self.num_shards, "num_shards")
+        index = parse_int(self.shard_index, "shard_index")
+        if n < 0:
+            raise ValueError(f"num_records={n} must be >= 0")
+        if batch < 1:
+            raise ValueError(f"batch_size={batch} must be an int >= 1")
+        if shards < 1:
+            raise ValueError(f"num_shards={shards} must be an int >= 1")
+        if not 0 <= index < shards:
+            raise IndexError(
+                f"shard_index={index} is out of range for num_shards={shards}: "
+                f"it must be in [0, {shards - 1}]"
+            )
+        for name, value in (
+            ("num_records", n),
+            ("batch_size", batch),
+            ("num_shards", shards),
+            ("shard_index", index),
+            ("drop_last", parse_drop_last(self.drop_last)),
+        ):
+            object.__setattr__(self, name, value)
+
+    @property
+    def global_batch_size(self) -> int:
+        """Rows per step over all shards: ``batch_size * num_shards``."""
+        return self.batch_size * self.num_shards
+
+    @property
+    def epoch_positions(self) -> int:
+        """Positions of the global order read in one epoch, padding included."""
+        n, g = self.num_records, self.global_batch_size
+        if self.drop_last is True:
+            return n // g * g
+        if self.drop_last == "pad":
+            return -(-n // g) * g
+        return n
+
+    @property
+    def shard_length(self) -> int:
+        """Rows this shard reads per epoch, padding included."""
+        total, s, shards = self.epoch_positions, self.shard_index, self.num_shards
+        return max(0, -(-(total - s) // shards))
+
+    @property
+    def num_batches(self) -> int:
+        """Batches this shard reads per epoch."""
+        return -(-self.shard_length // self.batch_size)
+
+    def batch_rows(self, batch: int) -> int:
+        """Rows of batch ``batch``: ``batch_size``, fewer for a short last batch."""
+        return min(self.batch_size, self.shard_length - batch * self.batch_size)
+
+    def positions(self, start: int, stop: int) -> NDArray[np.int64]:
+        """Global positions of batches ``[start, stop)`` of this shard, concatenated.
+
+        Positions ``>= num_records`` are padding (``drop_last="pad"`` only).
+        """
+        if not 0 <= start <= stop <= self.num_batches:
+            raise IndexError(
+                f"batches [{start}, {stop}) are outside [0, {self.num_batches}] for {self}"
+            )
+        lo = start * self.batch_size
+        hi = min(stop * self.batch_size, self.shard_length)
+        return self.shard_index + self.num_shards * np.arange(lo, hi, dtype=np.int64)
+
+
+def worker_batches(num_batches: int, worker_index: int, num_workers: int) -> range:
+    """Batches ``worker_index, worker_index + num_workers, ...`` below ``num_batches``.
+
+    Workers take whole batches round-robin, so the batches (and their contents) do not
+    depend on ``num_workers``; only who reads them does.
+    """
+    num_batches = parse_int(num_batches, "num_batches")
+    worker_index = parse_int(worker_index, "worker_index")
+    num_workers = parse_int(num_workers, "num_workers")
+    if num_workers < 1:
+        raise ValueError(f"num_workers={num_workers} must be an int >= 1")
+    if not 0 <= worker_index < num_workers:
+        raise IndexError(
+            f"worker_index={worker_index} is out of range for num_workers={num_workers}: "
+            f"it must be in [0, {num_workers - 1}]"
+        )
+    return range(worker_index, max(0, num_batches), num_workers)

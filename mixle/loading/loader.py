@@ -1,0 +1,438 @@
+"""The Loader: batches of any map-style source, shuffled by epoch, sharded, resumable."""
+
+from __future__ import annotations
+
+import os
+import weakref
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from mixle.data.hashing import hash_int, parse_seed
+from mixle.data.permutation import permute
+from mixle.data.sharding import DropLast, ShardLayout
+from mixle.data.sources.protocols import SupportsBatchRead
+from mixle.data.spec import ArraySpec, SpecTree, batch_spec, spec_of
+from mixle.data.structure import SampleStructure
+from mixle.loading.batching import attach_mask, stack_records, unstack_batch
+from mixle.loading.prefetch import ordered_map
+from mixle.loading.state import STATE_VERSION, LoaderStateError, check_state, source_fingerprint
+from mixle.utils.validation import parse_int
+
+__all__ = [
+    "DEFAULT_NUM_THREADS",
+    "INDEX_WINDOW_ROWS",
+    "PREFETCH_PER_THREAD",
+    "BatchPlan",
+    "Loader",
+    "record_rng",
+]
+
+#: Reader threads when ``num_threads`` is not given (fewer on machines with fewer cores).
+DEFAULT_NUM_THREADS = 4
+#: Batches prefetched per reader thread when ``prefetch`` is not given.
+PREFETCH_PER_THREAD = 2
+#: Record indices are computed this many rows at a time, vectorised, then sliced per batch.
+INDEX_WINDOW_ROWS = 8192
+_TRANSFORM_STREAM = 0x52454354  # "RECT": keeps record randomness apart from shuffles
+
+
+def record_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
+    """The random generator a record transform gets for record ``index`` in ``epoch``.
+
+    A Philox generator keyed by the hash of ``(seed, epoch, index)``: the same for a record
+    whatever its position in the stream, the shard or the thread that reads it.
+    """
+    key = hash_int(parse_seed(seed), _TRANSFORM_STREAM, int(epoch), int(index))
+    return np.random.Generator(np.random.Philox(key=key))
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """What one batch reads: its epoch, number, record indices and padding mask."""
+
+    epoch: int
+    batch: int
+    indices: NDArray[np.int64]
+    mask: NDArray[np.bool_] | None
+
+
+def _positive(value: object, name: str, minimum: int) -> int:
+    out = parse_int(value, name)
+    if out < minimum:
+        raise ValueError(f"{name}={out} must be an int >= {minimum}")
+    return out
+
+
+def _optional_callable(fn: object, name: str) -> Callable[..., Any] | None:
+    if fn is not None and not callable(fn):
+        raise TypeError(f"{name}={fn!r} must be a callable or None")
+    return fn  # type: ignore[return-value]
+
+
+class Loader:
+    """Batches of a source, shuffled per epoch, sharded across processes, resumable.
+
+    Parameters
+    ----------
+    source
+        Any map-style object with ``__len__`` and ``__getitem__(int)``: a mixle source or
+        sampler, a NumPy array, a list. When it has ``get_batch(indices)`` (mixle sources
+        and samplers do), each batch is one such call.
+    batch_size
+        Rows per batch (``>= 1``).
+    shuffle
+        Read each epoch in its own seeded order (:func:`mixle.data.permutation.permute`).
+    seed
+        Any int; with ``epoch`` and the record index it keys every shuffle and
+        ``record_transform``'s randomness.
+    num_epochs
+        Epochs to run (``>= 1``), or ``None`` for an endless stream.
+    drop_last
+        ``False`` (last batch may be short), ``True`` (drop the remainder) or ``"pad"``
+        (pad it to full batches and add a mask of real rows); see
+        :mod:`mixle.data.sharding`.
+    shard_index, num_shards
+        This process's shard of the epoch; the shards together read each record once.
+    transform
+        ``transform(batch) -> batch``, run in the reader threads.
+    record_transform
+        ``record_transform(record, rng) -> record`` per record before stacking; ``rng`` is
+        :func:`record_rng` of ``(seed, epoch, record index)``.
+    num_threads
+        Reader threads (default ``min(4, os.cpu_count())``); 0 reads in the caller's thread.
+    prefetch
+        Batches read ahead (default ``2 * num_threads``; ``>= 1``).
+
+    Raises
+    ------
+    TypeError
+        ``source`` is not map-style, or an argument has the wrong type.
+    ValueError
+        ``batch_size``, ``num_epochs``, ``num_shards``, ``num_threads`` or ``prefetch`` is
+        out of range, ``drop_last`` is not ``False``/``True``/``"pad"``, or ``shuffle=True``
+        for a source whose structure forbids reordering.
+    IndexError
+        ``shard_index`` is outside ``[0, num_shards)``.
+
+    Notes
+    -----
+    - Iterating yields the remaining batches of the run, from the cursor to the end of
+      ``num_epochs``; ``state_dict()`` taken inside the loop body resumes at the next batch.
+      A new ``iter()`` stops the previous iterator and continues from the cursor.
+    - Batch ``t`` of epoch ``e`` is a pure function of ``(seed, e, t)``, the source and the
+      shard layout: the same whatever ``num_threads`` and ``prefetch``.
+    - With ``drop_last="pad"`` the mask of real rows is ``batch["mask"]`` for dict records,
+      the last element for tuple and list records, and ``(batch, mask)`` for array records.
+      It is attached after ``transform``. Padding rows repeat real records (see
+      :mod:`mixle.data.sharding`).
+    - Reader threads stop when the loop ends, on ``break`` (the iterator is collected),
+      ``close()``, ``with`` exit or an exception, which is re-raised with its traceback.
+      The source is not closed: it belongs to the caller.
+    """
+
+    def __init__(
+        self,
+        source: Any,
+        batch_size: int,
+        *,
+        shuffle: bool = False,
+        seed: int = 0,
+        num_epochs: int | None = 1,
+        drop_last: DropLast = False,
+        shard_index: int = 0,
+        num_shards: int = 1,
+        transform: Callable[[Any], Any] | None = None,
+        record_transform: Callable[[Any, np.random.Generator], Any] | None = None,
+        num_threads: int | None = None,
+        prefetch: int | None = None,
+    ) -> None:
+        if not (hasattr(source, "__len__") and hasattr(source, "__getitem__")):
+            raise TypeError(
+                f"source={type(source).__name__} must be map-style: a mixle source or "
+                "sampler, or any object with __len__ and __getitem__(int)"
+            )
+        if not isinstance(shuffle, bool):
+            raise TypeError(f"shuffle={shuffle!r} must be True or False")
+        structure = getattr(source, "structure", None)
+        if shuffle and isinstance(structure, SampleStructure) and not structure.shuffleable:
+            raise ValueError(
+                f"shuffle=True, but the source's records are {structure!r} and may not be "
+                "reordered; use shuffle=False"
+            )
+        self._source = source
+        self._layout = ShardLayout(len(source), batch_size, shard_index, num_shards, drop_last)
+        self._shuffle = shuffle
+        self._seed = parse_seed(seed)
+        self._num_epochs = None if num_epochs is None else _positive(num_epochs, "num_epochs", 1)
+        self._transform = _optional_callable(transform, "transform")
+        self._record_transform = _optional_callable(record_transform, "record_transform")
+        if num_threads is None:
+            num_threads = min(DEFAULT_NUM_THREADS, os.cpu_count() or 1)
+        self._num_threads = _positive(num_threads, "num_threads", 0)
+        if prefetch is None:
+            prefetch = PREFETCH_PER_THREAD * max(1, self._num_threads)
+        self._prefetch = _positive(prefetch, "prefetch", 1)
+        self._batched = isinstance(source, SupportsBatchRead)
+        self._fingerprint: str | None = None
+        self._spec: SpecTree | None = None
+        self._epoch = 0
+        self._batch = 0
+        self._last_indices: NDArray[np.int64] | None = None
+        self._active: weakref.ref[Iterator[Any]] | None = None
+
+    # -- description --------------------------------------------------------------------
+    @property
+    def source(self) -> Any:
+        """The source batches are read from."""
+        return self._source
+
+    @property
+    def layout(self) -> ShardLayout:
+        """Which positions of each epoch this shard reads."""
+        return self._layout
+
+    @property
+    def batch_size(self) -> int:
+        """Rows per batch."""
+        return self._layout.batch_size
+
+    @property
+    def epoch(self) -> int:
+        """The epoch of the next batch."""
+        return self._epoch
+
+    @property
+    def last_indices(self) -> NDArray[np.int64] | None:
+        """Record indices of the batch yielded last (padding rows repeat real records)."""
+        return self._last_indices
+
+    def __len__(self) -> int:
+        """Batches per epoch on this shard."""
+        return self._layout.num_batches
+
+    def __repr__(self) -> str:
+        lay = self._layout
+        return (
+            f"Loader({type(self._source).__name__} of {lay.num_records}, "
+            f"batch_size={lay.batch_size}, shuffle={self._shuffle}, seed={self._seed}, "
+            f"num_epochs={self._num_epochs}, drop_last={lay.drop_last!r}, "
+            f"shard {lay.shard_index}/{lay.num_shards}, epoch={self._epoch}, batch={self._batch})"
+        )
+
+    # -- index math (no I/O) ------------------------------------------------------------
+    def _window(
+        self, epoch: int, start: int, stop: int
+    ) -> tuple[NDArray[np.int64], NDArray[np.bool_] | None]:
+        """Record indices and padding mask of batches ``[start, stop)`` of ``epoch``."""
+        positions = self._layout.positions(start, stop)
+        n = self._layout.num_records
+        mask = None
+        if self._layout.drop_last == "pad":
+            mask = positions < n
+            positions = positions % n
+        if self._shuffle and positions.size:
+            positions = permute(positions, n, seed=self._seed, epoch=epoch)
+        return positions, mask
+
+    def _epoch_arg(self, epoch: int | None) -> int:
+        epoch = self._epoch if epoch is None else parse_int(epoch, "epoch")
+        if epoch < 0:
+            raise ValueError(f"epoch={epoch} must be >= 0")
+        return epoch
+
+    def batch_indices(self, batch: int, epoch: int | None = None) -> NDArray[np.int64]:
+        """Record indices of batch ``batch`` of ``epoch`` (default: the current epoch)."""
+        batch, nb = parse_int(batch, "batch"), self._layout.num_batches
+        if not 0 <= batch < nb:
+            raise IndexError(f"batch={batch} is out of range for {nb} batches per epoch")
+        return self._window(self._epoch_arg(epoch), batch, batch + 1)[0]
+
+    def record_indices(self, epoch: int | None = None) -> NDArray[np.int64]:
+        """Real records this shard reads in ``epoch`` (default: the current), in order."""
+        indices, mask = self._window(self._epoch_arg(epoch), 0, self._layout.num_batches)
+        return indices if mask is None else indices[mask]
+
+    def _plans(self, epoch: int, batch: int) -> Iterator[BatchPlan]:
+        lay = self._layout
+        if lay.num_batches == 0:
+            return
+        window = max(1, INDEX_WINDOW_ROWS // lay.batch_size)
+        while self._num_epochs is None or epoch < self._num_epochs:
+            for start in range(batch, lay.num_batches, window):
+                stop = min(lay.num_batches, start + window)
+                indices, mask = self._window(epoch, start, stop)
+                offset = 0
+                for b in range(start, stop):
+                    end = offset + lay.batch_rows(b)
+                    rows = None if mask is None else mask[offset:end].copy()
+                    yield BatchPlan(epoch, b, indices[offset:end], rows)
+                    offset = end
+            epoch, batch = epoch + 1, 0
+
+    # -- reading ------------------------------------------------------------------------
+    def _read(self, plan: BatchPlan) -> Any:
+        """Read, transform and mask one batch (runs in a reader thread)."""
+        source, indices = self._source, plan.indices
+        fn = self._record_transform
+        if self._batched:
+            batch = source.get_batch(indices)
+            if fn is not None:
+                records = unstack_batch(batch, indices.size)
+        else:
+            records = [source[i] for i in indices.tolist()]
+            if fn is None:
+                batch = stack_records(records)
+        if fn is not None:
+            seed, epoch = self._seed, plan.epoch
+            records = [
+                fn(record, record_rng(seed, epoch, i))
+                for record, i in zip(records, indices.tolist())
+            ]
+            batch = stack_records(records)
+        if self._transform is not None:
+            batch = self._transform(batch)
+        if plan.mask is not None:
+            batch = attach_mask(batch, plan.mask)
+        return batch
+
+    def __iter__(self) -> Iterator[Any]:
+        self.close()
+        run = self._run()
+        self._active = weakref.ref(run)
+        return run
+
+    def _run(self) -> Iterator[Any]:
+        plans = self._plans(self._epoch, self._batch)
+        nb = self._layout.num_batches
+        stream = ordered_map(
+            self._read, plans, num_threads=self._num_threads, prefetch=self._prefetch
+        )
+        try:
+            for plan, batch in stream:
+                self._epoch, self._batch = (
+                    (plan.epoch + 1, 0) if plan.batch + 1 >= nb else (plan.epoch, plan.batch + 1)
+                )
+                self._last_indices = plan.indices
+                yield batch
+        finally:
+            stream.close()  # type: ignore[attr-defined]
+
+    def close(self) -> None:
+        """Stop the active iterator's reader threads (the cursor stays where it is)."""
+        run = self._active() if self._active is not None else None
+        self._active = None
+        if run is not None:
+            run.close()  # type: ignore[attr-defined]
+
+    def __enter__(self) -> Loader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- element spec -------------------------------------------------------------------
+    def element_spec(self) -> SpecTree:
+        """Shapes and dtypes of one batch: the record's with a leading ``batch_size`` axis.
+
+        From the source's ``element_spec()`` when there is no transform; otherwise (or when
+        the source reports none) from reading batch 0 of epoch 0 once. The mask, with
+        ``drop_last="pad"``, is ``ArraySpec((batch_size,), bool)``. With
+        ``drop_last=False`` the last batch of an epoch may be shorter.
+        """
+        if self._spec is None:
+            self._spec = self._spec_from_metadata() or self._spec_from_batch()
+        return self._spec
+
+    def _spec_from_metadata(self) -> SpecTree | None:
+        report = getattr(self._source, "element_spec", None)
+        if self._transform or self._record_transform or not callable(report):
+            return None
+        try:
+            spec = batch_spec(report(), self.batch_size)
+        except TypeError:
+            return None
+        if self._layout.drop_last == "pad":
+            spec = attach_mask(spec, ArraySpec((self.batch_size,), np.bool_))
+        return spec
+
+    def _spec_from_batch(self) -> SpecTree:
+        if self._layout.num_batches == 0:
+            raise ValueError(f"{self!r} has no batches to read an element spec from")
+        indices, mask = self._window(0, 0, 1)
+        rows = indices.size
+        spec = spec_of(self._read(BatchPlan(0, 0, indices, mask)))
+        return _with_leading(spec, rows, self.batch_size)
+
+    # -- resume -------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """The cursor and what it is valid for, as a small JSON-serialisable dict.
+
+        Keys: ``version``, ``source`` (a fingerprint, see
+        :func:`mixle.loading.state.source_fingerprint`), ``num_records``, ``batch_size``,
+        ``drop_last``, ``shard_index``, ``num_shards``, ``seed``, ``shuffle``,
+        ``num_epochs``, ``epoch``, ``batch`` (the next batch) and ``position`` (rows of the
+        epoch read on this shard).
+        """
+        if self._fingerprint is None:
+            self._fingerprint = source_fingerprint(self._source)
+        lay = self._layout
+        return {
+            "version": STATE_VERSION,
+            "source": self._fingerprint,
+            "num_records": lay.num_records,
+            "batch_size": lay.batch_size,
+            "drop_last": lay.drop_last,
+            "shard_index": lay.shard_index,
+            "num_shards": lay.num_shards,
+            "seed": self._seed,
+            "shuffle": self._shuffle,
+            "num_epochs": self._num_epochs,
+            "epoch": self._epoch,
+            "batch": self._batch,
+            "position": min(self._batch * lay.batch_size, lay.shard_length),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume at the batch after the one ``state`` was taken at.
+
+        Raises
+        ------
+        LoaderStateError
+            (a ``ValueError``) ``state`` was saved for another source, batch or shard
+            layout, seed or number of epochs, or its cursor is out of range.
+        """
+        expected = self.state_dict()
+        check_state(state, expected)
+        epoch, batch = state["epoch"], state["batch"]
+        nb = self._layout.num_batches
+        ok = (
+            isinstance(epoch, int)
+            and isinstance(batch, int)
+            and epoch >= 0
+            and 0 <= batch <= nb
+            and (self._num_epochs is None or epoch <= self._num_epochs)
+            and state["position"] == min(batch * self.batch_size, self._layout.shard_length)
+        )
+        if not ok:
+            raise LoaderStateError(
+                f"state epoch={epoch!r}, batch={batch!r}, position={state['position']!r} is "
+                f"not a cursor of this loader ({nb} batches per epoch, "
+                f"num_epochs={self._num_epochs})"
+            )
+        self.close()
+        self._epoch, self._batch = (epoch + 1, 0) if batch == nb and nb else (epoch, batch)
+
+
+def _with_leading(spec: SpecTree, rows: int, batch_size: int) -> SpecTree:
+    """``spec`` with leading axes of length ``rows`` widened to ``batch_size``."""
+    if isinstance(spec, dict):
+        return {key: _with_leading(item, rows, batch_size) for key, item in spec.items()}
+    if isinstance(spec, (tuple, list)):
+        return type(spec)(_with_leading(item, rows, batch_size) for item in spec)
+    if spec.shape and spec.shape[0] == rows:
+        return ArraySpec((batch_size, *spec.shape[1:]), spec.dtype)
+    return spec

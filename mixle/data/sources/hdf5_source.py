@@ -5,10 +5,14 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import numpy as np
+
 from mixle.data.schema import Schema
 from mixle.data.sources.base import ArrayMeta, ArraySource, listing
+from mixle.data.sources.hdf5_chunks import HDF5ChunkReader, contiguous_memmap
 from mixle.data.structure import EXCHANGEABLE, SampleStructure
 from mixle.errors import ArrayNotFoundError, NotAnArrayError
+from mixle.reading import read_strided
 from mixle.utils.optional_deps import require
 
 __all__ = [
@@ -80,6 +84,7 @@ class HDF5ArraySource(ArraySource):
     """
 
     _h5file: Any = None
+    _mapped: tuple[Any, np.memmap | None] | None = None
 
     def __init__(
         self,
@@ -159,7 +164,33 @@ class HDF5ArraySource(ArraySource):
             chunks=None if chunks is None else tuple(chunks),
         )
 
+    def _chunk_reader(self, handle: Any) -> HDF5ChunkReader | None:
+        return HDF5ChunkReader.for_dataset(handle)
+
+    def _memmap_for(self, handle: Any) -> np.memmap | None:
+        """A memmap of the dataset when it is contiguous and unfiltered (read-only files)."""
+        state = self._mapped
+        if state is None or state[0] is not handle:
+            state = self._mapped = (handle, contiguous_memmap(handle))
+        return state[1]
+
+    def _read(self, handle: Any, key: tuple[int | slice, ...]) -> np.ndarray:
+        mapped = self._memmap_for(handle)
+        if mapped is None:
+            return np.asarray(handle[key])
+        return np.array(mapped[key], copy=True, subok=False)
+
+    def _read_boxes_into(
+        self, handle: Any, starts: list[list[int]], size: list[int], out: np.ndarray
+    ) -> None:
+        mapped = self._memmap_for(handle)
+        if mapped is None:
+            super()._read_boxes_into(handle, starts, size, out)
+        else:
+            read_strided(mapped, starts, size, out)
+
     def _release(self, handle: Any) -> None:
+        self._mapped = None
         file, self._h5file = self._h5file, None
         if file is not None:
             file.close()

@@ -107,7 +107,9 @@ def _v3_decoder(
     if not codecs or not isinstance(codecs[0], BytesCodec):
         return None  # array -> array codecs (transpose) or an unknown serializer
     endian = codecs[0].endian
-    stored = dtype if endian is None else dtype.newbyteorder("<" if endian.value == "little" else ">")
+    stored = (
+        dtype if endian is None else dtype.newbyteorder("<" if endian.value == "little" else ">")
+    )
     steps: list[Any] = []
     for codec in codecs[1:]:
         if isinstance(codec, ZstdCodec):

@@ -1,0 +1,185 @@
+"""The decoded-chunk cache and the decode pool: budgets, eviction, counters, threads."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+import mixle
+from mixle.reading import (
+    DEFAULT_CHUNK_CACHE_BYTES,
+    ChunkCache,
+    chunk_cache,
+    decode_threads,
+    default_decode_threads,
+    set_chunk_cache_bytes,
+    set_decode_threads,
+)
+from mixle.reading.pool import run_all
+
+
+def _chunk(value: int, nbytes: int = 800) -> np.ndarray:
+    return np.full(nbytes // 8, value, dtype=np.float64)
+
+
+def test_budget_is_respected_and_least_recently_used_goes_first():
+    cache = ChunkCache(budget=2400)  # three 800-byte chunks
+    for k in range(3):
+        cache.put(k, _chunk(k))
+    assert cache.get(0) is not None  # 0 is now the most recently used
+    cache.put(3, _chunk(3))  # evicts 1, the least recently used
+    assert cache.get(1) is None
+    assert [k for k in (0, 2, 3) if cache.get(k) is not None] == [0, 2, 3]
+    stats = cache.stats()
+    assert stats.bytes == 2400 <= stats.budget
+    assert stats.entries == 3 and stats.evictions == 1
+    assert (stats.hits, stats.misses) == (4, 1)
+    assert stats.hit_rate == pytest.approx(0.8)
+
+
+def test_cached_chunks_are_read_only_and_values_survive():
+    cache = ChunkCache()
+    kept = cache.put("a", _chunk(7))
+    with pytest.raises(ValueError, match="read-only"):
+        kept[0] = 1.0
+    np.testing.assert_array_equal(cache.get("a"), _chunk(7))
+
+
+def test_zero_budget_disables_and_oversized_chunks_are_not_kept():
+    off = ChunkCache(budget=0)
+    off.put("a", _chunk(1))
+    assert off.get("a") is None and len(off) == 0
+    small = ChunkCache(budget=100)
+    np.testing.assert_array_equal(small.put("big", _chunk(2)), _chunk(2))
+    assert len(small) == 0
+
+
+def test_get_or_load_loads_once_then_hits():
+    cache, loads = ChunkCache(), []
+
+    def load():
+        loads.append(1)
+        return _chunk(5)
+
+    for _ in range(3):
+        np.testing.assert_array_equal(cache.get_or_load("k", load), _chunk(5))
+    assert len(loads) == 1 and cache.stats().hits == 2
+
+
+def test_shrinking_the_budget_evicts_at_once_and_clear_resets():
+    cache = ChunkCache(budget=8000)
+    for k in range(10):
+        cache.put(k, _chunk(k))
+    cache.budget = 1600
+    assert cache.stats().bytes <= 1600 and cache.stats().entries == 2
+    cache.clear()
+    assert cache.stats() == type(cache.stats())(0, 0, 0, 0, 0, 1600)
+    assert "0 chunks" in repr(cache)
+
+
+def test_replacing_a_key_keeps_the_byte_count_right():
+    cache = ChunkCache(budget=10_000)
+    cache.put("a", _chunk(1))
+    cache.put("a", _chunk(2, nbytes=1600))
+    assert cache.stats().bytes == 1600 and len(cache) == 1
+
+
+@pytest.mark.parametrize(
+    ("bad", "error"), [(-1, ValueError), ("64MB", TypeError), (1.5, TypeError)]
+)
+def test_bad_budgets_name_the_argument(bad, error):
+    with pytest.raises(error, match="budget"):
+        ChunkCache(bad)
+    with pytest.raises(error, match="budget"):
+        set_chunk_cache_bytes(bad)
+
+
+def test_process_cache_counts_hits_for_repeated_batches(stores):
+    src = mixle.read_zarr(stores.path("v3.zarr"))
+    old = chunk_cache().budget
+    try:
+        set_chunk_cache_bytes(DEFAULT_CHUNK_CACHE_BYTES)
+        chunk_cache().clear()
+        starts = [[0, 0, 0], [10, 21, 5]]
+        first = src.read_boxes(starts, (8, 10, 7))
+        misses = chunk_cache().stats().misses
+        assert misses == 1 + 8 and chunk_cache().stats().hits == 0  # aligned box + straddler
+        np.testing.assert_array_equal(src.read_boxes(starts, (8, 10, 7)), first)
+        assert chunk_cache().stats().hits == misses
+        set_chunk_cache_bytes(0)
+        assert chunk_cache().stats().entries == 0
+        np.testing.assert_array_equal(src.read_boxes(starts, (8, 10, 7)), first)
+        assert chunk_cache().stats().entries == 0
+    finally:
+        set_chunk_cache_bytes(old)
+
+
+def test_concurrent_cache_use_keeps_accounting_exact():
+    cache = ChunkCache(budget=50 * 800)
+
+    def work(offset):
+        for k in range(500):
+            key = (offset + k) % 120
+            cache.get_or_load(key, lambda key=key: _chunk(key))
+
+    threads = [threading.Thread(target=work, args=(7 * i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    stats = cache.stats()
+    assert stats.bytes == 800 * stats.entries <= stats.budget
+    assert stats.hits + stats.misses == 8 * 500
+
+
+def test_decode_threads_settable_and_validated():
+    assert decode_threads() == default_decode_threads() >= 1
+    try:
+        set_decode_threads(1)
+        assert decode_threads() == 1
+        order: list[int] = []
+        run_all([lambda i=i: order.append(i) for i in range(5)])
+        assert order == [0, 1, 2, 3, 4]  # one thread: everything inline, in order
+        set_decode_threads(3)
+        assert decode_threads() == 3
+    finally:
+        set_decode_threads(None)
+    with pytest.raises(ValueError, match="threads=0"):
+        set_decode_threads(0)
+    with pytest.raises(TypeError, match="threads"):
+        set_decode_threads(2.0)  # type: ignore[arg-type]
+
+
+def test_run_all_waits_for_every_task_then_raises_the_first_error():
+    done: list[int] = []
+    barrier = threading.Event()
+
+    def slow():
+        barrier.wait(timeout=30)
+        done.append(1)
+
+    def boom():
+        barrier.set()
+        raise KeyError("bad chunk")
+
+    with pytest.raises(KeyError, match="bad chunk"):
+        run_all([boom, slow, slow])
+    assert done == [1, 1]  # no task still running when the error reaches the caller
+
+
+def test_nested_runs_inside_the_pool_do_not_deadlock():
+    results: list[int] = []
+    lock = threading.Lock()
+
+    def inner(i):
+        with lock:
+            results.append(i)
+
+    def outer(k):
+        return lambda: run_all([lambda i=i: inner(10 * k + i) for i in range(4)])
+
+    run_all([outer(k) for k in range(2 * default_decode_threads() + 1)])
+    assert sorted(results) == sorted(10 * k + i for k in range(2 * default_decode_threads() + 1)
+                                     for i in range(4))  # fmt: skip

@@ -91,7 +91,7 @@ def reads_batches(data: Any, encoder: Encoder | None) -> bool:
     return encoder is None and isinstance(data, SupportsBatchRead)
 
 
-def read_piece(data: Any, indices: Sequence[int], batched: bool) -> Any:
+def read_piece(data: Any, indices: Sequence[int] | np.ndarray, batched: bool) -> Any:
     """Read one sub-chunk: ``data.get_batch(indices)`` when ``batched``, else the records."""
     if batched and len(indices):
         return data.get_batch(np.asarray(indices, dtype=np.int64))
@@ -109,7 +109,7 @@ def encode_piece(raw: Any, encoder: Encoder | None, batched: bool) -> Any:
 
 def build_shard(
     data: Any,
-    pieces: Sequence[Sequence[int]] | None,
+    pieces: Sequence[Sequence[int] | np.ndarray] | None,
     encoder: Encoder | None,
     batched: bool,
     *,

@@ -174,6 +174,7 @@ class MPEncodedData(EncodedData):
     def _build(self, data: Any, encoder: Any, batched: bool) -> None:
         seq = next(self._seq)
         for w, pieces in enumerate(self._plan.pieces):
+            message: tuple[Any, ...]
             if self._read_in == "workers":
                 message = (seq, "build", data, pieces, encoder, batched, None)
             else:

@@ -156,6 +156,7 @@ def plan_shards(data: Any, n: int, num_workers: int, sub_chunks: int = 1) -> Sha
     """Shard ``range(n)`` over ``num_workers``: whole groups per worker when ``data`` has a
     ``partially_exchangeable`` structure, round-robin otherwise."""
     structure = getattr(data, "structure", None)
+    pieces: tuple[tuple[IndexSeq, ...], ...]
     if isinstance(structure, SampleStructure) and structure.grouped:
         assert structure.by is not None
         per_worker = group_shards(group_keys(data, structure.by, n), num_workers)

@@ -318,6 +318,8 @@ class Loader:
                 )
                 self._last_indices = plan.indices
                 yield batch
+            if self._num_epochs is not None:  # also a shard with no batches ends its run
+                self._epoch, self._batch = self._num_epochs, 0
         finally:
             stream.close()  # type: ignore[attr-defined]
 

@@ -19,6 +19,7 @@ from mixle.utils.validation import parse_int
 __all__ = [
     "MASK64",
     "below",
+    "below_each",
     "below_int",
     "hash_int",
     "hash_words",
@@ -120,6 +121,29 @@ def below(n: int, state: NDArray[np.uint64]) -> NDArray[np.int64]:
             bad = bad[redo >= np.uint64(limit)]
             attempt += 1
     return (h % np.uint64(n)).astype(np.int64)
+
+
+def below_each(n: ArrayLike, state: NDArray[np.uint64]) -> NDArray[np.int64]:
+    """:func:`below` with its own bound per element: ``out[k]`` is uniform in ``[0, n[k])``.
+
+    For equal bounds the values are exactly those of :func:`below`.
+    """
+    bound = np.asarray(n, dtype=np.int64)
+    if bound.size and int(bound.min()) < 1:
+        raise ValueError(f"n must be >= 1 everywhere, got {int(bound.min())}")
+    bound = np.broadcast_to(bound, np.shape(state)).astype(np.uint64).reshape(-1)
+    rem = (np.uint64(0) - bound) % bound  # 2**64 % n, in wrapping uint64 arithmetic
+    limit = np.uint64(0) - rem  # 2**64 - rem; unused where rem == 0 (every draw is fine)
+    h = mix(state, 0).reshape(-1)
+    bad = np.flatnonzero((rem != 0) & (h >= limit))
+    attempt = 1
+    flat_state = np.asarray(state).reshape(-1)
+    while bad.size:
+        redo = mix(flat_state[bad], attempt)
+        h[bad] = redo
+        bad = bad[redo >= limit[bad]]
+        attempt += 1
+    return (h % bound).astype(np.int64).reshape(np.shape(state))
 
 
 def below_int(n: int, state: int) -> int:

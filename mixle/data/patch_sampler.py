@@ -9,7 +9,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from mixle.data.hashing import parse_seed
-from mixle.data.placement import grid_counts, patch_corners
+from mixle.data.placement import grid_counts, local_patch_corners, patch_corners
 from mixle.data.schema import Schema, parse_schema
 from mixle.data.sources.adopt import as_array_source
 from mixle.data.sources.base import ArraySource, parse_indices
@@ -74,6 +74,12 @@ class PatchSampler:
     stride
         Corners lie on the grid ``0, stride, 2*stride, ...`` (int or per-axis); ``None``
         allows every position.
+    patches_per_chunk
+        Locality: every ``patches_per_chunk`` consecutive indices share one region of the
+        array (``1``, the default, draws every patch independently from the whole array).
+    region
+        Extent of those regions (int or per-axis, at least ``patch_size``); default: the
+        store's chunk shape grown to ``patch_size``, or ``2 * patch_size`` when unchunked.
     structure
         How patches relate (see :mod:`mixle.data.structure`).
     schema
@@ -86,6 +92,15 @@ class PatchSampler:
     ``num_patches``, the same in every process, on every NumPy release and whatever order
     patches are asked for in. Patches never leave the array. Returned patches are new
     arrays, never views into the user's file.
+
+    With ``patches_per_chunk=k > 1`` the array is tiled by regions and indices
+    ``[b*k, (b+1)*k)`` draw their corners inside one region chosen uniformly for block
+    ``b``; with the default region (one stored chunk) a batch of those patches decodes
+    about one chunk per ``k`` patches instead of several per patch. The trade: patches of a
+    block are correlated (same neighbourhood), and a patch never straddles two regions
+    (except in the last, partial region of an axis), so voxels near region borders are
+    drawn less often than with independent placement. Keep blocks together in a batch
+    (no per-record shuffle) to get the speed.
     """
 
     def __init__(
@@ -96,6 +111,8 @@ class PatchSampler:
         *,
         seed: int = 0,
         stride: int | Sequence[int] | None = None,
+        patches_per_chunk: int = 1,
+        region: int | Sequence[int] | None = None,
         structure: SampleStructure = EXCHANGEABLE,
         schema: Schema | None = None,
     ) -> None:
@@ -110,10 +127,28 @@ class PatchSampler:
         self._seed = parse_seed(seed)
         self._stride = parse_stride(stride, len(shape))
         self._counts = grid_counts(shape, self._patch_size, self._stride)
+        self._per_region = parse_int(patches_per_chunk, "patches_per_chunk")
+        if self._per_region < 1:
+            raise ValueError(f"patches_per_chunk={patches_per_chunk} must be >= 1")
+        self._region = self._parse_region(region)
         self._structure = parse_structure(structure)
         self._schema = parse_schema(schema)
         if self._schema is not None:
             self._schema.check(self._source.dtype, self._patch_size, what="PatchSampler patch")
+
+    def _parse_region(self, region: object) -> tuple[int, ...]:
+        if region is None:
+            chunks = self._source.chunks
+            base = chunks if chunks is not None else tuple(2 * p for p in self._patch_size)
+            return tuple(max(c, p) for c, p in zip(base, self._patch_size))
+        parsed = _per_axis(region, len(self._patch_size), "region", 1)
+        small = [a for a, (r, p) in enumerate(zip(parsed, self._patch_size)) if r < p]
+        if small:
+            raise ValueError(
+                f"region={parsed} is smaller than patch_size={self._patch_size} on axis "
+                f"{small[0]}; a region must hold a whole patch"
+            )
+        return parsed
 
     # -- description --------------------------------------------------------------------
     @property
@@ -135,6 +170,16 @@ class PatchSampler:
     def seed(self) -> int:
         """The seed corners are derived from."""
         return self._seed
+
+    @property
+    def patches_per_chunk(self) -> int:
+        """How many consecutive indices share one region (1: independent placement)."""
+        return self._per_region
+
+    @property
+    def region(self) -> tuple[int, ...]:
+        """Extent of the regions that locality sampling tiles the array with."""
+        return self._region
 
     @property
     def grid_shape(self) -> tuple[int, ...]:
@@ -162,9 +207,14 @@ class PatchSampler:
         return self._num_patches
 
     def __repr__(self) -> str:
+        local = (
+            f", patches_per_chunk={self._per_region}, region={self._region}"
+            if self._per_region > 1
+            else ""
+        )
         return (
             f"PatchSampler({self._source!r}, patch_size={self._patch_size}, "
-            f"num_patches={self._num_patches}, seed={self._seed}, stride={self._stride})"
+            f"num_patches={self._num_patches}, seed={self._seed}, stride={self._stride}{local})"
         )
 
     # -- placement (no I/O) -------------------------------------------------------------
@@ -174,7 +224,20 @@ class PatchSampler:
             idx = np.arange(self._num_patches, dtype=np.int64)
         else:
             idx = parse_indices(indices, self._num_patches)
-        return patch_corners(self._seed, idx, self._counts, self._stride)
+        return self._corners(idx)
+
+    def _corners(self, idx: ArrayLike) -> NDArray[np.int64]:
+        if self._per_region == 1:
+            return patch_corners(self._seed, idx, self._counts, self._stride)
+        return local_patch_corners(
+            self._seed,
+            idx,
+            self._source.shape,
+            self._patch_size,
+            self._stride,
+            self._per_region,
+            self._region,
+        )
 
     def coords(self) -> list[tuple[int, ...]]:
         """Corners of every patch as tuples of ints (no I/O)."""
@@ -191,7 +254,7 @@ class PatchSampler:
     def __getitem__(self, index: int) -> Patch:
         """Patch ``index`` and its corner: ``(patch, coords)``."""
         i = self._index(index)
-        corner = tuple(patch_corners(self._seed, (i,), self._counts, self._stride)[0].tolist())
+        corner = tuple(self._corners((i,))[0].tolist())
         return self._source.read_box(corner, self._patch_size), corner
 
     def get_batch(self, indices: ArrayLike) -> tuple[np.ndarray, NDArray[np.int64]]:

@@ -7,12 +7,23 @@ from collections.abc import Sequence
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from mixle.data.hashing import below, below_int, hash_int, mix, mix_int
+from mixle.data.hashing import below, below_each, below_int, hash_int, mix, mix_int
 
-__all__ = ["SCALAR_PATH_MAX", "STREAM_PATCH_CORNERS", "grid_counts", "patch_corners"]
+__all__ = [
+    "SCALAR_PATH_MAX",
+    "STREAM_LOCAL_CORNERS",
+    "STREAM_PATCH_CORNERS",
+    "STREAM_REGIONS",
+    "grid_counts",
+    "local_patch_corners",
+    "patch_corners",
+]
 
 #: Stream tag that separates patch-corner draws from every other use of the seed.
 STREAM_PATCH_CORNERS = 0x50415443  # "PATC"
+#: Stream tags of locality sampling: the region of a block, and a corner inside it.
+STREAM_REGIONS = 0x52454749  # "REGI"
+STREAM_LOCAL_CORNERS = 0x4C4F4341  # "LOCA"
 #: Up to this many indices, corners are computed with Python ints (faster for few).
 SCALAR_PATH_MAX = 8
 
@@ -61,4 +72,41 @@ def patch_corners(
     for axis, (n, st) in enumerate(zip(counts, stride)):
         out[:, axis] = below(n, mix(state, axis))
         out[:, axis] *= st
+    return out
+
+
+def local_patch_corners(
+    seed: int,
+    indices: ArrayLike,
+    shape: Sequence[int],
+    patch_size: Sequence[int],
+    stride: Sequence[int],
+    per_region: int,
+    region: Sequence[int],
+    *,
+    epoch: int = 0,
+) -> NDArray[np.int64]:
+    """Corners of patches ``indices`` when ``per_region`` consecutive patches share a region.
+
+    The array is tiled by regions of extent ``region`` (each >= ``patch_size``). Patches
+    ``i`` with the same block ``i // per_region`` share one region, drawn uniformly among all
+    tiles from the hash of ``(seed, block, axis)``; each corner is then drawn uniformly
+    among the stride-grid positions that keep the patch inside that region (the last, partial
+    tile of an axis lets the patch reach back into its neighbour so it stays in the array).
+    A pure function of ``(seed, epoch, index)``, like :func:`patch_corners`.
+    """
+    idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+    out = np.empty((idx.size, len(shape)), dtype=np.int64)
+    blocks = idx // per_region
+    region_state = mix(np.uint64(hash_int(seed, STREAM_REGIONS, epoch)), blocks)
+    corner_state = mix(np.uint64(hash_int(seed, STREAM_LOCAL_CORNERS, epoch)), idx)
+    for axis, (d, p, st, r) in enumerate(zip(shape, patch_size, stride, region)):
+        tiles = -(-d // r)
+        tile = below(tiles, mix(region_state, axis))
+        lo = np.minimum(tile * r, d - p)  # corner range that keeps the patch in the tile
+        hi = np.maximum(lo, np.minimum((tile + 1) * r, d) - p)
+        first = -(-lo // st)  # stride-grid positions inside [lo, hi]
+        last = np.maximum(hi // st, np.minimum(first, (d - p) // st))
+        first = np.minimum(first, last)
+        out[:, axis] = (first + below_each(last - first + 1, mix(corner_state, axis))) * st
     return out

@@ -1,112 +1,323 @@
-"""Patch reads today: mixle per-index and batched vs naive per-patch slicing of the store.
+"""Random patch reads: naive slicing vs mixle per-index and batched vs tensorstore vs the
+decode-bound limit, side by side in one run.
 
-Run: python benchmarks/patch_read.py [--size 256] [--patches 512]
+Run: python benchmarks/patch_read.py [--size 512] [--batches 12]
 
-Writes a float32 cube (zstd zarr with 64^3 chunks, gzip HDF5 with 64^3 chunks, raw memmap)
-to a temporary folder, then reads the same random 32^3 patches three ways, side by side,
-warm page cache. Prints patches/s and the ratio mixle/naive for each backend. Naive HDF5
-slicing uses a fresh h5py handle with HDF5's default 1 MiB chunk cache, as users have today;
-mixle opens datasets with a 64 MiB cache.
+Writes a float32 cube with 64^3 chunks (zstd zarr, gzip HDF5, uncompressed contiguous HDF5,
+raw memmap) to a temporary folder, then reads random 32^3 patches in batches of 64 with a
+warm page cache. Every measurement runs in its own fresh process so that its peak RSS is
+its own. Each process warms up on a few batches, then times other, fresh batches.
+
+- naive: ``np.array(arr[slices])`` per patch on a plain zarr / h5py (default 1 MiB chunk
+  cache) / np.memmap handle, as users write it today.
+- per-index: ``sampler[i]``; batched: ``sampler.get_batch`` (256 MiB decoded-chunk cache);
+  batched, no cache: the same with the cache off (each batch decodes what it touches once).
+- tensorstore: zarr3 driver, one ``ts.Batch`` per batch, the same 256 MiB cache, as many
+  copy threads as mixle has decode threads (where tensorstore is installed).
+- locality: batched with ``patches_per_chunk=8`` (8 patches share one 64^3 chunk region).
+- limit: decode threads x single-thread decode rate of one stored chunk / chunks touched
+  per patch, measured in this run: what a reader that decodes every touched chunk once per
+  patch, on every core, with no cache, could reach.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
+import sys
 import tempfile
 import time
-from collections.abc import Callable
+import zlib
 from pathlib import Path
 
-import h5py
 import numpy as np
-import zarr
-
-import mixle
 
 PATCH = 32
 CHUNK = 64
 BATCH = 64
+WARM_BATCHES = 4
+CACHE_BYTES = 256 * 2**20
+MIB = 2**20
 
 
-def write_volumes(folder: Path, size: int) -> dict[str, tuple[Callable, Callable]]:
-    """Write the cube three ways; return per backend (open naive handle, open mixle source)."""
+# -- the volume ---------------------------------------------------------------------------
+def write_volumes(folder: Path, size: int) -> None:
+    """The same smooth float32 cube as zarr (zstd), HDF5 (gzip / contiguous) and raw."""
+    import h5py
+    import zarr
+
     shape = (size, size, size)
     z, y, x = np.ogrid[0:CHUNK, 0:size, 0:size]
     arr = zarr.create_array(str(folder / "v.zarr"), shape=shape, chunks=(CHUNK,) * 3, dtype="f4")
     with h5py.File(folder / "v.h5", "w") as f, open(folder / "v.raw", "wb") as raw:
-        ds = f.create_dataset("v", shape=shape, dtype="f4", chunks=(CHUNK,) * 3, compression="gzip")
+        gz = f.create_dataset(
+            "gzip", shape=shape, dtype="f4", chunks=(CHUNK,) * 3, compression="gzip"
+        )
+        flat = f.create_dataset("raw", shape=shape, dtype="f4")
         for z0 in range(0, size, CHUNK):
             slab = (np.sin(0.05 * (z + z0)) * np.cos(0.03 * y) + 0.01 * x).astype("f4")
             arr[z0 : z0 + CHUNK] = slab
-            ds[z0 : z0 + CHUNK] = slab
+            gz[z0 : z0 + CHUNK] = slab
+            flat[z0 : z0 + CHUNK] = slab
             raw.write(slab.tobytes())
+
+
+def corners(size: int, count: int, seed: int = 0) -> np.ndarray:
+    """The random patch corners every method reads (mixle's own placement)."""
+    import mixle
+
+    return mixle.PatchSampler(
+        np.empty((size,) * 3, np.uint8), PATCH, count, seed=seed
+    ).coords_array()
+
+
+# -- one measurement, in a fresh process -----------------------------------------------------
+def measure(folder: Path, size: int, backend: str, method: str, batches: int) -> dict:
+    """Patches/s and peak RSS of one (backend, method); runs inside the worker process."""
+    import mixle
+    from mixle.reading import set_chunk_cache_bytes
+
+    shape = (size,) * 3
+    n_warm, n_timed = WARM_BATCHES * BATCH, batches * BATCH
+    if method.startswith("naive"):
+        n_warm, n_timed = BATCH, max(BATCH, n_timed // 4)  # naive is slow; fewer patches
+    where = corners(size, n_warm + n_timed)
+    set_chunk_cache_bytes(0 if method == "batched, no cache" else CACHE_BYTES)
+
+    def batch_ranges(lo: int, hi: int) -> list[np.ndarray]:
+        return [np.arange(b, b + BATCH) for b in range(lo, hi, BATCH)]
+
+    if method == "naive":
+        live = _naive_handle(folder, backend, shape)
+
+        def run(lo: int, hi: int) -> None:
+            for zc, yc, xc in where[lo:hi].tolist():
+                np.array(live[zc : zc + PATCH, yc : yc + PATCH, xc : xc + PATCH])
+
+    elif method == "tensorstore":
+        run = _tensorstore_runner(folder, where)
+    else:
+        src = _mixle_source(folder, backend, shape)
+        local = 8 if method == "locality" else 1
+        sampler = mixle.PatchSampler(src, PATCH, n_warm + n_timed, seed=0, patches_per_chunk=local)
+        if method == "per-index":
+
+            def run(lo: int, hi: int) -> None:
+                for i in range(lo, hi):
+                    sampler[i]
+
+        else:
+
+            def run(lo: int, hi: int) -> None:
+                for idx in batch_ranges(lo, hi):
+                    sampler.get_batch(idx)
+
+    rss_ready = _peak_rss()
+    run(0, n_warm)
+    t0 = time.perf_counter()
+    run(n_warm, n_warm + n_timed)
+    elapsed = time.perf_counter() - t0
     return {
-        "zarr zstd": (
-            lambda: zarr.open_array(str(folder / "v.zarr"), mode="r"),
-            lambda: mixle.read_zarr(folder / "v.zarr"),
-        ),
-        "hdf5 gzip": (
-            lambda: h5py.File(folder / "v.h5", "r")["v"],  # HDF5's default 1 MiB cache
-            lambda: mixle.read_hdf5(folder / "v.h5", "v"),
-        ),
-        "memmap": (
-            lambda: np.memmap(folder / "v.raw", dtype="f4", mode="r", shape=shape),
-            lambda: mixle.read_memmap(folder / "v.raw", "float32", shape),
-        ),
+        "rate": n_timed / elapsed,
+        "rss_ready": rss_ready,
+        "rss_peak": _peak_rss(),
     }
 
 
-def rate(fn: Callable[[], object], n: int, repeats: int = 3) -> float:
-    best = min(_timed(fn) for _ in range(repeats))
+def _naive_handle(folder: Path, backend: str, shape: tuple[int, ...]):
+    import h5py
+    import zarr
+
+    if backend == "zarr zstd":
+        return zarr.open_array(str(folder / "v.zarr"), mode="r")
+    if backend in ("hdf5 gzip", "hdf5 raw"):
+        return h5py.File(folder / "v.h5", "r")[backend.split()[1]]  # HDF5's default cache
+    return np.memmap(folder / "v.raw", dtype="f4", mode="r", shape=shape)
+
+
+def _mixle_source(folder: Path, backend: str, shape: tuple[int, ...]):
+    import mixle
+
+    if backend == "zarr zstd":
+        return mixle.read_zarr(folder / "v.zarr")
+    if backend in ("hdf5 gzip", "hdf5 raw"):
+        return mixle.read_hdf5(folder / "v.h5", backend.split()[1])
+    return mixle.read_memmap(folder / "v.raw", "float32", shape)
+
+
+def _tensorstore_runner(folder: Path, where: np.ndarray):
+    import tensorstore as ts
+
+    from mixle.reading import decode_threads
+
+    spec = {
+        "driver": "zarr3",
+        "kvstore": {"driver": "file", "path": str(folder / "v.zarr")},
+        "context": {
+            "cache_pool": {"total_bytes_limit": CACHE_BYTES},
+            "data_copy_concurrency": {"limit": decode_threads()},
+        },
+    }
+    store = ts.open(spec, read=True).result()
+
+    def run(lo: int, hi: int) -> None:
+        for b in range(lo, hi, BATCH):
+            out = np.empty((BATCH, PATCH, PATCH, PATCH), dtype="f4")
+            with ts.Batch() as batch:
+                futures = [
+                    store[zc : zc + PATCH, yc : yc + PATCH, xc : xc + PATCH].read(batch=batch)
+                    for zc, yc, xc in where[b : b + BATCH].tolist()
+                ]
+            for k, future in enumerate(futures):
+                out[k] = future.result()
+
+    return run
+
+
+def _peak_rss() -> int:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def run_isolated(folder: Path, size: int, backend: str, method: str, batches: int) -> dict:
+    """Run :func:`measure` in a fresh process (through ``sh`` so its peak RSS is its own)."""
+    cmd = [sys.executable, __file__, "--worker", str(folder), str(size), backend, method,
+           str(batches)]  # fmt: skip
+    out = subprocess.run(
+        ["sh", "-c", '"$0" "$@"; exit $?', *cmd], capture_output=True, text=True, timeout=1800
+    )
+    if out.returncode:
+        raise RuntimeError(f"{backend} / {method} failed:\n{out.stderr}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+# -- the decode-bound limit ------------------------------------------------------------------
+def decode_rates(folder: Path, size: int) -> dict[str, float]:
+    """Single-thread decoded chunks per second, for zstd (zarr) and gzip (HDF5) chunks."""
+    import h5py
+    import numcodecs
+
+    rng = np.random.default_rng(1)
+    grid = size // CHUNK
+    picks = [tuple(int(v) for v in rng.integers(0, grid, 3)) for _ in range(24)]
+    zstd = numcodecs.Zstd()
+    blobs = [(folder / "v.zarr" / "c" / "/".join(map(str, c))).read_bytes() for c in picks]
+    out = np.empty(CHUNK**3, dtype="f4")
+    rates = {"zarr zstd": _rate(lambda: [zstd.decode(b, out=out) for b in blobs], len(blobs))}
+    with h5py.File(folder / "v.h5", "r") as f:
+        ds = f["gzip"]
+        raw = [ds.id.read_direct_chunk(tuple(v * CHUNK for v in c))[1] for c in picks]
+    nbytes = CHUNK**3 * 4
+    rates["hdf5 gzip"] = _rate(lambda: [zlib.decompress(b, bufsize=nbytes) for b in raw], len(raw))
+    return rates
+
+
+def _rate(fn, n: int, repeats: int = 5) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
     return n / best
 
 
-def _timed(fn: Callable[[], object]) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
+def chunks_per_patch(size: int, count: int) -> float:
+    where = corners(size, count)
+    spans = (where + PATCH - 1) // CHUNK - where // CHUNK + 1
+    return float(np.prod(spans, axis=1).mean())
+
+
+def zarr_reader_rates(folder: Path) -> tuple[float, float]:
+    """Chunks/s through numcodecs directly vs through zarr's codec pipeline (one thread)."""
+    import mixle
+    from mixle.data.sources.zarr_chunks import ZarrCodecReader, ZarrPipelineReader
+
+    src = mixle.read_zarr(folder / "v.zarr")
+    direct = src._reader_for(src.array)  # what mixle picks for this array
+    assert isinstance(direct, ZarrCodecReader)
+    pipeline = ZarrPipelineReader(src.array)
+    grid = src.shape[0] // CHUNK
+    coords = [(i % grid, (i // grid) % grid, 0) for i in range(16)]
+    return (
+        _rate(lambda: [direct.read_chunk(c) for c in coords], len(coords), 3),
+        _rate(lambda: [pipeline.read_chunk(c) for c in coords], len(coords), 3),
+    )
+
+
+# -- the table -------------------------------------------------------------------------------
+METHODS = {
+    "zarr zstd": ["naive", "tensorstore", "per-index", "batched", "batched, no cache", "locality"],
+    "hdf5 gzip": ["naive", "per-index", "batched", "batched, no cache"],
+    "hdf5 raw": ["naive", "per-index", "batched"],
+    "memmap": ["naive", "per-index", "batched"],
+}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--size", type=int, default=256)
-    parser.add_argument("--patches", type=int, default=512)
+    parser.add_argument("--size", type=int, default=512, help="cube edge (512: 512 MiB)")
+    parser.add_argument("--batches", type=int, default=12, help="timed batches per method")
+    parser.add_argument("--worker", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    n = args.patches - args.patches % BATCH
+    if args.worker:
+        folder, size, backend, method, batches = args.worker
+        print(json.dumps(measure(Path(folder), int(size), backend, method, int(batches))))
+        return
+
+    from mixle.reading import decode_threads
+    from mixle.utils.optional_deps import has
+
     with tempfile.TemporaryDirectory() as tmp:
-        sources = write_volumes(Path(tmp), args.size)
-        shape = (args.size,) * 3
-        print(f"{args.size}^3 float32, {n} random {PATCH}^3 patches, batch {BATCH}")
+        folder = Path(tmp)
+        t0 = time.perf_counter()
+        write_volumes(folder, args.size)
         print(
-            f"{'backend':>10} {'naive/s':>9} {'per-index/s':>12} {'batched/s':>10} "
-            f"{'index/naive':>12} {'batch/naive':>12}"
+            f"{args.size}^3 float32 ({args.size**3 * 4 / MIB:.0f} MiB), {CHUNK}^3 chunks, "
+            f"random {PATCH}^3 patches, batch {BATCH}, {decode_threads()} decode threads, "
+            f"cache {CACHE_BYTES // MIB} MiB (written in {time.perf_counter() - t0:.0f} s)"
         )
-        for name, (open_naive, open_mixle) in sources.items():
-            corners = mixle.PatchSampler(np.empty(shape), PATCH, n, seed=0).coords_array()
-            live = open_naive()
-
-            def naive(live=live, corners=corners) -> None:
-                for z, y, x in corners.tolist():
-                    np.array(live[z : z + PATCH, y : y + PATCH, x : x + PATCH])
-
-            r_naive = rate(naive, n)
-            del live, naive  # closes the naive handle before mixle opens its own
-            sampler = mixle.PatchSampler(open_mixle(), PATCH, n, seed=0)
-
-            def per_index(sampler=sampler) -> None:
-                for i in range(n):
-                    sampler[i]
-
-            def batched(sampler=sampler) -> None:
-                for lo in range(0, n, BATCH):
-                    sampler.get_batch(np.arange(lo, lo + BATCH))
-
-            r_index, r_batch = rate(per_index, n), rate(batched, n)
+        rates = decode_rates(folder, args.size)
+        touched = chunks_per_patch(args.size, 4096)
+        limit = {k: decode_threads() * r / touched for k, r in rates.items()}
+        for name, r in rates.items():
             print(
-                f"{name:>10} {r_naive:>9.0f} {r_index:>12.0f} {r_batch:>10.0f} "
-                f"{r_index / r_naive:>12.2f} {r_batch / r_naive:>12.2f}"
+                f"  {name}: one thread decodes {r:.0f} chunks/s; {touched:.2f} chunks per "
+                f"patch -> limit {limit[name]:.0f} patches/s"
             )
-            sampler.source.close()
+        direct, pipeline = zarr_reader_rates(folder)
+        print(
+            f"  zarr chunk read+decode, one thread: numcodecs direct {direct:.0f} chunks/s, "
+            f"zarr codec pipeline {pipeline:.0f} chunks/s ({direct / pipeline:.2f}x)"
+        )
+        patch_mib = PATCH**3 * 4 / MIB
+        print()
+        print(
+            f"{'backend':<10} {'method':<18} {'patches/s':>10} {'MiB/s':>8} {'x naive':>8} "
+            f"{'x tstore':>9} {'x limit':>8} {'RSS MiB':>8} {'+RSS':>6}"
+        )
+        for backend, methods in METHODS.items():
+            results: dict[str, dict] = {}
+            for method in methods:
+                if method == "tensorstore" and not has("tensorstore"):
+                    print(f"{backend:<10} {method:<18} {'not installed':>10}")
+                    continue
+                results[method] = r = run_isolated(folder, args.size, backend, method, args.batches)
+                naive = results["naive"]["rate"]
+                ts_rate = results.get("tensorstore", {}).get("rate")
+                vs_ts = f"{r['rate'] / ts_rate:.2f}" if ts_rate and method != "naive" else "-"
+                vs_limit = (
+                    f"{r['rate'] / limit[backend]:.2f}"
+                    if backend in limit and method != "naive"
+                    else "-"
+                )
+                print(
+                    f"{backend:<10} {method:<18} {r['rate']:>10.0f} "
+                    f"{r['rate'] * patch_mib:>8.0f} {r['rate'] / naive:>8.2f} {vs_ts:>9} "
+                    f"{vs_limit:>8} {r['rss_peak'] / MIB:>8.0f} "
+                    f"{(r['rss_peak'] - r['rss_ready']) / MIB:>6.0f}"
+                )
 
 
 if __name__ == "__main__":

@@ -12,7 +12,11 @@ from mixle.reading.cache import ChunkCache, chunk_cache
 from mixle.reading.plan import ChunkPlan, Piece, order_by_offset, plan_chunks
 from mixle.reading.pool import decode_threads, run_all
 
-__all__ = ["ChunkReader", "new_token", "read_chunked", "read_strided"]
+__all__ = ["STRIDED_BYTES_PER_THREAD", "ChunkReader", "new_token", "read_chunked", "read_strided"]
+
+#: Copies from a memory map are split across decode threads only in runs of at least this
+#: many bytes: smaller copies cost more in thread hand-offs than they gain.
+STRIDED_BYTES_PER_THREAD = 4 * 1024 * 1024
 
 _tokens = itertools.count()
 
@@ -84,11 +88,17 @@ def read_strided(
 ) -> None:
     """Copy boxes of an unchunked (memory-mapped) array into ``out``, in file order.
 
-    Boxes are visited by increasing byte offset and split into one contiguous run per
-    decode thread, so each thread sweeps forward through its part of the file.
+    Boxes are visited by increasing byte offset; large batches are split into one
+    contiguous run per decode thread, so each thread sweeps forward through its part of the
+    file. ``array`` is best a plain ndarray view of the map (``np.memmap`` slicing costs
+    microseconds per box).
     """
+    if len(starts) == 1:  # one box (per-index reads): no ordering, no pool
+        out[0] = array[tuple(slice(a, a + n) for a, n in zip(starts[0], size))]
+        return
     order = order_by_offset(starts, array.strides).tolist()
-    parts = max(1, min(decode_threads(), len(order)))
+    box_bytes = out[0].nbytes
+    parts = max(1, min(decode_threads(), len(order) * box_bytes // STRIDED_BYTES_PER_THREAD))
     bounds = [len(order) * k // parts for k in range(parts + 1)]
 
     def copy(lo: int, hi: int) -> Callable[[], None]:

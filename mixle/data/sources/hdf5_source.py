@@ -187,7 +187,7 @@ class HDF5ArraySource(ArraySource):
         if mapped is None:
             super()._read_boxes_into(handle, starts, size, out)
         else:
-            read_strided(mapped, starts, size, out)
+            read_strided(mapped.view(np.ndarray), starts, size, out)
 
     def _release(self, handle: Any) -> None:
         self._mapped = None

@@ -160,7 +160,7 @@ class MemmapArraySource(ArraySource):
     def _read_boxes_into(
         self, handle: Any, starts: list[list[int]], size: list[int], out: np.ndarray
     ) -> None:
-        read_strided(handle, starts, size, out)  # file order, split across the decode pool
+        read_strided(handle.view(np.ndarray), starts, size, out)  # in file order
 
 
 class NpyArraySource(MemmapArraySource):

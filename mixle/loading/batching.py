@@ -11,7 +11,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from numpy.typing import NDArray
 
 __all__ = ["MASK_KEY", "attach_mask", "stack_records", "unstack_batch"]
 
@@ -66,7 +65,7 @@ def unstack_batch(batch: Any, rows: int) -> list[Any]:
     return list(arr)
 
 
-def attach_mask(batch: Any, mask: NDArray[np.bool_]) -> Any:
+def attach_mask(batch: Any, mask: Any) -> Any:
     """``batch`` with its padding ``mask`` inside: a ``"mask"`` key or a last element.
 
     Dict batches get ``batch["mask"]``; tuple and list batches get the mask as their last

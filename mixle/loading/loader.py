@@ -358,7 +358,7 @@ class Loader:
         except TypeError:
             return None
         if self._layout.drop_last == "pad":
-            spec = attach_mask(spec, ArraySpec((self.batch_size,), np.bool_))
+            spec = attach_mask(spec, ArraySpec((self.batch_size,), np.dtype(np.bool_)))
         return spec
 
     def _spec_from_batch(self) -> SpecTree:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Protocol, runtime_checkable
 
 import numpy as np
 
 from mixle.reading.cache import ChunkCache, chunk_cache
-from mixle.reading.plan import ChunkPlan, Piece, order_by_offset, plan_chunks
+from mixle.reading.plan import ChunkPlan, order_by_offset, plan_chunks
 from mixle.reading.pool import decode_threads, run_all
 
 __all__ = ["STRIDED_BYTES_PER_THREAD", "ChunkReader", "new_token", "read_chunked", "read_strided"]
@@ -69,17 +70,17 @@ def read_chunked(
     """
     plan = plan_chunks(starts, size, reader.chunks, shape)
     store = chunk_cache() if cache is None else cache
-    token = reader.token
+    token, jobs = reader.token, list(zip(plan.chunks, plan.pieces))
+    tickets = itertools.count()  # next() on a count is atomic: each job is taken once
 
-    def task(coords: tuple[int, ...], pieces: list[Piece]) -> Callable[[], None]:
-        def run() -> None:
-            chunk = store.get_or_load((token, coords), lambda: reader.read_chunk(coords))
+    def drain() -> None:
+        while (k := next(tickets)) < len(jobs):
+            coords, pieces = jobs[k]
+            chunk = store.get_or_load((token, coords), partial(reader.read_chunk, coords))
             for box, region, inner in pieces:
                 out[box][region] = chunk[inner]
 
-        return run
-
-    run_all([task(c, p) for c, p in zip(plan.chunks, plan.pieces)])
+    run_all([drain] * min(decode_threads(), len(jobs)))
     return plan
 
 

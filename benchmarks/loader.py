@@ -53,8 +53,10 @@ def loader_table(root: Path) -> None:
     batches = [order[i : i + BATCH] for i in range(0, order.size, BATCH)]
 
     def direct() -> None:
-        for idx in batches:
-            sampler.get_batch(idx)
+        batch = None
+        for idx in batches:  # like a training loop: the last batch is alive during a read
+            batch = sampler.get_batch(idx)
+        del batch
 
     def through_loader(threads: int) -> Callable[[], None]:
         def go() -> None:

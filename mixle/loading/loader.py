@@ -318,6 +318,7 @@ class Loader:
                 )
                 self._last_indices = plan.indices
                 yield batch
+                del batch  # the caller holds it; do not keep it alive while reading the next
             if self._num_epochs is not None:  # also a shard with no batches ends its run
                 self._epoch, self._batch = self._num_epochs, 0
         finally:

@@ -131,8 +131,8 @@ def below_each(n: ArrayLike, state: NDArray[np.uint64]) -> NDArray[np.int64]:
     bound = np.asarray(n, dtype=np.int64)
     if bound.size and int(bound.min()) < 1:
         raise ValueError(f"n must be >= 1 everywhere, got {int(bound.min())}")
-    bound = np.broadcast_to(bound, np.shape(state)).astype(np.uint64).reshape(-1)
-    rem = (np.uint64(0) - bound) % bound  # 2**64 % n, in wrapping uint64 arithmetic
+    ubound = np.broadcast_to(bound, np.shape(state)).astype(np.uint64).reshape(-1)
+    rem = (np.uint64(0) - ubound) % ubound  # 2**64 % n, in wrapping uint64 arithmetic
     limit = np.uint64(0) - rem  # 2**64 - rem; unused where rem == 0 (every draw is fine)
     h = mix(state, 0).reshape(-1)
     bad = np.flatnonzero((rem != 0) & (h >= limit))
@@ -143,7 +143,7 @@ def below_each(n: ArrayLike, state: NDArray[np.uint64]) -> NDArray[np.int64]:
         h[bad] = redo
         bad = bad[redo >= limit[bad]]
         attempt += 1
-    return (h % bound).astype(np.int64).reshape(np.shape(state))
+    return (h % ubound).astype(np.int64).reshape(np.shape(state))
 
 
 def below_int(n: int, state: int) -> int:

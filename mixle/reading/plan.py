@@ -90,7 +90,9 @@ def plan_chunks(
         coord[:, axis] = first[box, axis] + rank % radix
         rank //= radix
     grid = -(-np.asarray(shape, dtype=np.int64) // step)
-    flat = np.ravel_multi_index(tuple(coord.T), tuple(grid.tolist()))
+    flat: NDArray[np.int64] = np.asarray(
+        np.ravel_multi_index(tuple(coord.T), tuple(grid.tolist())), dtype=np.int64
+    )
     order = np.argsort(flat, kind="stable")
     flat, box, coord = flat[order], box[order], coord[order]
     origin = coord * step

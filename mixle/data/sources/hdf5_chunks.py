@@ -123,7 +123,8 @@ class HDF5ChunkReader:
                 continue  # HDF5 skipped this filter for this chunk
             code, values = self._filters[i]
             if code == FILTER_DEFLATE:
-                data = zlib.decompress(data, bufsize=nbytes)
+                packed = data if isinstance(data, bytes) else data.tobytes()
+                data = zlib.decompress(packed, bufsize=nbytes)
             else:
                 data = _unshuffle(data, values[0] if values else self._dtype.itemsize)
         return np.frombuffer(data, dtype=self._dtype, count=self._count).reshape(self.chunks)

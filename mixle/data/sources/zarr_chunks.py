@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
 from mixle.reading import new_token
+from mixle.utils.optional_deps import require
 
 __all__ = ["ZarrCodecReader", "ZarrPipelineReader", "zarr_chunk_reader"]
 
@@ -101,8 +102,9 @@ def codec_chain(array: Any) -> Callable[[bytes], np.ndarray] | None:
 def _v3_decoder(
     codecs: tuple[Any, ...], dtype: np.dtype, chunks: tuple[int, ...]
 ) -> Callable[[bytes], np.ndarray] | None:
-    import numcodecs
     from zarr.codecs import BloscCodec, BytesCodec, GzipCodec, ZstdCodec
+
+    numcodecs = require("numcodecs", "zarr", feature="ZarrArraySource")
 
     if not codecs or not isinstance(codecs[0], BytesCodec):
         return None  # array -> array codecs (transpose) or an unknown serializer
@@ -125,7 +127,11 @@ def _v3_decoder(
 
 
 def _numcodecs_decoder(
-    compressor: Any, filters: list[Any], stored: np.dtype, chunks: tuple[int, ...], order: str
+    compressor: Any,
+    filters: list[Any],
+    stored: np.dtype,
+    chunks: tuple[int, ...],
+    order: Literal["C", "F"],
 ) -> Callable[[bytes], np.ndarray]:
     """Decode ``compressor`` then ``filters`` (last first), as zarr format 2 does."""
     count = int(np.prod(chunks, dtype=np.int64))

@@ -139,10 +139,32 @@ def tree_nbytes(obj: Any) -> int:
     return 0
 
 
+class _SizeSink:
+    """A write-only file that counts bytes and gives up past ``limit``."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.size = 0
+
+    def write(self, chunk: bytes) -> int:
+        self.size += len(chunk)
+        if self.size > self.limit:
+            raise _TooBig
+        return len(chunk)
+
+
+class _TooBig(Exception):
+    pass
+
+
 def pickled_size(obj: Any, limit: int) -> int | None:
-    """Size of ``obj`` pickled, or ``None`` when it cannot be pickled or exceeds ``limit``."""
+    """Size of ``obj`` pickled, or ``None`` when it cannot be pickled or exceeds ``limit``.
+
+    Stops pickling as soon as ``limit`` is passed, so asking about a big object is cheap.
+    """
+    sink = _SizeSink(limit)
     try:
-        size = len(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
-    except Exception:  # any failure means "cannot travel by reference"
+        pickle.Pickler(sink, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    except Exception:  # too big, or any failure: it cannot travel by reference
         return None
-    return size if size <= limit else None
+    return sink.size

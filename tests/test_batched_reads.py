@@ -245,3 +245,26 @@ def test_cache_is_empty_in_a_forked_child_and_reads_stay_correct(stores):
     os.close(r)
     os.waitpid(pid, 0)
     assert result == b"\x01"
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_get_batch_of_shuffled_rows_equals_numpy(layout, tmp_path):
+    data = _data((37, 6, 5), seed=8)
+    src = LAYOUTS[layout](tmp_path, data, (8, 4, 5))
+    idx = np.array([36, 0, 5, 5, -1, 17, 8, 7, 30])
+    np.testing.assert_array_equal(src.get_batch(idx), data[idx])
+    assert src.get_batch([]).shape == (0, 6, 5)
+
+
+def test_shuffled_rows_decode_each_chunk_once(tmp_path):
+    data = _data((128, 16, 16), seed=9)
+    src = _zarr(tmp_path, data, (32, 16, 16))
+    idx = np.random.default_rng(0).permutation(128)[:64]
+    old = chunk_cache().budget
+    try:
+        chunk_cache().budget = 0
+        before = chunk_cache().stats().misses
+        np.testing.assert_array_equal(src.get_batch(idx), data[idx])
+        assert chunk_cache().stats().misses - before == 4  # 128 rows in 4 chunks
+    finally:
+        chunk_cache().budget = old

@@ -335,14 +335,25 @@ class ArraySource(abc.ABC):
         out[...] = self._read(handle, key)
 
     def get_batch(self, indices: ArrayLike) -> np.ndarray:
-        """Rows ``indices`` stacked on axis 0; contiguous runs are read in one call each."""
+        """Rows ``indices`` stacked on axis 0.
+
+        Chunked stores read the rows through the read planner (each chunk the rows touch is
+        decoded once, from the shared cache when it is there); others read each contiguous
+        run of rows in one call.
+        """
         handle = self._live()
         shape = self.shape
         if not shape:
             raise TypeError(f"{self!r} is 0-dimensional and has no records")
         idx = parse_indices(indices, shape[0])
         out = np.empty((idx.size, *shape[1:]), dtype=self.dtype)
-        if not idx.size:
+        if not idx.size or 0 in shape:
+            return out
+        reader = self._reader_for(handle)
+        if reader is not None:
+            starts = np.zeros((idx.size, len(shape)), dtype=np.int64)
+            starts[:, 0] = idx
+            read_chunked(reader, starts, (1, *shape[1:]), shape, out[:, np.newaxis])
             return out
         unique = np.unique(idx)
         breaks = np.flatnonzero(np.diff(unique) != 1) + 1

@@ -39,6 +39,7 @@ from mixle.errors import (
     WorkerTimeoutError,
 )
 from mixle.loading import Loader, LoaderStateError
+from mixle.reading import chunk_cache, set_chunk_cache_bytes, set_decode_threads
 from mixle.utils.parallel.registry import encoded_data, register_encoded_data_backend
 
 if TYPE_CHECKING:
@@ -74,6 +75,7 @@ __all__ = [
     "WorkerTimeoutError",
     "ZarrArraySource",
     "__version__",
+    "chunk_cache",
     "encoded_data",
     "partially_exchangeable",
     "read_hdf5",
@@ -81,6 +83,8 @@ __all__ = [
     "read_npy",
     "read_zarr",
     "register_encoded_data_backend",
+    "set_chunk_cache_bytes",
+    "set_decode_threads",
     "validate_batch",
 ]
 

@@ -6,7 +6,7 @@ import os
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -21,6 +21,9 @@ from mixle.loading.batching import attach_mask, stack_records, unstack_batch
 from mixle.loading.prefetch import ordered_map
 from mixle.loading.state import STATE_VERSION, LoaderStateError, check_state, source_fingerprint
 from mixle.utils.validation import parse_int
+
+if TYPE_CHECKING:
+    from mixle.jax import JaxLoader
 
 __all__ = [
     "DEFAULT_NUM_THREADS",
@@ -336,6 +339,16 @@ class Loader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def to_jax(self, **options: Any) -> JaxLoader:
+        """This loader's batches as ``jax.Array`` pytrees on devices (needs ``mixle[jax]``).
+
+        ``options`` are :meth:`mixle.jax.JaxLoader.from_loader`'s: ``sharding``, ``device``,
+        ``prefetch``, ``dtype_policy``.
+        """
+        from mixle.jax import JaxLoader  # the optional JAX adapter, imported on use
+
+        return JaxLoader.from_loader(self, **options)
 
     # -- element spec -------------------------------------------------------------------
     def element_spec(self) -> SpecTree:

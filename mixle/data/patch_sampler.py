@@ -2,96 +2,107 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from mixle.data.aligned import COORDS_KEY, AlignedArrays
 from mixle.data.hashing import parse_seed
-from mixle.data.placement import grid_counts, local_patch_corners, patch_corners
+from mixle.data.padding import parse_padding, read_boxes_padded
+from mixle.data.patch_args import (
+    centred_grid,
+    parse_epoch,
+    parse_patch_size,
+    parse_stride,
+    per_axis,
+)
+from mixle.data.placement import (
+    grid_counts,
+    local_patch_corners,
+    patch_corners,
+    permuted_corners,
+)
 from mixle.data.schema import Schema, parse_schema
 from mixle.data.sources.adopt import as_array_source
-from mixle.data.sources.base import ArraySource, parse_indices
+from mixle.data.sources.base import ArraySource, listing, parse_indices
 from mixle.data.spec import ArraySpec
 from mixle.data.structure import EXCHANGEABLE, SampleStructure, parse_structure
+from mixle.data.weighted import WeightedPlacement
 from mixle.utils.validation import parse_int
 
 __all__ = ["PatchSampler", "parse_patch_size", "parse_stride"]
 
 Patch = tuple[np.ndarray, tuple[int, ...]]
-
-
-def _per_axis(value: object, ndim: int, name: str, minimum: int) -> tuple[int, ...]:
-    if isinstance(value, (tuple, list)):
-        items = list(value)
-    elif isinstance(value, np.ndarray) and value.ndim == 1:
-        items = value.tolist()
-    else:
-        items = [value] * ndim
-    out = [parse_int(item, name) for item in items]
-    if len(out) != ndim:
-        raise ValueError(
-            f"{name}={value!r} has {len(out)} entries but the array has {ndim} dimensions"
-        )
-    if any(v < minimum for v in out):
-        raise ValueError(f"{name}={value!r} must be >= {minimum} on every axis")
-    return tuple(out)
-
-
-def parse_patch_size(patch_size: object, shape: Sequence[int]) -> tuple[int, ...]:
-    """Validate ``patch_size`` (an int for every axis, or one int per axis) against ``shape``."""
-    size = _per_axis(patch_size, len(shape), "patch_size", 1)
-    too_big = [a for a, (p, s) in enumerate(zip(size, shape)) if p > s]
-    if too_big:
-        raise ValueError(
-            f"patch_size={size} is larger than the array of shape {tuple(shape)} on "
-            f"axis {too_big[0]}"
-        )
-    return size
-
-
-def parse_stride(stride: object, ndim: int) -> tuple[int, ...]:
-    """Validate ``stride``: ``None`` (every position), an int, or one int per axis, all >= 1."""
-    return (1,) * ndim if stride is None else _per_axis(stride, ndim, "stride", 1)
+Record = Patch | dict[str, Any]
 
 
 class PatchSampler:
-    """``num_patches`` seeded random patches of ``patch_size`` from an N-D array.
+    """``num_patches`` seeded random patches of ``patch_size`` from an N-D array (or several).
 
     Parameters
     ----------
     array
         A mixle source, or any N-D array-like with ``.shape`` and basic ``__getitem__``
         (ndarray, ``np.memmap``, zarr array, h5py dataset). h5py datasets, zarr arrays and
-        memmaps are wrapped so that the sampler pickles by reference.
+        memmaps are wrapped so that the sampler pickles by reference. A dict
+        ``{name: array}`` samples all of them at the same physical place (see Notes).
     patch_size
-        An int (same on every axis) or one int per axis, each in ``[1, shape[axis]]``.
+        An int (same on every axis) or one int per axis, each in ``[1, shape[axis]]``
+        (any size >= 1 with padding). For a dict, its length sets the spatial axes.
     num_patches
-        How many patches the sampler addresses (``len(sampler)``).
+        How many patches the sampler addresses (``len(sampler)``); with
+        ``replacement=False`` it defaults to the number of grid positions.
     seed
-        Any int, taken modulo 2**64; patch corners are a pure function of ``(seed, index)``.
+        Any int, taken modulo 2**64; patch corners are a pure function of
+        ``(seed, epoch, index)``.
+    epoch
+        The epoch whose corners are drawn (:meth:`set_epoch` changes it).
     stride
         Corners lie on the grid ``0, stride, 2*stride, ...`` (int or per-axis); ``None``
-        allows every position.
+        allows every position (every multiple of the scale factors for a dict).
+    replacement
+        ``False`` visits each stride-grid position once per epoch (a Feistel permutation
+        of the grid) instead of drawing corners independently.
     patches_per_chunk
         Locality: every ``patches_per_chunk`` consecutive indices share one region of the
         array (``1``, the default, draws every patch independently from the whole array).
     region
         Extent of those regions (int or per-axis, at least ``patch_size``); default: the
         store's chunk shape grown to ``patch_size``, or ``2 * patch_size`` when unchunked.
+    padding
+        ``"none"`` keeps patches inside the volume. ``"constant"``, ``"reflect"`` or
+        ``"edge"`` let a patch hang over the edge (its centre voxel anywhere in the volume)
+        and pad what lies outside (:mod:`mixle.data.padding`).
+    pad_value
+        Fill value for ``padding="constant"`` (a dict of them for a dict of arrays).
+    weights
+        A weight map (array, source, or the name of one of the dict's arrays): patches are
+        centred on voxels drawn with probability proportional to the weight. It may be at
+        a coarser integer scale than the patches.
+    labels, label_probabilities
+        A label volume (array, source or name) and ``{label value: probability}``: each
+        patch picks a class with that probability and is centred on a voxel of that class,
+        uniformly among them.
+    scales
+        For a dict: ``{name: factor}`` to state scale factors instead of inferring them.
     structure
         How patches relate (see :mod:`mixle.data.structure`).
     schema
         When given, checked against one patch: ``patch_size`` and the array's dtype.
 
+    Raises
+    ------
+    TypeError, ValueError, KeyError
+        On bad arguments, naming the argument, the value and what is accepted.
+
     Notes
     -----
     Corner ``i`` on each axis is a grid position drawn exactly uniformly from the in-bounds
-    positions with a counter-based hash of ``(seed, i, axis)``: O(1) memory for any
+    positions with a counter-based hash of ``(seed, epoch, i, axis)``: O(1) memory for any
     ``num_patches``, the same in every process, on every NumPy release and whatever order
-    patches are asked for in. Patches never leave the array. Returned patches are new
-    arrays, never views into the user's file.
+    patches are asked for in. Returned patches are new arrays, never views into the file.
 
     With ``patches_per_chunk=k > 1`` the array is tiled by regions and indices
     ``[b*k, (b+1)*k)`` draw their corners inside one region chosen uniformly for block
@@ -101,47 +112,96 @@ class PatchSampler:
     (except in the last, partial region of an axis), so voxels near region borders are
     drawn less often than with independent placement. Keep blocks together in a batch
     (no per-record shuffle) to get the speed.
+
+    With a dict, records are ``{name: patch, ..., "coords": corner}``. Trailing
+    ``len(patch_size)`` axes are spatial; leading extra axes of an array are channels, read
+    whole. Arrays may be coarser than the finest one by integer factors (a label at half
+    resolution); corners are on the finest grid and each array reads
+    ``[corner // f, (corner + patch_size) // f)``.
+
+    Weighted and label sampling build a per-block index of the map once, at construction,
+    reading it one block at a time; it is pickled with the sampler.
     """
 
     def __init__(
         self,
         array: Any,
         patch_size: int | Sequence[int],
-        num_patches: int,
+        num_patches: int | None = None,
         *,
         seed: int = 0,
+        epoch: int = 0,
         stride: int | Sequence[int] | None = None,
+        replacement: bool = True,
         patches_per_chunk: int = 1,
         region: int | Sequence[int] | None = None,
+        padding: str = "none",
+        pad_value: float | Mapping[str, float] = 0,
+        weights: Any = None,
+        labels: Any = None,
+        label_probabilities: Mapping[int, float] | None = None,
+        scales: Mapping[str, object] | None = None,
         structure: SampleStructure = EXCHANGEABLE,
         schema: Schema | None = None,
     ) -> None:
-        self._source: ArraySource = as_array_source(array, name="array")
-        shape = self._source.shape
-        if not shape:
-            raise ValueError("array is 0-dimensional; patches need at least one axis")
-        self._patch_size = parse_patch_size(patch_size, shape)
-        self._num_patches = parse_int(num_patches, "num_patches")
-        if self._num_patches < 0:
-            raise ValueError(f"num_patches={num_patches} must be >= 0")
+        self._padding = parse_padding(padding)
+        padded = self._padding != "none"
+        self._arrays: AlignedArrays | None = None
+        if isinstance(array, Mapping):
+            spatial = len(patch_size) if isinstance(patch_size, (tuple, list)) else None
+            self._arrays = AlignedArrays(array, spatial_ndim=spatial, scales=scales)
+            self._source = next(iter(self._arrays.sources.values()))
+            shape, step = self._arrays.shape, self._arrays.step
+        else:
+            self._source = as_array_source(array, name="array")
+            shape = self._source.shape
+            if not shape:
+                raise ValueError("array is 0-dimensional; patches need at least one axis")
+            step = (1,) * len(shape)
+        self._shape = shape
+        self._patch_size = parse_patch_size(patch_size, shape, padded=padded)
+        if self._arrays is not None:
+            self._arrays.check_patch_size(self._patch_size)
+            self._pad_values = self._arrays.pad_values(pad_value)
+        else:
+            self._pad_values = AlignedArrays({"array": self._source}).pad_values(pad_value)
         self._seed = parse_seed(seed)
-        self._stride = parse_stride(stride, len(shape))
-        self._counts = grid_counts(shape, self._patch_size, self._stride)
+        self._epoch = parse_epoch(epoch)
+        self._stride = step if stride is None else parse_stride(stride, len(shape))
+        off = [a for a, (st, m) in enumerate(zip(self._stride, step)) if st % m]
+        if off:
+            raise ValueError(
+                f"stride={self._stride} must be a multiple of {step} (the arrays' scale "
+                f"factors) on every axis; axis {off[0]} is not"
+            )
+        if replacement not in (True, False):
+            raise TypeError(f"replacement={replacement!r} must be True or False")
+        self._replacement = bool(replacement)
+        if padded:
+            self._origin, self._counts = centred_grid(shape, self._patch_size, self._stride, step)
+        else:
+            self._origin = (0,) * len(shape)
+            self._counts = grid_counts(shape, self._patch_size, self._stride)
         self._per_region = parse_int(patches_per_chunk, "patches_per_chunk")
         if self._per_region < 1:
             raise ValueError(f"patches_per_chunk={patches_per_chunk} must be >= 1")
         self._region = self._parse_region(region)
+        self._weighted = self._parse_weighted(weights, labels, label_probabilities, stride, step)
+        self._check_combinations()
+        self._num_patches = self._parse_num_patches(num_patches)
         self._structure = parse_structure(structure)
         self._schema = parse_schema(schema)
         if self._schema is not None:
+            if self._arrays is not None:
+                raise ValueError("schema= applies to a single array; pass one array, not a dict")
             self._schema.check(self._source.dtype, self._patch_size, what="PatchSampler patch")
 
     def _parse_region(self, region: object) -> tuple[int, ...]:
         if region is None:
-            chunks = self._source.chunks
+            chunks = self._source.chunks if self._arrays is None else None
             base = chunks if chunks is not None else tuple(2 * p for p in self._patch_size)
             return tuple(max(c, p) for c, p in zip(base, self._patch_size))
-        parsed = _per_axis(region, len(self._patch_size), "region", 1)
+        parsed = per_axis(region, len(self._patch_size), "region", 1)
         small = [a for a, (r, p) in enumerate(zip(parsed, self._patch_size)) if r < p]
         if small:
             raise ValueError(
@@ -150,15 +210,100 @@ class PatchSampler:
             )
         return parsed
 
+    def _map(self, value: Any, name: str) -> ArraySource:
+        if isinstance(value, str):
+            if self._arrays is None or value not in self._arrays.names:
+                names = list(self._arrays.names) if self._arrays is not None else []
+                raise KeyError(
+                    f"{name}={value!r} names no array of this sampler; "
+                    f"{listing(names, 'arrays')} (or pass the array itself)"
+                )
+            return self._arrays.sources[value]
+        return as_array_source(value, name=name)
+
+    def _parse_weighted(
+        self,
+        weights: Any,
+        labels: Any,
+        probabilities: Mapping[int, float] | None,
+        stride: object,
+        step: tuple[int, ...],
+    ) -> WeightedPlacement | None:
+        if labels is None and probabilities is not None:
+            raise ValueError("label_probabilities needs labels= (the label volume to sample by)")
+        if weights is None and labels is None:
+            return None
+        if weights is not None and labels is not None:
+            raise ValueError("pass weights= or labels=, not both")
+        if labels is not None and probabilities is None:
+            raise ValueError(
+                "labels= needs label_probabilities={label value: probability}, "
+                "e.g. {0: 0.5, 1: 0.5}"
+            )
+        if stride is not None:
+            raise ValueError(
+                f"stride={stride!r} cannot be combined with weights= or labels=: weighted "
+                "patches are centred on the drawn voxel"
+            )
+        name = "weights" if weights is not None else "labels"
+        return WeightedPlacement(
+            self._map(weights if weights is not None else labels, name),
+            self._shape,
+            self._patch_size,
+            step,
+            padded=self._padding != "none",
+            label_probabilities=probabilities,
+            name=name,
+        )
+
+    def _check_combinations(self) -> None:
+        used = []
+        if self._per_region > 1:
+            used.append(f"patches_per_chunk={self._per_region}")
+        if not self._replacement:
+            used.append("replacement=False")
+        if self._weighted is not None:
+            used.append("weights=/labels=")
+        if self._per_region > 1 and self._padding != "none":
+            used.append(f"padding={self._padding!r}")
+        if len(used) > 1:
+            raise ValueError(
+                f"{used[0]} cannot be combined with {used[1]}: locality, sampling without "
+                "replacement and weighted placement each choose corners their own way"
+            )
+
+    def _parse_num_patches(self, num_patches: object) -> int:
+        if num_patches is None and not self._replacement:
+            return int(np.prod(self._counts, dtype=np.int64))
+        if num_patches is None:
+            raise TypeError(
+                "num_patches=None must be an int (it may be left out only with "
+                "replacement=False, where it defaults to the number of grid positions)"
+            )
+        n = parse_int(num_patches, "num_patches")
+        if n < 0:
+            raise ValueError(f"num_patches={num_patches} must be >= 0")
+        return n
+
     # -- description --------------------------------------------------------------------
     @property
     def source(self) -> ArraySource:
-        """The source patches are cut from."""
+        """The source patches are cut from (the first array's for a dict)."""
         return self._source
 
     @property
+    def sources(self) -> dict[str, ArraySource]:
+        """``{name: source}`` of a dict sampler (``{"array": source}`` otherwise)."""
+        return {"array": self._source} if self._arrays is None else self._arrays.sources
+
+    @property
+    def arrays(self) -> AlignedArrays | None:
+        """The aligned arrays of a dict sampler (scale factors, channels), else ``None``."""
+        return self._arrays
+
+    @property
     def patch_size(self) -> tuple[int, ...]:
-        """Patch extent per axis."""
+        """Patch extent per (spatial) axis."""
         return self._patch_size
 
     @property
@@ -170,6 +315,25 @@ class PatchSampler:
     def seed(self) -> int:
         """The seed corners are derived from."""
         return self._seed
+
+    @property
+    def epoch(self) -> int:
+        """The epoch whose corners are drawn."""
+        return self._epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Draw the corners of ``epoch`` from now on (a fresh, deterministic set per epoch)."""
+        self._epoch = parse_epoch(epoch)
+
+    @property
+    def replacement(self) -> bool:
+        """Whether corners are drawn independently (``False``: each grid position once)."""
+        return self._replacement
+
+    @property
+    def padding(self) -> str:
+        """The edge policy (``"none"``: patches stay inside the volume)."""
+        return self._padding
 
     @property
     def patches_per_chunk(self) -> int:
@@ -187,6 +351,11 @@ class PatchSampler:
         return self._counts
 
     @property
+    def weighted(self) -> WeightedPlacement | None:
+        """The weighted or label placement (its index), if any."""
+        return self._weighted
+
+    @property
     def structure(self) -> SampleStructure:
         """How patches relate to each other."""
         return self._structure
@@ -196,25 +365,32 @@ class PatchSampler:
         """The schema one patch was checked against, if any."""
         return self._schema
 
-    def element_spec(self) -> tuple[ArraySpec, ArraySpec]:
-        """``(patch spec, coords spec)`` of one record, from metadata."""
-        return (
-            ArraySpec(self._patch_size, self._source.dtype),
-            ArraySpec((len(self._patch_size),), np.dtype(np.int64)),
-        )
+    def element_spec(self) -> Any:
+        """Spec of one record, from metadata: ``(patch, coords)`` or a dict for a dict."""
+        coords = ArraySpec((len(self._patch_size),), np.dtype(np.int64))
+        if self._arrays is not None:
+            return {**self._arrays.element_specs(self._patch_size), COORDS_KEY: coords}
+        return (ArraySpec(self._patch_size, self._source.dtype), coords)
 
     def __len__(self) -> int:
         return self._num_patches
 
     def __repr__(self) -> str:
-        local = (
-            f", patches_per_chunk={self._per_region}, region={self._region}"
-            if self._per_region > 1
-            else ""
-        )
+        extra = ""
+        if self._per_region > 1:
+            extra += f", patches_per_chunk={self._per_region}, region={self._region}"
+        if self._epoch:
+            extra += f", epoch={self._epoch}"
+        if not self._replacement:
+            extra += ", replacement=False"
+        if self._padding != "none":
+            extra += f", padding={self._padding!r}"
+        if self._weighted is not None:
+            extra += ", weighted"
+        what = self._arrays if self._arrays is not None else self._source
         return (
-            f"PatchSampler({self._source!r}, patch_size={self._patch_size}, "
-            f"num_patches={self._num_patches}, seed={self._seed}, stride={self._stride}{local})"
+            f"PatchSampler({what!r}, patch_size={self._patch_size}, "
+            f"num_patches={self._num_patches}, seed={self._seed}, stride={self._stride}{extra})"
         )
 
     # -- placement (no I/O) -------------------------------------------------------------
@@ -227,17 +403,27 @@ class PatchSampler:
         return self._corners(idx)
 
     def _corners(self, idx: ArrayLike) -> NDArray[np.int64]:
-        if self._per_region == 1:
-            return patch_corners(self._seed, idx, self._counts, self._stride)
-        return local_patch_corners(
-            self._seed,
-            idx,
-            self._source.shape,
-            self._patch_size,
-            self._stride,
-            self._per_region,
-            self._region,
-        )
+        seed, epoch = self._seed, self._epoch
+        if self._weighted is not None:
+            return self._weighted.corners(seed, idx, epoch=epoch)
+        if not self._replacement:
+            out = permuted_corners(seed, idx, self._counts, self._stride, epoch=epoch)
+        elif self._per_region == 1:
+            out = patch_corners(seed, idx, self._counts, self._stride, epoch=epoch)
+        else:
+            out = local_patch_corners(
+                seed,
+                idx,
+                self._source.shape,
+                self._patch_size,
+                self._stride,
+                self._per_region,
+                self._region,
+                epoch=epoch,
+            )
+        if any(self._origin):
+            out += np.asarray(self._origin, dtype=np.int64)
+        return out
 
     def coords(self) -> list[tuple[int, ...]]:
         """Corners of every patch as tuples of ints (no I/O)."""
@@ -251,21 +437,45 @@ class PatchSampler:
             raise IndexError(f"index={i} is out of range for a sampler of {n} patches")
         return i + n if i < 0 else i
 
-    def __getitem__(self, index: int) -> Patch:
-        """Patch ``index`` and its corner: ``(patch, coords)``."""
+    def _read(self, corners: NDArray[np.int64]) -> Any:
+        if self._arrays is not None:
+            return self._arrays.read(
+                corners, self._patch_size, padding=self._padding, pad_values=self._pad_values
+            )
+        return read_boxes_padded(
+            self._source,
+            corners,
+            self._patch_size,
+            padding=self._padding,
+            pad_value=self._pad_values["array"],
+        )
+
+    def __getitem__(self, index: int) -> Record:
+        """Patch ``index`` and its corner: ``(patch, coords)``, or a dict for a dict."""
         i = self._index(index)
         corner = tuple(self._corners((i,))[0].tolist())
-        return self._source.read_box(corner, self._patch_size), corner
+        if self._arrays is None and self._padding == "none":
+            return self._source.read_box(corner, self._patch_size), corner
+        patches = self._read(np.array([corner], dtype=np.int64))
+        if self._arrays is None:
+            return patches[0], corner
+        return {**{k: v[0] for k, v in patches.items()}, COORDS_KEY: corner}
 
-    def get_batch(self, indices: ArrayLike) -> tuple[np.ndarray, NDArray[np.int64]]:
-        """Patches ``indices`` stacked: ``(patches[B, *patch_size], coords[B, ndim])``."""
+    def get_batch(self, indices: ArrayLike) -> Any:
+        """Patches ``indices`` stacked: ``(patches[B, *patch_size], coords[B, ndim])``.
+
+        For a dict: ``{name: patches[B, *channels, *patch_size // factor], "coords": ...}``.
+        """
         corners = self.coords_array(indices)
-        return self._source.read_boxes(corners, self._patch_size), corners
+        patches = self._read(corners)
+        if self._arrays is None:
+            return patches, corners
+        return {**patches, COORDS_KEY: corners}
 
-    def records(self) -> Iterator[Patch]:
-        """Yield ``(patch, coords)`` for every index in order."""
+    def records(self) -> Iterator[Record]:
+        """Yield the record of every index in order."""
         for i in range(self._num_patches):
             yield self[i]
 
-    def __iter__(self) -> Iterator[Patch]:
+    def __iter__(self) -> Iterator[Record]:
         return self.records()

@@ -2,21 +2,25 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from mixle.data.hashing import below, below_each, below_int, hash_int, mix, mix_int
+from mixle.data.permutation import MAX_PERMUTATION_SIZE, permute
 
 __all__ = [
     "SCALAR_PATH_MAX",
     "STREAM_LOCAL_CORNERS",
     "STREAM_PATCH_CORNERS",
+    "STREAM_PERMUTED_CORNERS",
     "STREAM_REGIONS",
     "grid_counts",
     "local_patch_corners",
     "patch_corners",
+    "permuted_corners",
 ]
 
 #: Stream tag that separates patch-corner draws from every other use of the seed.
@@ -24,6 +28,8 @@ STREAM_PATCH_CORNERS = 0x50415443  # "PATC"
 #: Stream tags of locality sampling: the region of a block, and a corner inside it.
 STREAM_REGIONS = 0x52454749  # "REGI"
 STREAM_LOCAL_CORNERS = 0x4C4F4341  # "LOCA"
+#: Stream tag of sampling without replacement: the key of each pass's permutation.
+STREAM_PERMUTED_CORNERS = 0x50524D43  # "PRMC"
 #: Up to this many indices, corners are computed with Python ints (faster for few).
 SCALAR_PATH_MAX = 8
 
@@ -109,4 +115,45 @@ def local_patch_corners(
         last = np.maximum(hi // st, np.minimum(first, (d - p) // st))
         first = np.minimum(first, last)
         out[:, axis] = (first + below_each(last - first + 1, mix(corner_state, axis))) * st
+    return out
+
+
+def permuted_corners(
+    seed: int,
+    indices: ArrayLike,
+    counts: Sequence[int],
+    stride: Sequence[int],
+    *,
+    epoch: int = 0,
+) -> NDArray[np.int64]:
+    """Corners of patches ``indices`` drawn *without* replacement from the stride grid.
+
+    With ``G = prod(counts)`` grid positions, indices ``[k*G, (k+1)*G)`` (pass ``k``) visit
+    every position exactly once, in the order of the Feistel permutation
+    (:func:`~mixle.data.permutation.permute`) keyed by the hash of ``(seed, epoch, k)``.
+    A pure function of ``(seed, epoch, index)``; ``counts`` and ``stride`` as in
+    :func:`patch_corners`.
+
+    Raises
+    ------
+    ValueError
+        The grid has more than ``2**62`` positions.
+    """
+    idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+    total = math.prod(int(n) for n in counts)
+    if total > MAX_PERMUTATION_SIZE:
+        raise ValueError(
+            f"the corner grid {tuple(counts)} has {total} positions, more than a permutation "
+            "takes (2**62); use a larger stride or sampling with replacement"
+        )
+    passes, positions = np.divmod(idx, total)
+    flat = np.empty(idx.size, dtype=np.int64)
+    for k in np.unique(passes).tolist():
+        sel = np.flatnonzero(passes == k)
+        key = hash_int(seed, STREAM_PERMUTED_CORNERS, epoch, k)
+        flat[sel] = permute(positions[sel], total, seed=key)
+    multi = np.unravel_index(flat, tuple(int(n) for n in counts))
+    out = np.empty((idx.size, len(counts)), dtype=np.int64)
+    for axis, (m, st) in enumerate(zip(multi, stride)):
+        out[:, axis] = m * st
     return out

@@ -1,0 +1,218 @@
+"""Grid tiling: every tile of a regular, overlapping tiling that covers a whole volume."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from mixle.data.padding import parse_pad_value, parse_padding, read_boxes_padded
+from mixle.data.patch_args import parse_patch_size, per_axis
+from mixle.data.sources.adopt import as_array_source
+from mixle.data.sources.base import ArraySource, parse_indices
+from mixle.data.spec import ArraySpec
+from mixle.utils.validation import parse_int
+
+__all__ = ["GridSampler", "axis_starts", "grid_corners", "parse_overlap"]
+
+Patch = tuple[np.ndarray, tuple[int, ...]]
+
+
+def parse_overlap(overlap: object, patch_size: Sequence[int]) -> tuple[int, ...]:
+    """Validate ``overlap``: an int or one int per axis, each in ``[0, patch_size)``."""
+    parsed = per_axis(overlap, len(patch_size), "overlap", 0)
+    bad = [a for a, (o, p) in enumerate(zip(parsed, patch_size)) if o >= p]
+    if bad:
+        a = bad[0]
+        raise ValueError(
+            f"overlap={parsed} must be smaller than patch_size={tuple(patch_size)} on every "
+            f"axis (axis {a}: {parsed[a]} >= {patch_size[a]}); tiles would not advance"
+        )
+    return parsed
+
+
+def axis_starts(length: int, patch: int, step: int, *, shift_last: bool) -> NDArray[np.int64]:
+    """Tile starts along one axis: ``0, step, 2*step, ...`` until the axis is covered.
+
+    There are ``1 + max(0, ceil((length - patch) / step))`` tiles. With ``shift_last`` the
+    last tile is moved back to end exactly at ``length`` (needs ``patch <= length``);
+    otherwise it keeps its place on the lattice and hangs over the edge (to be padded).
+    """
+    count = 1 + max(0, -(-(length - patch) // step))
+    starts = np.arange(count, dtype=np.int64) * step
+    if shift_last and count > 1:
+        starts[-1] = length - patch
+    return starts
+
+
+def grid_corners(indices: ArrayLike, starts: Sequence[NDArray[np.int64]]) -> NDArray[np.int64]:
+    """Corners of tiles ``indices`` (C order over the per-axis ``starts``): ``(N, ndim)``."""
+    idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+    multi = np.unravel_index(idx, tuple(len(s) for s in starts))
+    out = np.empty((idx.size, len(starts)), dtype=np.int64)
+    for axis, (m, s) in enumerate(zip(multi, starts)):
+        out[:, axis] = s[m]
+    return out
+
+
+class GridSampler:
+    """Every tile of a regular tiling with ``overlap`` that covers the whole volume.
+
+    Parameters
+    ----------
+    array
+        A mixle source or any N-D array-like (see :class:`~mixle.PatchSampler`).
+    patch_size
+        An int (every axis) or one int per tiled axis. With fewer entries than the array
+        has axes, the leading axes are channel axes and every tile holds them whole.
+    overlap
+        Voxels shared by neighbouring tiles, an int or per axis, in ``[0, patch_size)``.
+    padding
+        ``"none"`` (default): the last tile of an axis is shifted back to end at the edge,
+        so every tile lies inside the volume (``patch_size`` must fit). ``"constant"``,
+        ``"reflect"`` or ``"edge"``: tiles stay on the lattice ``0, step, ...`` and the last
+        one hangs over the edge, padded (``patch_size`` may exceed the volume).
+    pad_value
+        Fill value for ``padding="constant"``.
+
+    Notes
+    -----
+    Tiles are numbered in C order over the per-axis starts (:attr:`starts`), so consecutive
+    indices are neighbours and a batch of them decodes each stored chunk about once. The
+    tiling is a pure function of the shape and the arguments; no I/O happens before a read.
+    """
+
+    def __init__(
+        self,
+        array: Any,
+        patch_size: int | Sequence[int],
+        *,
+        overlap: int | Sequence[int] = 0,
+        padding: str = "none",
+        pad_value: float = 0,
+    ) -> None:
+        self._source: ArraySource = as_array_source(array, name="array")
+        shape = self._source.shape
+        if not shape:
+            raise ValueError("array is 0-dimensional; tiles need at least one axis")
+        self._padding = parse_padding(padding)
+        if isinstance(patch_size, (tuple, list, np.ndarray)):
+            nd = len(patch_size)
+            if not 1 <= nd <= len(shape):
+                raise ValueError(
+                    f"patch_size={patch_size!r} has {nd} entries; the array of shape {shape} "
+                    f"takes 1 to {len(shape)} (leading axes beyond them are channels)"
+                )
+        else:
+            nd = len(shape)
+        self._lead = shape[: len(shape) - nd]
+        self._shape = shape[len(shape) - nd :]
+        self._patch_size = parse_patch_size(patch_size, self._shape, padded=self._padding != "none")
+        self._overlap = parse_overlap(overlap, self._patch_size)
+        self._pad_value = parse_pad_value(pad_value, self._source.dtype)
+        shift = self._padding == "none"
+        self._starts = tuple(
+            axis_starts(d, p, p - o, shift_last=shift)
+            for d, p, o in zip(self._shape, self._patch_size, self._overlap)
+        )
+
+    # -- description --------------------------------------------------------------------
+    @property
+    def source(self) -> ArraySource:
+        """The source tiles are cut from."""
+        return self._source
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Shape of the tiled (spatial) axes of the volume."""
+        return self._shape
+
+    @property
+    def channel_shape(self) -> tuple[int, ...]:
+        """Shape of the leading channel axes every tile holds whole (``()`` if none)."""
+        return self._lead
+
+    @property
+    def patch_size(self) -> tuple[int, ...]:
+        """Tile extent per tiled axis."""
+        return self._patch_size
+
+    @property
+    def overlap(self) -> tuple[int, ...]:
+        """Voxels shared by neighbouring tiles per axis."""
+        return self._overlap
+
+    @property
+    def padding(self) -> str:
+        """The edge policy (see the class docstring)."""
+        return self._padding
+
+    @property
+    def starts(self) -> tuple[NDArray[np.int64], ...]:
+        """Tile starts per tiled axis."""
+        return tuple(s.copy() for s in self._starts)
+
+    @property
+    def grid_shape(self) -> tuple[int, ...]:
+        """Number of tiles per tiled axis."""
+        return tuple(len(s) for s in self._starts)
+
+    def element_spec(self) -> tuple[ArraySpec, ArraySpec]:
+        """``(tile spec, coords spec)`` of one record, from metadata."""
+        return (
+            ArraySpec((*self._lead, *self._patch_size), self._source.dtype),
+            ArraySpec((len(self._patch_size),), np.dtype(np.int64)),
+        )
+
+    def __len__(self) -> int:
+        return int(np.prod(self.grid_shape, dtype=np.int64))
+
+    def __repr__(self) -> str:
+        return (
+            f"GridSampler({self._source!r}, patch_size={self._patch_size}, "
+            f"overlap={self._overlap}, padding={self._padding!r}, grid_shape={self.grid_shape})"
+        )
+
+    # -- placement (no I/O) -------------------------------------------------------------
+    def coords_array(self, indices: ArrayLike | None = None) -> NDArray[np.int64]:
+        """Corners of tiles ``indices`` (default: all) as an int64 ``(N, ndim)`` array."""
+        n = len(self)
+        idx = np.arange(n, dtype=np.int64) if indices is None else parse_indices(indices, n)
+        return grid_corners(idx, self._starts)
+
+    # -- reading ------------------------------------------------------------------------
+    def _read(self, corners: NDArray[np.int64]) -> np.ndarray:
+        lead = len(self._lead)
+        starts = np.zeros((corners.shape[0], lead + corners.shape[1]), dtype=np.int64)
+        starts[:, lead:] = corners
+        return read_boxes_padded(
+            self._source,
+            starts,
+            (*self._lead, *self._patch_size),
+            padding=self._padding,
+            pad_value=self._pad_value,
+        )
+
+    def __getitem__(self, index: int) -> Patch:
+        """Tile ``index`` and its corner: ``(tile, coords)``."""
+        i = parse_int(index, "index")
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError(f"index={i} is out of range for a grid of {n} tiles")
+        corners = self.coords_array([i])
+        return self._read(corners)[0], tuple(corners[0].tolist())
+
+    def get_batch(self, indices: ArrayLike) -> tuple[np.ndarray, NDArray[np.int64]]:
+        """Tiles ``indices`` stacked: ``(tiles[B, *channels, *patch_size], coords[B, ndim])``."""
+        corners = self.coords_array(indices)
+        return self._read(corners), corners
+
+    def records(self) -> Iterator[Patch]:
+        """Yield ``(tile, coords)`` for every tile in order."""
+        for i in range(len(self)):
+            yield self[i]
+
+    def __iter__(self) -> Iterator[Patch]:
+        return self.records()

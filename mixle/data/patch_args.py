@@ -1,0 +1,93 @@
+"""Argument parsing and corner-grid layout shared by the patch and grid samplers."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from mixle.utils.validation import parse_int
+
+__all__ = [
+    "centred_grid",
+    "parse_epoch",
+    "parse_patch_size",
+    "parse_stride",
+    "per_axis",
+]
+
+
+def per_axis(value: object, ndim: int, name: str, minimum: int) -> tuple[int, ...]:
+    """``value`` as one int per axis (an int is repeated), each at least ``minimum``.
+
+    Raises
+    ------
+    TypeError
+        An entry is not an int.
+    ValueError
+        Wrong number of entries, or an entry below ``minimum``.
+    """
+    if isinstance(value, (tuple, list)):
+        items = list(value)
+    elif isinstance(value, np.ndarray) and value.ndim == 1:
+        items = value.tolist()
+    else:
+        items = [value] * ndim
+    out = [parse_int(item, name) for item in items]
+    if len(out) != ndim:
+        raise ValueError(
+            f"{name}={value!r} has {len(out)} entries but the array has {ndim} dimensions"
+        )
+    if any(v < minimum for v in out):
+        raise ValueError(f"{name}={value!r} must be >= {minimum} on every axis")
+    return tuple(out)
+
+
+def parse_patch_size(
+    patch_size: object, shape: Sequence[int], *, padded: bool = False
+) -> tuple[int, ...]:
+    """Validate ``patch_size`` (an int for every axis, or one int per axis) against ``shape``.
+
+    Without ``padded`` every extent must fit in the array; with it any extent >= 1 goes.
+    """
+    size = per_axis(patch_size, len(shape), "patch_size", 1)
+    too_big = [a for a, (p, s) in enumerate(zip(size, shape)) if p > s]
+    if too_big and not padded:
+        raise ValueError(
+            f"patch_size={size} is larger than the array of shape {tuple(shape)} on "
+            f"axis {too_big[0]}; make it smaller or allow padding (padding='constant', "
+            "'reflect' or 'edge')"
+        )
+    return size
+
+
+def parse_stride(stride: object, ndim: int) -> tuple[int, ...]:
+    """Validate ``stride``: ``None`` (every position), an int, or one int per axis, all >= 1."""
+    return (1,) * ndim if stride is None else per_axis(stride, ndim, "stride", 1)
+
+
+def parse_epoch(epoch: object) -> int:
+    """Validate an epoch number: an int >= 0."""
+    e = parse_int(epoch, "epoch")
+    if e < 0:
+        raise ValueError(f"epoch={e} must be >= 0")
+    return e
+
+
+def centred_grid(
+    shape: Sequence[int], patch_size: Sequence[int], stride: Sequence[int], step: Sequence[int]
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """``(origin, counts)`` of the corner grid when patches may hang over the edge.
+
+    Corners are ``origin + k * stride`` for ``k`` in ``range(counts)`` per axis, with
+    ``origin = -s`` where ``s`` is the largest multiple of ``step`` not above
+    ``patch_size // 2``: every patch's centre voxel ``corner + patch_size // 2`` lies in
+    ``[0, shape)`` (up to ``step - 1`` voxels early at the low edge), so the patch always
+    overlaps the volume and every voxel can be near a centre.
+    """
+    origin = tuple(-((p // 2) // m * m) for p, m in zip(patch_size, step))
+    counts = tuple(
+        max(0, (d - 1 - p // 2 - o) // st) + 1
+        for d, p, st, o in zip(shape, patch_size, stride, origin)
+    )
+    return origin, counts

@@ -1,0 +1,342 @@
+"""Weighted and label-driven patch placement, still a pure function of ``(seed, epoch, index)``.
+
+A patch is centred on a voxel of a weight map drawn with probability proportional to its
+weight, or on a voxel of a label volume drawn uniformly among the voxels of a class picked
+with ``label_probabilities``. The map is indexed block by block (never loaded whole): the
+index holds one total per block (per class for labels), built once and pickled with the
+sampler. A draw picks a block from those totals by inverse CDF and then a voxel inside
+it; both steps take their randomness from the counter hash of ``(seed, epoch, index)``, so
+any index can be computed in any process, in any order.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from mixle.data.aligned import infer_scale
+from mixle.data.hashing import below_each, hash_int, mix
+from mixle.data.sources.base import ArraySource
+from mixle.utils.validation import parse_int
+
+__all__ = [
+    "BLOCK_CACHE_BYTES",
+    "INDEX_BLOCK_VOXELS",
+    "STREAM_WEIGHTED",
+    "BlockIndex",
+    "WeightedPlacement",
+    "index_block_shape",
+    "parse_label_probabilities",
+]
+
+#: Stream tag that separates weighted draws from every other use of the seed.
+STREAM_WEIGHTED = 0x57454947  # "WEIG"
+#: Index blocks are whole stored chunks grown to at least this many voxels.
+INDEX_BLOCK_VOXELS = 1 << 18
+#: Byte budget of the per-block detail (cumulative weights or class positions) kept.
+BLOCK_CACHE_BYTES = 64 * 1024 * 1024
+_TWO53 = 2.0**-53
+
+
+def index_block_shape(shape: Sequence[int], chunks: Sequence[int] | None) -> tuple[int, ...]:
+    """Blocks the index is built from: whole chunks, grown to :data:`INDEX_BLOCK_VOXELS`."""
+    block = [max(1, min(c, d)) for c, d in zip(chunks or [64] * len(shape), shape)]
+    for a in reversed(range(len(shape))):
+        have = math.prod(block)
+        if have >= INDEX_BLOCK_VOXELS:
+            break
+        block[a] = min(shape[a], block[a] * -(-INDEX_BLOCK_VOXELS // have))
+    return tuple(block)
+
+
+def parse_label_probabilities(probabilities: object) -> tuple[list[int], NDArray[np.float64]]:
+    """Validate ``{class: probability}``: int classes, finite non-negative, not all zero."""
+    if not isinstance(probabilities, Mapping) or not probabilities:
+        raise ValueError(
+            f"label_probabilities={probabilities!r} must be a non-empty dict of "
+            "{label value: probability}, e.g. {0: 0.2, 1: 0.8}"
+        )
+    classes = [parse_int(c, "label_probabilities key") for c in probabilities]
+    probs = np.array([float(p) for p in probabilities.values()])
+    if not np.isfinite(probs).all() or (probs < 0).any():
+        raise ValueError(
+            f"label_probabilities={dict(probabilities)!r} must map to finite numbers >= 0"
+        )
+    if probs.sum() <= 0:
+        raise ValueError(f"label_probabilities={dict(probabilities)!r} are all zero")
+    return classes, probs / probs.sum()
+
+
+def _uniform01(state: NDArray[np.uint64]) -> NDArray[np.float64]:
+    return (state >> np.uint64(11)).astype(np.float64) * _TWO53
+
+
+class BlockIndex:
+    """Per-block totals of a weight map or per-class voxel counts of a label volume.
+
+    Parameters
+    ----------
+    source
+        The map, an :class:`ArraySource` (read one block at a time).
+    lo, hi
+        The box of voxels that may be drawn (others count as weight 0).
+    classes
+        Label values to count, or ``None`` for a weight map.
+    name
+        How errors call the map (``"weights"`` or ``"labels"``).
+
+    Raises
+    ------
+    ValueError
+        A weight is negative or not finite, every weight in the box is zero, or a class is
+        absent from the box.
+    """
+
+    def __init__(
+        self,
+        source: ArraySource,
+        lo: Sequence[int],
+        hi: Sequence[int],
+        classes: list[int] | None,
+        name: str,
+    ) -> None:
+        self._source, self._lo, self._hi = source, tuple(lo), tuple(hi)
+        self._classes, self._name = classes, name
+        self._block = index_block_shape(source.shape, source.chunks)
+        self._grid = tuple(-(-d // b) for d, b in zip(source.shape, self._block))
+        rows = [self._totals_of(b) for b in range(math.prod(self._grid))]
+        self.totals = np.array(rows).reshape(len(rows), -1).T  # (classes or 1, blocks)
+        self._check()
+        self._init_cache()
+
+    def _init_cache(self) -> None:
+        self._cache: OrderedDict[int, Any] = OrderedDict()
+        self._cache_bytes = 0
+        self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k not in ("_cache", "_lock")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._init_cache()
+
+    def _box(self, b: int) -> tuple[list[int], list[int]]:
+        """Start and size of block ``b`` cut to the drawable box (size 0: nothing)."""
+        pos = np.unravel_index(b, self._grid)
+        start, size = [], []
+        for p, blk, lo, hi in zip(pos, self._block, self._lo, self._hi):
+            a, z = max(int(p) * blk, lo), min((int(p) + 1) * blk, hi)
+            start.append(a)
+            size.append(max(0, z - a))
+        return start, size
+
+    def _read(self, b: int) -> tuple[list[int], np.ndarray | None]:
+        start, size = self._box(b)
+        return start, (self._source.read_box(start, size) if all(size) else None)
+
+    def _totals_of(self, b: int) -> list[float] | list[int]:
+        start, block = self._read(b)
+        if self._classes is not None:
+            if block is None:
+                return [0] * len(self._classes)
+            return [int(np.count_nonzero(block == c)) for c in self._classes]
+        if block is None:
+            return [0.0]
+        values = block.astype(np.float64, copy=False)
+        bad = np.flatnonzero(~np.isfinite(values) | (values < 0))
+        if bad.size:
+            at = np.unravel_index(int(bad[0]), values.shape)
+            voxel = tuple(s + int(i) for s, i in zip(start, at))
+            raise ValueError(
+                f"weights has the value {values.flat[int(bad[0])]!r} at {voxel}; weights must "
+                "be finite and >= 0"
+            )
+        return [float(values.sum())]
+
+    def _check(self) -> None:
+        sums = self.totals.sum(axis=1)
+        if self._classes is None and not sums[0] > 0:
+            raise ValueError(
+                "weights are zero everywhere a patch can be centred "
+                f"(voxels {self._lo} to {tuple(h - 1 for h in self._hi)} of the map); give "
+                "some voxel a positive weight"
+            )
+        for c, n in zip(self._classes or [], sums.tolist()):
+            if n == 0:
+                raise ValueError(
+                    f"label_probabilities asks for class {c}, but no voxel where a patch can be "
+                    f"centred has that label; choose classes present in the {self._name} or "
+                    "give this one probability 0 (leave it out)"
+                )
+
+    def _detail(self, b: int) -> Any:
+        """Cumulative weights (weights) or ``[positions of each class]`` (labels) of ``b``."""
+        with self._lock:
+            if b in self._cache:
+                self._cache.move_to_end(b)
+                return self._cache[b]
+        _, block = self._read(b)
+        assert block is not None
+        flat = block.reshape(-1)
+        if self._classes is None:
+            detail: Any = np.cumsum(flat, dtype=np.float64)
+            nbytes = detail.nbytes
+        else:
+            detail = [np.flatnonzero(flat == c).astype(np.int64) for c in self._classes]
+            nbytes = sum(d.nbytes for d in detail)
+        with self._lock:
+            self._cache[b] = detail
+            self._cache_bytes += nbytes
+            while self._cache_bytes > BLOCK_CACHE_BYTES and len(self._cache) > 1:
+                _, old = self._cache.popitem(last=False)
+                self._cache_bytes -= (
+                    old.nbytes if isinstance(old, np.ndarray) else sum(d.nbytes for d in old)
+                )
+        return detail
+
+    def _voxels(self, blocks: NDArray[np.int64], local: NDArray[np.int64]) -> NDArray[np.int64]:
+        out = np.empty((blocks.size, len(self._block)), dtype=np.int64)
+        for b in np.unique(blocks).tolist():
+            sel = np.flatnonzero(blocks == b)
+            start, size = self._box(b)
+            out[sel] = np.stack(np.unravel_index(local[sel], size), axis=1) + start
+        return out
+
+    def draw(self, state: NDArray[np.uint64], picks: NDArray[np.int64]) -> NDArray[np.int64]:
+        """Voxels for hash ``state`` (one per draw); ``picks`` selects the class row."""
+        counts = self.totals
+        cum = np.cumsum(counts, axis=1)
+        blocks = np.empty(state.size, dtype=np.int64)
+        local = np.empty(state.size, dtype=np.int64)
+        for c in np.unique(picks).tolist():
+            sel = np.flatnonzero(picks == c)
+            row = cum[c]
+            if self._classes is None:  # inverse CDF on float totals; clamp rounding at the top
+                u = _uniform01(mix(state[sel], 1)) * row[-1]
+                last = int(np.flatnonzero(counts[c] > 0)[-1])
+                blocks[sel] = np.minimum(np.searchsorted(row, u, side="right"), last)
+            else:  # exact: a uniform voxel number among the class's voxels
+                k = below_each(np.full(sel.size, int(row[-1])), mix(state[sel], 1))
+                blk = np.searchsorted(row, k, side="right")
+                blocks[sel] = blk
+                local[sel] = k - (row[blk] - counts[c][blk])
+            for b in np.unique(blocks[sel]).tolist():
+                sub = sel[blocks[sel] == b]
+                detail = self._detail(b)
+                if self._classes is None:
+                    u2 = _uniform01(mix(state[sub], 2)) * detail[-1]
+                    top = int(np.searchsorted(detail, detail[-1], side="left"))
+                    local[sub] = np.minimum(np.searchsorted(detail, u2, side="right"), top)
+                else:
+                    local[sub] = detail[c][local[sub]]
+        return self._voxels(blocks, local)
+
+
+class WeightedPlacement:
+    """Corners of patches centred on voxels drawn from a weight map or a label volume.
+
+    Parameters
+    ----------
+    source
+        The weight map or label volume, spatial axes only, at the finest resolution or a
+        coarser one (integer factor per axis).
+    fine_shape
+        Spatial shape of the grid corners live on.
+    patch_size
+        Patch extent on that grid.
+    step
+        Corners must be multiples of it (aligned arrays at coarser scales).
+    padded
+        Whether patches may hang over the edge (then every voxel may be a centre).
+    label_probabilities
+        ``{class: probability}`` for a label volume; ``None`` for a weight map.
+
+    Notes
+    -----
+    Map voxel ``u`` at factor ``f`` covers fine voxels ``[u*f, (u+1)*f)``; the patch drawn
+    for it has corner ``u*f - s`` with ``s`` the largest multiple of ``step`` not above
+    ``patch_size // 2``, so its centre voxel ``corner + patch_size // 2`` lies inside that
+    cover. Without padding only voxels whose patch fits in the volume can be drawn.
+    """
+
+    def __init__(
+        self,
+        source: ArraySource,
+        fine_shape: Sequence[int],
+        patch_size: Sequence[int],
+        step: Sequence[int],
+        *,
+        padded: bool,
+        label_probabilities: Mapping[int, float] | None = None,
+        name: str = "weights",
+    ) -> None:
+        if source.ndim != len(fine_shape):
+            raise ValueError(
+                f"{name} has shape {source.shape} but patches have {len(fine_shape)} spatial "
+                f"axes {tuple(fine_shape)}; give the map without channel axes"
+            )
+        f = infer_scale(fine_shape, source.shape, name)
+        bad = [a for a, (k, m) in enumerate(zip(f, step)) if k % m]
+        if bad:
+            raise ValueError(
+                f"{name} is at scale {f} but corners must be multiples of {tuple(step)}; use a "
+                "map whose scale factors are multiples of every array's factor"
+            )
+        self._factor = np.asarray(f, dtype=np.int64)
+        self._shift = np.array([(p // 2) // m * m for p, m in zip(patch_size, step)])
+        lo, hi = [], []
+        for a, (d, p, k, s, dm) in enumerate(
+            zip(fine_shape, patch_size, f, self._shift.tolist(), source.shape)
+        ):
+            if padded:
+                lo.append(0)
+                hi.append(min(dm, -(-d // k)))
+            else:
+                lo.append(-(-s // k))
+                hi.append(min(dm, (d - p + s) // k + 1))
+            if lo[-1] >= hi[-1]:
+                raise ValueError(
+                    f"no voxel of {name} can centre a patch of {tuple(patch_size)} on axis {a}: "
+                    f"the map's scale {k} leaves no corner inside the volume; use padding="
+                    "'constant' (or another mode) or a finer map"
+                )
+        if label_probabilities is None:
+            self._classes: list[int] | None = None
+            self._probs = np.ones(1)
+        else:
+            self._classes, self._probs = parse_label_probabilities(label_probabilities)
+        self._index = BlockIndex(source, lo, hi, self._classes, name)
+
+    @property
+    def totals(self) -> NDArray:
+        """Per-block totals: ``(1, blocks)`` weights or ``(classes, blocks)`` voxel counts."""
+        return self._index.totals.copy()
+
+    def classes(self, seed: int, indices: ArrayLike, *, epoch: int = 0) -> NDArray[np.int64]:
+        """Which class (position in ``label_probabilities``) each index draws."""
+        state = self._state(seed, indices, epoch)
+        if self._classes is None:
+            return np.zeros(state.size, dtype=np.int64)
+        cum = np.cumsum(self._probs)
+        last = int(np.flatnonzero(self._probs > 0)[-1])
+        return np.minimum(np.searchsorted(cum, _uniform01(mix(state, 0)), side="right"), last)
+
+    def _state(self, seed: int, indices: ArrayLike, epoch: int) -> NDArray[np.uint64]:
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        return mix(np.uint64(hash_int(seed, STREAM_WEIGHTED, epoch)), idx)
+
+    def centres(self, seed: int, indices: ArrayLike, *, epoch: int = 0) -> NDArray[np.int64]:
+        """Drawn map voxels ``(N, ndim)`` of ``indices``, in the map's own coordinates."""
+        state = self._state(seed, indices, epoch)
+        return self._index.draw(state, self.classes(seed, indices, epoch=epoch))
+
+    def corners(self, seed: int, indices: ArrayLike, *, epoch: int = 0) -> NDArray[np.int64]:
+        """Patch corners ``(N, ndim)`` on the fine grid for ``indices``."""
+        return self.centres(seed, indices, epoch=epoch) * self._factor - self._shift

@@ -107,13 +107,13 @@ def device_dtype(dtype: Any, dtype_policy: DtypePolicy = "safe", path: str = "ba
     return _NARROW[dtype]
 
 
-def _host_leaf(value: Any, path: str, dtype_policy: DtypePolicy) -> Any:
+def _host_leaf(value: Any, path: str, dtype_policy: DtypePolicy, copy: bool) -> Any:
     if isinstance(value, jax.Array):
         return value
     arr = np.asarray(value)
     target = device_dtype(arr.dtype, dtype_policy, path)
     if target == arr.dtype:
-        return arr
+        return arr.copy() if copy and isinstance(value, np.ndarray) else arr
     if dtype_policy == "safe" and arr.size:  # integers: narrow only when every value fits
         info = np.iinfo(target)
         lo, hi = arr.min(), arr.max()
@@ -131,8 +131,10 @@ def _path(key_path: tuple[Any, ...]) -> str:
     return "batch" + jax.tree_util.keystr(key_path)
 
 
-def to_host(batch: Any, dtype_policy: DtypePolicy = "safe") -> Any:
+def to_host(batch: Any, dtype_policy: DtypePolicy = "safe", *, copy: bool = False) -> Any:
     """``batch`` with every leaf a NumPy array of the dtype it will have on the device.
+
+    With ``copy=True`` no leaf shares memory with an array of ``batch``.
 
     Raises
     ------
@@ -142,7 +144,7 @@ def to_host(batch: Any, dtype_policy: DtypePolicy = "safe") -> Any:
     """
     policy = parse_dtype_policy(dtype_policy)
     return jax.tree_util.tree_map_with_path(
-        lambda key_path, leaf: _host_leaf(leaf, _path(key_path), policy), batch
+        lambda key_path, leaf: _host_leaf(leaf, _path(key_path), policy, copy), batch
     )
 
 
@@ -191,16 +193,27 @@ def to_jax(
 
     Notes
     -----
-    Never changes JAX's global configuration. The NumPy inputs are copied, so changing them
-    afterwards does not change the device arrays.
+    Never changes JAX's global configuration. The device arrays never share memory with
+    the NumPy inputs (on the CPU backend they are copied first), so changing the inputs
+    afterwards does not change them.
     """
     check_target(device, sharding)
-    host = to_host(batch, dtype_policy)
+    # jax may build a CPU array on the NumPy buffer itself (even with may_alias=False), and
+    # then it would change with the input: copy first, as a GPU or TPU transfer would
+    host = to_host(batch, dtype_policy, copy=_platform(device, sharding) == "cpu")
     if spans_processes(sharding):
         return jax.tree_util.tree_map(
             lambda leaf: jax.make_array_from_process_local_data(sharding, leaf), host
         )
     return jax.device_put(host, sharding if sharding is not None else device)
+
+
+def _platform(device: Any, sharding: Any) -> str:
+    if sharding is not None:
+        return str(next(iter(sharding.device_set)).platform)
+    if device is not None:
+        return str(device.platform)
+    return str(jax.default_backend())
 
 
 def check_target(device: Any, sharding: Any) -> None:

@@ -206,6 +206,17 @@ class JaxLoader:
 
     def _check_layout(self) -> None:
         lay = self._loader.layout
+        if (
+            spans_processes(self._sharding)
+            and lay.drop_last is False
+            and lay.num_records % (lay.batch_size * lay.num_shards)
+        ):
+            raise ValueError(
+                f"with drop_last=False the {lay.num_shards} processes would run different "
+                f"numbers of batches ({lay.num_records} records, batch_size="
+                f"{lay.batch_size}) and a step over the global array would hang; use "
+                "drop_last='pad' (static shapes and a mask) or drop_last=True"
+            )
         blocks = _named_blocks(self._sharding)
         if blocks is not None:
             index, count, local = blocks
@@ -230,17 +241,6 @@ class JaxLoader:
                     f"a batch_size that is a multiple of {local}, and drop_last='pad' or "
                     "True for the last batch"
                 )
-        if (
-            spans_processes(self._sharding)
-            and lay.drop_last is False
-            and lay.num_records % (lay.batch_size * lay.num_shards)
-        ):
-            raise ValueError(
-                f"with drop_last=False the {lay.num_shards} processes would run different "
-                f"numbers of batches ({lay.num_records} records, batch_size="
-                f"{lay.batch_size}) and a step over the global array would hang; use "
-                "drop_last='pad' (static shapes and a mask) or drop_last=True"
-            )
 
     # -- description --------------------------------------------------------------------
     @property

@@ -6,6 +6,8 @@ adapters that need them, and the parallel backends on first use.
 
 from typing import TYPE_CHECKING, Any
 
+from mixle.data.aligned import AlignedArrays, read_hdf5_arrays, read_zarr_arrays
+from mixle.data.grid import GridSampler
 from mixle.data.patch_sampler import PatchSampler
 from mixle.data.schema import Schema
 from mixle.data.sources.array_source import (
@@ -20,6 +22,7 @@ from mixle.data.sources.array_source import (
     read_zarr,
 )
 from mixle.data.spec import ArraySpec, validate_batch
+from mixle.data.stitch import GridAggregator, stitch
 from mixle.data.structure import (
     EXCHANGEABLE,
     IID,
@@ -52,12 +55,15 @@ __all__ = [
     "EXCHANGEABLE",
     "IID",
     "SEQUENTIAL",
+    "AlignedArrays",
     "ArrayNotFoundError",
     "ArraySource",
     "ArraySpec",
     "BrokenEncodedDataError",
     "DaskEncodedData",
     "EncodedDataClosedError",
+    "GridAggregator",
+    "GridSampler",
     "HDF5ArraySource",
     "Loader",
     "LoaderStateError",
@@ -79,12 +85,15 @@ __all__ = [
     "encoded_data",
     "partially_exchangeable",
     "read_hdf5",
+    "read_hdf5_arrays",
     "read_memmap",
     "read_npy",
     "read_zarr",
+    "read_zarr_arrays",
     "register_encoded_data_backend",
     "set_chunk_cache_bytes",
     "set_decode_threads",
+    "stitch",
     "validate_batch",
 ]
 

@@ -166,8 +166,11 @@ class AlignedArrays:
         """One validated fill value per array from a scalar or a ``{name: value}`` dict."""
         out = {}
         for name, src in self._sources.items():
-            value = pad_value.get(name, 0) if isinstance(pad_value, Mapping) else pad_value
-            out[name] = parse_pad_value(value, src.dtype, f"pad_value for {name!r}")
+            if isinstance(pad_value, Mapping):
+                value, label = pad_value.get(name, 0), f"pad_value[{name!r}]"
+            else:
+                value, label = pad_value, "pad_value"
+            out[name] = parse_pad_value(value, src.dtype, label)
         return out
 
     def element_specs(self, patch_size: Sequence[int]) -> dict[str, ArraySpec]:

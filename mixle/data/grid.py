@@ -111,7 +111,9 @@ class GridSampler:
         self._shape = shape[len(shape) - nd :]
         self._patch_size = parse_patch_size(patch_size, self._shape, padded=self._padding != "none")
         self._overlap = parse_overlap(overlap, self._patch_size)
-        self._pad_value = parse_pad_value(pad_value, self._source.dtype)
+        self._pad_value = (
+            parse_pad_value(pad_value, self._source.dtype) if self._padding == "constant" else 0
+        )
         shift = self._padding == "none"
         self._starts = tuple(
             axis_starts(d, p, p - o, shift_last=shift)

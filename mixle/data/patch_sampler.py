@@ -160,11 +160,12 @@ class PatchSampler:
             step = (1,) * len(shape)
         self._shape = shape
         self._patch_size = parse_patch_size(patch_size, shape, padded=padded)
-        if self._arrays is not None:
-            self._arrays.check_patch_size(self._patch_size)
-            self._pad_values = self._arrays.pad_values(pad_value)
-        else:
-            self._pad_values = AlignedArrays({"array": self._source}).pad_values(pad_value)
+        arrays = self._arrays or AlignedArrays({"array": self._source})
+        arrays.check_patch_size(self._patch_size)
+        constant = self._padding == "constant"
+        self._pad_values = (
+            arrays.pad_values(pad_value) if constant else dict.fromkeys(arrays.names, 0)
+        )
         self._seed = parse_seed(seed)
         self._epoch = parse_epoch(epoch)
         self._stride = step if stride is None else parse_stride(stride, len(shape))
@@ -174,7 +175,7 @@ class PatchSampler:
                 f"stride={self._stride} must be a multiple of {step} (the arrays' scale "
                 f"factors) on every axis; axis {off[0]} is not"
             )
-        if replacement not in (True, False):
+        if not isinstance(replacement, (bool, np.bool_)):
             raise TypeError(f"replacement={replacement!r} must be True or False")
         self._replacement = bool(replacement)
         if padded:

@@ -45,8 +45,11 @@ _TWO53 = 2.0**-53
 
 
 def index_block_shape(shape: Sequence[int], chunks: Sequence[int] | None) -> tuple[int, ...]:
-    """Blocks the index is built from: whole chunks, grown to :data:`INDEX_BLOCK_VOXELS`."""
-    block = [max(1, min(c, d)) for c, d in zip(chunks or [64] * len(shape), shape)]
+    """Blocks the index is built from: whole chunks, grown to :data:`INDEX_BLOCK_VOXELS`.
+
+    Unchunked maps use runs of whole trailing rows (contiguous in C order) of about that size.
+    """
+    block = [max(1, min(c, d)) for c, d in zip(chunks or [1] * len(shape), shape)]
     for a in reversed(range(len(shape))):
         have = math.prod(block)
         if have >= INDEX_BLOCK_VOXELS:
@@ -155,8 +158,8 @@ class BlockIndex:
             at = np.unravel_index(int(bad[0]), values.shape)
             voxel = tuple(s + int(i) for s, i in zip(start, at))
             raise ValueError(
-                f"weights has the value {values.flat[int(bad[0])]!r} at {voxel}; weights must "
-                "be finite and >= 0"
+                f"weights has the value {float(values.flat[int(bad[0])])!r} at {voxel}; "
+                "weights must be finite and >= 0"
             )
         return [float(values.sum())]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -10,6 +11,7 @@ from mixle.utils.validation import parse_int
 
 __all__ = [
     "centred_grid",
+    "check_combination",
     "parse_epoch",
     "parse_patch_size",
     "parse_stride",
@@ -91,3 +93,25 @@ def centred_grid(
         for d, p, st, o in zip(shape, patch_size, stride, origin)
     )
     return origin, counts
+
+
+def check_combination(per_region: int, replacement: bool, weighted: Any, padding: str) -> None:
+    """Raise ``ValueError`` when two placement modes that exclude each other are asked for.
+
+    Locality (``patches_per_chunk > 1``), sampling without replacement and weighted
+    placement each choose corners their own way; locality also keeps patches inside.
+    """
+    used = []
+    if per_region > 1:
+        used.append(f"patches_per_chunk={per_region}")
+    if not replacement:
+        used.append("replacement=False")
+    if weighted is not None:
+        used.append("weights=/labels=")
+    if per_region > 1 and padding != "none":
+        used.append(f"padding={padding!r}")
+    if len(used) > 1:
+        raise ValueError(
+            f"{used[0]} cannot be combined with {used[1]}: locality, sampling without "
+            "replacement and weighted placement each choose corners their own way"
+        )

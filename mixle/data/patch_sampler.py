@@ -13,6 +13,7 @@ from mixle.data.hashing import parse_seed
 from mixle.data.padding import parse_padding, read_boxes_padded
 from mixle.data.patch_args import (
     centred_grid,
+    check_combination,
     parse_epoch,
     parse_patch_size,
     parse_stride,
@@ -26,10 +27,10 @@ from mixle.data.placement import (
 )
 from mixle.data.schema import Schema, parse_schema
 from mixle.data.sources.adopt import as_array_source
-from mixle.data.sources.base import ArraySource, listing, parse_indices
+from mixle.data.sources.base import ArraySource, parse_indices
 from mixle.data.spec import ArraySpec
 from mixle.data.structure import EXCHANGEABLE, SampleStructure, parse_structure
-from mixle.data.weighted import WeightedPlacement
+from mixle.data.weighted import WeightedPlacement, weighted_placement
 from mixle.utils.validation import parse_int
 
 __all__ = ["PatchSampler", "parse_patch_size", "parse_stride"]
@@ -187,8 +188,18 @@ class PatchSampler:
         if self._per_region < 1:
             raise ValueError(f"patches_per_chunk={patches_per_chunk} must be >= 1")
         self._region = self._parse_region(region)
-        self._weighted = self._parse_weighted(weights, labels, label_probabilities, stride, step)
-        self._check_combinations()
+        self._weighted = weighted_placement(
+            weights,
+            labels,
+            label_probabilities,
+            stride=stride,
+            arrays=self._arrays,
+            shape=shape,
+            patch_size=self._patch_size,
+            step=step,
+            padded=padded,
+        )
+        check_combination(self._per_region, self._replacement, self._weighted, self._padding)
         self._num_patches = self._parse_num_patches(num_patches)
         self._structure = parse_structure(structure)
         self._schema = parse_schema(schema)
@@ -210,68 +221,6 @@ class PatchSampler:
                 f"{small[0]}; a region must hold a whole patch"
             )
         return parsed
-
-    def _map(self, value: Any, name: str) -> ArraySource:
-        if isinstance(value, str):
-            if self._arrays is None or value not in self._arrays.names:
-                names = list(self._arrays.names) if self._arrays is not None else []
-                raise KeyError(
-                    f"{name}={value!r} names no array of this sampler; "
-                    f"{listing(names, 'arrays')} (or pass the array itself)"
-                )
-            return self._arrays.sources[value]
-        return as_array_source(value, name=name)
-
-    def _parse_weighted(
-        self,
-        weights: Any,
-        labels: Any,
-        probabilities: Mapping[int, float] | None,
-        stride: object,
-        step: tuple[int, ...],
-    ) -> WeightedPlacement | None:
-        if labels is None and probabilities is not None:
-            raise ValueError("label_probabilities needs labels= (the label volume to sample by)")
-        if weights is None and labels is None:
-            return None
-        if weights is not None and labels is not None:
-            raise ValueError("pass weights= or labels=, not both")
-        if labels is not None and probabilities is None:
-            raise ValueError(
-                "labels= needs label_probabilities={label value: probability}, "
-                "e.g. {0: 0.5, 1: 0.5}"
-            )
-        if stride is not None:
-            raise ValueError(
-                f"stride={stride!r} cannot be combined with weights= or labels=: weighted "
-                "patches are centred on the drawn voxel"
-            )
-        name = "weights" if weights is not None else "labels"
-        return WeightedPlacement(
-            self._map(weights if weights is not None else labels, name),
-            self._shape,
-            self._patch_size,
-            step,
-            padded=self._padding != "none",
-            label_probabilities=probabilities,
-            name=name,
-        )
-
-    def _check_combinations(self) -> None:
-        used = []
-        if self._per_region > 1:
-            used.append(f"patches_per_chunk={self._per_region}")
-        if not self._replacement:
-            used.append("replacement=False")
-        if self._weighted is not None:
-            used.append("weights=/labels=")
-        if self._per_region > 1 and self._padding != "none":
-            used.append(f"padding={self._padding!r}")
-        if len(used) > 1:
-            raise ValueError(
-                f"{used[0]} cannot be combined with {used[1]}: locality, sampling without "
-                "replacement and weighted placement each choose corners their own way"
-            )
 
     def _parse_num_patches(self, num_patches: object) -> int:
         if num_patches is None and not self._replacement:

@@ -20,9 +20,10 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from mixle.data.aligned import infer_scale
+from mixle.data.aligned import AlignedArrays, infer_scale
 from mixle.data.hashing import below_each, hash_int, mix
-from mixle.data.sources.base import ArraySource
+from mixle.data.sources.adopt import as_array_source
+from mixle.data.sources.base import ArraySource, listing
 from mixle.utils.validation import parse_int
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "WeightedPlacement",
     "index_block_shape",
     "parse_label_probabilities",
+    "weighted_placement",
 ]
 
 #: Stream tag that separates weighted draws from every other use of the seed.
@@ -343,3 +345,69 @@ class WeightedPlacement:
     def corners(self, seed: int, indices: ArrayLike, *, epoch: int = 0) -> NDArray[np.int64]:
         """Patch corners ``(N, ndim)`` on the fine grid for ``indices``."""
         return self.centres(seed, indices, epoch=epoch) * self._factor - self._shift
+
+
+def _map_source(value: Any, name: str, arrays: AlignedArrays | None) -> ArraySource:
+    """A map given as an array, a source, or the name of one of the sampler's arrays."""
+    if isinstance(value, str):
+        names = list(arrays.names) if arrays is not None else []
+        if value not in names:
+            raise KeyError(
+                f"{name}={value!r} names no array of this sampler; "
+                f"{listing(names, 'arrays')} (or pass the array itself)"
+            )
+        assert arrays is not None
+        return arrays.sources[value]
+    return as_array_source(value, name=name)
+
+
+def weighted_placement(
+    weights: Any,
+    labels: Any,
+    label_probabilities: Mapping[int, float] | None,
+    *,
+    stride: object,
+    arrays: AlignedArrays | None,
+    shape: Sequence[int],
+    patch_size: Sequence[int],
+    step: Sequence[int],
+    padded: bool,
+) -> WeightedPlacement | None:
+    """The placement a sampler's ``weights=``/``labels=`` ask for, or ``None``.
+
+    ``arrays`` are the sampler's aligned arrays (``None`` for one array), by which a map
+    may be named; ``shape`` and ``step`` are the grid corners live on and their spacing.
+
+    Raises
+    ------
+    ValueError
+        Conflicting or missing arguments (see :class:`~mixle.PatchSampler`), or a bad map.
+    KeyError
+        A map named by a string that is not one of ``arrays``.
+    """
+    if labels is None and label_probabilities is not None:
+        raise ValueError("label_probabilities needs labels= (the label volume to sample by)")
+    if weights is None and labels is None:
+        return None
+    if weights is not None and labels is not None:
+        raise ValueError("pass weights= or labels=, not both")
+    if labels is not None and label_probabilities is None:
+        raise ValueError(
+            "labels= needs label_probabilities={label value: probability}, e.g. {0: 0.5, 1: 0.5}"
+        )
+    if stride is not None:
+        raise ValueError(
+            f"stride={stride!r} cannot be combined with weights= or labels=: weighted "
+            "patches are centred on the drawn voxel"
+        )
+    name = "weights" if weights is not None else "labels"
+    source = _map_source(weights if weights is not None else labels, name, arrays)
+    return WeightedPlacement(
+        source,
+        shape,
+        patch_size,
+        step,
+        padded=padded,
+        label_probabilities=label_probabilities,
+        name=name,
+    )

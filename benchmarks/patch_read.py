@@ -18,8 +18,10 @@ raw in mixle) includes the file's pages mapped from the page cache, shared and r
   the memory-mapped stores, where copying is the whole cost.
 - per-index: ``sampler[i]``; batched: ``sampler.get_batch`` (256 MiB decoded-chunk cache);
   batched, no cache: the same with the cache off (each batch decodes what it touches once).
-- tensorstore: zarr3 driver, one ``ts.Batch`` per batch, the same 256 MiB cache, as many
-  copy threads as mixle has decode threads (where tensorstore is installed).
+- tensorstore: zarr3 driver, one ``ts.Batch`` per batch, the same 256 MiB cache (or none,
+  beside mixle's no-cache row), as many copy threads as mixle has decode threads (where
+  tensorstore is installed). ``x tstore`` compares each mixle row with the tensorstore row
+  of the same cache setting.
 - locality: batched with ``patches_per_chunk=8`` (8 patches share one 64^3 chunk region).
 - limit: decode threads x single-thread decode rate of one stored chunk / chunks touched
   per patch, measured in this run: what a reader that decodes every touched chunk once per
@@ -106,8 +108,9 @@ def measure(folder: Path, size: int, backend: str, method: str, batches: int) ->
                 if stack:  # the batch a training step needs, as a DataLoader collates it
                     np.stack(patches)
 
-    elif method == "tensorstore":
-        read_slab, run = _tensorstore_runner(folder, where)
+    elif method.startswith("tensorstore"):
+        budget = 0 if method.endswith("no cache") else CACHE_BYTES
+        read_slab, run = _tensorstore_runner(folder, where, budget)
     else:
         src = _mixle_source(folder, backend, shape)
         local = 8 if method == "locality" else 1
@@ -163,7 +166,7 @@ def _mixle_source(folder: Path, backend: str, shape: tuple[int, ...]):
     return mixle.read_memmap(folder / "v.raw", "float32", shape)
 
 
-def _tensorstore_runner(folder: Path, where: np.ndarray):
+def _tensorstore_runner(folder: Path, where: np.ndarray, budget: int):
     import tensorstore as ts
 
     from mixle.reading import decode_threads
@@ -172,7 +175,7 @@ def _tensorstore_runner(folder: Path, where: np.ndarray):
         "driver": "zarr3",
         "kvstore": {"driver": "file", "path": str(folder / "v.zarr")},
         "context": {
-            "cache_pool": {"total_bytes_limit": CACHE_BYTES},
+            "cache_pool": {"total_bytes_limit": budget},
             "data_copy_concurrency": {"limit": decode_threads()},
         },
     }
@@ -268,7 +271,15 @@ def zarr_reader_rates(folder: Path) -> tuple[float, float]:
 
 # -- the table -------------------------------------------------------------------------------
 METHODS = {
-    "zarr zstd": ["naive", "tensorstore", "per-index", "batched", "batched, no cache", "locality"],
+    "zarr zstd": [
+        "naive",
+        "tensorstore",
+        "tensorstore, no cache",
+        "per-index",
+        "batched",
+        "batched, no cache",
+        "locality",
+    ],
     "hdf5 gzip": ["naive", "per-index", "batched", "batched, no cache"],
     "hdf5 raw": ["naive", "naive, no stack", "per-index", "batched"],
     "memmap": ["naive", "naive, no stack", "per-index", "batched"],
@@ -279,6 +290,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--size", type=int, default=512, help="cube edge (512: 512 MiB)")
     parser.add_argument("--batches", type=int, default=12, help="timed batches per method")
+    parser.add_argument(
+        "--only", nargs="+", choices=sorted(METHODS), help="backends to measure (default: all)"
+    )
     parser.add_argument("--worker", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -314,22 +328,26 @@ def main() -> None:
         patch_mib = PATCH**3 * 4 / MIB
         print()
         print(
-            f"{'backend':<10} {'method':<18} {'patches/s':>10} {'MiB/s':>8} {'x naive':>8} "
+            f"{'backend':<10} {'method':<21} {'patches/s':>10} {'MiB/s':>8} {'x naive':>8} "
             f"{'x tstore':>9} {'x limit':>8} {'RSS MiB':>8} {'+RSS':>6}"
         )
         for backend, methods in METHODS.items():
+            if args.only and backend not in args.only:
+                continue
             results: dict[str, dict] = {}
             for method in methods:
-                if method == "tensorstore" and not has("tensorstore"):
-                    print(f"{backend:<10} {method:<18} {'not installed':>10}")
+                if method.startswith("tensorstore") and not has("tensorstore"):
+                    print(f"{backend:<10} {method:<21} {'not installed':>10}")
                     continue
                 results[method] = r = run_isolated(folder, args.size, backend, method, args.batches)
                 naive = results["naive"]["rate"]
-                ts_rate = results.get("tensorstore", {}).get("rate")
-                vs_ts = f"{r['rate'] / ts_rate:.2f}" if ts_rate and method != "tensorstore" else "-"
+                peer = "tensorstore, no cache" if method.endswith("no cache") else "tensorstore"
+                ts_rate = results.get(peer, {}).get("rate")
+                mine = not method.startswith(("tensorstore", "naive"))
+                vs_ts = f"{r['rate'] / ts_rate:.2f}" if ts_rate and mine else "-"
                 vs_limit = f"{r['rate'] / limit[backend]:.2f}" if backend in limit else "-"
                 print(
-                    f"{backend:<10} {method:<18} {r['rate']:>10.0f} "
+                    f"{backend:<10} {method:<21} {r['rate']:>10.0f} "
                     f"{r['rate'] * patch_mib:>8.0f} {r['rate'] / naive:>8.2f} {vs_ts:>9} "
                     f"{vs_limit:>8} {r['rss_peak'] / MIB:>8.0f} "
                     f"{(r['rss_peak'] - r['rss_ready']) / MIB:>6.0f}"

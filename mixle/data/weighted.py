@@ -1,12 +1,9 @@
 """Weighted and label-driven patch placement, still a pure function of ``(seed, epoch, index)``.
 
-A patch is centred on a voxel of a weight map drawn with probability proportional to its
-weight, or on a voxel of a label volume drawn uniformly among the voxels of a class picked
-with ``label_probabilities``. The map is indexed block by block (never loaded whole): the
-index holds one total per block (per class for labels), built once and pickled with the
-sampler. A draw picks a block from those totals by inverse CDF and then a voxel inside
-it; both steps take their randomness from the counter hash of ``(seed, epoch, index)``, so
-any index can be computed in any process, in any order.
+Patches are centred on a voxel drawn in proportion to a weight map, or uniformly among the
+voxels of a class picked with ``label_probabilities``. The map is indexed block by block
+(never loaded whole); a draw picks a block from the per-block totals by inverse CDF, then a
+voxel inside it, both from the counter hash of ``(seed, epoch, index)``.
 """
 
 from __future__ import annotations
@@ -78,6 +75,10 @@ def parse_label_probabilities(probabilities: object) -> tuple[list[int], NDArray
     return classes, probs / probs.sum()
 
 
+def _nbytes(detail: Any) -> int:
+    return int(detail.nbytes) if isinstance(detail, np.ndarray) else sum(d.nbytes for d in detail)
+
+
 def _uniform01(state: NDArray[np.uint64]) -> NDArray[np.float64]:
     return (state >> np.uint64(11)).astype(np.float64) * _TWO53
 
@@ -120,7 +121,7 @@ class BlockIndex:
         self._check()
         self._init_cache()
 
-    def _init_cache(self) -> None:
+    def _init_cache(self) -> None:  # the block cache and lock never travel in a pickle
         self._cache: OrderedDict[int, Any] = OrderedDict()
         self._cache_bytes = 0
         self._lock = threading.Lock()
@@ -192,18 +193,13 @@ class BlockIndex:
         flat = block.reshape(-1)
         if self._classes is None:
             detail: Any = np.cumsum(flat, dtype=np.float64)
-            nbytes = detail.nbytes
         else:
             detail = [np.flatnonzero(flat == c).astype(np.int64) for c in self._classes]
-            nbytes = sum(d.nbytes for d in detail)
         with self._lock:
             self._cache[b] = detail
-            self._cache_bytes += nbytes
+            self._cache_bytes += _nbytes(detail)
             while self._cache_bytes > BLOCK_CACHE_BYTES and len(self._cache) > 1:
-                _, old = self._cache.popitem(last=False)
-                self._cache_bytes -= (
-                    old.nbytes if isinstance(old, np.ndarray) else sum(d.nbytes for d in old)
-                )
+                self._cache_bytes -= _nbytes(self._cache.popitem(last=False)[1])
         return detail
 
     def _voxels(self, blocks: NDArray[np.int64], local: NDArray[np.int64]) -> NDArray[np.int64]:

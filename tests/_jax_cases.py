@@ -1,4 +1,9 @@
-"""The JAX backend in one process on the default CPU device: dtypes, prefetch, JaxLoader."""
+"""The JAX backend in one process on the default CPU device: dtypes, prefetch, JaxLoader.
+
+Run by ``tests/test_jax.py`` in a fresh interpreter (``python3 -m pytest
+tests/_jax_cases.py``): once JAX has started its backend threads it warns on every
+``os.fork()``, which the fork-based tests of the main run must not see.
+"""
 
 from __future__ import annotations
 

@@ -17,7 +17,9 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("jax")
+from mixle.utils.optional_deps import HAS_JAX
+
+pytestmark = pytest.mark.skipif(not HAS_JAX, reason='needs jax: pip install "mixle[jax]"')
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 240

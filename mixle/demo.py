@@ -95,7 +95,7 @@ def run_demo(
         t0 = time.perf_counter()
         total = 0.0
         for p, _ in sampler:
-            total += float(p.mean())
+            total += float(np.mean(p))
         elapsed = max(time.perf_counter() - t0, 1e-9)
         first = sampler.coords()[:3]
         patch_mib = num_patches * int(np.prod(sampler.patch_size)) * 4 / 2**20

@@ -353,7 +353,7 @@ class ArraySource(abc.ABC):
         if reader is not None:
             starts = np.zeros((idx.size, len(shape)), dtype=np.int64)
             starts[:, 0] = idx
-            read_chunked(reader, starts, (1, *shape[1:]), shape, out[:, np.newaxis])
+            read_chunked(reader, starts.tolist(), (1, *shape[1:]), shape, out[:, np.newaxis])
             return out
         unique = np.unique(idx)
         breaks = np.flatnonzero(np.diff(unique) != 1) + 1

@@ -94,8 +94,9 @@ def run_demo(
         rss_before = _peak_rss_mib()
         t0 = time.perf_counter()
         total = 0.0
-        for p, _ in sampler:
-            total += float(np.mean(p))
+        for record in sampler:
+            assert isinstance(record, tuple)  # one array: (patch, corner) records
+            total += float(record[0].mean())
         elapsed = max(time.perf_counter() - t0, 1e-9)
         first = sampler.coords()[:3]
         patch_mib = num_patches * int(np.prod(sampler.patch_size)) * 4 / 2**20

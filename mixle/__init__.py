@@ -21,6 +21,14 @@ from mixle.data.sources.array_source import (
     read_npy,
     read_zarr,
 )
+from mixle.data.sources.tabular import (
+    MemorySource,
+    read_csv,
+    read_dataframe,
+    read_jsonl,
+    read_parquet,
+    read_sql,
+)
 from mixle.data.spec import ArraySpec, validate_batch
 from mixle.data.stitch import GridAggregator, stitch
 from mixle.data.structure import (
@@ -33,7 +41,9 @@ from mixle.data.structure import (
 from mixle.errors import (
     ArrayNotFoundError,
     BrokenEncodedDataError,
+    ColumnNotFoundError,
     EncodedDataClosedError,
+    MalformedRowError,
     NotAnArrayError,
     SchemaMismatchError,
     SourceClosedError,
@@ -60,6 +70,7 @@ __all__ = [
     "ArraySource",
     "ArraySpec",
     "BrokenEncodedDataError",
+    "ColumnNotFoundError",
     "DaskEncodedData",
     "EncodedDataClosedError",
     "GridAggregator",
@@ -68,6 +79,8 @@ __all__ = [
     "Loader",
     "LoaderStateError",
     "MPEncodedData",
+    "MalformedRowError",
+    "MemorySource",
     "MemmapArraySource",
     "NotAnArrayError",
     "NpyArraySource",
@@ -84,10 +97,15 @@ __all__ = [
     "chunk_cache",
     "encoded_data",
     "partially_exchangeable",
+    "read_csv",
+    "read_dataframe",
     "read_hdf5",
     "read_hdf5_arrays",
     "read_memmap",
+    "read_jsonl",
     "read_npy",
+    "read_parquet",
+    "read_sql",
     "read_zarr",
     "read_zarr_arrays",
     "register_encoded_data_backend",

@@ -5,7 +5,9 @@ from __future__ import annotations
 __all__ = [
     "ArrayNotFoundError",
     "BrokenEncodedDataError",
+    "ColumnNotFoundError",
     "EncodedDataClosedError",
+    "MalformedRowError",
     "NotAnArrayError",
     "SchemaMismatchError",
     "SourceClosedError",
@@ -28,6 +30,30 @@ class ArrayNotFoundError(KeyError):
 
 class NotAnArrayError(ValueError):
     """A path or component names a group rather than an array; the message lists its arrays."""
+
+
+class ColumnNotFoundError(KeyError):
+    """A record source has no column of that name; the message lists the columns it has."""
+
+    def __str__(self) -> str:  # KeyError would show the message in quotes
+        return str(self.args[0]) if self.args else ""
+
+
+class MalformedRowError(ValueError):
+    """A row of a text file cannot be parsed or converted; the message names its line.
+
+    Attributes
+    ----------
+    path
+        The file, safe to show.
+    line
+        The 1-based line number where the row starts.
+    """
+
+    def __init__(self, message: str, *, path: str = "", line: int = 0) -> None:
+        super().__init__(message)
+        self.path = path
+        self.line = line
 
 
 class SchemaMismatchError(ValueError):

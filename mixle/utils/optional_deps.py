@@ -21,6 +21,7 @@ __all__ = [
     "HAS_MATPLOTLIB",
     "HAS_NUMCODECS",
     "HAS_PYARROW",
+    "HAS_SQLALCHEMY",
     "HAS_ZARR",
     "has",
     "require",
@@ -37,6 +38,7 @@ EXTRAS: dict[str, str] = {
     "dask": "dask",
     "distributed": "dask",
     "pyarrow": "tabular",
+    "sqlalchemy": "sql",
     "matplotlib": "plot",
 }
 
@@ -57,6 +59,7 @@ HAS_AIOHTTP = has("aiohttp")
 HAS_JAX = has("jax")
 HAS_DASK = has("dask")
 HAS_PYARROW = has("pyarrow")
+HAS_SQLALCHEMY = has("sqlalchemy")
 HAS_MATPLOTLIB = has("matplotlib")
 
 

@@ -1,0 +1,189 @@
+"""JSON lines files as lazy, index-addressable record sources (:func:`read_jsonl`)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from mixle.data.sources.columns import (
+    INFER_ROWS,
+    LineOf,
+    check_columns,
+    infer_value_spec,
+    parse_dtypes,
+    values_to_array,
+)
+from mixle.data.sources.records import Batch, TableMeta
+from mixle.data.sources.text_source import BOM, TextHandle, TextRecordSource, open_text_file
+from mixle.data.spec import ArraySpec
+from mixle.errors import MalformedRowError
+
+__all__ = ["JSONLSource", "read_jsonl"]
+
+
+class JSONLSource(TextRecordSource):
+    """A JSON lines file (one JSON object per line); see :func:`read_jsonl`."""
+
+    _quote = None  # JSON escapes newlines inside strings: every newline ends a row
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        columns: Sequence[str] | None = None,
+        *,
+        dtypes: Mapping[str, Any] | None = None,
+        infer_rows: int = INFER_ROWS,
+        progress: bool | None = None,
+    ) -> None:
+        if isinstance(infer_rows, bool) or not isinstance(infer_rows, int) or infer_rows < 1:
+            raise ValueError(f"infer_rows={infer_rows!r} must be an int >= 1")
+        self._init_state(
+            {
+                "path": os.fspath(path) if isinstance(path, os.PathLike) else path,
+                "columns": None if columns is None else list(columns),
+                "dtypes": dtypes,
+                "infer_rows": infer_rows,
+                "progress": progress,
+            }
+        )
+        self._live()  # fail early: missing file, unknown column, bad dtype override
+
+    def _options_key(self) -> str:
+        return "jsonl"
+
+    def _open(self) -> tuple[TextHandle, TableMeta]:
+        fd, real = open_text_file(self._args["path"], "JSON lines")
+        try:
+            return self._open_fd(fd, real)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def _open_fd(self, fd: int, real: str) -> tuple[TextHandle, TableMeta]:
+        where = self._location()
+        start = len(BOM) if os.pread(fd, len(BOM), 0) == BOM else 0
+        sample: list[dict[str, Any]] = []
+        lines: list[int] = []
+        for row, line in self._rows_from(real, start):
+            sample.append(row)
+            lines.append(line)
+            if len(sample) >= self._args["infer_rows"]:
+                break
+        names = list(dict.fromkeys(key for row in sample for key in row))
+        handle = TextHandle(fd, real, start, 0, names, [])
+        handle.selected = check_columns(self._args["columns"], names, where)
+        overrides = parse_dtypes(self._args["dtypes"], names, where)
+        specs: dict[str, ArraySpec] = {}
+        for name in handle.selected:
+            values = [row.get(name) for row in sample]
+            dtype, shape = infer_value_spec(values)
+            if name in overrides:
+                dtype = overrides[name]
+                shape = shape if dtype.kind in "biuf" else ()
+            values_to_array(values, dtype, shape, name, lines.__getitem__, where)
+            specs[name] = ArraySpec(shape, dtype)
+        return handle, TableMeta(specs)
+
+    def _rows_from(self, path: str, start: int) -> Iterator[tuple[dict[str, Any], int]]:
+        """Parsed objects from byte ``start`` on, each with its line number."""
+        with open(path, "rb") as raw:
+            raw.seek(start)
+            for line, data in enumerate(raw, start=1):
+                if not data.strip():
+                    continue
+                try:
+                    row = json.loads(data)
+                except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
+                    raise self._malformed(line, f"is not valid JSON: {exc}") from None
+                if not isinstance(row, dict):
+                    raise self._malformed(line, f"is a JSON {type(row).__name__}, not an object")
+                yield row, line
+
+    def _parse_run(self, handle: TextHandle, text: str) -> list[Any]:
+        try:
+            return [json.loads(line) for line in text.split("\n") if line.strip()]
+        except ValueError as exc:
+            raise MalformedRowError(str(exc)) from None
+
+    def _row_problem(self, handle: TextHandle, row: Any) -> str | None:
+        if not isinstance(row, dict):
+            return f"is a JSON {type(row).__name__}, not an object"
+        return None
+
+    def _to_columns(self, handle: TextHandle, rows: list[Any], lines: LineOf) -> Batch:
+        meta = self._meta
+        assert meta is not None
+        if not rows:
+            return {n: np.empty((0, *s.shape), s.dtype) for n, s in meta.columns.items()}
+        where = self._location()
+        out: Batch = {}
+        for name in handle.selected:
+            spec = meta.columns[name]
+            values = [row.get(name) for row in rows]
+            out[name] = values_to_array(values, spec.dtype, spec.shape, name, lines, where)
+        return out
+
+    def _stream(self, handle: TextHandle, block_rows: int) -> Iterator[Batch]:
+        rows: list[dict[str, Any]] = []
+        lines: list[int] = []
+        for row, line in self._rows_from(handle.real_path, handle.data_start):
+            rows.append(row)
+            lines.append(line)
+            if len(rows) == block_rows:
+                yield self._to_columns(handle, rows, lines.__getitem__)
+                rows, lines = [], []
+        if rows:
+            yield self._to_columns(handle, rows, lines.__getitem__)
+
+
+def read_jsonl(
+    path: str | os.PathLike[str],
+    columns: Sequence[str] | None = None,
+    *,
+    dtypes: Mapping[str, Any] | None = None,
+    infer_rows: int = INFER_ROWS,
+    progress: bool | None = None,
+) -> JSONLSource:
+    """Open a JSON lines file (one object per line) as a lazy, index-addressable source.
+
+    Parameters
+    ----------
+    path
+        The file (UTF-8). Blank lines are skipped.
+    columns
+        Keys to read (default: every key seen in the first ``infer_rows`` objects).
+    dtypes
+        ``{"key": dtype}`` overrides of the inferred types.
+    infer_rows
+        Objects read at open to find the keys and infer their types.
+    progress
+        Show a progress line while the row index is built; ``None``: only for large files
+        on a terminal.
+
+    Returns
+    -------
+    JSONLSource
+        The same interface as :func:`mixle.read_csv`'s source.
+
+    Raises
+    ------
+    FileNotFoundError
+        ``path`` does not exist.
+    ColumnNotFoundError
+        A name in ``columns`` or ``dtypes`` is not a key of the sampled objects.
+    MalformedRowError
+        A line is not a JSON object, or holds a value its column's dtype cannot hold; the
+        message names the line.
+
+    Notes
+    -----
+    Numbers become ``int64``/``float64``, booleans ``bool``, lists of numbers of one shape an
+    array column of that shape, strings and anything else ``object``. A missing key or
+    ``null`` is a missing value: ``NaN`` in float columns, ``None`` in object columns (an
+    integer column with a missing value in the sample is ``float64``).
+    """
+    return JSONLSource(path, columns, dtypes=dtypes, infer_rows=infer_rows, progress=progress)

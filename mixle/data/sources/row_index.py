@@ -1,0 +1,207 @@
+"""Byte-offset row index of a text file (CSV, JSON lines), built in one pass and cached.
+
+The index is the start offset of every non-blank row, plus the file size at the end: row
+``i`` is the bytes ``[starts[i], starts[i + 1])`` (its newline and any blank lines after it
+included). Newlines inside quoted CSV fields do not end a row: a newline ends a row only when
+an even number of quote characters precede it, which holds for RFC 4180 quoting (a quote
+inside a quoted field is doubled).
+
+Indexes are written to a user cache directory, never next to the data: ``$MIXLE_CACHE_DIR``,
+else ``$XDG_CACHE_HOME/mixle``, else ``~/.cache/mixle``; the file name is keyed by the real
+path, size, modification time and inode of the data file and by the format options, so a
+changed file gets a new index (and the old one is deleted). When the cache directory cannot
+be written the index lives in memory only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+from numpy.typing import NDArray
+
+__all__ = [
+    "INDEX_BLOCK_BYTES",
+    "PROGRESS_MIN_BYTES",
+    "RowIndex",
+    "cache_dir",
+    "line_number",
+    "load_row_index",
+    "scan_row_starts",
+]
+
+#: Bytes read per step while scanning a file for row boundaries.
+INDEX_BLOCK_BYTES = 8 * 2**20
+#: Files at least this large show a progress line on a terminal while their index is built.
+PROGRESS_MIN_BYTES = 256 * 2**20
+_NEWLINE, _CR = 10, 13
+
+
+def cache_dir() -> Path:
+    """Where mixle caches row indexes: ``$MIXLE_CACHE_DIR``, ``$XDG_CACHE_HOME/mixle`` or
+    ``~/.cache/mixle``."""
+    explicit = os.environ.get("MIXLE_CACHE_DIR")
+    if explicit:
+        return Path(explicit)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "mixle"
+
+
+def scan_row_starts(
+    fd: int, start: int, size: int, quote: int | None, *, progress: bool = False, label: str = ""
+) -> Iterator[NDArray[np.int64]]:
+    """Yield the start offsets of non-blank rows in ``[start, size)``, block by block.
+
+    ``quote`` is the quote byte (CSV) or ``None`` (JSON lines: every newline ends a row).
+    """
+    in_quotes = 0
+    row_start = start  # where the row being scanned begins
+    last_byte = -1  # the byte before the current block
+    pos = start
+    shown = -1
+    while pos < size:
+        block = os.pread(fd, min(INDEX_BLOCK_BYTES, size - pos), pos)
+        if not block:
+            break
+        a = np.frombuffer(block, dtype=np.uint8)
+        newlines = np.flatnonzero(a == _NEWLINE)
+        if quote is not None:
+            quotes = a == quote
+            if in_quotes or quotes.any():
+                parity = (np.cumsum(quotes, dtype=np.int64)[newlines] + in_quotes) & 1
+                newlines = newlines[parity == 0]
+                in_quotes = (in_quotes + int(np.count_nonzero(quotes))) & 1
+        if newlines.size:
+            ends = newlines.astype(np.int64) + pos
+            starts = np.concatenate([[row_start], ends[:-1] + 1])
+            before_end = np.where(newlines > 0, a[np.maximum(newlines - 1, 0)], last_byte)
+            length = ends - starts
+            blank = (length == 0) | ((length == 1) & (before_end == _CR))
+            yield starts[~blank]
+            row_start = int(ends[-1]) + 1
+        last_byte = int(a[-1])
+        pos += len(block)
+        if progress:
+            percent = int(100 * (pos - start) / max(1, size - start))
+            if percent != shown:
+                shown = percent
+                print(f"\rmixle: indexing {label}: {percent:3d} %", end="", file=sys.stderr)
+    if progress:
+        print(file=sys.stderr)
+    tail = size - row_start
+    if tail > 1 or (tail == 1 and last_byte != _CR):
+        yield np.array([row_start], dtype=np.int64)
+
+
+def line_number(fd: int, offset: int) -> int:
+    """The 1-based line of the byte at ``offset`` (counts newlines before it; error paths)."""
+    count, pos = 0, 0
+    while pos < offset:
+        block = os.pread(fd, min(INDEX_BLOCK_BYTES, offset - pos), pos)
+        if not block:
+            break
+        count += block.count(b"\n")
+        pos += len(block)
+    return count + 1
+
+
+class RowIndex:
+    """Row start offsets of one file, memory-mapped from the cache (or held in memory).
+
+    Attributes
+    ----------
+    starts
+        ``int64`` offsets: one per row, then the file size.
+    origin
+        ``"built"`` when this process scanned the file, ``"cached"`` when it was read from
+        the cache directory.
+    path
+        The cache file, or ``None`` when the index is held in memory only.
+    """
+
+    def __init__(self, starts: NDArray[np.int64], origin: str, path: Path | None) -> None:
+        self.starts = starts
+        self.origin = origin
+        self.path = path
+
+    def __len__(self) -> int:
+        return len(self.starts) - 1
+
+
+def _keys(real: str, stat: os.stat_result, options: str) -> tuple[str, str]:
+    file_key = hashlib.sha256(real.encode("utf-8", "surrogatepass")).hexdigest()[:24]
+    version = f"{stat.st_size}\0{stat.st_mtime_ns}\0{stat.st_ino}\0{options}\0v1"
+    return file_key, hashlib.sha256(version.encode()).hexdigest()[:24]
+
+
+def _read_cached(path: Path, size: int) -> NDArray[np.int64] | None:
+    try:
+        nbytes = path.stat().st_size
+        if nbytes < 8 or nbytes % 8:
+            return None
+        starts = np.memmap(path, dtype="<i8", mode="r")
+    except (OSError, ValueError):
+        return None
+    if int(starts[-1]) != size:  # truncated or foreign file: rebuild
+        return None
+    return starts  # type: ignore[return-value]
+
+
+def load_row_index(
+    fd: int, real_path: str, start: int, quote: int | None, options: str, progress: bool | None
+) -> RowIndex:
+    """The row index of the open file ``fd``: from the cache when it is current, else built.
+
+    Parameters
+    ----------
+    fd
+        An open file descriptor of the data file (read with ``os.pread``).
+    real_path
+        The file's real path (part of the cache key).
+    start
+        Offset of the first row to index (after a byte-order mark).
+    quote
+        The CSV quote byte, or ``None`` for JSON lines.
+    options
+        Format options that change row boundaries (part of the cache key).
+    progress
+        Show a progress line while building; ``None``: on a terminal, for large files.
+    """
+    stat = os.fstat(fd)
+    size = stat.st_size
+    file_key, version = _keys(real_path, stat, options)
+    folder = cache_dir() / "row-index"
+    target = folder / f"{file_key}-{version}.i64"
+    cached = _read_cached(target, size)
+    if cached is not None:
+        return RowIndex(cached, "cached", target)
+    if progress is None:
+        progress = size >= PROGRESS_MIN_BYTES and sys.stderr.isatty()
+    parts = scan_row_starts(fd, start, size, quote, progress=progress, label=real_path)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        handle, tmp = tempfile.mkstemp(dir=folder, prefix=f".{file_key}-", suffix=".tmp")
+    except OSError:  # no writable cache: keep the index in memory
+        starts = np.concatenate([*parts, np.array([size], dtype=np.int64)])
+        return RowIndex(starts.astype(np.int64), "built", None)
+    try:
+        with os.fdopen(handle, "wb") as out:
+            for part in parts:
+                out.write(part.astype("<i8").tobytes())
+            out.write(np.array([size], dtype="<i8").tobytes())
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    for old in folder.glob(f"{file_key}-*.i64"):  # indexes of earlier versions of this file
+        if old != target:
+            with contextlib.suppress(OSError):
+                old.unlink()
+    return RowIndex(np.memmap(target, dtype="<i8", mode="r"), "built", target)  # type: ignore[arg-type]

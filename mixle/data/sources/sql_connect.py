@@ -1,0 +1,220 @@
+"""Database connections for :mod:`mixle.data.sources.sql_source`: SQLite and SQLAlchemy.
+
+Every statement mixle builds is run with bound parameters; values are never written into
+SQL text. Identifiers (a table or key column name) are quoted by the dialect's own rules.
+"""
+
+from __future__ import annotations
+
+import abc
+import os
+import re
+import sqlite3
+import threading
+import urllib.parse
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from mixle.utils.optional_deps import require
+from mixle.utils.redact import display_path
+
+__all__ = [
+    "ConnectionLike",
+    "Params",
+    "SQLAlchemyBackend",
+    "SQLBackend",
+    "SQLiteBackend",
+    "connection_args",
+    "open_backend",
+    "show_connection",
+    "split_identifier",
+]
+
+#: What ``con=`` accepts: a SQLite file path, a ``sqlite3.Connection``, a SQLAlchemy URL
+#: string (``postgresql+psycopg://...``) or a SQLAlchemy ``Engine``.
+ConnectionLike = Any
+#: Query parameters: a dict for ``:name`` placeholders, a sequence for ``?`` (SQLite only).
+Params = Mapping[str, Any] | Sequence[Any] | None
+
+_PART = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]*$")
+
+
+class SQLBackend(abc.ABC):
+    """One database: runs bound statements, streams results, quotes identifiers."""
+
+    #: Whether parameters bind by position (``?``) rather than by name (``:name``).
+    positional: bool = False
+
+    @abc.abstractmethod
+    def fetch(self, sql: str, params: Any) -> tuple[list[str], list[tuple[Any, ...]]]:
+        """Run ``sql`` with bound ``params``; return column names and all rows."""
+
+    @abc.abstractmethod
+    def stream(self, sql: str, params: Any, chunk: int) -> Iterator[list[tuple[Any, ...]]]:
+        """Run ``sql`` and yield its rows ``chunk`` at a time (a server-side cursor)."""
+
+    @abc.abstractmethod
+    def quote(self, identifier: str) -> str:
+        """``identifier`` quoted for this dialect."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Close connections this backend opened."""
+
+    def forget(self) -> None:  # noqa: B027 - optional hook
+        """Drop connections inherited over ``fork`` without closing the parent's."""
+
+
+def _standard_quote(identifier: str) -> str:
+    return '"' + identifier.replace('"', '""') + '"'
+
+
+class SQLiteBackend(SQLBackend):
+    """A SQLite database, read-only, through the standard library's ``sqlite3``."""
+
+    positional = True
+
+    def __init__(self, path: str | None, connection: sqlite3.Connection | None = None) -> None:
+        self._path = path
+        self._lock = threading.Lock()
+        if connection is not None:
+            self._con, self._own = connection, False
+        else:
+            assert path is not None
+            self._con, self._own = self._connect(path), True
+
+    @staticmethod
+    def _connect(path: str) -> sqlite3.Connection:
+        uri = "file:" + urllib.parse.quote(os.path.abspath(path)) + "?mode=ro"
+        return sqlite3.connect(uri, uri=True, check_same_thread=False)
+
+    def fetch(self, sql: str, params: Any) -> tuple[list[str], list[tuple[Any, ...]]]:
+        with self._lock:
+            cursor = self._con.execute(sql, params)
+            try:
+                names = [d[0] for d in cursor.description or ()]
+                return names, cursor.fetchall()
+            finally:
+                cursor.close()
+
+    def stream(self, sql: str, params: Any, chunk: int) -> Iterator[list[tuple[Any, ...]]]:
+        con = self._connect(self._path) if self._path else self._con
+        lock = threading.Lock() if self._path else self._lock
+        try:
+            with lock:
+                cursor = con.execute(sql, params)
+            while True:
+                with lock:
+                    rows = cursor.fetchmany(chunk)
+                if not rows:
+                    return
+                yield rows
+        finally:
+            if con is not self._con:
+                con.close()
+
+    def quote(self, identifier: str) -> str:
+        return _standard_quote(identifier)
+
+    def close(self) -> None:
+        if self._own:
+            self._con.close()
+
+
+class SQLAlchemyBackend(SQLBackend):
+    """Any database SQLAlchemy reaches (PostgreSQL, MySQL...), by URL or ``Engine``."""
+
+    def __init__(self, engine: Any, own: bool) -> None:
+        self._sa = require("sqlalchemy", "sql", feature="read_sql with a database URL")
+        self._engine, self._own = engine, own
+        self._preparer = engine.dialect.identifier_preparer
+
+    def fetch(self, sql: str, params: Any) -> tuple[list[str], list[tuple[Any, ...]]]:
+        with self._engine.connect() as conn:
+            result = conn.execute(self._sa.text(sql), params or {})
+            return list(result.keys()), [tuple(row) for row in result]
+
+    def stream(self, sql: str, params: Any, chunk: int) -> Iterator[list[tuple[Any, ...]]]:
+        with self._engine.connect() as conn:
+            options = conn.execution_options(stream_results=True, max_row_buffer=chunk)
+            result = options.execute(self._sa.text(sql), params or {})
+            try:
+                while True:
+                    rows = result.fetchmany(chunk)
+                    if not rows:
+                        return
+                    yield [tuple(row) for row in rows]
+            finally:
+                result.close()
+
+    def quote(self, identifier: str) -> str:
+        return str(self._preparer.quote_identifier(identifier))
+
+    def close(self) -> None:
+        if self._own:
+            self._engine.dispose()
+
+    def forget(self) -> None:
+        self._engine.dispose(close=False)
+
+
+def _sqlite_path(con: sqlite3.Connection) -> str | None:
+    """The file of a connection's main database, or ``None`` for an in-memory one."""
+    rows = con.execute("PRAGMA database_list").fetchall()
+    path = next((row[2] for row in rows if row[1] == "main"), "")
+    return path or None
+
+
+def connection_args(con: ConnectionLike) -> tuple[str, str, Any]:
+    """Normalise ``con=``: ``(kind, reopenable reference, live object or None)``.
+
+    ``kind`` is ``"sqlite"`` or ``"sqlalchemy"``; the reference is a file path or URL string
+    (``""`` when the connection cannot be reopened, e.g. an in-memory SQLite database).
+    """
+    if isinstance(con, sqlite3.Connection):
+        return "sqlite", _sqlite_path(con) or "", con
+    if isinstance(con, (str, os.PathLike)):
+        text = os.fspath(con)
+        if "://" in text:
+            return "sqlalchemy", text, None
+        if not os.path.isfile(text):
+            raise FileNotFoundError(
+                f"con={text!r} is not a SQLite file (looked in {os.path.abspath(text)!r}); "
+                "pass a SQLite path, a sqlite3.Connection, a SQLAlchemy URL such as "
+                "'postgresql+psycopg://user@host/db' or a SQLAlchemy Engine"
+            )
+        return "sqlite", text, None
+    url = getattr(con, "url", None)
+    if url is not None and hasattr(con, "dialect") and hasattr(url, "render_as_string"):
+        return "sqlalchemy", url.render_as_string(hide_password=False), con
+    raise TypeError(
+        f"con={type(con).__name__} must be a SQLite path, a sqlite3.Connection, a SQLAlchemy "
+        "URL string or a SQLAlchemy Engine"
+    )
+
+
+def open_backend(kind: str, reference: str, live: Any) -> SQLBackend:
+    """Open the backend for :func:`connection_args`' result (``live`` may be ``None``)."""
+    if kind == "sqlite":
+        # a file is reopened read-only with our own connection (safe from reader threads);
+        # an in-memory database can only be read through the caller's connection
+        return SQLiteBackend(reference) if reference else SQLiteBackend(None, live)
+    if live is not None:
+        return SQLAlchemyBackend(live, own=False)
+    sa = require("sqlalchemy", "sql", feature="read_sql with a database URL")
+    return SQLAlchemyBackend(sa.create_engine(reference), own=True)
+
+
+def show_connection(kind: str, reference: str) -> str:
+    """The connection, safe to show: SQLite paths as given, URLs without credentials."""
+    if kind == "sqlite":
+        return reference or ":memory:"
+    return display_path(reference)
+
+
+def split_identifier(name: str) -> list[str] | None:
+    """``"schema.table"`` as its parts when every part is a plain identifier, else ``None``."""
+    parts = name.split(".")
+    if 1 <= len(parts) <= 2 and all(_PART.match(p) for p in parts):
+        return parts
+    return None

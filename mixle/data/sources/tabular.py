@@ -1,0 +1,33 @@
+"""Record and tabular sources: memory, CSV, JSON lines, Parquet, SQL and data frames.
+
+Every source here is lazy and index-addressable: ``len(src)``, ``src[i]`` (a dict of NumPy
+scalars), ``src.get_batch(indices)`` (a dict of NumPy columns), ``records()`` and
+``iter_batches()`` (streaming with bounded memory), ``element_spec()``, pickling by
+reference, ``close()`` and ``with``. They plug into :class:`mixle.Loader`,
+:class:`~mixle.utils.parallel.multiprocessing.MPEncodedData` and :func:`mixle.jax.to_jax`.
+pyarrow (``mixle[tabular]``) and SQLAlchemy (``mixle[sql]``) are imported only when a
+Parquet file or a database URL is opened.
+"""
+
+from mixle.data.sources.csv_source import CSVSource, read_csv
+from mixle.data.sources.dataframe_source import read_dataframe
+from mixle.data.sources.jsonl_source import JSONLSource, read_jsonl
+from mixle.data.sources.parquet_source import ParquetSource, read_parquet
+from mixle.data.sources.records import MemorySource, RecordSource
+from mixle.data.sources.row_index import cache_dir
+from mixle.data.sources.sql_source import SQLSource, read_sql
+
+__all__ = [
+    "CSVSource",
+    "JSONLSource",
+    "MemorySource",
+    "ParquetSource",
+    "RecordSource",
+    "SQLSource",
+    "cache_dir",
+    "read_csv",
+    "read_dataframe",
+    "read_jsonl",
+    "read_parquet",
+    "read_sql",
+]

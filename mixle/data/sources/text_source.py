@@ -1,0 +1,185 @@
+"""Shared machinery of line-oriented text sources (CSV, JSON lines).
+
+Opening reads a header and a sample of rows (for the column types) and nothing else. The
+first random access (``len``, ``[i]``, ``get_batch``) loads the file's byte-offset row index
+(:mod:`mixle.data.sources.row_index`): from the user cache when it is current, else built in
+one pass. Rows are then read with ``os.pread`` (no shared file position, so reads are safe
+from several threads), each contiguous run of rows in one read. ``iter_batches()`` and
+``records()`` read the file sequentially and never need the index.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from mixle.data.sources.columns import LineOf
+from mixle.data.sources.records import Batch, RecordSource
+from mixle.data.sources.row_index import RowIndex, line_number, load_row_index
+from mixle.errors import MalformedRowError
+from mixle.utils.redact import display_path
+
+__all__ = ["BOM", "LineLookup", "TextHandle", "TextRecordSource", "open_text_file"]
+
+#: The UTF-8 byte-order mark, skipped at the start of a file.
+BOM = b"\xef\xbb\xbf"
+
+
+def open_text_file(path: str | os.PathLike[str], what: str) -> tuple[int, str]:
+    """Open ``path`` read-only; return the descriptor and the real path.
+
+    Raises
+    ------
+    FileNotFoundError, IsADirectoryError, TypeError
+        With the argument, the value and what would have been accepted.
+    """
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path={path!r} must be a str or os.PathLike naming a {what} file")
+    text = os.fspath(path)
+    if os.path.isdir(text):
+        raise IsADirectoryError(f"path={text!r} is a directory; pass one {what} file")
+    try:
+        fd = os.open(text, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise FileNotFoundError(
+            f"path={text!r} does not exist (looked in {os.path.abspath(text)!r}); pass the "
+            f"path of a {what} file"
+        ) from None
+    return fd, os.path.realpath(text)
+
+
+@dataclass
+class TextHandle:
+    """An open text file: its descriptor, where rows start, and the format's parse state."""
+
+    fd: int
+    real_path: str
+    data_start: int
+    skip_rows: int
+    names: list[str]
+    selected: list[str]
+    index: RowIndex | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class TextRecordSource(RecordSource):
+    """Base class of CSV and JSON lines sources (see the module notes)."""
+
+    _quote: int | None = None
+
+    @abc.abstractmethod
+    def _options_key(self) -> str:
+        """Format options that change where rows end (part of the row index cache key)."""
+
+    @abc.abstractmethod
+    def _parse_run(self, handle: TextHandle, text: str) -> list[Any]:
+        """Parse the text of a run of whole rows into one parsed row per non-blank row."""
+
+    @abc.abstractmethod
+    def _to_columns(self, handle: TextHandle, rows: list[Any], lines: LineOf) -> Batch:
+        """Convert parsed rows to NumPy columns; ``lines(j)`` is the line of ``rows[j]``."""
+
+    @abc.abstractmethod
+    def _row_problem(self, handle: TextHandle, row: Any) -> str | None:
+        """What is wrong with a parsed row (e.g. ``"has 3 fields, not 4"``), or ``None``."""
+
+    def _location(self) -> str:
+        return display_path(self._args["path"])
+
+    @property
+    def row_index_origin(self) -> str | None:
+        """``"built"``/``"cached"`` once the row index is loaded, ``None`` before."""
+        handle = self._handle
+        return None if handle is None or handle.index is None else handle.index.origin
+
+    def _index(self, handle: TextHandle) -> RowIndex:
+        if handle.index is None:
+            with self._lock:
+                if handle.index is None:
+                    handle.index = load_row_index(
+                        handle.fd,
+                        handle.real_path,
+                        handle.data_start,
+                        self._quote,
+                        self._options_key(),
+                        self._args.get("progress"),
+                    )
+        return handle.index
+
+    def _count(self, handle: TextHandle) -> int:
+        return max(0, len(self._index(handle)) - handle.skip_rows)
+
+    def _read_rows(self, handle: TextHandle, rows: NDArray[np.int64]) -> Batch:
+        starts = self._index(handle).starts
+        at = rows + handle.skip_rows
+        breaks = np.flatnonzero(np.diff(at) != 1) + 1
+        parsed: list[Any] = []
+        for run in np.split(at, breaks):
+            lo, hi = int(run[0]), int(run[-1]) + 1
+            begin, end = int(starts[lo]), int(starts[hi])
+            got = self._parse_span(handle, begin, end)
+            if len(got) != hi - lo:
+                self._raise_bad_row(handle, lo, hi)
+            parsed.extend(got)
+        lines = LineLookup(handle.fd, starts[at])
+        for j, row in enumerate(parsed):
+            problem = self._row_problem(handle, row)
+            if problem is not None:
+                raise self._malformed(lines(j), problem)
+        return self._to_columns(handle, parsed, lines)
+
+    def _parse_span(self, handle: TextHandle, begin: int, end: int) -> list[Any]:
+        data = os.pread(handle.fd, end - begin, begin)
+        try:
+            return self._parse_run(handle, data.decode("utf-8"))
+        except (ValueError, MalformedRowError):  # decode or parse error: find the row
+            return []
+
+    def _raise_bad_row(self, handle: TextHandle, lo: int, hi: int) -> None:
+        """Parse rows ``lo..hi`` one by one and raise for the first that fails."""
+        starts = self._index(handle).starts
+        for r in range(lo, hi):
+            begin, end = int(starts[r]), int(starts[r + 1])
+            data = os.pread(handle.fd, end - begin, begin)
+            line = line_number(handle.fd, begin)
+            try:
+                got = self._parse_run(handle, data.decode("utf-8"))
+            except UnicodeDecodeError as exc:
+                raise self._malformed(line, f"is not valid UTF-8 ({exc.reason})") from None
+            except (ValueError, MalformedRowError) as exc:
+                raise self._malformed(line, f"cannot be parsed: {exc}") from None
+            if len(got) != 1:
+                raise self._malformed(line, "does not hold exactly one row")
+        raise self._malformed(line_number(handle.fd, int(starts[lo])), "cannot be parsed")
+
+    def _malformed(self, line: int, problem: str) -> MalformedRowError:
+        """A :class:`MalformedRowError` naming this file and ``line``."""
+        path = self._location()
+        return MalformedRowError(f"{path}, line {line}: the row {problem}", path=path, line=line)
+
+    def _release(self, handle: TextHandle) -> None:
+        handle.index = None
+        with contextlib.suppress(OSError):
+            os.close(handle.fd)
+
+    def _forget(self, handle: TextHandle) -> None:
+        # The descriptor is shared with the parent after fork; the child opens its own.
+        handle.index = None
+
+
+class LineLookup:
+    """Line numbers of rows by their position in a batch, computed only when asked (errors)."""
+
+    def __init__(self, fd: int, offsets: Sequence[int] | NDArray[np.int64]) -> None:
+        self._fd = fd
+        self._offsets = offsets
+
+    def __call__(self, j: int) -> int:
+        return line_number(self._fd, int(self._offsets[j]))

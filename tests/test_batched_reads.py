@@ -19,6 +19,7 @@ from zarr.codecs import BloscCodec, GzipCodec, ZstdCodec
 import mixle
 from mixle.data.sources.hdf5_chunks import HDF5ChunkReader
 from mixle.data.sources.zarr_chunks import ZarrCodecReader, ZarrPipelineReader
+from mixle.data.sources.zarr_shards import ShardedZarrReader
 from mixle.reading import chunk_cache
 from mixle.testing import assert_unchanged
 
@@ -127,7 +128,7 @@ def test_chunk_readers_chosen_per_layout(tmp_path, stores):
     src = _zarr(tmp_path, _data((20, 20)), (8, 8))
     assert isinstance(src._reader_for(src.array), ZarrCodecReader)
     sharded = mixle.read_zarr(stores.path("sharded.zarr"))
-    assert isinstance(sharded._reader_for(sharded.array), ZarrPipelineReader)
+    assert isinstance(sharded._reader_for(sharded.array), ShardedZarrReader)
     gz = mixle.read_hdf5(stores.path("volumes.h5"), "gzip")
     assert isinstance(gz._reader_for(gz.array), HDF5ChunkReader)
     lzf = mixle.read_hdf5(stores.path("volumes.h5"), "lzf")

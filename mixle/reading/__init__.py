@@ -13,7 +13,20 @@ from mixle.reading.cache import (
     chunk_cache,
     set_chunk_cache_bytes,
 )
-from mixle.reading.executor import ChunkReader, new_token, read_chunked, read_strided
+from mixle.reading.executor import (
+    ChunkReader,
+    SupportsFetchMany,
+    new_token,
+    read_chunked,
+    read_strided,
+)
+from mixle.reading.faults import (
+    CorruptChunkError,
+    RemoteReadError,
+    RetryPolicy,
+    retry_policy,
+    set_retry_policy,
+)
 from mixle.reading.plan import ChunkPlan, order_by_offset, plan_chunks
 from mixle.reading.pool import decode_threads, default_decode_threads, set_decode_threads
 
@@ -23,6 +36,10 @@ __all__ = [
     "ChunkCache",
     "ChunkPlan",
     "ChunkReader",
+    "CorruptChunkError",
+    "RemoteReadError",
+    "RetryPolicy",
+    "SupportsFetchMany",
     "chunk_cache",
     "decode_threads",
     "default_decode_threads",
@@ -31,6 +48,8 @@ __all__ = [
     "plan_chunks",
     "read_chunked",
     "read_strided",
+    "retry_policy",
     "set_chunk_cache_bytes",
     "set_decode_threads",
+    "set_retry_policy",
 ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -13,7 +13,14 @@ from mixle.reading.cache import ChunkCache, chunk_cache
 from mixle.reading.plan import ChunkPlan, order_by_offset, plan_chunks
 from mixle.reading.pool import decode_threads, run_all
 
-__all__ = ["STRIDED_BYTES_PER_THREAD", "ChunkReader", "new_token", "read_chunked", "read_strided"]
+__all__ = [
+    "STRIDED_BYTES_PER_THREAD",
+    "ChunkReader",
+    "SupportsFetchMany",
+    "new_token",
+    "read_chunked",
+    "read_strided",
+]
 
 #: Copies from a memory map are split across decode threads only in runs of at least this
 #: many bytes: smaller copies cost more in thread hand-offs than they gain.
@@ -53,6 +60,29 @@ class ChunkReader(Protocol):
         ...
 
 
+@runtime_checkable
+class SupportsFetchMany(Protocol):
+    """A :class:`ChunkReader` whose store answers many concurrent requests (object stores).
+
+    The executor asks for every chunk a batch misses in the cache with one
+    :meth:`fetch_many` call, so the reader can issue the requests concurrently and merge
+    requests for nearby bytes, then decodes each payload with :meth:`decode` on the pool.
+    """
+
+    chunks: tuple[int, ...]
+    token: int
+
+    def read_chunk(self, coords: tuple[int, ...]) -> np.ndarray: ...
+
+    def fetch_many(self, coords: Sequence[tuple[int, ...]]) -> list[Any]:
+        """Stored payloads of chunks ``coords`` in order; ``None`` for a chunk never written."""
+        ...
+
+    def decode(self, coords: tuple[int, ...], raw: Any) -> np.ndarray:
+        """Chunk ``coords`` decoded from its payload (``None``: the fill value)."""
+        ...
+
+
 def read_chunked(
     reader: ChunkReader,
     starts: Sequence[Sequence[int]],
@@ -66,10 +96,15 @@ def read_chunked(
 
     Boxes must lie inside ``shape`` (callers validate). Chunks come from ``cache`` (default:
     the process-wide :func:`~mixle.reading.cache.chunk_cache`) or are read with
-    ``reader.read_chunk`` on the decode pool and kept there. Returns the plan it executed.
+    ``reader.read_chunk`` on the decode pool and kept there. A reader with ``fetch_many``
+    (:class:`SupportsFetchMany`) gets every missing chunk in one call instead, and the pool
+    only decodes. Returns the plan it executed.
     """
     plan = plan_chunks(starts, size, reader.chunks, shape)
     store = chunk_cache() if cache is None else cache
+    if getattr(reader, "fetch_many", None) is not None:
+        _read_fetched(reader, plan, store, out)  # type: ignore[arg-type]
+        return plan
     token, jobs = reader.token, list(zip(plan.chunks, plan.pieces))
     tickets = itertools.count()  # next() on a count is atomic: each job is taken once
 
@@ -82,6 +117,32 @@ def read_chunked(
 
     run_all([drain] * min(decode_threads(), len(jobs)))
     return plan
+
+
+def _read_fetched(
+    reader: SupportsFetchMany, plan: ChunkPlan, store: ChunkCache, out: np.ndarray
+) -> None:
+    """Look every chunk up in the cache, fetch all misses at once, decode and scatter."""
+    token = reader.token
+    found: list[np.ndarray | None] = [store.get((token, c)) for c in plan.chunks]
+    missing = [k for k, chunk in enumerate(found) if chunk is None]
+    payloads: list[Any] = [None] * len(found)
+    if missing:
+        for k, raw in zip(missing, reader.fetch_many([plan.chunks[k] for k in missing])):
+            payloads[k] = raw
+    tickets = itertools.count()
+
+    def drain() -> None:
+        while (k := next(tickets)) < len(found):
+            chunk = found[k]
+            if chunk is None:
+                coords = plan.chunks[k]
+                chunk = store.put((token, coords), reader.decode(coords, payloads[k]))
+                payloads[k] = None  # free the stored bytes as soon as they are decoded
+            for box, region, inner in plan.pieces[k]:
+                out[box][region] = chunk[inner]
+
+    run_all([drain] * min(decode_threads(), len(found)))
 
 
 def read_strided(

@@ -330,6 +330,32 @@ class ArraySource(abc.ABC):
                     self._reader = state
         return state[1]
 
+    def _read_planned(self, handle: Any, key: tuple[int | slice, ...]) -> np.ndarray | None:
+        """Read ``key`` through the read planner when the chunk reader fetches in batches.
+
+        Remote stores read this way get the same concurrent, retried, checked fetches as
+        batch reads. Returns ``None`` (read some other way) for other readers.
+        """
+        reader = self._reader_for(handle)
+        if reader is None or getattr(reader, "fetch_many", None) is None:
+            return None
+        shape = self.shape
+        start, size, after = [], [], []
+        for k, dim in zip(key, shape):
+            if isinstance(k, slice):
+                lo, hi, step = k.indices(dim)
+                start.append(lo)
+                size.append(max(0, hi - lo))
+                after.append(slice(None, None, step))
+            else:
+                start.append(k)
+                size.append(1)
+                after.append(0)  # type: ignore[arg-type]
+        out = np.empty(size, dtype=self.dtype)
+        if all(size):
+            read_chunked(reader, [start], size, shape, out[np.newaxis])
+        return out[tuple(after)]
+
     def _read_into(self, handle: Any, key: tuple[int | slice, ...], out: np.ndarray) -> None:
         """Write a region into ``out``; backends that can skip the temporary override this."""
         out[...] = self._read(handle, key)

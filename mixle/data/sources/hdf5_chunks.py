@@ -10,8 +10,10 @@ chunks in parallel through it. For the common layouts mixle reads the file itsel
 - **contiguous**, no filters: :func:`contiguous_memmap` maps the dataset's bytes straight
   from the file.
 
-Anything else (other filters such as lzf, szip or fletcher32, external or virtual
-storage, in-memory files, files opened for writing) is read through h5py.
+Stored bytes that do not decode to exactly one chunk raise
+:class:`~mixle.reading.CorruptChunkError`. Anything else (other filters such as lzf, szip
+or fletcher32, external or virtual storage, in-memory files, files opened for writing) is
+read through h5py.
 """
 
 from __future__ import annotations
@@ -24,9 +26,15 @@ from typing import Any
 
 import numpy as np
 
-from mixle.reading import new_token
+from mixle.reading import CorruptChunkError, new_token
 
-__all__ = ["FILTER_DEFLATE", "FILTER_SHUFFLE", "HDF5ChunkReader", "contiguous_memmap"]
+__all__ = [
+    "FILTER_DEFLATE",
+    "FILTER_SHUFFLE",
+    "HDF5ChunkReader",
+    "contiguous_memmap",
+    "decodable_filters",
+]
 
 #: HDF5 filter ids mixle decodes itself (``H5Z_FILTER_DEFLATE``, ``H5Z_FILTER_SHUFFLE``).
 FILTER_DEFLATE = 1
@@ -64,7 +72,14 @@ class HDF5ChunkReader:
     Use :meth:`for_dataset`, which returns ``None`` when the dataset needs h5py.
     """
 
-    def __init__(self, dataset: Any, path: str, filters: list[tuple[int, tuple[int, ...]]]):
+    def __init__(self, dataset: Any, path: str, filters: list[tuple[int, tuple[int, ...]]]) -> None:
+        self._setup(dataset, filters, f"{dataset.name!r} in {path!r}")
+        # closed when the reader is garbage: reads still in flight keep it alive, so the
+        # descriptor number is never reused under them
+        self._fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+        weakref.finalize(self, os.close, self._fd)
+
+    def _setup(self, dataset: Any, filters: list[tuple[int, tuple[int, ...]]], name: str) -> None:
         self.chunks: tuple[int, ...] = tuple(dataset.chunks)
         self.token = new_token()
         self._dsid = dataset.id
@@ -75,10 +90,7 @@ class HDF5ChunkReader:
         self._lock = threading.Lock()
         self._fill = np.full(self.chunks, dataset.fillvalue, dtype=self._dtype)
         self._fill.flags.writeable = False
-        # closed when the reader is garbage: reads still in flight keep it alive, so the
-        # descriptor number is never reused under them
-        self._fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
-        weakref.finalize(self, os.close, self._fd)
+        self._name = name
 
     @classmethod
     def for_dataset(cls, dataset: Any) -> HDF5ChunkReader | None:
@@ -86,14 +98,8 @@ class HDF5ChunkReader:
         path = _readable_file(dataset)
         if path is None or dataset.chunks is None or not hasattr(os, "pread"):
             return None
-        dcpl = dataset.id.get_create_plist()
-        filters = []
-        for i in range(dcpl.get_nfilters()):
-            code, _flags, values, _name = dcpl.get_filter(i)
-            if code not in (FILTER_DEFLATE, FILTER_SHUFFLE):
-                return None
-            filters.append((int(code), tuple(int(v) for v in values)))
-        return cls(dataset, path, filters)
+        filters = decodable_filters(dataset)
+        return None if filters is None else cls(dataset, path, filters)
 
     def _locate(self, coords: tuple[int, ...]) -> tuple[int, int, int] | None:
         where = self._where.get(coords, ())
@@ -115,19 +121,54 @@ class HDF5ChunkReader:
         offset, size, mask = where
         raw = os.pread(self._fd, size, offset)
         if len(raw) != size:
-            raise OSError(f"short read of HDF5 chunk {coords}: {len(raw)} of {size} bytes")
+            raise CorruptChunkError(
+                f"chunk {coords} of HDF5 dataset {self._name} is truncated: the file holds "
+                f"{len(raw)} of its {size} bytes at offset {offset} (file cut short?)"
+            )
+        return self.decode_stored(coords, raw, mask)
+
+    def decode_stored(self, coords: tuple[int, ...], raw: bytes, mask: int) -> np.ndarray:
+        """Undo the filters on a chunk's stored bytes; anything but one whole chunk raises."""
         nbytes = self._count * self._dtype.itemsize
         data: bytes | np.ndarray = raw
-        for i in range(len(self._filters) - 1, -1, -1):
-            if mask & (1 << i):
-                continue  # HDF5 skipped this filter for this chunk
-            code, values = self._filters[i]
-            if code == FILTER_DEFLATE:
-                packed = data if isinstance(data, bytes) else data.tobytes()
-                data = zlib.decompress(packed, bufsize=nbytes)
-            else:
-                data = _unshuffle(data, values[0] if values else self._dtype.itemsize)
+        try:
+            for i in range(len(self._filters) - 1, -1, -1):
+                if mask & (1 << i):
+                    continue  # HDF5 skipped this filter for this chunk
+                code, values = self._filters[i]
+                if code == FILTER_DEFLATE:
+                    packed = data if isinstance(data, bytes) else data.tobytes()
+                    inflate = zlib.decompressobj()
+                    data = inflate.decompress(packed, nbytes + 1)
+                    if not inflate.eof:
+                        raise ValueError("the deflate stream ends early")
+                else:
+                    data = _unshuffle(data, values[0] if values else self._dtype.itemsize)
+            got = len(data) if isinstance(data, bytes) else data.nbytes
+            if got != nbytes:
+                raise ValueError(f"decoded {got} bytes, a chunk has {nbytes}")
+        except (ValueError, zlib.error) as exc:
+            raise CorruptChunkError(
+                f"chunk {coords} of HDF5 dataset {self._name} is corrupt ({len(raw)} stored "
+                f"bytes: {exc})"
+            ) from None
         return np.frombuffer(data, dtype=self._dtype, count=self._count).reshape(self.chunks)
+
+
+def decodable_filters(dataset: Any) -> list[tuple[int, tuple[int, ...]]] | None:
+    """``(filter id, values)`` of a chunked dataset if mixle decodes them all, else ``None``."""
+    if dataset.chunks is None or dataset.dtype.kind not in "biufc":
+        return None
+    if dataset.is_virtual or dataset.external:
+        return None
+    dcpl = dataset.id.get_create_plist()
+    filters = []
+    for i in range(dcpl.get_nfilters()):
+        code, _flags, values, _name = dcpl.get_filter(i)
+        if code not in (FILTER_DEFLATE, FILTER_SHUFFLE):
+            return None
+        filters.append((int(code), tuple(int(v) for v in values)))
+    return filters
 
 
 def _unshuffle(data: bytes | np.ndarray, itemsize: int) -> np.ndarray:

@@ -10,10 +10,14 @@ import numpy as np
 from mixle.data.schema import Schema
 from mixle.data.sources.base import ArrayMeta, ArraySource, listing
 from mixle.data.sources.hdf5_chunks import HDF5ChunkReader, contiguous_memmap
+from mixle.data.sources.hdf5_remote import RemoteHDF5ChunkReader, open_remote_file
+from mixle.data.sources.memmap_check import check_mapped_file
 from mixle.data.structure import EXCHANGEABLE, SampleStructure
 from mixle.errors import ArrayNotFoundError, NotAnArrayError
 from mixle.reading import read_strided
+from mixle.reading.faults import retry_call
 from mixle.utils.optional_deps import require
+from mixle.utils.redact import display_path
 
 __all__ = [
     "HDF5_CHUNK_CACHE_BYTES",
@@ -54,9 +58,12 @@ class HDF5ArraySource(ArraySource):
     Parameters
     ----------
     path
-        Path of the HDF5 file.
+        Path of the HDF5 file, an fsspec URL (``https://``, ``s3://``...) or an open binary
+        file-like object (read through h5py; such a source cannot be pickled).
     dataset
         Name of the dataset inside the file (e.g. ``"volume"`` or ``"/scans/ct"``).
+    storage_options
+        Passed to fsspec for URLs (credentials, endpoints). Never shown in reprs or errors.
     structure, schema
         See :mod:`mixle.data.structure` and :class:`mixle.data.schema.Schema`.
     **h5py_options
@@ -84,18 +91,27 @@ class HDF5ArraySource(ArraySource):
     """
 
     _h5file: Any = None
+    _remote: tuple[Any, str, Any] | None = None
     _mapped: tuple[Any, np.memmap | None] | None = None
+    _stat: tuple[int, int] | None = None
 
     def __init__(
         self,
-        path: str | os.PathLike[str],
+        path: str | os.PathLike[str] | Any,
         dataset: str,
         *,
+        storage_options: dict[str, Any] | None = None,
         structure: SampleStructure = EXCHANGEABLE,
         schema: Schema | None = None,
         **h5py_options: Any,
     ) -> None:
-        self._init_state(_hdf5_args(path, dataset, h5py_options), structure, schema)
+        if _is_file_like(path):
+            self._init_state(None, structure, schema)
+            self._file_like = (path, _hdf5_args("<file-like>", dataset, h5py_options))
+            self._adopt(self._open_file_like())
+            return
+        args = _hdf5_args(path, dataset, h5py_options, storage_options)
+        self._init_state(args, structure, schema)
         self._live()
 
     @classmethod
@@ -123,17 +139,45 @@ class HDF5ArraySource(ArraySource):
 
     def _location(self) -> str:
         if self._args is None:
+            file_like = getattr(self, "_file_like", None)
+            if file_like is not None:
+                kind, name = type(file_like[0]).__name__, file_like[1]["dataset"]
+                return f"<file-like {kind}>, dataset={name!r}"
             return "<h5py dataset>"
-        return f"{self._args['path']!r}, dataset={self._args['dataset']!r}"
+        return f"{display_path(self._args['path'])!r}, dataset={self._args['dataset']!r}"
+
+    def _open_file_like(self) -> Any:
+        fileobj, args = self._file_like
+        return self._open_in(fileobj, "<file-like>", args["dataset"], args["options"])
 
     def _open(self) -> Any:
-        h5py = _h5py()
         assert self._args is not None
         path, name, options = self._args["path"], self._args["dataset"], self._args["options"]
+        if _is_url(path):
+            secrets = self._args.get("storage_options")
+            self._remote = retry_call(
+                lambda: open_remote_file(path, secrets),
+                url=display_path(path),
+                key="(file)",
+                secrets=secrets,
+            )
+            try:
+                return self._open_in(self._remote[2], display_path(path), name, options)
+            except BaseException:
+                self._remote[2].close()
+                raise
         if not os.path.exists(path):
             raise FileNotFoundError(f"path={path!r}: no such file")
+        handle = self._open_in(path, path, name, options)
+        st = os.stat(path)
+        self._stat = (st.st_dev, st.st_ino)
+        return handle
+
+    def _open_in(self, target: Any, path: str, name: str, options: dict[str, Any]) -> Any:
+        """Open dataset ``name`` of the HDF5 file ``target`` (a path or a file object)."""
+        h5py = _h5py()
         try:
-            file = h5py.File(path, **options)
+            file = h5py.File(target, **options)
         except OSError as exc:
             raise OSError(f"path={path!r} could not be opened as an HDF5 file: {exc}") from exc
         try:
@@ -165,6 +209,12 @@ class HDF5ArraySource(ArraySource):
         )
 
     def _chunk_reader(self, handle: Any) -> HDF5ChunkReader | None:
+        if self._remote is not None and self._args is not None:
+            fs, path, _file = self._remote
+            url = display_path(self._args["path"])
+            return RemoteHDF5ChunkReader.for_remote(
+                handle, fs, path, self._location(), url, self._args.get("storage_options")
+            )
         return HDF5ChunkReader.for_dataset(handle)
 
     def _memmap_for(self, handle: Any) -> np.memmap | None:
@@ -177,8 +227,15 @@ class HDF5ArraySource(ArraySource):
     def _read(self, handle: Any, key: tuple[int | slice, ...]) -> np.ndarray:
         mapped = self._memmap_for(handle)
         if mapped is None:
-            return np.asarray(handle[key])
+            planned = self._read_planned(handle, key) if self._remote is not None else None
+            return np.asarray(handle[key]) if planned is None else planned
+        self._check_file(mapped)
         return np.array(mapped[key], copy=True, subok=False)
+
+    def _check_file(self, mapped: np.memmap) -> None:
+        """Refuse to touch the map if the file was cut short or replaced since opening."""
+        assert self._args is not None
+        check_mapped_file(self._args["path"], mapped.offset + mapped.nbytes, self._stat)
 
     def _read_boxes_into(
         self, handle: Any, starts: list[list[int]], size: list[int], out: np.ndarray
@@ -187,6 +244,7 @@ class HDF5ArraySource(ArraySource):
         if mapped is None:
             super()._read_boxes_into(handle, starts, size, out)
         else:
+            self._check_file(mapped)
             read_strided(mapped.view(np.ndarray), starts, size, out)
 
     def _release(self, handle: Any) -> None:
@@ -194,6 +252,9 @@ class HDF5ArraySource(ArraySource):
         file, self._h5file = self._h5file, None
         if file is not None:
             file.close()
+        remote, self._remote = self._remote, None
+        if remote is not None:
+            remote[2].close()
 
 
 def _open_with_chunk_cache(h5py: Any, file: Any, name: str, options: dict[str, Any]) -> Any:
@@ -211,9 +272,31 @@ def _open_with_chunk_cache(h5py: Any, file: Any, name: str, options: dict[str, A
     return h5py.Dataset(dsid, readonly=file.mode == "r")
 
 
-def _hdf5_args(path: Any, dataset: Any, options: dict[str, Any]) -> dict[str, Any]:
+def _is_url(path: object) -> bool:
+    return isinstance(path, str) and "://" in path and not path.startswith("file://")
+
+
+def _is_file_like(path: object) -> bool:
+    return not isinstance(path, (str, os.PathLike)) and all(
+        callable(getattr(path, name, None)) for name in ("read", "seek", "tell")
+    )
+
+
+def _hdf5_args(
+    path: Any, dataset: Any, options: dict[str, Any], storage_options: Any = None
+) -> dict[str, Any]:
     if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"path={path!r} must be a path to an HDF5 file")
+        raise TypeError(
+            f"path={path!r} must be a path to an HDF5 file, an fsspec URL or a binary "
+            "file-like object"
+        )
+    if storage_options is not None and not isinstance(storage_options, dict):
+        raise TypeError("storage_options must be a dict of fsspec options or None")
+    if storage_options and not _is_url(path):
+        raise ValueError(
+            "storage_options only apply to fsspec URLs (such as s3://bucket/x.h5); "
+            f"path={display_path(path)!r} is not one"
+        )
     if not isinstance(dataset, str) or not dataset:
         raise TypeError(f"dataset={dataset!r} must be the name of a dataset in the file")
     options = dict(options)
@@ -225,4 +308,7 @@ def _hdf5_args(path: Any, dataset: Any, options: dict[str, Any]) -> dict[str, An
         )
     options.setdefault("rdcc_nbytes", HDF5_CHUNK_CACHE_BYTES)
     options.setdefault("rdcc_nslots", HDF5_CHUNK_CACHE_SLOTS)
-    return {"path": os.fspath(path), "dataset": dataset, "options": options}
+    args = {"path": os.fspath(path), "dataset": dataset, "options": options}
+    if storage_options:
+        args["storage_options"] = storage_options
+    return args

@@ -11,6 +11,7 @@ from numpy.typing import DTypeLike
 
 from mixle.data.schema import Schema
 from mixle.data.sources.base import ArrayMeta, ArraySource
+from mixle.data.sources.memmap_check import check_mapped_file, file_identity
 from mixle.data.structure import EXCHANGEABLE, SampleStructure
 from mixle.reading import read_strided
 
@@ -63,6 +64,10 @@ def _check_path(path: object) -> str:
 class MemmapArraySource(ArraySource):
     """A raw binary volume (no header), memory-mapped read-only by default.
 
+    Every read first checks that the file still holds the mapped bytes and is the same
+    file: a file truncated or replaced while open raises
+    :class:`~mixle.data.sources.memmap_check.FileChangedError` rather than crashing.
+
     Parameters
     ----------
     path
@@ -88,6 +93,8 @@ class MemmapArraySource(ArraySource):
         When the file size disagrees with ``offset``, ``shape`` and ``dtype``, or for a bad
         ``mode`` or ``order``.
     """
+
+    _mapped_file: tuple[tuple[int, int], int] | None = None
 
     def __init__(
         self,
@@ -149,17 +156,28 @@ class MemmapArraySource(ArraySource):
         )
 
     def _describe(self, handle: Any) -> ArrayMeta:
+        if isinstance(handle, np.memmap) and self._args is not None:
+            self._mapped_file = (file_identity(self._args["path"]), handle.offset + handle.nbytes)
         return ArrayMeta(shape=tuple(handle.shape), dtype=handle.dtype)
 
+    def _check(self, handle: Any) -> None:
+        """Refuse to read a map whose file was truncated or replaced (SIGBUS otherwise)."""
+        mapped = self._mapped_file
+        if mapped is not None and isinstance(handle, np.memmap) and self._args is not None:
+            check_mapped_file(self._args["path"], mapped[1], mapped[0])
+
     def _read(self, handle: Any, key: tuple[int | slice, ...]) -> np.ndarray:
+        self._check(handle)
         return np.array(handle[key], copy=True, subok=False)
 
     def _read_into(self, handle: Any, key: tuple[int | slice, ...], out: np.ndarray) -> None:
+        self._check(handle)
         out[...] = handle[key]  # one copy, from the page cache into the output
 
     def _read_boxes_into(
         self, handle: Any, starts: list[list[int]], size: list[int], out: np.ndarray
     ) -> None:
+        self._check(handle)
         read_strided(handle.view(np.ndarray), starts, size, out)  # in file order
 
 

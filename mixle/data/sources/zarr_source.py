@@ -5,11 +5,14 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import numpy as np
+
 from mixle.data.schema import Schema
 from mixle.data.sources.base import ArrayMeta, ArraySource, listing
 from mixle.data.sources.zarr_chunks import zarr_chunk_reader
 from mixle.data.structure import EXCHANGEABLE, SampleStructure
 from mixle.errors import ArrayNotFoundError, NotAnArrayError
+from mixle.reading.faults import retry_call
 from mixle.utils.optional_deps import require
 from mixle.utils.redact import display_path
 
@@ -100,7 +103,12 @@ class ZarrArraySource(ArraySource):
         if isinstance(path, str) and "://" not in path and not os.path.exists(path):
             raise FileNotFoundError(f"path={display_path(path)!r}: no such file or directory")
         try:
-            node = zarr.open(store=path, path=component or "", **kwargs)
+            node = retry_call(
+                lambda: zarr.open(store=path, path=component or "", **kwargs),
+                url=display_path(path),
+                key="(metadata)",
+                secrets=self._args["storage_options"],
+            )
         except FileNotFoundError as exc:
             if component:
                 try:
@@ -125,8 +133,16 @@ class ZarrArraySource(ArraySource):
             )
         return node
 
+    def _read(self, handle: Any, key: tuple[int | slice, ...]) -> np.ndarray:
+        planned = self._read_planned(handle, key)  # remote stores: batched, retried fetches
+        return np.asarray(handle[key]) if planned is None else planned
+
     def _chunk_reader(self, handle: Any) -> Any:
-        return zarr_chunk_reader(handle)
+        args = self._args or {}
+        url = display_path(args.get("path", "")) if isinstance(args.get("path"), str) else ""
+        if url and args.get("component"):
+            url = f"{url.rstrip('/')}/{args['component']}"
+        return zarr_chunk_reader(handle, self._location(), url, secrets=args.get("storage_options"))
 
     def _describe(self, handle: Any) -> ArrayMeta:
         shards = getattr(handle, "shards", None)

@@ -1,0 +1,211 @@
+"""Faults while reading: which errors are worth retrying, the retry policy, loud errors.
+
+Remote stores fail now and then (a 503, a reset connection, a timeout). Every request the
+read layer makes is retried on its own with exponential backoff, so a server that fails
+one request in five still serves every read; a request that keeps failing raises
+:class:`RemoteReadError` naming the URL (without credentials or query string) and the
+chunk. Data that arrives but is wrong raises :class:`CorruptChunkError`: a patch is never
+silently filled with garbage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
+from typing import TypeVar
+
+from mixle.utils.redact import redact_text
+from mixle.utils.validation import parse_int
+
+__all__ = [
+    "DEFAULT_RETRY_ATTEMPTS",
+    "DEFAULT_RETRY_BASE_DELAY",
+    "DEFAULT_RETRY_MAX_DELAY",
+    "CorruptChunkError",
+    "RemoteReadError",
+    "RetryPolicy",
+    "is_transient",
+    "retry_async",
+    "retry_call",
+    "retry_policy",
+    "set_retry_policy",
+]
+
+#: How many times one request is tried in all before :class:`RemoteReadError`.
+DEFAULT_RETRY_ATTEMPTS = 5
+#: Seconds before the first retry; each later retry waits twice as long...
+DEFAULT_RETRY_BASE_DELAY = 0.1
+#: ...but never longer than this many seconds.
+DEFAULT_RETRY_MAX_DELAY = 5.0
+
+#: HTTP statuses that say "try again": timeouts, throttling and server errors.
+_TRANSIENT_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
+#: Exception class names (anywhere in the MRO) of aiohttp, botocore and urllib3 that mean a
+#: dropped connection or a timeout; matched by name so that none of them must be installed.
+_TRANSIENT_NAMES = frozenset(
+    {
+        "ClientConnectionError",
+        "ClientPayloadError",
+        "ServerDisconnectedError",
+        "ServerTimeoutError",
+        "EndpointConnectionError",
+        "ConnectionClosedError",
+        "ReadTimeoutError",
+        "ConnectTimeoutError",
+        "ResponseStreamingError",
+        "IncompleteReadError",
+        "ProtocolError",
+    }
+)
+_TRANSIENT_ERRNO = frozenset(
+    {errno.ECONNRESET, errno.ECONNREFUSED, errno.ECONNABORTED, errno.ETIMEDOUT, errno.EPIPE}
+)
+_PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
+
+T = TypeVar("T")
+
+
+class RemoteReadError(OSError):
+    """A request kept failing after every retry; the message names the URL and the chunk."""
+
+
+class CorruptChunkError(ValueError):
+    """Stored bytes of a chunk do not decode to a chunk (bad checksum, truncated, wrong size)."""
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How transient failures are retried: ``attempts`` tries, waits doubling from ``base_delay``.
+
+    Attributes
+    ----------
+    attempts
+        Tries per request in all (``1`` never retries).
+    base_delay, max_delay
+        Retry ``k`` (from 0) waits ``min(max_delay, base_delay * 2**k)`` seconds.
+    """
+
+    attempts: int = DEFAULT_RETRY_ATTEMPTS
+    base_delay: float = DEFAULT_RETRY_BASE_DELAY
+    max_delay: float = DEFAULT_RETRY_MAX_DELAY
+
+    def delay(self, retry: int) -> float:
+        """Seconds to wait before retry number ``retry`` (0-based)."""
+        return float(min(self.max_delay, self.base_delay * 2.0**retry))
+
+    @property
+    def budget(self) -> float:
+        """The longest a failing request waits in all before its error is raised."""
+        return sum(self.delay(k) for k in range(self.attempts - 1))
+
+
+_policy = RetryPolicy()
+
+
+def retry_policy() -> RetryPolicy:
+    """The process-wide retry policy every remote request follows."""
+    return _policy
+
+
+def set_retry_policy(
+    attempts: int | None = None, base_delay: float | None = None, max_delay: float | None = None
+) -> RetryPolicy:
+    """Change the process-wide retry policy (``None`` keeps a field); returns the old one.
+
+    Raises
+    ------
+    ValueError
+        For ``attempts < 1`` or a negative delay.
+    """
+    global _policy
+    old = _policy
+    new = old
+    if attempts is not None:
+        count = parse_int(attempts, "attempts")
+        if count < 1:
+            raise ValueError(f"attempts={attempts} must be >= 1 (1 means no retries)")
+        new = replace(new, attempts=count)
+    if base_delay is not None:
+        new = replace(new, base_delay=_seconds(base_delay, "base_delay"))
+    if max_delay is not None:
+        new = replace(new, max_delay=_seconds(max_delay, "max_delay"))
+    _policy = new
+    return old
+
+
+def _seconds(value: object, name: str) -> float:
+    seconds = float(value) if isinstance(value, (int, float)) else float("nan")
+    if not seconds >= 0:
+        raise ValueError(f"{name}={value!r} must be a number of seconds >= 0")
+    return seconds
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether ``exc`` is worth retrying: a 5xx/429/408, a dropped connection or a timeout."""
+    if isinstance(exc, _PERMANENT):
+        return False
+    status = getattr(exc, "status", None) or getattr(exc, "status_code", None)
+    response = getattr(exc, "response", None)
+    if status is None and isinstance(response, dict):  # botocore ClientError
+        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    if isinstance(status, int):
+        return status in _TRANSIENT_STATUS
+    if isinstance(exc, (TimeoutError, asyncio.TimeoutError, ConnectionError)):
+        return True
+    if any(cls.__name__ in _TRANSIENT_NAMES for cls in type(exc).__mro__):
+        return True
+    if isinstance(exc, OSError) and exc.errno in _TRANSIENT_ERRNO:
+        return True
+    cause = exc.__cause__ or exc.__context__
+    return cause is not None and cause is not exc and is_transient(cause)
+
+
+def _failure(exc: BaseException, url: str, key: str, tries: int, secrets: object) -> str:
+    reason = redact_text(f"{type(exc).__name__}: {exc}", secrets)
+    return f"reading {redact_text(url, secrets)} (chunk {key}) failed after {tries} tries: {reason}"
+
+
+async def retry_async(
+    call: Callable[[], Awaitable[T]], *, url: str, key: str, secrets: object = None
+) -> T:
+    """Await ``call()``, retrying transient failures by :func:`retry_policy`.
+
+    Raises
+    ------
+    RemoteReadError
+        When every try failed with a transient error, or at once for a permanent one
+        (such as a 403); names ``url`` and ``key``, never credentials.
+    FileNotFoundError
+        Unchanged, at once: the caller decides whether a missing object is a fill value.
+    """
+    policy = _policy
+    for attempt in range(policy.attempts):
+        try:
+            return await call()
+        except Exception as exc:
+            if isinstance(exc, (FileNotFoundError, CorruptChunkError)):
+                raise
+            if not is_transient(exc):  # such as 403: not retried, but told without secrets
+                raise RemoteReadError(_failure(exc, url, key, attempt + 1, secrets)) from None
+            if attempt + 1 == policy.attempts:
+                raise RemoteReadError(_failure(exc, url, key, policy.attempts, secrets)) from None
+            await asyncio.sleep(policy.delay(attempt))
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def retry_call(call: Callable[[], T], *, url: str, key: str, secrets: object = None) -> T:
+    """:func:`retry_async` for a blocking ``call`` (opening a store, reading metadata)."""
+    policy = _policy
+    for attempt in range(policy.attempts):
+        try:
+            return call()
+        except Exception as exc:
+            if not is_transient(exc):
+                raise
+            if attempt + 1 == policy.attempts:
+                raise RemoteReadError(_failure(exc, url, key, policy.attempts, secrets)) from None
+            time.sleep(policy.delay(attempt))
+    raise AssertionError("unreachable")  # pragma: no cover

@@ -1,0 +1,357 @@
+"""Servers on 127.0.0.1 for testing remote reads: HTTP with Range requests, and S3 (moto).
+
+Both count the requests they answer and can fail on purpose (every k-th request a 503 or
+a dropped connection), so a pipeline's behaviour against flaky object stores can be
+tested without a network::
+
+    with RangeHTTPServer(folder) as server:
+        src = mixle.read_zarr(f"{server.url}/volume.zarr")
+        ...
+        print(server.requests, "requests")
+
+Both are context managers that stop cleanly (their threads joined, sockets closed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import socket
+import threading
+import urllib.request
+from collections import Counter
+from collections.abc import Callable, Iterable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+__all__ = ["FaultPlan", "MotoS3Server", "RangeHTTPServer"]
+
+_RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
+
+
+class FaultPlan:
+    """Counts requests and decides which ones fail: thread-safe.
+
+    Parameters
+    ----------
+    fail_every
+        Every ``fail_every``-th request (1-based) gets ``fail_status`` (0: never).
+    drop_every
+        Every ``drop_every``-th request has its connection closed with no answer (0: never).
+    fail_status
+        The HTTP status of failed requests (a 5xx by default).
+    """
+
+    def __init__(self, fail_every: int = 0, drop_every: int = 0, fail_status: int = 503) -> None:
+        self._lock = threading.Lock()
+        self.fail_every, self.drop_every, self.fail_status = fail_every, drop_every, fail_status
+        self.dead = False
+        self._count = 0
+        self.by_path: Counter[str] = Counter()
+        self.log: list[tuple[str, str, str]] = []
+
+    def record(self, method: str, path: str, byte_range: str) -> str | None:
+        """Count one request; returns ``"fail"``, ``"drop"`` or ``None`` (serve it)."""
+        with self._lock:
+            self._count += 1
+            n = self._count
+            self.by_path[path] += 1
+            self.log.append((method, path, byte_range))
+        if self.dead:
+            return "drop"
+        if self.drop_every and n % self.drop_every == 0:
+            return "drop"
+        if self.fail_every and n % self.fail_every == 0:
+            return "fail"
+        return None
+
+    @property
+    def requests(self) -> int:
+        """Requests answered (or failed on purpose) since the last :meth:`reset`."""
+        return self._count
+
+    def reset(self) -> None:
+        """Zero the counters (fault settings stay)."""
+        with self._lock:
+            self._count = 0
+            self.by_path.clear()
+            self.log.clear()
+
+
+class _ClosingServer(ThreadingHTTPServer):
+    """A threaded server that, on close, ends its open keep-alive connections too."""
+
+    daemon_threads = True
+    block_on_close = True
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.open_sockets: set[socket.socket] = set()
+        self.sockets_lock = threading.Lock()
+        super().__init__(*args, **kwargs)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self.sockets_lock:
+            self.open_sockets.add(request)
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request: Any) -> None:
+        with self.sockets_lock:
+            self.open_sockets.discard(request)
+        super().shutdown_request(request)
+
+    def end_connections(self) -> None:
+        with self.sockets_lock:
+            sockets = list(self.open_sockets)
+        for sock in sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+
+class _Serving:
+    """Start/stop plumbing shared by the two servers."""
+
+    _server: Any
+    _thread: threading.Thread | None = None
+
+    def _serve(self, server: Any) -> None:
+        self._server = server
+        self._thread = threading.Thread(
+            target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
+        self._thread.start()
+
+    def _halt(self) -> None:
+        if self._thread is None:
+            return
+        self._server.shutdown()
+        if hasattr(self._server, "end_connections"):
+            self._server.end_connections()
+        self._server.server_close()
+        self._thread.join()
+        self._thread = None
+
+    @property
+    def port(self) -> int:
+        """The port the server listens on (127.0.0.1)."""
+        return int(self._server.server_address[1])
+
+
+class RangeHTTPServer(_Serving):
+    """Serve files under ``root`` over HTTP/1.1 on 127.0.0.1, honouring ``Range`` requests.
+
+    Single ranges (``bytes=a-b``, ``bytes=a-``) and suffix ranges (``bytes=-n``) get a
+    ``206``; unsatisfiable ones a ``416``; missing files a ``404``. ``faults`` (a
+    :class:`FaultPlan`, by default one that never fails) counts every request.
+
+    Parameters
+    ----------
+    root
+        Folder whose files are served (``http://127.0.0.1:port/<relative path>``).
+    faults
+        Counts requests and injects failures; change its attributes while serving.
+    """
+
+    def __init__(self, root: str | os.PathLike[str], faults: FaultPlan | None = None) -> None:
+        self.root = Path(root).resolve()
+        self.faults = FaultPlan() if faults is None else faults
+
+    @property
+    def url(self) -> str:
+        """Base URL, such as ``http://127.0.0.1:43123``."""
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def requests(self) -> int:
+        """Requests received since the last ``faults.reset()``."""
+        return self.faults.requests
+
+    def start(self) -> RangeHTTPServer:
+        """Start serving in a background thread."""
+        handler = type("Handler", (_RangeHandler,), {"root": self.root, "faults": self.faults})
+        self._serve(_ClosingServer(("127.0.0.1", 0), handler))
+        return self
+
+    def stop(self) -> None:
+        """Stop serving, end open connections and join the threads."""
+        self._halt()
+
+    def __enter__(self) -> RangeHTTPServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class _RangeHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    root: Path
+    faults: FaultPlan
+
+    def log_message(self, format: str, *args: Any) -> None:  # quiet
+        pass
+
+    def do_HEAD(self) -> None:
+        self._answer(body=False)
+
+    def do_GET(self) -> None:
+        self._answer(body=True)
+
+    def _answer(self, body: bool) -> None:
+        path = self.path.split("?", 1)[0]
+        action = self.faults.record(self.command, path, self.headers.get("Range", ""))
+        if action == "drop":
+            self.close_connection = True
+            self.connection.shutdown(socket.SHUT_RDWR)
+            return
+        if action == "fail":
+            return self._plain(self.faults.fail_status, b"injected failure", body)
+        file = (self.root / path.lstrip("/")).resolve()
+        if not file.is_relative_to(self.root) or not file.is_file():
+            return self._plain(404, b"not found", body)
+        data = file.read_bytes()
+        size = len(data)
+        spec = self.headers.get("Range")
+        if spec is None:
+            return self._send(200, data, {"Accept-Ranges": "bytes"}, body)
+        match = _RANGE.match(spec.strip())
+        if match is None or match.group(1) == match.group(2) == "":
+            return self._plain(416, b"bad range", body)
+        first, last = match.groups()
+        if first == "":  # suffix: the last n bytes
+            start, end = max(0, size - int(last)), size
+        else:
+            start, end = int(first), size if last == "" else min(size, int(last) + 1)
+        if start >= size or start >= end:
+            return self._send(416, b"", {"Content-Range": f"bytes */{size}"}, body)
+        headers = {"Content-Range": f"bytes {start}-{end - 1}/{size}", "Accept-Ranges": "bytes"}
+        self._send(206, data[start:end], headers, body)
+
+    def _plain(self, status: int, text: bytes, body: bool) -> None:
+        self._send(status, text, {"Content-Type": "text/plain"}, body)
+
+    def _send(self, status: int, data: bytes, headers: dict[str, str], body: bool) -> None:
+        self.send_response(status)
+        for name, value in headers.items():
+            self.send_header(name, value)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        if body:
+            self.wfile.write(data)
+
+
+class MotoS3Server(_Serving):
+    """A moto S3 server on 127.0.0.1 (``pip install "moto[server]"``), counting requests.
+
+    Parameters
+    ----------
+    faults
+        Counts requests and injects failures (``503 SlowDown``; drops answer ``503`` too).
+
+    Notes
+    -----
+    moto keeps buckets in process-wide state; :meth:`stop` resets it.
+    """
+
+    #: Credentials the test server accepts (any value works; these are not secrets).
+    KEY = "mixle-test-key"
+    SECRET = "mixle-test-secret"
+
+    def __init__(self, faults: FaultPlan | None = None) -> None:
+        self.faults = FaultPlan() if faults is None else faults
+
+    @property
+    def endpoint_url(self) -> str:
+        """Where S3 clients connect, such as ``http://127.0.0.1:43124``."""
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def requests(self) -> int:
+        """Requests received since the last ``faults.reset()``."""
+        return self.faults.requests
+
+    def storage_options(self, **extra: Any) -> dict[str, Any]:
+        """fsspec ``storage_options`` for ``s3://`` URLs served here (s3fs)."""
+        options: dict[str, Any] = {
+            "key": self.KEY,
+            "secret": self.SECRET,
+            "client_kwargs": {"endpoint_url": self.endpoint_url, "region_name": "us-east-1"},
+        }
+        options.update(extra)
+        return options
+
+    def client(self) -> Any:
+        """A boto3 S3 client for this server (to create buckets and upload)."""
+        import boto3  # type: ignore[import-untyped]
+
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint_url,
+            aws_access_key_id=self.KEY,
+            aws_secret_access_key=self.SECRET,
+            region_name="us-east-1",
+        )
+
+    def upload(self, folder: str | os.PathLike[str], bucket: str, prefix: str = "") -> str:
+        """Create ``bucket`` (if needed) and upload every file below ``folder``; the URL."""
+        client = self.client()
+        existing = {b["Name"] for b in client.list_buckets().get("Buckets", [])}
+        if bucket not in existing:
+            client.create_bucket(Bucket=bucket)
+        root = Path(folder)
+        for file in sorted(p for p in root.rglob("*") if p.is_file()):
+            key = "/".join(filter(None, [prefix.strip("/"), file.relative_to(root).as_posix()]))
+            client.put_object(Bucket=bucket, Key=key, Body=file.read_bytes())
+        client.close()
+        return f"s3://{bucket}/{prefix.strip('/')}".rstrip("/")
+
+    def start(self) -> MotoS3Server:
+        """Start serving in a background thread."""
+        from moto.server import DomainDispatcherApplication, create_backend_app
+        from werkzeug.serving import WSGIRequestHandler, make_server
+
+        class Quiet(WSGIRequestHandler):
+            def log(self, type: str, message: str, *args: Any) -> None:
+                pass
+
+        app = _FaultyApp(DomainDispatcherApplication(create_backend_app), self.faults)
+        self._serve(make_server("127.0.0.1", 0, app, threaded=True, request_handler=Quiet))
+        return self
+
+    def stop(self) -> None:
+        """Reset moto's state and stop serving."""
+        if self._thread is not None:
+            request = urllib.request.Request(f"{self.endpoint_url}/moto-api/reset", method="POST")
+            with urllib.request.urlopen(request, timeout=10):
+                pass
+        self._halt()
+
+    def __enter__(self) -> MotoS3Server:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class _FaultyApp:
+    """WSGI middleware: count requests, fail some with ``503 SlowDown``."""
+
+    def __init__(self, app: Callable[..., Iterable[bytes]], faults: FaultPlan) -> None:
+        self._app, self._faults = app, faults
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
+        path = environ.get("PATH_INFO", "")
+        if path.startswith("/moto-api"):
+            return self._app(environ, start_response)
+        action = self._faults.record(
+            environ.get("REQUEST_METHOD", ""), path, environ.get("HTTP_RANGE", "")
+        )
+        if action is not None:
+            body = b"<Error><Code>InternalError</Code><Message>injected</Message></Error>"
+            start_response(
+                f"{self._faults.fail_status} Injected",
+                [("Content-Type", "application/xml"), ("Content-Length", str(len(body)))],
+            )
+            return [body]
+        return self._app(environ, start_response)

@@ -1,0 +1,71 @@
+"""Stores written once per module for the remote-read tests, and tiny retry delays."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import h5py
+import numcodecs
+import numpy as np
+import zarr
+from zarr.codecs import BloscCodec, ZstdCodec
+
+SHAPE = (24, 24, 20)
+PATCH = (7, 9, 6)
+
+
+def volume(seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return np.round(rng.standard_normal(SHAPE) * 100).astype("float32")
+
+
+def write_stores(root: Path) -> dict[str, np.ndarray]:
+    """Plain and sharded zarr (v2, v3), sparse arrays, HDF5; returns name -> contents."""
+    data = volume()
+    sparse = np.full(SHAPE, 7, dtype="float32")
+    sparse[:8, :8, :10] = data[:8, :8, :10]
+    truth: dict[str, np.ndarray] = {}
+
+    def make(name: str, values: np.ndarray, **kwargs: object) -> None:
+        arr = zarr.create_array(
+            str(root / name), shape=SHAPE, dtype="float32", overwrite=True, **kwargs
+        )
+        arr[: values.shape[0]] = values
+        truth[name] = values
+
+    make("v2.zarr", data, chunks=(8, 8, 10), zarr_format=2, compressors=numcodecs.Zlib())
+    make("v3.zarr", data, chunks=(8, 8, 10), compressors=ZstdCodec(level=1))
+    make("sharded.zarr", data, chunks=(4, 4, 5), shards=(12, 12, 10), compressors=BloscCodec())
+    make(
+        "sharded_start.zarr",
+        data,
+        chunks=(4, 4, 5),
+        shards={"shape": (12, 12, 10), "index_location": "start"},
+        compressors=ZstdCodec(),
+    )
+    make("sparse.zarr", sparse, chunks=(8, 8, 10), fill_value=7, compressors=ZstdCodec())
+    make(
+        "sparse_sharded.zarr",
+        sparse,
+        chunks=(4, 4, 5),
+        shards=(12, 12, 10),
+        fill_value=7,
+        compressors=ZstdCodec(),
+    )
+    with h5py.File(root / "v.h5", "w") as f:
+        f.create_dataset("gzip", data=data, chunks=(8, 8, 10), compression="gzip", shuffle=True)
+        f.create_dataset("lzf", data=data, chunks=(8, 8, 10), compression="lzf")
+        f.create_dataset("contiguous", data=data)
+    truth["v.h5/gzip"] = truth["v.h5/lzf"] = truth["v.h5/contiguous"] = data
+    return truth
+
+
+def boxes(count: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return np.stack([rng.integers(0, d - p + 1, size=count) for d, p in zip(SHAPE, PATCH)], 1)
+
+
+def expected_boxes(values: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    return np.stack(
+        [values[tuple(slice(a, a + p) for a, p in zip(row, PATCH))] for row in starts.tolist()]
+    )

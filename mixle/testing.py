@@ -16,9 +16,10 @@ import numpy as np
 
 from mixle.data.sources.base import ArraySource
 from mixle.data.sources.protocols import SupportsArrayRead, SupportsBatchRead, SupportsRecords
+from mixle.data.sources.records import RecordSource
 from mixle.errors import SourceClosedError
 
-__all__ = ["assert_unchanged", "check_array_source", "snapshot_tree"]
+__all__ = ["assert_unchanged", "check_array_source", "check_record_source", "snapshot_tree"]
 
 #: Pickles of sources must stay below this many bytes whatever the data size.
 MAX_PICKLE_BYTES = 2048
@@ -144,6 +145,91 @@ def check_array_source(
     assert source.closed
     source.close()  # idempotent
     for action in (lambda: source[0], lambda: source.shape, lambda: pickle.dumps(source)):
+        try:
+            action()
+        except SourceClosedError:
+            continue
+        raise AssertionError(f"{source!r} did not raise SourceClosedError after close()")
+
+
+def _assert_column_equal(got: np.ndarray, want: np.ndarray, what: str) -> None:
+    assert got.dtype == want.dtype, (what, got.dtype, want.dtype)
+    assert got.shape == want.shape, (what, got.shape, want.shape)
+    if want.dtype == object:
+        assert got.tolist() == want.tolist(), what
+    else:
+        np.testing.assert_array_equal(got, want, err_msg=what)
+
+
+def check_record_source(
+    source: RecordSource,
+    expected: dict[str, np.ndarray],
+    *,
+    max_pickle_bytes: int = MAX_PICKLE_BYTES,
+) -> None:
+    """Check the record-source contract of ``source`` against NumPy columns ``expected``.
+
+    Covers columns and ``element_spec``, ``len``, records by positive and negative index,
+    slices, batch reads in any order with repeats (equal to per-record reads), streaming
+    with ``records()`` and ``iter_batches()``, pickling (small unless ``max_pickle_bytes``
+    says otherwise, lazy, rereads equal), the context manager and errors after close.
+    Closes ``source`` at the end.
+    """
+    assert isinstance(source, RecordSource), type(source)
+    for protocol in (SupportsRecords, SupportsBatchRead):
+        assert isinstance(source, protocol), protocol.__name__
+    names = list(expected)
+    assert list(source.columns) == names, (source.columns, names)
+    n = len(next(iter(expected.values()))) if expected else 0
+    assert len(source) == n
+    spec = source.element_spec()
+    for name, column in expected.items():
+        assert spec[name].shape == column.shape[1:] and spec[name].dtype == column.dtype, name
+    assert type(source).__name__ in repr(source)
+
+    if n:
+        idx = np.array([n - 1, 0, n // 2, 0, -1], dtype=np.int64)
+        batch = source.get_batch(idx)
+        for name in names:
+            _assert_column_equal(batch[name], expected[name][idx], f"get_batch[{name!r}]")
+        for i in (0, n - 1, -1, n // 2):
+            record = source[i]
+            assert list(record) == names
+            for name in names:
+                got, want = np.asarray(record[name]), np.asarray(expected[name][i])
+                if want.dtype == object:
+                    assert got.tolist() == want.tolist(), (i, name)
+                else:
+                    np.testing.assert_array_equal(got, want, err_msg=f"[{i}][{name!r}]")
+        part = source[1::2]
+        for name in names:
+            _assert_column_equal(part[name], expected[name][1::2], f"[1::2][{name!r}]")
+    empty = source.get_batch([])
+    for name in names:
+        assert empty[name].shape == (0, *expected[name].shape[1:]), name
+    streamed = list(source.records())
+    assert len(streamed) == n
+    blocks = list(source.iter_batches(max(1, n // 3)))
+    for name in names:
+        if blocks:
+            whole = np.concatenate([b[name] for b in blocks])
+            _assert_column_equal(whole, expected[name], f"iter_batches[{name!r}]")
+
+    blob = pickle.dumps(source)
+    assert len(blob) <= max_pickle_bytes, f"pickle of {source!r} is {len(blob)} bytes"
+    clone = pickle.loads(blob)
+    assert "not opened yet" in repr(clone), repr(clone)
+    if n:
+        again = clone.get_batch(np.arange(n))
+        for name in names:
+            _assert_column_equal(again[name], expected[name], f"unpickled[{name!r}]")
+    clone.close()
+
+    with source as entered:
+        assert entered is source
+    assert source.closed
+    source.close()  # idempotent
+    for action in (lambda: source[0], lambda: source.columns, lambda: pickle.dumps(source)):
         try:
             action()
         except SourceClosedError:

@@ -125,12 +125,12 @@ class CSVSource(TextRecordSource):
                 raise ValueError(f"{where} is empty: header=True needs a header row")
             names = [str(i) for i in range(len(sample[0]) if sample else 0)]
         handle = TextHandle(fd, real, start, 1 if header is True else 0, names, [])
+        handle.selected = check_columns(self._args["columns"], names, where)
+        overrides = parse_dtypes(self._args["dtypes"], names, where)
         for row, line in zip(sample, lines):
             problem = self._row_problem(handle, row)
             if problem is not None:
                 raise self._malformed(line, problem)
-        handle.selected = check_columns(self._args["columns"], names, where)
-        overrides = parse_dtypes(self._args["dtypes"], names, where)
         na = frozenset(self._args["na_values"])
         specs: dict[str, ArraySpec] = {}
         for name in handle.selected:

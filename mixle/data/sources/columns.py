@@ -127,7 +127,7 @@ def _conversion_error(
     fix = "float64" if dtype.kind in "iu" and numeric else "str"
     return MalformedRowError(
         f"{path}, {unit} {line}: column {column!r} ({dtype}) cannot hold {shown}; pass "
-        f"dtypes={{{column!r}: {fix!r}}} (or fix the file)",
+        f"dtypes={{{column!r}: {fix!r}}} (or fix the data)",
         path=path,
         line=line,
     )

@@ -12,6 +12,7 @@ import re
 import sqlite3
 import threading
 import urllib.parse
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -128,6 +129,8 @@ class SQLAlchemyBackend(SQLBackend):
         self._sa = require("sqlalchemy", "sql", feature="read_sql with a database URL")
         self._engine, self._own = engine, own
         self._preparer = engine.dialect.identifier_preparer
+        # an engine mixle made is disposed when its source is collected without close()
+        self._finalizer = weakref.finalize(self, engine.dispose) if own else None
 
     def fetch(self, sql: str, params: Any) -> tuple[list[str], list[tuple[Any, ...]]]:
         with self._engine.connect() as conn:
@@ -151,10 +154,12 @@ class SQLAlchemyBackend(SQLBackend):
         return str(self._preparer.quote_identifier(identifier))
 
     def close(self) -> None:
-        if self._own:
-            self._engine.dispose()
+        if self._finalizer is not None:
+            self._finalizer()
 
     def forget(self) -> None:
+        if self._finalizer is not None:
+            self._finalizer.detach()
         self._engine.dispose(close=False)
 
 

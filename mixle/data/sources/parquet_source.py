@@ -25,10 +25,19 @@ from mixle.data.spec import ArraySpec
 from mixle.utils.optional_deps import require
 from mixle.utils.redact import display_path
 
-__all__ = ["ROW_GROUP_CACHE_BYTES", "ParquetSource", "arrow_spec", "arrow_to_numpy", "read_parquet"]
+__all__ = [
+    "ROW_GROUP_CACHE_BYTES",
+    "STREAM_BUFFER_BYTES",
+    "ParquetSource",
+    "arrow_spec",
+    "arrow_to_numpy",
+    "read_parquet",
+]
 
 #: Bytes of decoded row groups a Parquet source keeps (least recently used dropped first).
 ROW_GROUP_CACHE_BYTES = 64 * 2**20
+#: Read buffer of a streaming Parquet reader.
+STREAM_BUFFER_BYTES = 2**20
 
 
 def arrow_spec(arrow_type: Any, nullable_values: bool) -> ArraySpec:
@@ -227,8 +236,15 @@ class ParquetSource(RecordSource):
         assert meta is not None
         pq = require("pyarrow.parquet", "tabular", feature="read_parquet")
         for name in handle.files:
-            with pq.ParquetFile(name, filesystem=handle.fs) as pf:
-                for batch in pf.iter_batches(batch_size=block_rows, columns=handle.selected):
+            # no pre-buffering: pyarrow would otherwise keep every column chunk it read
+            with pq.ParquetFile(
+                name, filesystem=handle.fs, pre_buffer=False, buffer_size=STREAM_BUFFER_BYTES
+            ) as pf:
+                # one row group decoded at a time (threads would read several ahead)
+                batches = pf.iter_batches(
+                    batch_size=block_rows, columns=handle.selected, use_threads=False
+                )
+                for batch in batches:
                     yield {
                         c: arrow_to_numpy(batch.column(i), meta.columns[c])
                         for i, c in enumerate(handle.selected)
@@ -277,6 +293,8 @@ def read_parquet(
     -----
     Column dtypes come from the Arrow schema; integer columns whose row-group statistics
     report nulls (or none) are ``float64`` with ``NaN``, strings and nested lists ``object``,
-    fixed-size lists of numbers array columns.
+    fixed-size lists of numbers array columns. Streaming holds about one decoded row group
+    (of the selected columns) at a time; random access keeps up to
+    :data:`ROW_GROUP_CACHE_BYTES` of decoded row groups.
     """
     return ParquetSource(path_or_url, columns)

@@ -1,5 +1,6 @@
-"""Test helpers users can run against their own data: a source conformance suite and a
-check that files on disk were left byte-identical.
+"""Test helpers users can run against their own data: a source conformance suite, a
+check that files on disk were left byte-identical, and HTTP and S3 servers on 127.0.0.1
+(:mod:`mixle.testing_servers`) that count requests and fail on purpose.
 """
 
 from __future__ import annotations

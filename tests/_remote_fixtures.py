@@ -8,7 +8,7 @@ import h5py
 import numcodecs
 import numpy as np
 import zarr
-from zarr.codecs import BloscCodec, ZstdCodec
+from zarr.codecs import BloscCodec, Crc32cCodec, ZstdCodec
 
 SHAPE = (24, 24, 20)
 PATCH = (7, 9, 6)
@@ -35,6 +35,7 @@ def write_stores(root: Path) -> dict[str, np.ndarray]:
 
     make("v2.zarr", data, chunks=(8, 8, 10), zarr_format=2, compressors=numcodecs.Zlib())
     make("v3.zarr", data, chunks=(8, 8, 10), compressors=ZstdCodec(level=1))
+    make("crc.zarr", data, chunks=(8, 8, 10), compressors=[ZstdCodec(), Crc32cCodec()])
     make("sharded.zarr", data, chunks=(4, 4, 5), shards=(12, 12, 10), compressors=BloscCodec())
     make(
         "sharded_start.zarr",

@@ -10,8 +10,8 @@ silently filled with garbage.
 
 from __future__ import annotations
 
-import asyncio
 import errno
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
@@ -153,7 +153,9 @@ def is_transient(exc: BaseException) -> bool:
         status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
     if isinstance(status, int):
         return status in _TRANSIENT_STATUS
-    if isinstance(exc, (TimeoutError, asyncio.TimeoutError, ConnectionError)):
+    asyncio = sys.modules.get("asyncio")  # not imported: none of its errors can occur
+    timeouts = (TimeoutError,) if asyncio is None else (TimeoutError, asyncio.TimeoutError)
+    if isinstance(exc, (*timeouts, ConnectionError)):
         return True
     if any(cls.__name__ in _TRANSIENT_NAMES for cls in type(exc).__mro__):
         return True
@@ -192,8 +194,14 @@ async def retry_async(
                 raise RemoteReadError(_failure(exc, url, key, attempt + 1, secrets)) from None
             if attempt + 1 == policy.attempts:
                 raise RemoteReadError(_failure(exc, url, key, policy.attempts, secrets)) from None
-            await asyncio.sleep(policy.delay(attempt))
+            await _sleep(policy.delay(attempt))
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+async def _sleep(seconds: float) -> None:
+    import asyncio  # only ever awaited inside a running event loop
+
+    await asyncio.sleep(seconds)
 
 
 def retry_call(call: Callable[[], T], *, url: str, key: str, secrets: object = None) -> T:

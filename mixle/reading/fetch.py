@@ -9,7 +9,6 @@ chunks of a shard) into a few larger requests.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
@@ -41,6 +40,8 @@ class _ByteBudget:
     """An asyncio semaphore counted in bytes; a request larger than the budget takes it all."""
 
     def __init__(self, budget: int) -> None:
+        import asyncio  # built inside a running loop; ``import mixle`` stays asyncio-free
+
         self._free = budget
         self._budget = budget
         self._changed = asyncio.Condition()
@@ -85,6 +86,8 @@ async def gather_bounded(
     Exception
         The first failure, after the other requests were cancelled.
     """
+    import asyncio  # only ever awaited inside a running event loop
+
     budget = _ByteBudget(MAX_INFLIGHT_BYTES if max_inflight is None else max_inflight)
 
     async def one(call: Callable[[], Awaitable[T]], size: int) -> T:

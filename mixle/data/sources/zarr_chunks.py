@@ -84,13 +84,32 @@ def decode_checked(decode: Decoder, raw: bytes, where: str, key: str) -> np.ndar
         ) from None
 
 
-class ZarrCodecReader:
-    """Decoded chunks from stored bytes, decoded with numcodecs (no zarr in the hot path).
+class _DecodedChunks:
+    """What both numcodecs readers share: chunk shape, cache token, decoder, fill chunk."""
+
+    def __init__(self, array: Any, decode: Decoder, where: str = "") -> None:
+        self.chunks: tuple[int, ...] = tuple(array.chunks)
+        self.token = new_token()
+        self._decode = decode
+        self._where = where or repr(array.store)
+        self._meta = array.metadata
+        self._fill = fill_chunk(array, self.chunks)
+
+    def decode(self, coords: tuple[int, ...], raw: bytes | None) -> np.ndarray:
+        """Chunk ``coords`` from its stored bytes (``None``: never written, the fill value)."""
+        if raw is None:
+            return self._fill
+        return decode_checked(self._decode, raw, self._where, self._meta.encode_chunk_key(coords))
+
+
+class ZarrCodecReader(_DecodedChunks):
+    """Decoded chunks of an array in a local directory store, decoded with numcodecs.
 
     Parameters
     ----------
     array
-        An open ``zarr.Array`` whose layout :func:`codec_chain` understands.
+        An open ``zarr.Array`` in a ``LocalStore`` whose layout :func:`codec_chain`
+        understands.
     decode
         Turns stored bytes into a decoded chunk array of shape ``array.chunks``.
     where
@@ -98,30 +117,26 @@ class ZarrCodecReader:
     """
 
     def __init__(self, array: Any, decode: Decoder, where: str = "") -> None:
-        self.chunks: tuple[int, ...] = tuple(array.chunks)
-        self.token = new_token()
-        self._array = array
-        self._decode = decode
-        self._where = where or repr(array.store)
-        self._meta = array.metadata
-        self._fetch = _local_fetch(array) or _store_fetch(array)
-        self._fill = fill_chunk(array, self.chunks)
+        super().__init__(array, decode, where)
+        self._base = _local_base(array)
 
     def read_chunk(self, coords: tuple[int, ...]) -> np.ndarray:
-        key = self._meta.encode_chunk_key(coords)
-        raw = self._fetch(key)
-        if raw is None:  # never written: the fill value, as zarr reads it
-            return self._fill
-        return decode_checked(self._decode, raw, self._where, key)
+        try:
+            path = os.path.join(self._base, *self._meta.encode_chunk_key(coords).split("/"))
+            with open(path, "rb") as fh:
+                raw: bytes | None = fh.read()
+        except FileNotFoundError:
+            raw = None  # never written: the fill value, as zarr reads it
+        return self.decode(coords, raw)
 
 
-class ZarrStoreReader(ZarrCodecReader):
-    """:class:`ZarrCodecReader` for remote stores: a batch's chunks fetched concurrently.
+class ZarrStoreReader(_DecodedChunks):
+    """Decoded chunks from any other zarr store: a batch's chunks fetched concurrently.
 
     Parameters
     ----------
     array, decode, where
-        As for :class:`ZarrCodecReader`.
+        As for :class:`ZarrCodecReader` (any store).
     url
         Display-safe location of the array, used in errors with the chunk key.
     secrets
@@ -138,11 +153,6 @@ class ZarrStoreReader(ZarrCodecReader):
     def fetch_many(self, coords: Sequence[tuple[int, ...]]) -> list[bytes | None]:
         keys = [self._meta.encode_chunk_key(c) for c in coords]
         return self._get.many([(k, None) for k in keys], [self._nbytes] * len(keys))
-
-    def decode(self, coords: tuple[int, ...], raw: bytes | None) -> np.ndarray:
-        if raw is None:
-            return self._fill
-        return decode_checked(self._decode, raw, self._where, self._meta.encode_chunk_key(coords))
 
     def read_chunk(self, coords: tuple[int, ...]) -> np.ndarray:
         return self.decode(coords, self.fetch_many([coords])[0])
@@ -305,36 +315,6 @@ def _declared_size(codec_id: str, raw: bytes) -> int | None:
     return size + 256 if width == 2 else size
 
 
-def _local_fetch(array: Any) -> Callable[[str], bytes | None] | None:
-    """Plain file reads for arrays in a local directory store, else ``None``."""
-    from zarr.storage import LocalStore
-
-    store = array.store
-    if not isinstance(store, LocalStore):
-        return None
-    base = os.path.join(os.fspath(store.root), *filter(None, array.path.split("/")))
-
-    def fetch(key: str) -> bytes | None:
-        try:
-            with open(os.path.join(base, *key.split("/")), "rb") as fh:
-                return fh.read()
-        except FileNotFoundError:
-            return None
-
-    return fetch
-
-
-def _store_fetch(array: Any) -> Callable[[str], bytes | None]:
-    """Reads through the zarr store's own ``get`` (memory, fsspec, zip...)."""
-    from zarr.core.buffer import default_buffer_prototype
-    from zarr.core.sync import sync
-
-    store = array.store
-    prefix = f"{array.path.strip('/')}/" if array.path.strip("/") else ""
-    prototype = default_buffer_prototype()
-
-    def fetch(key: str) -> bytes | None:
-        buf = sync(store.get(prefix + key, prototype=prototype))
-        return None if buf is None else buf.to_bytes()
-
-    return fetch
+def _local_base(array: Any) -> str:
+    """The directory of ``array``'s chunk files in its ``LocalStore``."""
+    return os.path.join(os.fspath(array.store.root), *filter(None, array.path.split("/")))

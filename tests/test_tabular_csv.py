@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 import os
+import tempfile
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pandas as pd
@@ -16,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import mixle
+from mixle.data.sources import row_index
 from mixle.data.sources.row_index import cache_dir
 from mixle.testing import assert_unchanged, check_record_source
 
@@ -256,3 +260,61 @@ def test_jsonl_source_contract_and_errors(tmp_path: Path) -> None:
         list(src.records())
     with pytest.raises(mixle.ColumnNotFoundError, match="its columns: a"):
         mixle.read_jsonl(bad, ["b"], infer_rows=2)
+
+
+UNQUOTED = st.text(st.sampled_from("x\"' ;"), min_size=1, max_size=6).filter(
+    lambda t: not t.startswith('"')  # a leading quote would open a quoted field
+)
+QUOTED = st.text(st.sampled_from('x",\n\r '), max_size=6).map(
+    lambda t: '"' + t.replace('"', '""') + '"'
+)
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    rows=st.lists(st.tuples(UNQUOTED | QUOTED, UNQUOTED | QUOTED), min_size=1, max_size=12),
+    crlf=st.booleans(),
+    block=st.integers(1, 16),
+)
+def test_row_index_reads_literal_quotes_like_the_csv_module(tmp_path, rows, crlf, block) -> None:
+    # a quote inside an unquoted field (5'11") is a literal character, not a field quote;
+    # the index used to count it and merge rows, returning the wrong row for [i]
+    end = "\r\n" if crlf else "\n"
+    text = end.join(",".join(row) for row in rows) + end
+    path = Path(tempfile.mkdtemp(dir=tmp_path)) / "quotes.csv"
+    path.write_bytes(text.encode())
+    want = [row for row in csv.reader(io.StringIO(text, newline=""), strict=True) if row]
+    with mock.patch.object(row_index, "INDEX_BLOCK_BYTES", block):
+        src = mixle.read_csv(path, header=False, dtypes={"0": str, "1": str}, na_values=())
+        assert len(src) == len(want)
+        got = src.get_batch(np.arange(len(want)))
+        assert list(zip(got["0"].tolist(), got["1"].tolist())) == [tuple(r) for r in want]
+        assert [(r["0"], r["1"]) for r in src.records()] == [tuple(r) for r in want]
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    lines=st.lists(
+        st.integers(0, 9).map(lambda v: json.dumps({"v": v}))
+        | st.text(st.sampled_from(" \t\r\x0b\x0c"), max_size=3),
+        min_size=1,
+        max_size=12,
+    ),
+    block=st.integers(1, 16),
+)
+def test_jsonl_whitespace_lines_are_blank_for_the_index_too(tmp_path, lines, block) -> None:
+    # the index used to count a line of spaces as a row that no read could parse
+    path = Path(tempfile.mkdtemp(dir=tmp_path)) / "rows.jsonl"
+    path.write_text("\n".join(lines))
+    want = [json.loads(line)["v"] for line in lines if line.strip()]
+    if not want:
+        return
+    with mock.patch.object(row_index, "INDEX_BLOCK_BYTES", block):
+        src = mixle.read_jsonl(path)
+        assert len(src) == len(want)
+        assert src.get_batch(np.arange(len(want)))["v"].tolist() == want
+        assert [r["v"] for r in src.records()] == want

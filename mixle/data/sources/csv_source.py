@@ -84,8 +84,12 @@ class CSVSource(TextRecordSource):
     def _quote(self) -> int:  # type: ignore[override]
         return ord(self._args["quotechar"])
 
+    @property
+    def _delimiter(self) -> int:  # type: ignore[override]
+        return ord(self._args["delimiter"])
+
     def _options_key(self) -> str:
-        return f"csv\0{self._args['quotechar']}"
+        return f"csv\0{self._args['quotechar']}\0{self._args['delimiter']}"
 
     def _reader(self, stream: Any) -> Any:
         return csv.reader(

@@ -24,11 +24,15 @@ from mixle.errors import MalformedRowError
 
 __all__ = ["JSONLSource", "read_jsonl"]
 
+#: What ``bytes.strip()`` removes: the streaming reader and the row index skip lines of these.
+_BLANK = " \t\n\r\x0b\x0c"
+
 
 class JSONLSource(TextRecordSource):
     """A JSON lines file (one JSON object per line); see :func:`read_jsonl`."""
 
     _quote = None  # JSON escapes newlines inside strings: every newline ends a row
+    _blank_whitespace = True  # like the streaming reader, which skips such lines
 
     def __init__(
         self,
@@ -105,7 +109,7 @@ class JSONLSource(TextRecordSource):
 
     def _parse_run(self, handle: TextHandle, text: str) -> list[Any]:
         try:
-            return [json.loads(line) for line in text.split("\n") if line.strip()]
+            return [json.loads(line) for line in text.split("\n") if line.strip(_BLANK)]
         except ValueError as exc:
             raise MalformedRowError(str(exc)) from None
 

@@ -3,8 +3,10 @@
 The index is the start offset of every non-blank row, plus the file size at the end: row
 ``i`` is the bytes ``[starts[i], starts[i + 1])`` (its newline and any blank lines after it
 included). Newlines inside quoted CSV fields do not end a row: a newline ends a row only when
-an even number of quote characters precede it, which holds for RFC 4180 quoting (a quote
-inside a quoted field is doubled).
+an even number of field quotes precede it, which holds for RFC 4180 quoting (a quote inside a
+quoted field is doubled). As in Python's ``csv`` module, a quote inside an unquoted field
+(``5'11"``) is a literal character, not a field quote. For JSON lines, a line of whitespace
+only is blank, as it is for the streaming reader.
 
 Indexes are written to a user cache directory, never next to the data: ``$MIXLE_CACHE_DIR``,
 else ``$XDG_CACHE_HOME/mixle``, else ``~/.cache/mixle``; the file name is keyed by the real
@@ -41,6 +43,11 @@ INDEX_BLOCK_BYTES = 8 * 2**20
 #: Files at least this large show a progress line on a terminal while their index is built.
 PROGRESS_MIN_BYTES = 256 * 2**20
 _NEWLINE, _CR = 10, 13
+#: Bytes that ``bytes.strip()`` removes: a JSON line of only these is blank.
+_WHITESPACE = np.zeros(256, dtype=bool)
+_WHITESPACE[list(b" \t\n\r\x0b\x0c")] = True
+# what the byte before a block is to the CSV field scanner
+_FIELD_START, _CLOSING_QUOTE, _OTHER = -1, -2, -3
 
 
 def cache_dir() -> Path:
@@ -53,16 +60,92 @@ def cache_dir() -> Path:
     return (Path(xdg) if xdg else Path.home() / ".cache") / "mixle"
 
 
+def _field_quotes(
+    a: NDArray[np.uint8], quote: int, delimiter: int, in_quotes: int, before: int
+) -> NDArray[np.bool_]:
+    """The quotes of ``a`` that open or close quoted fields (the csv module's reading).
+
+    A quote outside a quoted field opens one only at the start of a field (after a delimiter
+    or a newline) or right after a closing quote (a doubled quote); anywhere else it is a
+    literal character. ``before`` describes the byte before ``a``: ``_FIELD_START``,
+    ``_CLOSING_QUOTE`` or any other value.
+    """
+    quotes = a == quote
+    at = np.flatnonzero(quotes)
+    if not at.size:
+        return quotes
+    # fast path: if every quote is a field quote, the ones at even parity open fields (or
+    # follow a closing quote); any of them elsewhere is a literal quote, found below
+    opening = at[in_quotes::2]
+    prev = a[np.maximum(opening - 1, 0)]
+    literal = (prev != delimiter) & (prev != _NEWLINE) & (prev != quote)
+    if opening.size and opening[0] == 0:
+        literal[0] = before == _OTHER
+    if not literal.any():
+        return quotes
+    prev_all = a[np.maximum(at - 1, 0)]
+    field_start = (prev_all == delimiter) | (prev_all == _NEWLINE)
+    if at[0] == 0:
+        field_start[0] = before == _FIELD_START
+    keep = np.ones(at.size, dtype=bool)
+    inside, last = in_quotes, (-1 if before == _CLOSING_QUOTE else -2)
+    for j, (q, starts_field) in enumerate(zip(at.tolist(), field_start.tolist())):
+        if inside:
+            inside, last = 0, q
+        elif starts_field or last == q - 1:
+            inside, last = 1, q
+        else:
+            keep[j] = False
+    quotes[at[~keep]] = False
+    return quotes
+
+
+def _whitespace_rows(
+    a: NDArray[np.uint8],
+    newlines: NDArray[np.intp],
+    starts: NDArray[np.int64],
+    length: NDArray[np.int64],
+    before_end: NDArray[np.int64],
+    content: bool,
+) -> NDArray[np.bool_]:
+    """Which rows ending at ``newlines`` of block ``a`` hold only whitespace.
+
+    ``starts`` are block-local (negative for a row begun in an earlier block, which had
+    non-whitespace bytes there when ``content``). A row whose last byte is not whitespace
+    is decided at once; only the others are counted.
+    """
+    blank = length == 0
+    unsure = ~blank & _WHITESPACE[before_end.astype(np.uint8)]
+    if unsure.any():
+        solid = np.concatenate([[0], np.cumsum(~_WHITESPACE[a], dtype=np.int64)])
+        filled = solid[newlines] - solid[np.maximum(starts, 0)]
+        filled[0] += int(content and starts[0] < 0)
+        blank |= unsure & (filled == 0)
+    return blank
+
+
 def scan_row_starts(
-    fd: int, start: int, size: int, quote: int | None, *, progress: bool = False, label: str = ""
+    fd: int,
+    start: int,
+    size: int,
+    quote: int | None,
+    *,
+    delimiter: int | None = None,
+    blank_whitespace: bool = False,
+    progress: bool = False,
+    label: str = "",
 ) -> Iterator[NDArray[np.int64]]:
     """Yield the start offsets of non-blank rows in ``[start, size)``, block by block.
 
     ``quote`` is the quote byte (CSV) or ``None`` (JSON lines: every newline ends a row).
+    With ``delimiter`` (CSV), quotes inside unquoted fields are literal characters.
+    ``blank_whitespace`` (JSON lines): rows of whitespace only are blank, not just empty ones.
     """
     in_quotes = 0
     row_start = start  # where the row being scanned begins
     last_byte = -1  # the byte before the current block
+    before = _FIELD_START  # what that byte is to the CSV field scanner
+    content = False  # whether the current row has non-whitespace bytes in earlier blocks
     pos = start
     shown = -1
     while pos < size:
@@ -72,19 +155,34 @@ def scan_row_starts(
         a = np.frombuffer(block, dtype=np.uint8)
         newlines = np.flatnonzero(a == _NEWLINE)
         if quote is not None:
-            quotes = a == quote
+            if delimiter is not None:
+                quotes = _field_quotes(a, quote, delimiter, in_quotes, before)
+            else:
+                quotes = a == quote
             if in_quotes or quotes.any():
                 parity = (np.cumsum(quotes, dtype=np.int64)[newlines] + in_quotes) & 1
                 newlines = newlines[parity == 0]
                 in_quotes = (in_quotes + int(np.count_nonzero(quotes))) & 1
+            if quotes[-1] and not in_quotes:
+                before = _CLOSING_QUOTE
+            elif a[-1] in (delimiter, _NEWLINE):
+                before = _FIELD_START
+            else:
+                before = _OTHER
         if newlines.size:
             ends = newlines.astype(np.int64) + pos
             starts = np.concatenate([[row_start], ends[:-1] + 1])
             before_end = np.where(newlines > 0, a[np.maximum(newlines - 1, 0)], last_byte)
             length = ends - starts
-            blank = (length == 0) | ((length == 1) & (before_end == _CR))
+            if blank_whitespace:
+                blank = _whitespace_rows(a, newlines, starts - pos, length, before_end, content)
+            else:
+                blank = (length == 0) | ((length == 1) & (before_end == _CR))
             yield starts[~blank]
             row_start = int(ends[-1]) + 1
+        if blank_whitespace:  # whether the row still open has more than whitespace so far
+            local = row_start - pos
+            content = (content and local < 0) or bool((~_WHITESPACE[a[max(local, 0) :]]).any())
         last_byte = int(a[-1])
         pos += len(block)
         if progress:
@@ -95,7 +193,10 @@ def scan_row_starts(
     if progress:
         print(file=sys.stderr)
     tail = size - row_start
-    if tail > 1 or (tail == 1 and last_byte != _CR):
+    if blank_whitespace:
+        if content:
+            yield np.array([row_start], dtype=np.int64)
+    elif tail > 1 or (tail == 1 and last_byte != _CR):
         yield np.array([row_start], dtype=np.int64)
 
 
@@ -136,7 +237,7 @@ class RowIndex:
 
 def _keys(real: str, stat: os.stat_result, options: str) -> tuple[str, str]:
     file_key = hashlib.sha256(real.encode("utf-8", "surrogatepass")).hexdigest()[:24]
-    version = f"{stat.st_size}\0{stat.st_mtime_ns}\0{stat.st_ino}\0{options}\0v1"
+    version = f"{stat.st_size}\0{stat.st_mtime_ns}\0{stat.st_ino}\0{options}\0v2"
     return file_key, hashlib.sha256(version.encode()).hexdigest()[:24]
 
 
@@ -154,7 +255,15 @@ def _read_cached(path: Path, size: int) -> NDArray[np.int64] | None:
 
 
 def load_row_index(
-    fd: int, real_path: str, start: int, quote: int | None, options: str, progress: bool | None
+    fd: int,
+    real_path: str,
+    start: int,
+    quote: int | None,
+    options: str,
+    progress: bool | None,
+    *,
+    delimiter: int | None = None,
+    blank_whitespace: bool = False,
 ) -> RowIndex:
     """The row index of the open file ``fd``: from the cache when it is current, else built.
 
@@ -172,6 +281,8 @@ def load_row_index(
         Format options that change row boundaries (part of the cache key).
     progress
         Show a progress line while building; ``None``: on a terminal, for large files.
+    delimiter, blank_whitespace
+        As for :func:`scan_row_starts` (``options`` must name them).
     """
     stat = os.fstat(fd)
     size = stat.st_size
@@ -183,7 +294,16 @@ def load_row_index(
         return RowIndex(cached, "cached", target)
     if progress is None:
         progress = size >= PROGRESS_MIN_BYTES and sys.stderr.isatty()
-    parts = scan_row_starts(fd, start, size, quote, progress=progress, label=real_path)
+    parts = scan_row_starts(
+        fd,
+        start,
+        size,
+        quote,
+        delimiter=delimiter,
+        blank_whitespace=blank_whitespace,
+        progress=progress,
+        label=real_path,
+    )
     try:
         folder.mkdir(parents=True, exist_ok=True)
         handle, tmp = tempfile.mkstemp(dir=folder, prefix=f".{file_key}-", suffix=".tmp")

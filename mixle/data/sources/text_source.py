@@ -72,7 +72,12 @@ class TextHandle:
 class TextRecordSource(RecordSource):
     """Base class of CSV and JSON lines sources (see the module notes)."""
 
+    #: The quote byte (CSV) or ``None`` (every newline ends a row).
     _quote: int | None = None
+    #: The field delimiter byte (CSV: quotes inside unquoted fields are literal) or ``None``.
+    _delimiter: int | None = None
+    #: Whether a line of only whitespace is blank (JSON lines) rather than a row.
+    _blank_whitespace: bool = False
 
     @abc.abstractmethod
     def _options_key(self) -> str:
@@ -110,6 +115,8 @@ class TextRecordSource(RecordSource):
                         self._quote,
                         self._options_key(),
                         self._args.get("progress"),
+                        delimiter=self._delimiter,
+                        blank_whitespace=self._blank_whitespace,
                     )
         return handle.index
 

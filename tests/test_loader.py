@@ -383,6 +383,31 @@ def test_element_spec_matches_every_batch() -> None:
     }  # fmt: skip
 
 
+class EmptyPipeline:
+    """A transform that is falsy (``len() == 0``, like an empty ``nn.Sequential``)."""
+
+    def __len__(self) -> int:
+        return 0
+
+    def __call__(self, batch: Any) -> Any:
+        return {"x": batch["x"].astype(np.float64)}
+
+
+class Described(BatchedIndexed):
+    """Records that report their spec from metadata."""
+
+    def element_spec(self) -> dict[str, ArraySpec]:
+        return {"i": ArraySpec((), np.int64), "x": ArraySpec((2,), np.float32)}
+
+
+def test_element_spec_sees_a_falsy_transform() -> None:
+    loader = Loader(Described(6), 3, transform=EmptyPipeline())
+    spec = loader.element_spec()  # the transform changes the batch: not the source's spec
+    assert spec == {"x": ArraySpec((3, 2), np.float64)}
+    for batch in loader:
+        validate_batch(batch, spec)
+
+
 def test_validate_batch_names_the_field() -> None:
     spec = (ArraySpec((2, 3), np.float32), {"y": ArraySpec((2,), np.int64)})
     validate_batch((np.zeros((2, 3), np.float32), {"y": np.zeros(2, np.int64)}), spec)

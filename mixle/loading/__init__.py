@@ -1,7 +1,8 @@
 """Batches, epoch shuffles, sharding, transforms, prefetch and exact resume for any source."""
 
 from mixle.loading.batching import MASK_KEY, attach_mask, stack_records, unstack_batch
-from mixle.loading.loader import BatchPlan, Loader, record_rng
+from mixle.loading.loader import Loader
+from mixle.loading.plan import BatchPlan, record_rng
 from mixle.loading.state import LoaderStateError, source_fingerprint
 
 __all__ = [

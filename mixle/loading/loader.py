@@ -5,19 +5,18 @@ from __future__ import annotations
 import os
 import weakref
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import NDArray
 
-from mixle.data.hashing import hash_int, parse_seed
-from mixle.data.permutation import permute
+from mixle.data.hashing import parse_seed
 from mixle.data.sharding import DropLast, ShardLayout
 from mixle.data.sources.protocols import SupportsBatchRead
 from mixle.data.spec import ArraySpec, SpecTree, batch_spec, spec_of
 from mixle.data.structure import SampleStructure
 from mixle.loading.batching import attach_mask, stack_records, unstack_batch
+from mixle.loading.plan import INDEX_WINDOW_ROWS, BatchPlan, batch_plans, record_rng, window
 from mixle.loading.prefetch import ordered_map
 from mixle.loading.state import STATE_VERSION, LoaderStateError, check_state, source_fingerprint
 from mixle.utils.validation import parse_int
@@ -38,29 +37,6 @@ __all__ = [
 DEFAULT_NUM_THREADS = 4
 #: Batches prefetched per reader thread when ``prefetch`` is not given.
 PREFETCH_PER_THREAD = 2
-#: Record indices are computed this many rows at a time, vectorised, then sliced per batch.
-INDEX_WINDOW_ROWS = 8192
-_TRANSFORM_STREAM = 0x52454354  # "RECT": keeps record randomness apart from shuffles
-
-
-def record_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
-    """The random generator a record transform gets for record ``index`` in ``epoch``.
-
-    A Philox generator keyed by the hash of ``(seed, epoch, index)``: the same for a record
-    whatever its position in the stream, the shard or the thread that reads it.
-    """
-    key = hash_int(parse_seed(seed), _TRANSFORM_STREAM, int(epoch), int(index))
-    return np.random.Generator(np.random.Philox(key=key))
-
-
-@dataclass(frozen=True)
-class BatchPlan:
-    """What one batch reads: its epoch, number, record indices and padding mask."""
-
-    epoch: int
-    batch: int
-    indices: NDArray[np.int64]
-    mask: NDArray[np.bool_] | None
 
 
 def _positive(value: object, name: str, minimum: int) -> int:
@@ -231,15 +207,7 @@ class Loader:
         self, epoch: int, start: int, stop: int
     ) -> tuple[NDArray[np.int64], NDArray[np.bool_] | None]:
         """Record indices and padding mask of batches ``[start, stop)`` of ``epoch``."""
-        positions = self._layout.positions(start, stop)
-        n = self._layout.num_records
-        mask = None
-        if self._layout.drop_last == "pad":
-            mask = positions < n
-            positions = positions % n
-        if self._shuffle and positions.size:
-            positions = permute(positions, n, seed=self._seed, epoch=epoch)
-        return positions, mask
+        return window(self._layout, epoch, start, stop, shuffle=self._shuffle, seed=self._seed)
 
     def _epoch_arg(self, epoch: int | None) -> int:
         epoch = self._epoch if epoch is None else parse_int(epoch, "epoch")
@@ -258,23 +226,6 @@ class Loader:
         """Real records this shard reads in ``epoch`` (default: the current), in order."""
         indices, mask = self._window(self._epoch_arg(epoch), 0, self._layout.num_batches)
         return indices if mask is None else indices[mask]
-
-    def _plans(self, epoch: int, batch: int) -> Iterator[BatchPlan]:
-        lay = self._layout
-        if lay.num_batches == 0:
-            return
-        window = max(1, INDEX_WINDOW_ROWS // lay.batch_size)
-        while self._num_epochs is None or epoch < self._num_epochs:
-            for start in range(batch, lay.num_batches, window):
-                stop = min(lay.num_batches, start + window)
-                indices, mask = self._window(epoch, start, stop)
-                offset = 0
-                for b in range(start, stop):
-                    end = offset + lay.batch_rows(b)
-                    rows = None if mask is None else mask[offset:end].copy()
-                    yield BatchPlan(epoch, b, indices[offset:end], rows)
-                    offset = end
-            epoch, batch = epoch + 1, 0
 
     # -- reading ------------------------------------------------------------------------
     def _read(self, plan: BatchPlan) -> Any:
@@ -309,7 +260,14 @@ class Loader:
         return run
 
     def _run(self) -> Iterator[Any]:
-        plans = self._plans(self._epoch, self._batch)
+        plans = batch_plans(
+            self._layout,
+            self._epoch,
+            self._batch,
+            shuffle=self._shuffle,
+            seed=self._seed,
+            num_epochs=self._num_epochs,
+        )
         nb = self._layout.num_batches
         stream = ordered_map(
             self._read, plans, num_threads=self._num_threads, prefetch=self._prefetch
@@ -365,7 +323,11 @@ class Loader:
 
     def _spec_from_metadata(self) -> SpecTree | None:
         report = getattr(self._source, "element_spec", None)
-        if self._transform or self._record_transform or not callable(report):
+        if (
+            self._transform is not None
+            or self._record_transform is not None
+            or not callable(report)
+        ):
             return None
         try:
             spec = batch_spec(report(), self.batch_size)

@@ -1,0 +1,92 @@
+"""What each batch of a Loader run reads: record indices, padding mask, record randomness.
+
+Pure functions of the shard layout and ``(seed, epoch, batch)``; no I/O. The Loader walks
+:func:`batch_plans` and reads each :class:`BatchPlan`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+from mixle.data.hashing import hash_int, parse_seed
+from mixle.data.permutation import permute
+from mixle.data.sharding import ShardLayout
+
+__all__ = ["INDEX_WINDOW_ROWS", "BatchPlan", "batch_plans", "record_rng", "window"]
+
+#: Record indices are computed this many rows at a time, vectorised, then sliced per batch.
+INDEX_WINDOW_ROWS = 8192
+_TRANSFORM_STREAM = 0x52454354  # "RECT": keeps record randomness apart from shuffles
+
+
+def record_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
+    """The random generator a record transform gets for record ``index`` in ``epoch``.
+
+    A Philox generator keyed by the hash of ``(seed, epoch, index)``: the same for a record
+    whatever its position in the stream, the shard or the thread that reads it.
+    """
+    key = hash_int(parse_seed(seed), _TRANSFORM_STREAM, int(epoch), int(index))
+    return np.random.Generator(np.random.Philox(key=key))
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """What one batch reads: its epoch, number, record indices and padding mask."""
+
+    epoch: int
+    batch: int
+    indices: NDArray[np.int64]
+    mask: NDArray[np.bool_] | None
+
+
+def window(
+    layout: ShardLayout, epoch: int, start: int, stop: int, *, shuffle: bool, seed: int
+) -> tuple[NDArray[np.int64], NDArray[np.bool_] | None]:
+    """Record indices and padding mask of batches ``[start, stop)`` of ``epoch``.
+
+    The mask (``drop_last="pad"`` only, else ``None``) marks the real rows; padding rows
+    read the record at their position modulo ``num_records``.
+    """
+    positions = layout.positions(start, stop)
+    n = layout.num_records
+    mask = None
+    if layout.drop_last == "pad":
+        mask = positions < n
+        positions = positions % n
+    if shuffle and positions.size:
+        positions = permute(positions, n, seed=seed, epoch=epoch)
+    return positions, mask
+
+
+def batch_plans(
+    layout: ShardLayout,
+    epoch: int,
+    batch: int,
+    *,
+    shuffle: bool,
+    seed: int,
+    num_epochs: int | None,
+) -> Iterator[BatchPlan]:
+    """Plans from batch ``batch`` of ``epoch`` to the end of ``num_epochs`` (``None``: endless).
+
+    Indices are computed :data:`INDEX_WINDOW_ROWS` rows at a time. A layout with no batches
+    yields nothing.
+    """
+    if layout.num_batches == 0:
+        return
+    step = max(1, INDEX_WINDOW_ROWS // layout.batch_size)
+    while num_epochs is None or epoch < num_epochs:
+        for start in range(batch, layout.num_batches, step):
+            stop = min(layout.num_batches, start + step)
+            indices, mask = window(layout, epoch, start, stop, shuffle=shuffle, seed=seed)
+            offset = 0
+            for b in range(start, stop):
+                end = offset + layout.batch_rows(b)
+                rows = None if mask is None else mask[offset:end].copy()
+                yield BatchPlan(epoch, b, indices[offset:end], rows)
+                offset = end
+        epoch, batch = epoch + 1, 0

@@ -40,6 +40,17 @@ def parse_drop_last(drop_last: object) -> DropLast:
     raise ValueError(f"drop_last={drop_last!r} must be False, True or 'pad'")
 
 
+def _check_member(index: int, index_name: str, count: int, count_name: str) -> None:
+    """Refuse ``count < 1`` and an ``index`` outside ``[0, count)``, naming both arguments."""
+    if count < 1:
+        raise ValueError(f"{count_name}={count} must be an int >= 1")
+    if not 0 <= index < count:
+        raise IndexError(
+            f"{index_name}={index} is out of range for {count_name}={count}: "
+            f"it must be in [0, {count - 1}]"
+        )
+
+
 @dataclass(frozen=True)
 class ShardLayout:
     """The positions one shard reads in each epoch, batch by batch.
@@ -80,13 +91,7 @@ class ShardLayout:
             raise ValueError(f"num_records={n} must be >= 0")
         if batch < 1:
             raise ValueError(f"batch_size={batch} must be an int >= 1")
-        if shards < 1:
-            raise ValueError(f"num_shards={shards} must be an int >= 1")
-        if not 0 <= index < shards:
-            raise IndexError(
-                f"shard_index={index} is out of range for num_shards={shards}: "
-                f"it must be in [0, {shards - 1}]"
-            )
+        _check_member(index, "shard_index", shards, "num_shards")
         for name, value in (
             ("num_records", n),
             ("batch_size", batch),
@@ -149,11 +154,5 @@ def worker_batches(num_batches: int, worker_index: int, num_workers: int) -> ran
     num_batches = parse_int(num_batches, "num_batches")
     worker_index = parse_int(worker_index, "worker_index")
     num_workers = parse_int(num_workers, "num_workers")
-    if num_workers < 1:
-        raise ValueError(f"num_workers={num_workers} must be an int >= 1")
-    if not 0 <= worker_index < num_workers:
-        raise IndexError(
-            f"worker_index={worker_index} is out of range for num_workers={num_workers}: "
-            f"it must be in [0, {num_workers - 1}]"
-        )
+    _check_member(worker_index, "worker_index", num_workers, "num_workers")
     return range(worker_index, max(0, num_batches), num_workers)

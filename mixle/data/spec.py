@@ -36,17 +36,22 @@ SpecTree = Any
 """An :class:`ArraySpec`, or tuples, lists and dicts of spec trees (the shape of a record)."""
 
 
+def _shape_dtype(value: Any) -> tuple[tuple[int, ...], np.dtype]:
+    """A leaf's shape and dtype, from its attributes (NumPy, JAX...) or as a NumPy array."""
+    shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
+    if shape is None or dtype is None:
+        arr = np.asarray(value)
+        shape, dtype = arr.shape, arr.dtype
+    return tuple(shape), np.dtype(dtype)
+
+
 def spec_of(value: Any) -> SpecTree:
     """The spec tree of a record or batch: tuples, lists and dicts kept, leaves described."""
     if isinstance(value, dict):
         return {key: spec_of(item) for key, item in value.items()}
     if isinstance(value, (tuple, list)):
         return type(value)(spec_of(item) for item in value)
-    shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
-    if shape is None or dtype is None:
-        arr = np.asarray(value)
-        shape, dtype = arr.shape, arr.dtype
-    return ArraySpec(tuple(shape), dtype)
+    return ArraySpec(*_shape_dtype(value))
 
 
 def batch_spec(record_spec: SpecTree, batch_size: int) -> SpecTree:
@@ -83,20 +88,16 @@ def _check(value: Any, spec: SpecTree, path: str, allow_short: bool) -> None:
         return
     if isinstance(value, (dict, tuple, list)):
         raise SchemaMismatchError(f"{path} is {_kind(value)}; spec expects an array {spec}")
-    shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
-    if shape is None or dtype is None:
-        arr = np.asarray(value)
-        shape, dtype = arr.shape, arr.dtype
-    shape = tuple(shape)
+    shape, dtype = _shape_dtype(value)
     fits = shape == spec.shape or (
         allow_short
         and len(shape) == len(spec.shape) > 0
         and shape[1:] == spec.shape[1:]
         and shape[0] <= spec.shape[0]
     )
-    if not fits or np.dtype(dtype) != spec.dtype:
+    if not fits or dtype != spec.dtype:
         raise SchemaMismatchError(
-            f"{path} has shape {shape} and dtype {np.dtype(dtype)}; spec expects shape "
+            f"{path} has shape {shape} and dtype {dtype}; spec expects shape "
             f"{spec.shape} and dtype {spec.dtype}"
         )
 

@@ -132,6 +132,12 @@ def test_encoder_failure_raises_from_the_constructor(client):
         DaskEncodedData(list(range(4)), fail_encoder, client=client, timeout=T)
 
 
+@pytest.mark.parametrize("read_in", ["workers", "driver"])
+def test_unpicklable_encoder_is_refused_with_the_fix(client, read_in):
+    with pytest.raises(TypeError, match=r"data and encoder must be picklable.*module level"):
+        DaskEncodedData(list(range(4)), lambda rs: rs, client=client, read_in=read_in, timeout=T)
+
+
 def test_timeout_breaks_the_handle(client):
     enc = DaskEncodedData(list(range(4)), client=client, num_workers=1, timeout=T)
     with pytest.raises(mixle.WorkerTimeoutError, match=r"timeout=0.2s.*shards \[0\]"):

@@ -18,7 +18,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from mixle.errors import BrokenEncodedDataError, EncodedDataClosedError
-from mixle.utils.parallel.encoding import pickled_size
+from mixle.utils.parallel.encoding import pickled_size, read_piece, tree_nbytes
 from mixle.utils.parallel.sharding import ShardPlan
 
 __all__ = [
@@ -182,6 +182,17 @@ class EncodedData(abc.ABC):
             raise BrokenEncodedDataError(
                 f"{name} is broken ({self._broken}); close it and build a new one"
             )
+
+    def _abandon(self) -> None:
+        """Release what a constructor that failed half-way started."""
+        self._closed = True
+        self._shutdown(graceful=False)
+
+    def _read_here(self, data: Any, pieces: Any, batched: bool) -> list[Any]:
+        """Read one worker's sub-chunks in the driver (``read_in="driver"``), counting bytes."""
+        raw = [read_piece(data, p, batched) for p in pieces]
+        self._driver_bytes_read += tree_nbytes(raw)
+        return raw
 
     def _break(self, reason: str) -> None:
         """Mark the handle broken and stop its workers."""

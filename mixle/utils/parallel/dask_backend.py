@@ -8,7 +8,6 @@ resulting future stays held, so the shard stays in that worker's memory. ``map``
 from __future__ import annotations
 
 import contextlib
-import pickle
 import time
 import traceback
 import uuid
@@ -22,10 +21,9 @@ from mixle.utils.parallel.base import EncodedData, ReadIn, parse_read_in, parse_
 from mixle.utils.parallel.encoding import (
     EncoderLike,
     build_shard,
+    dumps_for_workers,
     parse_encoder,
-    read_piece,
     reads_batches,
-    tree_nbytes,
 )
 from mixle.utils.parallel.sharding import parse_count, plan_shards
 
@@ -121,8 +119,7 @@ class DaskEncodedData(EncodedData):
             self._homes = [addresses[w % len(addresses)] for w in range(shards)]
             self._build(data, fn, reads_batches(data, fn))
         except BaseException:
-            self._closed = True
-            self._finalizer()
+            self._abandon()
             raise
 
     @property
@@ -142,11 +139,10 @@ class DaskEncodedData(EncodedData):
             if self._read_in == "workers":
                 args: tuple[Any, ...] = (data, pieces, encoder, batched, None)
             else:
-                raw = [read_piece(data, p, batched) for p in pieces]
-                self._driver_bytes_read += tree_nbytes(raw)
+                raw = self._read_here(data, pieces, batched)
                 [raw] = self._client.scatter([raw], workers=[home])
                 args = (None, None, encoder, batched, raw)
-            self._bytes_sent += len(pickle.dumps(args[:4], protocol=pickle.HIGHEST_PROTOCOL))
+            self._bytes_sent += len(dumps_for_workers(args[:4], "data and encoder"))
             self._shards.append(
                 self._client.submit(
                     _build_remote,
@@ -164,13 +160,7 @@ class DaskEncodedData(EncodedData):
     def _map(self, fn: Callable[..., Any], args: tuple[Any, ...], timeout: float | None) -> list:
         self._check_usable()
         what = f"map({getattr(fn, '__qualname__', fn)!s})"
-        try:
-            pickle.dumps((fn, args), protocol=pickle.HIGHEST_PROTOCOL)
-        except Exception as exc:
-            raise TypeError(
-                f"fn and its arguments must be picklable to reach the workers "
-                f"({type(exc).__name__}: {exc}); define functions at module level"
-            ) from exc
+        dumps_for_workers((fn, args), "fn and its arguments")
         calls = [
             self._client.submit(
                 _call_remote,

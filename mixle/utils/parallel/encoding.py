@@ -17,6 +17,7 @@ __all__ = [
     "Encoder",
     "EncoderLike",
     "build_shard",
+    "dumps_for_workers",
     "encode_piece",
     "parse_encoder",
     "pickled_size",
@@ -137,6 +138,17 @@ def tree_nbytes(obj: Any) -> int:
     if isinstance(obj, dict):
         return sum(tree_nbytes(v) for v in obj.values())
     return 0
+
+
+def dumps_for_workers(message: Any, what: str) -> bytes:
+    """Pickle ``message`` for the workers; a ``TypeError`` that names ``what`` if it cannot."""
+    try:
+        return pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:
+        raise TypeError(
+            f"{what} must be picklable to reach the workers ({type(exc).__name__}: {exc}); "
+            "define functions at module level rather than as lambdas or closures"
+        ) from exc
 
 
 class _SizeSink:

@@ -26,10 +26,9 @@ from mixle.utils.parallel._worker import CLOSE, worker_main
 from mixle.utils.parallel.base import EncodedData, ReadIn, parse_read_in, parse_timeout
 from mixle.utils.parallel.encoding import (
     EncoderLike,
+    dumps_for_workers,
     parse_encoder,
-    read_piece,
     reads_batches,
-    tree_nbytes,
 )
 from mixle.utils.parallel.sharding import parse_count, plan_shards
 
@@ -151,8 +150,7 @@ class MPEncodedData(EncodedData):
             self._start(multiprocessing.get_context(start_method))
             self._build(data, fn, reads_batches(data, fn))
         except BaseException:
-            self._closed = True
-            self._finalizer()
+            self._abandon()
             raise
 
     @property
@@ -178,10 +176,9 @@ class MPEncodedData(EncodedData):
             if self._read_in == "workers":
                 message = (seq, "build", data, pieces, encoder, batched, None)
             else:
-                raw = [read_piece(data, p, batched) for p in pieces]
-                self._driver_bytes_read += tree_nbytes(raw)
+                raw = self._read_here(data, pieces, batched)
                 message = (seq, "build", None, None, encoder, batched, raw)
-            blob = self._dumps(message, "data and encoder")
+            blob = dumps_for_workers(message, "data and encoder")
             self._bytes_sent += len(blob)
             self._send(w, blob, "building the shards")
         self._collect(seq, self._timeout, "building the shards")
@@ -190,7 +187,7 @@ class MPEncodedData(EncodedData):
         with self._lock:
             self._check_usable()
             seq = next(self._seq)
-            blob = self._dumps((seq, "call", fn, args), "fn and its arguments")
+            blob = dumps_for_workers((seq, "call", fn, args), "fn and its arguments")
             what = f"map({getattr(fn, '__qualname__', fn)!s})"
             try:
                 for w in range(self.num_workers):
@@ -201,16 +198,6 @@ class MPEncodedData(EncodedData):
             except BaseException as exc:  # e.g. KeyboardInterrupt mid-call: replies unknown
                 self._break(f"{type(exc).__name__} during {what}")
                 raise
-
-    @staticmethod
-    def _dumps(message: tuple[Any, ...], what: str) -> bytes:
-        try:
-            return pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-        except Exception as exc:
-            raise TypeError(
-                f"{what} must be picklable to reach the workers ({type(exc).__name__}: {exc}); "
-                "define functions at module level rather than as lambdas or closures"
-            ) from exc
 
     def _send(self, worker: int, blob: bytes, what: str) -> None:
         try:

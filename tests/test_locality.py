@@ -122,3 +122,38 @@ def test_locality_sampler_pickles_and_is_deterministic(tmp_path):
     patch, corner = clone[13]
     assert corner == tuple(sampler.coords_array([13])[0].tolist())
     np.testing.assert_array_equal(patch, data[corner[0] : corner[0] + 5, corner[1] : corner[1] + 5])
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.sampled_from([1, 2, 3]),
+    st.integers(1, 3),
+    st.integers(2, 6),
+    st.integers(0, 2**32),
+    st.booleans(),
+)
+def test_locality_on_a_dict_uses_the_finest_grid(factor, channels, per, seed, coarse_first):
+    # Regression: locality drew corners from the first array's shape, which for a dict may
+    # have channel axes or a coarser scale than the grid corners live on.
+    rng = np.random.default_rng(seed)
+    image = rng.standard_normal((channels, 18, 24)).astype(np.float32)
+    label = rng.integers(0, 9, (18 // factor, 24 // factor)).astype(np.int16)
+    arrays = {"label": label, "image": image} if coarse_first else {"image": image, "label": label}
+    patch = (2 * factor, 4 * factor)
+    s = mixle.PatchSampler(arrays, patch, 40, seed=seed, patches_per_chunk=per)
+    batch = s.get_batch(range(40))
+    corners = batch["coords"]
+    assert (corners >= 0).all() and (corners + np.array(patch) <= np.array([18, 24])).all()
+    assert (corners % factor == 0).all()
+    for c, im, lb in zip(corners.tolist(), batch["image"], batch["label"]):
+        box = tuple(slice(a, a + p) for a, p in zip(c, patch))
+        np.testing.assert_array_equal(im, image[(slice(None), *box)])
+        low = tuple(slice(a // factor, (a + p) // factor) for a, p in zip(c, patch))
+        np.testing.assert_array_equal(lb, label[low])
+
+
+def test_locality_on_a_dict_reaches_the_whole_fine_grid():
+    s = mixle.PatchSampler({"half": np.zeros((15, 15)), "full": np.zeros((30, 30))}, 8, 400,
+                           seed=1, patches_per_chunk=4)  # fmt: skip
+    corners = s.coords_array()
+    assert corners.max() == 22 and (corners % 2 == 0).all()

@@ -364,7 +364,7 @@ class PatchSampler:
             out = local_patch_corners(
                 seed,
                 idx,
-                self._source.shape,
+                self._shape,
                 self._patch_size,
                 self._stride,
                 self._per_region,

@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 import multiprocessing
 import pickle
-from concurrent.futures import ProcessPoolExecutor
+import threading
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -188,3 +189,45 @@ def test_bad_weights_and_labels() -> None:
         PatchSampler({"img": vol}, 2, 3, labels="seg", label_probabilities={0: 1})
     with pytest.raises(ValueError, match="corners must be multiples of"):
         PatchSampler({"img": vol, "half": vol[::2, ::2]}, 4, 3, weights=w)
+
+
+class BarrierSource(ArrayLikeSource):
+    """Makes two threads read one box at the same time (a cache miss in both)."""
+
+    def __init__(self, array: np.ndarray) -> None:
+        super().__init__(array)
+        self.barrier: threading.Barrier | None = None
+
+    def read_box(self, start, size):  # type: ignore[no-untyped-def]
+        if self.barrier is not None:
+            self.barrier.wait(timeout=10)
+        return super().read_box(start, size)
+
+
+def test_block_cache_counts_a_block_built_by_two_threads_once() -> None:
+    # Regression: both threads added the block's bytes, so the byte count drifted up and
+    # the cache evicted blocks it had room for.
+    w = np.ones((8, 8))
+    src = BarrierSource(w)
+    index = weighted.BlockIndex(src, (0, 0), (8, 8), None, "weights")
+    src.barrier = threading.Barrier(2)
+    with ThreadPoolExecutor(2) as pool:
+        details = list(pool.map(index._detail, [0, 0]))
+    np.testing.assert_array_equal(details[0], details[1])
+    assert index._cache_bytes == sum(d.nbytes for d in index._cache.values()) == w.nbytes
+
+
+def test_an_absent_class_with_probability_zero_is_allowed() -> None:
+    # Regression: the error for an absent class told users to give it probability 0, but
+    # probability 0 raised the same error.
+    lab = np.zeros((10, 10), dtype=np.int8)
+    lab[4:6, 4:6] = 1
+    probs = {0: 0.4, 2: 0.0, 1: 0.6}
+    s = PatchSampler(np.zeros((10, 10)), 2, 500, seed=3, labels=lab, label_probabilities=probs)
+    assert s.weighted is not None
+    drawn = s.weighted.classes(3, np.arange(500))
+    assert set(drawn.tolist()) == {0, 2}  # positions of classes 0 and 1; never class 2
+    got = lab[tuple((s.coords_array() + 1).T)]
+    np.testing.assert_array_equal(got, np.array([0, 2, 1])[drawn])
+    with pytest.raises(ValueError, match="asks for class 2, but no voxel"):
+        PatchSampler(np.zeros((10, 10)), 2, 3, labels=lab, label_probabilities={1: 0.5, 2: 0.5})

@@ -96,12 +96,15 @@ class BlockIndex:
         Label values to count, or ``None`` for a weight map.
     name
         How errors call the map (``"weights"`` or ``"labels"``).
+    required
+        One flag per class: whether it must occur in the box (default: every class).
+        Classes that are never drawn (probability 0) may be absent.
 
     Raises
     ------
     ValueError
-        A weight is negative or not finite, every weight in the box is zero, or a class is
-        absent from the box.
+        A weight is negative or not finite, every weight in the box is zero, or a required
+        class is absent from the box.
     """
 
     def __init__(
@@ -111,6 +114,8 @@ class BlockIndex:
         hi: Sequence[int],
         classes: list[int] | None,
         name: str,
+        *,
+        required: Sequence[bool] | None = None,
     ) -> None:
         self._source, self._lo, self._hi = source, tuple(lo), tuple(hi)
         self._classes, self._name = classes, name
@@ -118,7 +123,7 @@ class BlockIndex:
         self._grid = tuple(-(-d // b) for d, b in zip(source.shape, self._block))
         rows = [self._totals_of(b) for b in range(math.prod(self._grid))]
         self.totals = np.array(rows).reshape(len(rows), -1).T  # (classes or 1, blocks)
-        self._check()
+        self._check(required)
         self._init_cache()
 
     def _init_cache(self) -> None:  # the block cache and lock never travel in a pickle
@@ -166,7 +171,7 @@ class BlockIndex:
             )
         return [float(values.sum())]
 
-    def _check(self) -> None:
+    def _check(self, required: Sequence[bool] | None) -> None:
         sums = self.totals.sum(axis=1)
         if self._classes is None and not sums[0] > 0:
             raise ValueError(
@@ -174,12 +179,14 @@ class BlockIndex:
                 f"(voxels {self._lo} to {tuple(h - 1 for h in self._hi)} of the map); give "
                 "some voxel a positive weight"
             )
-        for c, n in zip(self._classes or [], sums.tolist()):
-            if n == 0:
+        classes = self._classes or []
+        needed = [True] * len(classes) if required is None else list(required)
+        for c, n, need in zip(classes, sums.tolist(), needed):
+            if n == 0 and need:
                 raise ValueError(
                     f"label_probabilities asks for class {c}, but no voxel where a patch can be "
                     f"centred has that label; choose classes present in the {self._name} or "
-                    "give this one probability 0 (leave it out)"
+                    "give this one probability 0 (or leave it out)"
                 )
 
     def _detail(self, b: int) -> Any:
@@ -196,6 +203,9 @@ class BlockIndex:
         else:
             detail = [np.flatnonzero(flat == c).astype(np.int64) for c in self._classes]
         with self._lock:
+            if b in self._cache:  # another thread built it meanwhile: count its bytes once
+                self._cache.move_to_end(b)
+                return self._cache[b]
             self._cache[b] = detail
             self._cache_bytes += _nbytes(detail)
             while self._cache_bytes > BLOCK_CACHE_BYTES and len(self._cache) > 1:
@@ -313,7 +323,8 @@ class WeightedPlacement:
             self._probs = np.ones(1)
         else:
             self._classes, self._probs = parse_label_probabilities(label_probabilities)
-        self._index = BlockIndex(source, lo, hi, self._classes, name)
+        required = (self._probs > 0).tolist()
+        self._index = BlockIndex(source, lo, hi, self._classes, name, required=required)
 
     @property
     def totals(self) -> NDArray:

@@ -138,3 +138,11 @@ def test_construction_errors() -> None:
                             scales={"b": (2, 1)})  # fmt: skip
     assert explicit.arrays is not None and explicit.arrays.factors["b"] == (2, 1)
     assert "AlignedArrays" in repr(explicit)
+    as_array = PatchSampler({"a": np.zeros((8, 8)), "b": np.zeros((4, 8))}, 2, 3,
+                            scales={"b": np.array([2, 1])})  # fmt: skip
+    assert as_array.arrays is not None and as_array.arrays.factors["b"] == (2, 1)
+    # regression: a per-axis scale of the wrong length raised a bare IndexError
+    with pytest.raises(ValueError, match=r"scales\['b'\]=\(2,\) has 1 entries"):
+        PatchSampler({"a": np.zeros((8, 8)), "b": np.zeros((4, 8))}, 2, 3, scales={"b": (2,)})
+    with pytest.raises(TypeError, match=r"scales\['b'\]='2' must be an int"):
+        PatchSampler({"a": np.zeros((8, 8)), "b": np.zeros((4, 8))}, 2, 3, scales={"b": "2"})

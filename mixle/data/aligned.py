@@ -16,6 +16,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from mixle.data.padding import parse_pad_value, read_boxes_padded
+from mixle.data.patch_args import per_axis
 from mixle.data.sources.adopt import as_array_source
 from mixle.data.sources.base import ArraySource, listing
 from mixle.data.sources.hdf5_source import HDF5ArraySource
@@ -23,7 +24,6 @@ from mixle.data.sources.zarr_source import ZarrArraySource
 from mixle.data.spec import ArraySpec
 from mixle.errors import ArrayNotFoundError
 from mixle.utils.optional_deps import require
-from mixle.utils.validation import parse_int
 
 __all__ = ["COORDS_KEY", "AlignedArrays", "infer_scale", "read_hdf5_arrays", "read_zarr_arrays"]
 
@@ -32,24 +32,34 @@ COORDS_KEY = "coords"
 
 
 def infer_scale(
-    fine: Sequence[int], shape: Sequence[int], name: str, given: object = None
+    fine: Sequence[int],
+    shape: Sequence[int],
+    name: str,
+    given: object = None,
+    given_name: str = "scales",
 ) -> tuple[int, ...]:
     """Integer factors ``f`` with ``shape[a] == fine[a] // f[a]`` (rounded down or up).
 
-    ``given`` (an int or one int per axis) is checked instead of inferred when passed.
+    ``given`` (an int or one int per axis) is checked instead of inferred when passed;
+    errors about it call it ``given_name``.
 
     Raises
     ------
+    TypeError
+        An entry of ``given`` is not an int.
     ValueError
-        When no integer factor relates the shapes (or ``given`` does not), naming ``name``.
+        When no integer factor relates the shapes (or ``given`` does not), naming ``name``;
+        or ``given`` has the wrong number of entries or one below 1.
     """
+    stated = None if given is None else per_axis(given, len(fine), given_name, 1)
     factors = []
     for a, (d, s) in enumerate(zip(fine, shape)):
-        if given is not None:
-            entry = given[a] if isinstance(given, (tuple, list)) else given
-            candidates = [parse_int(entry, f"scales[{name!r}]")]
+        if stated is not None:
+            candidates = [stated[a]]
+        elif s > 0:
+            candidates = [d // s, -(-d // s)]
         else:
-            candidates = [d // s, -(-d // s)] if s > 0 else []
+            candidates = []
         ok = [f for f in candidates if f >= 1 and s in (d // f, -(-d // f))]
         if not ok:
             want = "the given scale" if given is not None else "an integer factor"
@@ -116,7 +126,7 @@ class AlignedArrays:
         self._sources = sources
         self._lead = {k: s.shape[: s.ndim - nd] for k, s in sources.items()}
         self._factors = {
-            k: infer_scale(self._fine, sh, f"arrays[{k!r}]", scales.get(k))
+            k: infer_scale(self._fine, sh, f"arrays[{k!r}]", scales.get(k), f"scales[{k!r}]")
             for k, sh in spatial.items()
         }
         self._step = tuple(math.lcm(*(f[a] for f in self._factors.values())) for a in range(nd))

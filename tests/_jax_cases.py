@@ -257,6 +257,28 @@ def test_prefetch_reraises_errors_in_the_caller() -> None:
         prefetch_to_device(iter([]), -1)
 
 
+def test_close_from_another_thread_ends_a_waiting_loop() -> None:
+    gate = threading.Event()
+
+    def slow() -> Iterator[np.ndarray]:
+        yield np.zeros(1, np.float32)
+        gate.wait(timeout=60)  # the loop waits here for the next batch
+        yield np.ones(1, np.float32)
+
+    stream = prefetch_to_device(slow(), size=1)
+    next(stream)
+    rest: list[Any] = []
+    loop = threading.Thread(target=lambda: rest.extend(stream), daemon=True)
+    loop.start()
+    closer = threading.Thread(target=stream.close, daemon=True)  # type: ignore[attr-defined]
+    closer.start()
+    gate.set()
+    closer.join(timeout=60)
+    loop.join(timeout=60)
+    assert not closer.is_alive() and not loop.is_alive()  # the waiting loop ended
+    assert len(rest) <= 1
+
+
 # -- JaxLoader ------------------------------------------------------------------------------
 @pytest.mark.parametrize("prefetch", [0, 2])
 def test_jax_loader_batches_equal_the_loaders(prefetch: int) -> None:

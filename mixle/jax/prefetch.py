@@ -75,6 +75,7 @@ def _shutdown(
         thread.join()
     while not out.empty():  # drop device buffers nobody will take
         out.get_nowait()
+    out.put((_END, None))  # ends a loop waiting in another thread
 
 
 class DevicePrefetcher(Iterator[R], Generic[R]):
@@ -117,7 +118,8 @@ class DevicePrefetcher(Iterator[R], Generic[R]):
         raise StopIteration
 
     def close(self) -> None:
-        """Stop and join the thread; items not yet taken are dropped."""
+        """Stop and join the thread; items not yet taken are dropped, and a ``next()``
+        waiting in another thread raises ``StopIteration``."""
         self._done = True
         self._finalizer()
 

@@ -9,8 +9,10 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from numpy.typing import NDArray
 
 import mixle
+from mixle.data.sources.records import Batch, MemorySource
 from mixle.testing import assert_unchanged, check_record_source
 
 
@@ -56,6 +58,24 @@ def test_memory_source_contract_and_errors() -> None:
         mixle.MemorySource([{"a": 1, "b": 2}, {"a": 1}])
     with pytest.raises(TypeError, match="dict of equal-length columns"):
         mixle.MemorySource(42)  # type: ignore[arg-type]
+
+
+class _Huge(MemorySource):
+    """A source that reports 10**15 rows: row ``i`` holds ``i``."""
+
+    def _count(self, handle: dict[str, np.ndarray]) -> int:
+        return 10**15
+
+    def _read_rows(self, handle: dict[str, np.ndarray], rows: NDArray[np.int64]) -> Batch:
+        return {"i": rows.copy()}
+
+
+def test_slices_of_a_long_source_read_only_their_rows() -> None:
+    # src[a:b] used to build np.arange(len(src)) first: 8 bytes for every row of the source
+    src = _Huge({"i": np.zeros(1, dtype=np.int64)})
+    assert src[5:8]["i"].tolist() == [5, 6, 7]
+    assert src[-2:]["i"].tolist() == [10**15 - 2, 10**15 - 1]
+    assert src[10:4:-3]["i"].tolist() == [10, 7]
 
 
 def test_parquet_directory_by_row_group_matches_pyarrow(tmp_path: Path) -> None:

@@ -197,7 +197,7 @@ class RecordSource(abc.ABC):
             parts = [block[key] for block in self.iter_batches()]
             return np.concatenate(parts) if parts else self._empty()[key]
         if isinstance(key, slice):
-            return self.get_batch(np.arange(len(self))[key])
+            return self.get_batch(np.arange(*key.indices(len(self)), dtype=np.int64))
         if isinstance(key, (int, np.integer)) and not isinstance(key, (bool, np.bool_)):
             batch = self.get_batch([int(key)])
             return {name: column[0] for name, column in batch.items()}

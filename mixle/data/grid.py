@@ -9,11 +9,10 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from mixle.data.padding import parse_pad_value, parse_padding, read_boxes_padded
-from mixle.data.patch_args import parse_patch_size, per_axis
+from mixle.data.patch_args import parse_index, parse_patch_size, per_axis, record_indices
 from mixle.data.sources.adopt import as_array_source
-from mixle.data.sources.base import ArraySource, parse_indices
+from mixle.data.sources.base import ArraySource
 from mixle.data.spec import ArraySpec
-from mixle.utils.validation import parse_int
 
 __all__ = ["GridSampler", "axis_starts", "grid_corners", "parse_overlap"]
 
@@ -180,9 +179,7 @@ class GridSampler:
     # -- placement (no I/O) -------------------------------------------------------------
     def coords_array(self, indices: ArrayLike | None = None) -> NDArray[np.int64]:
         """Corners of tiles ``indices`` (default: all) as an int64 ``(N, ndim)`` array."""
-        n = len(self)
-        idx = np.arange(n, dtype=np.int64) if indices is None else parse_indices(indices, n)
-        return grid_corners(idx, self._starts)
+        return grid_corners(record_indices(indices, len(self)), self._starts)
 
     # -- reading ------------------------------------------------------------------------
     def _read(self, corners: NDArray[np.int64]) -> np.ndarray:
@@ -199,11 +196,8 @@ class GridSampler:
 
     def __getitem__(self, index: int) -> Patch:
         """Tile ``index`` and its corner: ``(tile, coords)``."""
-        i = parse_int(index, "index")
         n = len(self)
-        if not -n <= i < n:
-            raise IndexError(f"index={i} is out of range for a grid of {n} tiles")
-        corners = self.coords_array([i])
+        corners = grid_corners([parse_index(index, n, f"a grid of {n} tiles")], self._starts)
         return self._read(corners)[0], tuple(corners[0].tolist())
 
     def get_batch(self, indices: ArrayLike) -> tuple[np.ndarray, NDArray[np.int64]]:

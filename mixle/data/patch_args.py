@@ -6,16 +6,22 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike, NDArray
 
+from mixle.data.sources.base import parse_indices
 from mixle.utils.validation import parse_int
 
 __all__ = [
     "centred_grid",
     "check_combination",
     "parse_epoch",
+    "parse_index",
+    "parse_num_patches",
     "parse_patch_size",
+    "parse_region",
     "parse_stride",
     "per_axis",
+    "record_indices",
 ]
 
 
@@ -76,6 +82,59 @@ def parse_epoch(epoch: object) -> int:
     return e
 
 
+def parse_region(
+    region: object, patch_size: Sequence[int], chunks: Sequence[int] | None
+) -> tuple[int, ...]:
+    """Validate a locality ``region`` (int or per axis, at least ``patch_size``).
+
+    ``None`` gives ``chunks`` (or ``2 * patch_size`` when ``None``) grown to ``patch_size``.
+    """
+    if region is None:
+        base = chunks if chunks is not None else tuple(2 * p for p in patch_size)
+        return tuple(max(c, p) for c, p in zip(base, patch_size))
+    parsed = per_axis(region, len(patch_size), "region", 1)
+    small = [a for a, (r, p) in enumerate(zip(parsed, patch_size)) if r < p]
+    if small:
+        raise ValueError(
+            f"region={parsed} is smaller than patch_size={tuple(patch_size)} on axis "
+            f"{small[0]}; a region must hold a whole patch"
+        )
+    return parsed
+
+
+def parse_num_patches(num_patches: object, replacement: bool, counts: Sequence[int]) -> int:
+    """Validate ``num_patches`` (an int >= 0); ``None`` without replacement: the grid size."""
+    if num_patches is None and not replacement:
+        return int(np.prod(counts, dtype=np.int64))
+    if num_patches is None:
+        raise TypeError(
+            "num_patches=None must be an int (it may be left out only with "
+            "replacement=False, where it defaults to the number of grid positions)"
+        )
+    n = parse_int(num_patches, "num_patches")
+    if n < 0:
+        raise ValueError(f"num_patches={num_patches} must be >= 0")
+    return n
+
+
+def parse_index(index: object, length: int, what: str) -> int:
+    """One record index (negative counts from the end) as an int in ``[0, length)``.
+
+    ``what`` ends the ``IndexError`` message, e.g. ``"a grid of 12 tiles"``.
+    """
+    i = parse_int(index, "index")
+    if not -length <= i < length:
+        raise IndexError(f"index={i} is out of range for {what}")
+    return i + length if i < 0 else i
+
+
+def record_indices(indices: ArrayLike | None, length: int) -> NDArray[np.int64]:
+    """``indices`` validated against ``length`` as int64, or every index when ``None``."""
+    if indices is None:
+        return np.arange(length, dtype=np.int64)
+    return parse_indices(indices, length)
+
+
 def centred_grid(
     shape: Sequence[int], patch_size: Sequence[int], stride: Sequence[int], step: Sequence[int]
 ) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -84,8 +143,9 @@ def centred_grid(
     Corners are ``origin + k * stride`` for ``k`` in ``range(counts)`` per axis, with
     ``origin = -s`` where ``s`` is the largest multiple of ``step`` not above
     ``patch_size // 2``: every patch's centre voxel ``corner + patch_size // 2`` lies in
-    ``[0, shape)`` (up to ``step - 1`` voxels early at the low edge), so the patch always
-    overlaps the volume and every voxel can be near a centre.
+    ``[0, shape)`` (the first one up to ``step - 1`` voxels past 0; on an axis shorter
+    than that the single centre may lie past the end), so the patch always overlaps the
+    volume and every voxel can be near a centre.
     """
     origin = tuple(-((p // 2) // m * m) for p, m in zip(patch_size, step))
     counts = tuple(

@@ -15,9 +15,12 @@ from mixle.data.patch_args import (
     centred_grid,
     check_combination,
     parse_epoch,
+    parse_index,
+    parse_num_patches,
     parse_patch_size,
+    parse_region,
     parse_stride,
-    per_axis,
+    record_indices,
 )
 from mixle.data.placement import (
     grid_counts,
@@ -27,7 +30,7 @@ from mixle.data.placement import (
 )
 from mixle.data.schema import Schema, parse_schema
 from mixle.data.sources.adopt import as_array_source
-from mixle.data.sources.base import ArraySource, parse_indices
+from mixle.data.sources.base import ArraySource
 from mixle.data.spec import ArraySpec
 from mixle.data.structure import EXCHANGEABLE, SampleStructure, parse_structure
 from mixle.data.weighted import WeightedPlacement, weighted_placement
@@ -187,7 +190,8 @@ class PatchSampler:
         self._per_region = parse_int(patches_per_chunk, "patches_per_chunk")
         if self._per_region < 1:
             raise ValueError(f"patches_per_chunk={patches_per_chunk} must be >= 1")
-        self._region = self._parse_region(region)
+        chunks = self._source.chunks if self._arrays is None else None
+        self._region = parse_region(region, self._patch_size, chunks)
         self._weighted = weighted_placement(
             weights,
             labels,
@@ -200,40 +204,13 @@ class PatchSampler:
             padded=padded,
         )
         check_combination(self._per_region, self._replacement, self._weighted, self._padding)
-        self._num_patches = self._parse_num_patches(num_patches)
+        self._num_patches = parse_num_patches(num_patches, self._replacement, self._counts)
         self._structure = parse_structure(structure)
         self._schema = parse_schema(schema)
         if self._schema is not None:
             if self._arrays is not None:
                 raise ValueError("schema= applies to a single array; pass one array, not a dict")
             self._schema.check(self._source.dtype, self._patch_size, what="PatchSampler patch")
-
-    def _parse_region(self, region: object) -> tuple[int, ...]:
-        if region is None:
-            chunks = self._source.chunks if self._arrays is None else None
-            base = chunks if chunks is not None else tuple(2 * p for p in self._patch_size)
-            return tuple(max(c, p) for c, p in zip(base, self._patch_size))
-        parsed = per_axis(region, len(self._patch_size), "region", 1)
-        small = [a for a, (r, p) in enumerate(zip(parsed, self._patch_size)) if r < p]
-        if small:
-            raise ValueError(
-                f"region={parsed} is smaller than patch_size={self._patch_size} on axis "
-                f"{small[0]}; a region must hold a whole patch"
-            )
-        return parsed
-
-    def _parse_num_patches(self, num_patches: object) -> int:
-        if num_patches is None and not self._replacement:
-            return int(np.prod(self._counts, dtype=np.int64))
-        if num_patches is None:
-            raise TypeError(
-                "num_patches=None must be an int (it may be left out only with "
-                "replacement=False, where it defaults to the number of grid positions)"
-            )
-        n = parse_int(num_patches, "num_patches")
-        if n < 0:
-            raise ValueError(f"num_patches={num_patches} must be >= 0")
-        return n
 
     # -- description --------------------------------------------------------------------
     @property
@@ -346,11 +323,7 @@ class PatchSampler:
     # -- placement (no I/O) -------------------------------------------------------------
     def coords_array(self, indices: ArrayLike | None = None) -> NDArray[np.int64]:
         """Corners of patches ``indices`` (default: all) as an int64 ``(N, ndim)`` array."""
-        if indices is None:
-            idx = np.arange(self._num_patches, dtype=np.int64)
-        else:
-            idx = parse_indices(indices, self._num_patches)
-        return self._corners(idx)
+        return self._corners(record_indices(indices, self._num_patches))
 
     def _corners(self, idx: ArrayLike) -> NDArray[np.int64]:
         seed, epoch = self._seed, self._epoch
@@ -380,13 +353,6 @@ class PatchSampler:
         return [tuple(row) for row in self.coords_array().tolist()]
 
     # -- reading ------------------------------------------------------------------------
-    def _index(self, index: object) -> int:
-        i = parse_int(index, "index")
-        n = self._num_patches
-        if not -n <= i < n:
-            raise IndexError(f"index={i} is out of range for a sampler of {n} patches")
-        return i + n if i < 0 else i
-
     def _read(self, corners: NDArray[np.int64]) -> Any:
         if self._arrays is not None:
             return self._arrays.read(
@@ -402,7 +368,8 @@ class PatchSampler:
 
     def __getitem__(self, index: int) -> Record:
         """Patch ``index`` and its corner: ``(patch, coords)``, or a dict for a dict."""
-        i = self._index(index)
+        n = self._num_patches
+        i = parse_index(index, n, f"a sampler of {n} patches")
         corner = tuple(self._corners((i,))[0].tolist())
         if self._arrays is None and self._padding == "none":
             return self._source.read_box(corner, self._patch_size), corner

@@ -112,3 +112,14 @@ def nap(shard: Any, seconds: float) -> int:
 
 def fail_encoder(records: list[Any]) -> None:
     raise RuntimeError("encoder failed")
+
+
+def _refuse_to_load() -> None:
+    raise RuntimeError("this argument cannot be unpickled here")
+
+
+class LoadsOnlyInTheDriver:
+    """Pickles fine; unpickling it (in a worker) raises."""
+
+    def __reduce__(self) -> tuple[Any, tuple[()]]:
+        return (_refuse_to_load, ())

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from _encoded_helpers import (
     Grouped,
+    LoadsOnlyInTheDriver,
     MeanEncoder,
     PidRecorder,
     boom,
@@ -281,6 +282,15 @@ def test_unpicklable_fn_is_refused_and_the_handle_stays_usable():
         with pytest.raises(TypeError, match=r"must be picklable.*module level"):
             enc.map(lambda shard: 0)
         assert enc.map(shard_sum) == [2.0, 4.0]
+
+
+def test_arguments_a_worker_cannot_unpickle_raise_its_error_and_keep_the_handle():
+    with MPEncodedData(list(range(4)), num_workers=2, timeout=T) as enc:
+        with pytest.raises(mixle.WorkerError, match=r"RuntimeError.*cannot be unpickled here"):
+            enc.map(plus, LoadsOnlyInTheDriver(), 0)
+        assert not enc.broken and enc.map(shard_sum) == [2.0, 4.0]
+    with pytest.raises(mixle.WorkerError, match=r"during building the shards.*unpickled"):
+        MPEncodedData([LoadsOnlyInTheDriver()], num_workers=1, read_in="driver", timeout=T)
 
 
 def test_dropped_handle_stops_its_workers():

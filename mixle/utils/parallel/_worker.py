@@ -3,7 +3,8 @@
 Kept apart so that a spawned worker imports only this module, the shard builder and
 NumPy. Messages are pickled tuples ``(seq, kind, *payload)``; every message except
 ``close`` gets exactly one reply ``(seq, "ok", result)`` or
-``(seq, "error", type name, message, traceback)``.
+``(seq, "error", type name, message, traceback)``; a message the worker cannot unpickle
+gets an error reply with ``seq`` -1.
 """
 
 from __future__ import annotations

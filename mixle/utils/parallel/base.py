@@ -82,8 +82,9 @@ class EncodedData(abc.ABC):
 
     Notes
     -----
-    Worker ``i`` holds ``data[j]`` for ``j in shard_indices(i)``. Calls are serialised: one
-    ``map`` at a time per handle. After a worker dies or a call times out the handle is
+    Worker ``i`` holds ``data[j]`` for ``j in shard_indices(i)``. ``map`` may be called from
+    several threads: MPEncodedData runs one call at a time per handle (the others wait),
+    DaskEncodedData lets them overlap. After a worker dies or a call times out the handle is
     broken and every later call raises :class:`~mixle.errors.BrokenEncodedDataError`; after
     :meth:`close` they raise :class:`~mixle.errors.EncodedDataClosedError`.
     """

@@ -248,7 +248,8 @@ class MPEncodedData(EncodedData):
                 except Exception as exc:  # a result the driver cannot unpickle
                     reply = (seq, "error", type(exc).__name__, str(exc), repr(exc))
                 pending.discard(w)
-                if reply[0] != seq:
+                # seq -1: the worker could not unpickle message ``seq``, and says why
+                if reply[0] != seq and tuple(reply[:2]) != (-1, "error"):
                     self._break(f"worker {w} answered message {reply[0]} instead of {seq}")
                     raise WorkerDiedError(f"worker {w} is out of step: {self._broken}", worker=w)
                 if reply[1] == "ok":

@@ -46,6 +46,8 @@ def register_encoded_data_backend(
 
     Raises
     ------
+    TypeError
+        When ``name`` is not a non-empty string or ``factory`` is not callable.
     ValueError
         When ``name`` is taken and ``replace`` is false.
     """

@@ -18,7 +18,7 @@ from mixle.data.sources.columns import (
     text_to_array,
 )
 from mixle.data.sources.records import Batch, TableMeta
-from mixle.data.sources.text_source import BOM, TextHandle, TextRecordSource, open_text_file
+from mixle.data.sources.text_source import TextHandle, TextRecordSource
 from mixle.data.spec import ArraySpec
 from mixle.errors import MalformedRowError
 
@@ -42,6 +42,8 @@ def _header_names(row: list[str]) -> list[str]:
 
 class CSVSource(TextRecordSource):
     """A CSV file: records are rows, fields are NumPy columns; see :func:`read_csv`."""
+
+    _format = "CSV"
 
     def __init__(
         self,
@@ -101,17 +103,8 @@ class CSVSource(TextRecordSource):
         )
 
     # -- open: header and a sample ------------------------------------------------------
-    def _open(self) -> tuple[TextHandle, TableMeta]:
-        fd, real = open_text_file(self._args["path"], "CSV")
-        try:
-            return self._open_fd(fd, real)
-        except BaseException:
-            os.close(fd)
-            raise
-
-    def _open_fd(self, fd: int, real: str) -> tuple[TextHandle, TableMeta]:
+    def _open_fd(self, fd: int, real: str, start: int) -> tuple[TextHandle, TableMeta]:
         where = self._location()
-        start = len(BOM) if os.pread(fd, len(BOM), 0) == BOM else 0
         header = self._args["header"]
         sample: list[list[str]] = []
         lines: list[int] = []
@@ -190,25 +183,6 @@ class CSVSource(TextRecordSource):
             values = [row[k] for row in rows]
             out[name] = text_to_array(values, meta.columns[name].dtype, na, name, lines, where)
         return out
-
-    def _stream(self, handle: TextHandle, block_rows: int) -> Iterator[Batch]:
-        rows: list[list[str]] = []
-        lines: list[int] = []
-        first = self._args["header"] is True
-        for row, line in self._rows_from(handle.real_path, handle.data_start):
-            if first:
-                first = False
-                continue
-            problem = self._row_problem(handle, row)
-            if problem is not None:
-                raise self._malformed(line, problem)
-            rows.append(row)
-            lines.append(line)
-            if len(rows) == block_rows:
-                yield self._to_columns(handle, rows, lines.__getitem__)
-                rows, lines = [], []
-        if rows:
-            yield self._to_columns(handle, rows, lines.__getitem__)
 
 
 def _is_names(value: object) -> bool:

@@ -18,7 +18,7 @@ from mixle.data.sources.columns import (
     values_to_array,
 )
 from mixle.data.sources.records import Batch, TableMeta
-from mixle.data.sources.text_source import BOM, TextHandle, TextRecordSource, open_text_file
+from mixle.data.sources.text_source import TextHandle, TextRecordSource
 from mixle.data.spec import ArraySpec
 from mixle.errors import MalformedRowError
 
@@ -31,6 +31,7 @@ _BLANK = " \t\n\r\x0b\x0c"
 class JSONLSource(TextRecordSource):
     """A JSON lines file (one JSON object per line); see :func:`read_jsonl`."""
 
+    _format = "JSON lines"
     _quote = None  # JSON escapes newlines inside strings: every newline ends a row
     _blank_whitespace = True  # like the streaming reader, which skips such lines
 
@@ -59,17 +60,8 @@ class JSONLSource(TextRecordSource):
     def _options_key(self) -> str:
         return "jsonl"
 
-    def _open(self) -> tuple[TextHandle, TableMeta]:
-        fd, real = open_text_file(self._args["path"], "JSON lines")
-        try:
-            return self._open_fd(fd, real)
-        except BaseException:
-            os.close(fd)
-            raise
-
-    def _open_fd(self, fd: int, real: str) -> tuple[TextHandle, TableMeta]:
+    def _open_fd(self, fd: int, real: str, start: int) -> tuple[TextHandle, TableMeta]:
         where = self._location()
-        start = len(BOM) if os.pread(fd, len(BOM), 0) == BOM else 0
         sample: list[dict[str, Any]] = []
         lines: list[int] = []
         for row, line in self._rows_from(real, start):
@@ -130,18 +122,6 @@ class JSONLSource(TextRecordSource):
             values = [row.get(name) for row in rows]
             out[name] = values_to_array(values, spec.dtype, spec.shape, name, lines, where)
         return out
-
-    def _stream(self, handle: TextHandle, block_rows: int) -> Iterator[Batch]:
-        rows: list[dict[str, Any]] = []
-        lines: list[int] = []
-        for row, line in self._rows_from(handle.real_path, handle.data_start):
-            rows.append(row)
-            lines.append(line)
-            if len(rows) == block_rows:
-                yield self._to_columns(handle, rows, lines.__getitem__)
-                rows, lines = [], []
-        if rows:
-            yield self._to_columns(handle, rows, lines.__getitem__)
 
 
 def read_jsonl(

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import itertools
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +22,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from mixle.data.sources.columns import LineOf
-from mixle.data.sources.records import Batch, RecordSource
+from mixle.data.sources.records import Batch, RecordSource, TableMeta
 from mixle.data.sources.row_index import RowIndex, line_number, load_row_index
 from mixle.errors import MalformedRowError
 from mixle.utils.redact import display_path
@@ -79,6 +80,17 @@ class TextRecordSource(RecordSource):
     #: Whether a line of only whitespace is blank (JSON lines) rather than a row.
     _blank_whitespace: bool = False
 
+    #: What the file is, in messages (``"CSV"``, ``"JSON lines"``).
+    _format: str
+
+    @abc.abstractmethod
+    def _open_fd(self, fd: int, real: str, start: int) -> tuple[TextHandle, TableMeta]:
+        """Read the header and a sample from ``fd`` (rows begin at byte ``start``)."""
+
+    @abc.abstractmethod
+    def _rows_from(self, path: str, start: int) -> Iterator[tuple[Any, int]]:
+        """Parsed rows from byte ``start`` on, each with its line; opens its own file."""
+
     @abc.abstractmethod
     def _options_key(self) -> str:
         """Format options that change where rows end (part of the row index cache key)."""
@@ -97,6 +109,31 @@ class TextRecordSource(RecordSource):
 
     def _location(self) -> str:
         return display_path(self._args["path"])
+
+    def _open(self) -> tuple[TextHandle, TableMeta]:
+        fd, real = open_text_file(self._args["path"], self._format)
+        try:
+            start = len(BOM) if os.pread(fd, len(BOM), 0) == BOM else 0
+            return self._open_fd(fd, real, start)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def _stream(self, handle: TextHandle, block_rows: int) -> Iterator[Batch]:
+        rows: list[Any] = []
+        lines: list[int] = []
+        parsed = self._rows_from(handle.real_path, handle.data_start)
+        for row, line in itertools.islice(parsed, handle.skip_rows, None):
+            problem = self._row_problem(handle, row)
+            if problem is not None:
+                raise self._malformed(line, problem)
+            rows.append(row)
+            lines.append(line)
+            if len(rows) == block_rows:
+                yield self._to_columns(handle, rows, lines.__getitem__)
+                rows, lines = [], []
+        if rows:
+            yield self._to_columns(handle, rows, lines.__getitem__)
 
     @property
     def row_index_origin(self) -> str | None:

@@ -138,6 +138,10 @@ def test_construction_errors() -> None:
                             scales={"b": (2, 1)})  # fmt: skip
     assert explicit.arrays is not None and explicit.arrays.factors["b"] == (2, 1)
     assert "AlignedArrays" in repr(explicit)
+    # regression: an ndarray patch_size did not set the spatial axes of a dict (tuples did)
+    stacked = {"img": np.zeros((2, 8, 8)), "lab": np.zeros((2, 8, 8))}
+    nd_patch = PatchSampler(stacked, np.array([4, 4]), 3).get_batch([0])
+    assert nd_patch["img"].shape == (1, 2, 4, 4) and nd_patch["coords"].shape == (1, 2)
     as_array = PatchSampler({"a": np.zeros((8, 8)), "b": np.zeros((4, 8))}, 2, 3,
                             scales={"b": np.array([2, 1])})  # fmt: skip
     assert as_array.arrays is not None and as_array.arrays.factors["b"] == (2, 1)

@@ -152,7 +152,7 @@ class PatchSampler:
         padded = self._padding != "none"
         self._arrays: AlignedArrays | None = None
         if isinstance(array, Mapping):
-            spatial = len(patch_size) if isinstance(patch_size, (tuple, list)) else None
+            spatial = _entries(patch_size)  # None for an int: the arrays' smallest ndim
             self._arrays = AlignedArrays(array, spatial_ndim=spatial, scales=scales)
             self._source = next(iter(self._arrays.sources.values()))
             shape, step = self._arrays.shape, self._arrays.step
@@ -396,3 +396,12 @@ class PatchSampler:
 
     def __iter__(self) -> Iterator[Record]:
         return self.records()
+
+
+def _entries(patch_size: object) -> int | None:
+    """How many entries a per-axis ``patch_size`` has (``None`` for one int)."""
+    if isinstance(patch_size, (tuple, list)):
+        return len(patch_size)
+    if isinstance(patch_size, np.ndarray) and patch_size.ndim == 1:
+        return len(patch_size)
+    return None

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 import mixle
 from mixle import PatchSampler
 from mixle.data.padding import map_axis, parse_pad_value, parse_padding, read_boxes_padded
+from mixle.data.patch_args import centred_grid
 from mixle.data.sources.adopt import ArrayLikeSource
 
 MARGIN = 40
@@ -139,3 +140,20 @@ def test_padding_errors() -> None:
         read_boxes_padded(ArrayLikeSource(vol), [[-1, 0]], (2, 2), padding="none")
     with pytest.raises(ValueError, match="cannot be combined with padding='reflect'"):
         PatchSampler(vol, 2, 2, padding="reflect", patches_per_chunk=2)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(1, 40), st.integers(1, 50), st.integers(1, 4), st.integers(1, 3), st.integers(0, 3)
+)
+def test_centred_grid_centres_cover_the_axis(length, patch, step, stride_steps, extra):
+    stride = step * stride_steps
+    (origin,), (count,) = centred_grid((length,), (patch,), (stride,), (step,))
+    corners = origin + stride * np.arange(count + extra)
+    centres = corners + patch // 2
+    assert origin % step == 0 and count >= 1
+    assert (corners[:count] < length).all() and (corners[:count] + patch > 0).all()
+    assert 0 <= centres[0] < step  # the first centre sits at most step - 1 past 0
+    inside = centres[:count] < length
+    assert inside.all() or (count == 1 and length < step)  # never past the end otherwise
+    assert (centres[count:] >= length).all()  # and no further grid position centres inside

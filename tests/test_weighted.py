@@ -10,6 +10,8 @@ from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mixle import PatchSampler
 from mixle.data import weighted
@@ -231,3 +233,43 @@ def test_an_absent_class_with_probability_zero_is_allowed() -> None:
     np.testing.assert_array_equal(got, np.array([0, 2, 1])[drawn])
     with pytest.raises(ValueError, match="asks for class 2, but no voxel"):
         PatchSampler(np.zeros((10, 10)), 2, 3, labels=lab, label_probabilities={1: 0.5, 2: 0.5})
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.integers(1, 14), min_size=1, max_size=3),
+    st.integers(0, 2**32),
+    st.sampled_from([4, 16, 64]),
+    st.booleans(),
+    st.booleans(),
+)
+def test_draws_land_on_positive_weights_or_the_drawn_class(shape, seed, block, padded, by_label):
+    # Many small index blocks, some with zero total: the inverse-CDF draws must skip them.
+    rng = np.random.default_rng(seed)
+    shape = tuple(shape)
+    patch = tuple(int(rng.integers(1, d + 1)) for d in shape)
+    half = np.array(patch) // 2
+    mode = "edge" if padded else "none"
+    lo = np.zeros(len(shape), dtype=int) if padded else half
+    hi = np.array(shape) if padded else np.array(shape) - np.array(patch) + half + 1
+    inner = np.zeros(shape, dtype=bool)
+    inner[tuple(slice(a, b) for a, b in zip(lo, hi))] = True
+    labels = (rng.random(shape) < 0.1).astype(np.uint8) * 2 + (rng.random(shape) < 0.2)
+    labels[tuple(int(rng.integers(a, b)) for a, b in zip(lo, hi))] = 1  # class 1 can centre
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(weighted, "INDEX_BLOCK_VOXELS", block)
+        if by_label:
+            probs = {1: 0.7, 3: 0.0, 2: 0.3 if (labels[inner] == 2).any() else 0.0}
+            s = PatchSampler(np.zeros(shape), patch, 200, seed=seed, padding=mode,
+                             labels=labels, label_probabilities=probs)  # fmt: skip
+        else:
+            w = np.where(labels == 1, rng.random(shape) + 0.01, 0.0)
+            s = PatchSampler(np.zeros(shape), patch, 200, seed=seed, padding=mode, weights=w)
+    centres = s.coords_array() + half
+    assert inner[tuple(centres.T)].all()
+    if by_label:
+        assert s.weighted is not None
+        want = np.array([1, 3, 2])[s.weighted.classes(seed, np.arange(200))]
+        np.testing.assert_array_equal(labels[tuple(centres.T)], want)
+    else:
+        assert (w[tuple(centres.T)] > 0).all()

@@ -403,7 +403,9 @@ def test_default_shard_is_this_process(monkeypatch: pytest.MonkeyPatch) -> None:
     jl = JaxLoader(Records(30), 4, drop_last="pad")
     lay = jl.loader.layout
     assert (lay.shard_index, lay.num_shards) == (2, 3)
-    assert host(next(iter(jl)))["i"].tolist() == [2, 5, 8, 11]
+    # blocked shards: process 2 of 3 holds rows [8, 12) of the 12-row global batch
+    assert jl.loader.layout.blocked
+    assert host(next(iter(jl)))["i"].tolist() == [8, 9, 10, 11]
     jl.close()
     explicit = JaxLoader(Records(30), 4, shard_index=0, num_shards=1)
     assert explicit.loader.layout.num_shards == 1

@@ -480,3 +480,15 @@ def test_the_tutorial_runs() -> None:
     for block in re.findall(r"```python\n(.*?)```", text, re.S):
         exec(compile(block, "docs/loader.md", "exec"), namespace)
     assert not loader_threads()
+
+
+def test_blocked_shard_layout_is_part_of_the_resume_state() -> None:
+    data = np.arange(40)
+    blocked = Loader(data, 4, shard_index=1, num_shards=2, shard_layout="blocked")
+    assert next(iter(blocked)).tolist() == [4, 5, 6, 7]  # rows [4, 8) of the 8-row batch
+    state = blocked.state_dict()
+    assert state["shard_layout"] == "blocked"
+    with pytest.raises(LoaderStateError, match="shard_layout='blocked'"):
+        Loader(data, 4, shard_index=1, num_shards=2).load_state_dict(state)
+    with pytest.raises(ValueError, match="shard_layout='rows' must be 'interleaved' or 'blocked'"):
+        Loader(data, 4, shard_layout="rows")

@@ -111,3 +111,35 @@ def test_errors_name_the_argument_and_what_is_accepted() -> None:
         worker_batches(5, 3, 3)
     with pytest.raises(ValueError, match="num_workers=0"):
         worker_batches(5, 0, 0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    n=st.integers(0, 300),
+    batch=st.integers(1, 17),
+    shards=st.integers(1, 9),
+    drop_last=policies,
+)
+def test_blocked_shards_stack_into_the_single_process_batches(
+    n: int, batch: int, shards: int, drop_last: object
+) -> None:
+    blocked = [
+        ShardLayout(n, batch, s, shards, drop_last, blocked=True)  # type: ignore[arg-type]
+        for s in range(shards)
+    ]
+    single = ShardLayout(n, batch * shards, 0, 1, drop_last)  # type: ignore[arg-type]
+    assert max(lay.num_batches for lay in blocked) == single.num_batches
+    for t in range(single.num_batches):
+        stacked = [lay.positions(t, t + 1) for lay in blocked if t < lay.num_batches]
+        np.testing.assert_array_equal(np.concatenate(stacked), single.positions(t, t + 1))
+    # the same positions as the interleaved shards, only split differently
+    interleaved = np.concatenate(
+        [_all_positions(lay) for lay in _layouts(n, batch, shards, drop_last)]
+    )
+    every = np.concatenate([_all_positions(lay) for lay in blocked])
+    np.testing.assert_array_equal(np.sort(every), np.sort(interleaved))
+
+
+def test_blocked_must_be_a_bool() -> None:
+    with pytest.raises(TypeError, match="blocked='yes'"):
+        ShardLayout(10, 2, blocked="yes")  # type: ignore[arg-type]

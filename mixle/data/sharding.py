@@ -1,11 +1,17 @@
 """Which positions of an epoch's global order each process shard and worker reads.
 
 An epoch is a global order of ``n`` positions (shuffled or not; the permutation is applied
-afterwards, see :mod:`mixle.data.permutation`). Shard ``s`` of ``S`` takes the positions
-``s, s + S, s + 2 S, ...`` and cuts them into batches of ``B``. So batch ``t`` of every shard
-together is the contiguous block ``[t B S, (t + 1) B S)`` of the global order: the union over
-shards is the epoch exactly once, and the global order does not depend on ``S`` or on how
-many workers read a shard. Workers take whole batches (:func:`worker_batches`).
+afterwards, see :mod:`mixle.data.permutation`). Batch ``t`` of every shard together is the
+contiguous block ``[t B S, (t + 1) B S)`` of the global order: the union over shards is the
+epoch exactly once, and the global order does not depend on ``S`` or on how many workers
+read a shard. Workers take whole batches (:func:`worker_batches`). Within a global batch:
+
+- interleaved (default): shard ``s`` of ``S`` takes the positions ``s, s + S, s + 2 S, ...``
+  and cuts them into batches of ``B``; with ``drop_last=False`` shards differ by at most one
+  row per epoch.
+- blocked (``blocked=True``): shard ``s`` takes rows ``[s B, (s + 1) B)`` of each global
+  batch, so the shards' batches stacked in shard order are exactly the batch one process
+  with batch size ``B S`` reads (what a global array assembled from processes needs).
 
 Remainder policy (``drop_last``):
 
@@ -28,7 +34,10 @@ from numpy.typing import NDArray
 
 from mixle.utils.validation import parse_int
 
-__all__ = ["DropLast", "ShardLayout", "parse_drop_last", "worker_batches"]
+__all__ = ["SHARD_LAYOUTS", "DropLast", "ShardLayout", "parse_drop_last", "worker_batches"]
+
+#: How shards may split a global batch (see the module notes).
+SHARD_LAYOUTS = ("interleaved", "blocked")
 
 DropLast = bool | Literal["pad"]
 
@@ -65,6 +74,9 @@ class ShardLayout:
         This shard and how many there are: ``0 <= shard_index < num_shards``.
     drop_last
         The remainder policy: ``False``, ``True`` or ``"pad"`` (see the module notes).
+    blocked
+        Shards take contiguous blocks of each global batch instead of interleaved rows
+        (see the module notes).
 
     Raises
     ------
@@ -81,6 +93,7 @@ class ShardLayout:
     shard_index: int = 0
     num_shards: int = 1
     drop_last: DropLast = False
+    blocked: bool = False
 
     def __post_init__(self) -> None:
         n = parse_int(self.num_records, "num_records")
@@ -98,6 +111,7 @@ class ShardLayout:
             ("num_shards", shards),
             ("shard_index", index),
             ("drop_last", parse_drop_last(self.drop_last)),
+            ("blocked", _parse_bool(self.blocked, "blocked")),
         ):
             object.__setattr__(self, name, value)
 
@@ -120,6 +134,9 @@ class ShardLayout:
     def shard_length(self) -> int:
         """Rows this shard reads per epoch, padding included."""
         total, s, shards = self.epoch_positions, self.shard_index, self.num_shards
+        if self.blocked:  # B rows of every full global batch, then its block of the rest
+            full, rest = divmod(total, self.global_batch_size)
+            return full * self.batch_size + min(self.batch_size, max(0, rest - s * self.batch_size))
         return max(0, -(-(total - s) // shards))
 
     @property
@@ -142,7 +159,17 @@ class ShardLayout:
             )
         lo = start * self.batch_size
         hi = min(stop * self.batch_size, self.shard_length)
-        return self.shard_index + self.num_shards * np.arange(lo, hi, dtype=np.int64)
+        rows = np.arange(lo, hi, dtype=np.int64)
+        if self.blocked:
+            batch, offset = np.divmod(rows, self.batch_size)
+            return batch * self.global_batch_size + self.shard_index * self.batch_size + offset
+        return self.shard_index + self.num_shards * rows
+
+
+def _parse_bool(value: object, name: str) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name}={value!r} must be True or False")
+    return bool(value)
 
 
 def worker_batches(num_batches: int, worker_index: int, num_workers: int) -> range:

@@ -135,7 +135,10 @@ class JaxLoader:
     **loader_options
         Any other :class:`mixle.Loader` argument (``shuffle``, ``seed``, ``num_epochs``,
         ``drop_last``, ``transform``, ``num_threads``...). ``shard_index`` and
-        ``num_shards`` default to this process's share (:func:`process_shard`).
+        ``num_shards`` default to this process's share (:func:`process_shard`), and
+        ``shard_layout`` to ``"blocked"`` over several shards: the global array assembled
+        from the processes is then exactly the batch one process would read with the
+        global batch size.
 
     Raises
     ------
@@ -171,6 +174,10 @@ class JaxLoader:
         if "shard_index" not in loader_options and "num_shards" not in loader_options:
             index, count = process_shard(sharding)
             loader_options = {**loader_options, "shard_index": index, "num_shards": count}
+        if loader_options.get("num_shards", 1) > 1:
+            # processes take contiguous blocks of each global batch, so the assembled global
+            # array is, row for row, the batch one process of the global size would read
+            loader_options.setdefault("shard_layout", "blocked")
         loader = Loader(source, batch_size, **loader_options)
         self._setup(loader, sharding, device, prefetch, dtype_policy)
 

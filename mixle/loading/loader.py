@@ -11,7 +11,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from mixle.data.hashing import parse_seed
-from mixle.data.sharding import DropLast, ShardLayout
+from mixle.data.sharding import SHARD_LAYOUTS, DropLast, ShardLayout
 from mixle.data.sources.protocols import SupportsBatchRead
 from mixle.data.spec import ArraySpec, SpecTree, batch_spec, spec_of
 from mixle.data.structure import SampleStructure
@@ -76,6 +76,12 @@ class Loader:
         :mod:`mixle.data.sharding`.
     shard_index, num_shards
         This process's shard of the epoch; the shards together read each record once.
+    shard_layout
+        How shards split each global batch of ``batch_size * num_shards`` rows:
+        ``"interleaved"`` (default; shard ``s`` takes rows ``s, s + num_shards, ...``) or
+        ``"blocked"`` (shard ``s`` takes the ``s``-th block of ``batch_size`` rows, so the
+        shards' batches stacked in shard order equal one process's batch of the global
+        size); see :mod:`mixle.data.sharding`.
     transform
         ``transform(batch) -> batch``, run in the reader threads.
     record_transform
@@ -124,6 +130,7 @@ class Loader:
         drop_last: DropLast = False,
         shard_index: int = 0,
         num_shards: int = 1,
+        shard_layout: str = "interleaved",
         transform: Callable[[Any], Any] | None = None,
         record_transform: Callable[[Any, np.random.Generator], Any] | None = None,
         num_threads: int | None = None,
@@ -143,7 +150,16 @@ class Loader:
                 "reordered; use shuffle=False"
             )
         self._source = source
-        self._layout = ShardLayout(len(source), batch_size, shard_index, num_shards, drop_last)
+        if shard_layout not in SHARD_LAYOUTS:
+            raise ValueError(f"shard_layout={shard_layout!r} must be 'interleaved' or 'blocked'")
+        self._layout = ShardLayout(
+            len(source),
+            batch_size,
+            shard_index,
+            num_shards,
+            drop_last,
+            blocked=shard_layout == "blocked",
+        )
         self._shuffle = shuffle
         self._seed = parse_seed(seed)
         self._num_epochs = None if num_epochs is None else _positive(num_epochs, "num_epochs", 1)
@@ -351,9 +367,9 @@ class Loader:
 
         Keys: ``version``, ``source`` (a fingerprint, see
         :func:`mixle.loading.state.source_fingerprint`), ``num_records``, ``batch_size``,
-        ``drop_last``, ``shard_index``, ``num_shards``, ``seed``, ``shuffle``,
-        ``num_epochs``, ``epoch``, ``batch`` (the next batch) and ``position`` (rows of the
-        epoch read on this shard).
+        ``drop_last``, ``shard_index``, ``num_shards``, ``shard_layout``, ``seed``,
+        ``shuffle``, ``num_epochs``, ``epoch``, ``batch`` (the next batch) and
+        ``position`` (rows of the epoch read on this shard).
         """
         if self._fingerprint is None:
             self._fingerprint = source_fingerprint(self._source)
@@ -366,6 +382,7 @@ class Loader:
             "drop_last": lay.drop_last,
             "shard_index": lay.shard_index,
             "num_shards": lay.num_shards,
+            "shard_layout": "blocked" if lay.blocked else "interleaved",
             "seed": self._seed,
             "shuffle": self._shuffle,
             "num_epochs": self._num_epochs,

@@ -10,10 +10,10 @@ from typing import Any
 __all__ = ["STATE_VERSION", "LoaderStateError", "check_state", "source_fingerprint"]
 
 #: Version of the state dict layout; a state of another version is refused.
-STATE_VERSION = 1
+STATE_VERSION = 2
 #: Keys that must equal this loader's for a state to resume it, and what differs if not.
 _SOURCE_KEYS = ("source", "num_records")
-_LAYOUT_KEYS = ("batch_size", "drop_last", "shard_index", "num_shards")
+_LAYOUT_KEYS = ("batch_size", "drop_last", "shard_index", "num_shards", "shard_layout")
 _ORDER_KEYS = ("seed", "shuffle", "num_epochs")
 #: Public attributes folded into the fingerprint when a source has them.
 _FINGERPRINT_ATTRS = ("shape", "dtype", "patch_size", "stride", "grid_shape", "seed")

@@ -198,3 +198,38 @@ def test_postgres_keyless_query_and_pickle(postgres_table: str) -> None:
     assert clone[119]["id"] == ids[119]
     clone.close()
     src.close()
+
+
+def _in_forked_child(fn) -> str:
+    """Run ``fn()`` in a forked child; return what it returned, or the error it raised."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the child
+        try:
+            message = str(fn())
+        except BaseException as exc:
+            message = f"{type(exc).__name__}: {exc}"
+        os.write(w, message.encode()[:4000])
+        os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as fh:
+        out = fh.read().decode()
+    os.waitpid(pid, 0)
+    return out
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork is POSIX-only")
+def test_forked_child_never_uses_the_callers_connection(sqlite_db: Path) -> None:
+    con = sqlite3.connect(sqlite_db)
+    src = mixle.read_sql("items", con)
+    first = src[0]
+    # a file database: the child opens its own connection and reads the same rows
+    assert _in_forked_child(lambda: src[0]["id"] == first["id"] and len(src) == N) == "True"
+    memory = sqlite3.connect(":memory:")
+    memory.execute("CREATE TABLE t (a INTEGER)")
+    memory.execute("INSERT INTO t VALUES (1)")
+    mem_src = mixle.read_sql("t", memory)
+    assert mem_src[0]["a"] == 1
+    # an in-memory database cannot follow into another process: a clear error, not a
+    # connection shared with the parent
+    assert "in-memory SQLite database cannot be reopened" in _in_forked_child(lambda: mem_src[0])

@@ -72,6 +72,7 @@ class SQLSource(RecordSource):
     """Rows of a SQL table or query; see :func:`read_sql`."""
 
     _connection: Any = None
+    _connection_pid: int | None = None  # the process the caller's connection belongs to
 
     def __init__(
         self,
@@ -99,7 +100,7 @@ class SQLSource(RecordSource):
                 f"params={params!r}: SQLAlchemy queries take named parameters; write :name in "
                 "the query and pass params={'name': value}"
             )
-        self._connection = live
+        self._connection, self._connection_pid = live, os.getpid()
         self._init_state(
             {
                 "query": query_or_table.strip().rstrip(";").strip(),
@@ -140,7 +141,8 @@ class SQLSource(RecordSource):
     # -- open ---------------------------------------------------------------------------
     def _open(self) -> tuple[_SQLHandle, TableMeta]:
         args = self._args
-        live = self._connection if self._pid == os.getpid() else None
+        # a forked child never uses the caller's connection: it opens its own
+        live = self._connection if self._connection_pid == os.getpid() else None
         if args["kind"] == "sqlite" and not args["con"] and live is None:
             raise TypeError("an in-memory SQLite database cannot be reopened in another process")
         backend = open_backend(args["kind"], args["con"], live)

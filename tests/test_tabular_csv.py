@@ -318,3 +318,29 @@ def test_jsonl_whitespace_lines_are_blank_for_the_index_too(tmp_path, lines, blo
         assert len(src) == len(want)
         assert src.get_batch(np.arange(len(want)))["v"].tolist() == want
         assert [r["v"] for r in src.records()] == want
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc/self/fd (Linux)")
+def test_forked_child_reopens_without_keeping_the_parents_descriptor(tmp_path: Path) -> None:
+    path = tmp_path / "rows.csv"
+    path.write_text("a,b\n" + "".join(f"{i},{i * i}\n" for i in range(50)))
+    src = mixle.read_csv(path)
+    assert src[3]["b"] == 9  # open in the parent
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the child
+        ok = 0
+        try:
+            before = len(os.listdir("/proc/self/fd"))
+            row = src[7]
+            after = len(os.listdir("/proc/self/fd"))
+            ok = int(row["b"] == 49 and after == before)  # one closed, one opened
+        finally:
+            os.write(w, bytes([ok]))
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as fh:
+        result = fh.read()
+    os.waitpid(pid, 0)
+    assert result == b"\x01"
+    assert src[7]["b"] == 49  # the parent's descriptor still works

@@ -214,8 +214,9 @@ class TextRecordSource(RecordSource):
             os.close(handle.fd)
 
     def _forget(self, handle: TextHandle) -> None:
-        # The descriptor is shared with the parent after fork; the child opens its own.
-        handle.index = None
+        # The child opens its own descriptor. Closing the inherited copy leaves the parent's
+        # descriptor open (each process has its own table) and leaks nothing per fork.
+        self._release(handle)
 
 
 class LineLookup:

@@ -449,3 +449,12 @@ def test_the_tutorial_runs() -> None:
     assert blocks
     for block in blocks:
         exec(compile(block, "docs/jax.md", "exec"), namespace)
+
+
+def test_tabular_batches_go_to_jax(tmp_path: Path) -> None:
+    path = tmp_path / "rows.csv"
+    path.write_text("id,value,name\n" + "".join(f"{i},{i / 2},n{i}\n" for i in range(6)))
+    src = mixle.read_csv(path, ["id", "value"], dtypes={"value": "float32"})
+    batch = to_jax(src.get_batch([3, 1]), dtype_policy="cast")
+    assert batch["value"].tolist() == [1.5, 0.5]
+    assert batch["id"].tolist() == [3, 1]

@@ -4,6 +4,7 @@ every test that reads them leaves them byte-identical."""
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -143,3 +144,19 @@ def _stores_left_unchanged(request: pytest.FixtureRequest) -> Iterator[None]:
     if "stores" in request.fixturenames:
         shared: Stores = request.getfixturevalue("stores")
         assert snapshot_tree(shared.root) == shared.snapshot, "a test changed the shared stores"
+
+
+@pytest.fixture(autouse=True)
+def _jax_stays_out_of_this_process() -> Iterator[None]:
+    """A started JAX backend makes every later ``os.fork()`` in the process warn (an error
+    here) and risks deadlocks, so JAX tests run in a child interpreter (tests/test_jax.py)."""
+    yield
+    bridge = sys.modules.get("jax._src.xla_bridge")  # importing jax alone starts nothing
+    started = bridge is not None and (
+        getattr(bridge, "_at_fork_handler_installed", False) or getattr(bridge, "_backends", None)
+    )
+    if started and os.environ.get("MIXLE_TEST_JAX_CHILD") != "1":
+        pytest.fail(
+            "this test started a JAX backend in the main pytest process, which breaks the "
+            "fork tests after it; put JAX checks in tests/_jax_cases.py (run in a child)"
+        )

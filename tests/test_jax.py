@@ -9,6 +9,7 @@ configuration; its report is shown on failure.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -25,7 +26,8 @@ TIMEOUT_S = 300
 @pytest.mark.skipif(not HAS_JAX, reason='needs jax: pip install "mixle[jax]"')
 def test_jax_cases_pass_in_a_fresh_interpreter() -> None:
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(CASES)]
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S)
+    env = {**os.environ, "MIXLE_TEST_JAX_CHILD": "1"}
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S, env=env)
     report = done.stdout[-8000:] + done.stderr[-2000:]
     assert done.returncode == 0, report
     assert " passed" in done.stdout and "skipped" not in done.stdout, report

@@ -75,14 +75,6 @@ def test_mpencoded_workers_read_their_own_rows(tmp_path: Path, kind: str) -> Non
         assert enc.map(_ids) == [list(range(0, 50, 2)), list(range(1, 50, 2))]
 
 
-def test_numeric_batches_go_to_jax(tmp_path: Path) -> None:
-    jax_module = pytest.importorskip("mixle.jax")
-    src = mixle.read_csv(_csv(tmp_path), ["id", "value"], dtypes={"value": "float32"})
-    batch = jax_module.to_jax(src.get_batch([3, 1]), dtype_policy="cast")
-    assert batch["value"].tolist() == [1.5, 0.5]
-    assert batch["id"].tolist() == [3, 1]
-
-
 def test_the_tutorial_runs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("MIXLE_CACHE_DIR", str(tmp_path))  # restored after the tutorial
     text = (ROOT / "docs" / "tabular.md").read_text()

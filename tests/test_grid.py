@@ -148,6 +148,8 @@ def test_grid_errors() -> None:
         agg.result()
     with pytest.raises(ValueError, match="batch_size=0 must be >= 1"):
         stitch(g, lambda t: t, batch_size=0)
+    with pytest.raises(TypeError, match=r"batch_size=2\.5 must be an int"):
+        stitch(g, lambda t: t, batch_size=2.5)  # type: ignore[arg-type]
 
 
 def test_axis_starts_values() -> None:

@@ -13,6 +13,7 @@ import numpy as np
 from numpy.typing import ArrayLike, DTypeLike, NDArray
 
 from mixle.data.grid import GridSampler
+from mixle.utils.validation import parse_int
 
 __all__ = [
     "GAUSSIAN_SIGMA_SCALE",
@@ -243,6 +244,7 @@ def stitch(
     ``(B, *channels_out, *patch_size)``; ``aggregator_options`` go to
     :class:`GridAggregator` (``window``, ``out``, ``dtype``...). Returns its result.
     """
+    batch_size = parse_int(batch_size, "batch_size")
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size} must be >= 1")
     agg = GridAggregator(grid, **aggregator_options)

@@ -188,6 +188,24 @@ def test_hdf5_user_block_and_big_endian(tmp_path):
         _check_boxes(mixle.read_hdf5(path, name), data, _boxes(data.shape, (4, 6), 20, 2), (4, 6))
 
 
+@pytest.mark.parametrize("userblock", [0, 4096])
+def test_hdf5_contiguous_never_written_reads_fill_value(tmp_path, userblock):
+    # with a user block HDF5 reports an offset for unallocated storage (undefined address
+    # plus the block size): mapping it returned whatever bytes sit there
+    path = tmp_path / "unwritten.h5"
+    with h5py.File(path, "w", userblock_size=userblock) as f:
+        f.create_dataset("filled", shape=(4, 5), dtype="f4", fillvalue=3)
+        f.create_dataset("zeros", shape=(4, 5), dtype=">i2")
+    for name, value in (("filled", 3), ("zeros", 0)):
+        src = mixle.read_hdf5(path, name)
+        assert src._memmap_for(src.array) is None
+        expected = np.full((4, 5), value, dtype=src.dtype)
+        np.testing.assert_array_equal(src[...], expected)
+        np.testing.assert_array_equal(src.read_boxes([[0, 0], [2, 3]], (2, 2))[1], expected[:2, :2])
+        np.testing.assert_array_equal(src.get_batch([3, 0]), expected[[3, 0]])
+        src.close()
+
+
 def test_hdf5_opened_for_writing_reads_through_h5py(tmp_path):
     data = _data((10, 10))
     path = tmp_path / "rw.h5"

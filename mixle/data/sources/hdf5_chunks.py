@@ -60,8 +60,12 @@ def contiguous_memmap(dataset: Any) -> np.memmap | None:
         return None
     if dataset.size == 0:
         return None
+    # never written: no storage allocated. Check the storage size, not only the offset:
+    # with a user block HDF5 reports "undefined address + user block size" as the offset
+    if dataset.id.get_storage_size() != dataset.nbytes:
+        return None
     offset = dataset.id.get_offset()
-    if offset is None:  # never written: no storage allocated
+    if offset is None:
         return None
     return np.memmap(path, dtype=dataset.dtype, mode="r", offset=offset, shape=dataset.shape)
 

@@ -201,6 +201,20 @@ def test_adopting_live_objects_pickles_by_reference(stores):
     np.testing.assert_array_equal(pickle.loads(pickle.dumps(src))[1], stores.truth["v3.zarr"][1])
 
 
+def test_adopted_memmap_of_part_of_a_file_pickles_the_same_region(tmp_path):
+    path = tmp_path / "header_data_trailer.raw"
+    whole = np.arange(30, dtype="<i4")
+    whole.tofile(path)
+    mm = np.memmap(path, dtype="<i4", mode="r", offset=8, shape=(5, 4))  # 2 before, 8 after
+    src = as_array_source(mm)
+    assert isinstance(src, mixle.MemmapArraySource)
+    clone = pickle.loads(pickle.dumps(src))
+    np.testing.assert_array_equal(clone[...], whole[2:22].reshape(5, 4))
+    np.testing.assert_array_equal(clone.get_batch([4, 0]), whole[2:22].reshape(5, 4)[[4, 0]])
+    with pytest.raises(ValueError, match="check dtype, shape and offset"):
+        mixle.read_memmap(path, "<i4", (5, 4), offset=8)  # by hand the size must match
+
+
 def test_in_memory_hdf5_cannot_pickle_by_reference():
     with h5py.File("in-memory.h5", "w", driver="core", backing_store=False) as f:
         ds = f.create_dataset("x", data=np.arange(5))

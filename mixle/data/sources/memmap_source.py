@@ -119,14 +119,17 @@ class MemmapArraySource(ArraySource):
         structure: SampleStructure = EXCHANGEABLE,
         schema: Schema | None = None,
     ) -> MemmapArraySource:
-        """Wrap an ``np.memmap`` that maps a whole file region; pickling reopens it read-only."""
+        """Wrap an ``np.memmap`` that maps a whole file region; pickling reopens it read-only.
+
+        The region may end before the file does (a trailer after the array); the copy
+        reopens the same region.
+        """
         order = "F" if mm.flags.f_contiguous and not mm.flags.c_contiguous else "C"
+        args = _memmap_args(mm.filename, mm.dtype, mm.shape, "r", mm.offset, order)
+        if os.path.getsize(args["path"]) != mm.offset + mm.nbytes:
+            args["exact_size"] = False  # the size check on reopening allows the trailer
         obj = cls.__new__(cls)
-        obj._init_state(
-            _memmap_args(mm.filename, mm.dtype, mm.shape, "r", mm.offset, order),
-            structure,
-            schema,
-        )
+        obj._init_state(args, structure, schema)
         obj._adopt(mm)
         return obj
 
@@ -141,7 +144,7 @@ class MemmapArraySource(ArraySource):
         dtype, shape, offset = a["dtype"], a["shape"], a["offset"]
         expected = offset + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         actual = os.path.getsize(path)
-        if actual != expected:
+        if actual < expected or (actual != expected and a.get("exact_size", True)):
             raise ValueError(
                 f"path={path!r} has {actual} bytes but offset={offset} + shape={shape} x "
                 f"{dtype} ({dtype.itemsize} bytes each) needs {expected}; check dtype, "

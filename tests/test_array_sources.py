@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import pickle
 import tempfile
+import threading
 from pathlib import Path
 
 import h5py
@@ -16,6 +17,7 @@ from hypothesis import strategies as st
 
 import mixle
 from mixle.data.sources.adopt import ArrayLikeSource, as_array_source
+from mixle.errors import SourceClosedError
 from mixle.testing import assert_unchanged, check_array_source
 
 ZARR_STORES = ["v3.zarr", "v2.zarr", "sharded.zarr"]
@@ -359,3 +361,71 @@ def test_sampler_keeps_the_record_protocols(stores):
     patches, coords = sampler.get_batch([0, 1])
     assert patches.shape[1:] == patch_spec.shape and patches.dtype == patch_spec.dtype
     assert coords.shape[1:] == coords_spec.shape and coords.dtype == coords_spec.dtype
+
+
+class _ClosedUnderneath:
+    """An array whose reads fail the way a backend does when its file is closed mid-read."""
+
+    shape, dtype = (6, 4), np.dtype("f4")
+    source: mixle.ArraySource | None = None
+
+    def __getitem__(self, key):
+        assert self.source is not None
+        self.source.close()  # another thread closes the source while this read runs
+        raise RuntimeError("Unable to synchronously get dataspace (identifier is not valid)")
+
+
+@pytest.mark.parametrize("read", ["getitem", "read_boxes", "get_batch"])
+def test_close_during_a_read_raises_source_closed(read):
+    array = _ClosedUnderneath()
+    src = as_array_source(array)
+    array.source = src
+    reads = {
+        "getitem": lambda: src[1:3],
+        "read_boxes": lambda: src.read_boxes([[0, 0], [2, 1]], (2, 2)),
+        "get_batch": lambda: src.get_batch([3, 1]),
+    }
+    with pytest.raises(SourceClosedError, match="closed by another thread") as info:
+        reads[read]()
+    assert isinstance(info.value.__cause__, RuntimeError)  # the backend's words kept
+
+
+def test_other_read_errors_pass_through_unchanged():
+    class Broken:
+        shape, dtype = (3,), np.dtype("i2")
+
+        def __getitem__(self, key):
+            raise RuntimeError("disk on fire")
+
+    with pytest.raises(RuntimeError, match="disk on fire"):
+        as_array_source(Broken())[0]
+
+
+@pytest.mark.parametrize("dataset", ["gzip", "contiguous"])
+def test_hdf5_closed_while_threads_read_gives_source_closed(stores, dataset):
+    for _ in range(5):
+        src = mixle.read_hdf5(stores.path("volumes.h5"), dataset)
+        errors: list[BaseException] = []
+        started = threading.Barrier(3)
+
+        rows, row = len(src), (1, *src.shape[1:])
+
+        def work(src=src, errors=errors, started=started, rows=rows, row=row):
+            started.wait()
+            try:
+                for k in range(10_000):
+                    src.get_batch([k % rows, (3 * k) % rows])
+                    src[k % rows]
+                    src.read_boxes([[k % rows] + [0] * (len(row) - 1)], row)
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=work) for _ in range(2)]
+        for t in threads:
+            t.start()
+        started.wait()
+        src.close()
+        for t in threads:
+            t.join(timeout=60)
+        assert not any(t.is_alive() for t in threads)
+        assert all(isinstance(e, SourceClosedError) for e in errors), errors

@@ -256,7 +256,11 @@ class ArraySource(abc.ABC):
         """Read ``key`` (ints, negative ints, slices with any step, ``...``, tuples)."""
         handle = self._live()
         parsed = parse_key(key, self.shape)
-        block = parsed.finish(self._read(handle, parsed.read))
+        try:
+            block = parsed.finish(self._read(handle, parsed.read))
+        except Exception as exc:
+            self._raise_if_closed(exc)
+            raise
         if block.ndim == 0:
             return block[()]
         return _owned(block)
@@ -303,7 +307,11 @@ class ArraySource(abc.ABC):
                 f"out has shape {out.shape} and dtype {out.dtype}; expected {want} {self.dtype}"
             )
         if rows and all(ext):
-            self._read_boxes_into(handle, rows, ext, out)
+            try:
+                self._read_boxes_into(handle, rows, ext, out)
+            except Exception as exc:
+                self._raise_if_closed(exc)
+                raise
         return out
 
     def _read_boxes_into(
@@ -375,6 +383,16 @@ class ArraySource(abc.ABC):
         out = np.empty((idx.size, *shape[1:]), dtype=self.dtype)
         if not idx.size or 0 in shape:
             return out
+        try:
+            return self._get_rows(handle, shape, idx, out)
+        except Exception as exc:
+            self._raise_if_closed(exc)
+            raise
+
+    def _get_rows(
+        self, handle: Any, shape: tuple[int, ...], idx: NDArray[np.int64], out: np.ndarray
+    ) -> np.ndarray:
+        """Fill ``out`` with rows ``idx`` (validated, non-negative) of ``handle``."""
         reader = self._reader_for(handle)
         if reader is not None:
             starts = np.zeros((idx.size, len(shape)), dtype=np.int64)
@@ -407,6 +425,20 @@ class ArraySource(abc.ABC):
             return max(1, chunks[0])
         row_bytes = max(1, int(np.prod(self.shape[1:], dtype=np.int64)) * self.dtype.itemsize)
         return max(1, RECORD_BLOCK_BYTES // row_bytes)
+
+    def _raise_if_closed(self, exc: Exception) -> None:
+        """Raise :class:`SourceClosedError` from ``exc`` if :meth:`close` ran during the read.
+
+        Closing a source while another thread reads it makes the backend fail in its own
+        words (h5py: "identifier is not of specified type"); the reader gets the same
+        error as a read started after ``close()``.
+        """
+        if self._closed and not isinstance(exc, SourceClosedError):
+            raise SourceClosedError(
+                f"{type(self).__name__}({self._location()}) was closed by another thread "
+                f"while this read was in flight ({type(exc).__name__}: {exc}); open it again "
+                "to read it"
+            ) from exc
 
     # -- lifetime -----------------------------------------------------------------------
     def close(self) -> None:

@@ -287,3 +287,15 @@ def test_shuffled_rows_decode_each_chunk_once(tmp_path):
         assert chunk_cache().stats().misses - before == 4  # 128 rows in 4 chunks
     finally:
         chunk_cache().budget = old
+
+
+@pytest.mark.parametrize(
+    ("starts", "size", "name"),
+    [([[1.7, 0]], (2, 2), "starts"), ([[1, 0]], (2.0, 2), "size"), ([[True, False]], (2, 2), "starts")],
+)
+def test_box_coordinates_must_be_integers(tmp_path, starts, size, name):
+    src = _memmap(tmp_path, _data((6, 6)), None)
+    with pytest.raises(TypeError, match=f"{name} must be integers"):
+        src.read_boxes(starts, size)
+    with pytest.raises(TypeError, match="must be integers"):
+        src.read_box((0.5, 0), (2, 2))

@@ -267,9 +267,9 @@ class ArraySource(abc.ABC):
 
     def read_box(self, start: ArrayLike, size: ArrayLike) -> np.ndarray:
         """Read the box ``[start, start + size)``; it must lie inside the array."""
-        ext = _int_list(size)
+        ext = _int_list(size, "size")
         box = np.empty(ext if all(n >= 0 for n in ext) else 0, dtype=self.dtype)
-        self.read_boxes([_int_list(start)], ext, out=box[np.newaxis])
+        self.read_boxes([_int_list(start, "start")], ext, out=box[np.newaxis])
         return box
 
     def read_boxes(
@@ -282,10 +282,8 @@ class ArraySource(abc.ABC):
         """
         handle = self._live()
         shape = self.shape
-        rows: list[Any] = (
-            starts if _is_int_rows(starts) else np.asarray(starts, dtype=np.int64).tolist()
-        )
-        ext = _int_list(size)
+        rows: list[Any] = starts if _is_int_rows(starts) else _int_array(starts, "starts").tolist()
+        ext = _int_list(size, "size")
         bad_rows = [r for r in rows if not isinstance(r, list) or len(r) != len(shape)]
         if len(ext) != len(shape) or bad_rows:
             shown = f"start={bad_rows[0]}" if bad_rows else f"size={tuple(ext)}"
@@ -478,11 +476,19 @@ def _is_int_rows(starts: object) -> TypeGuard[list[Any]]:
     )
 
 
-def _int_list(values: ArrayLike) -> list[int]:
+def _int_array(values: ArrayLike, name: str) -> np.ndarray:
+    """Box coordinates as int64; floats and bools are refused, never truncated."""
+    arr = np.asarray(values)
+    if arr.size and arr.dtype.kind not in "iu":
+        raise TypeError(f"{name} must be integers, got dtype {arr.dtype} ({values!r:.80})")
+    return arr.astype(np.int64, copy=False)
+
+
+def _int_list(values: ArrayLike, name: str) -> list[int]:
     """Box coordinates as Python ints (tuples of ints pass straight through)."""
     if isinstance(values, tuple) and all(type(v) is int for v in values):
         return list(values)
-    return np.asarray(values, dtype=np.int64).reshape(-1).tolist()
+    return _int_array(values, name).reshape(-1).tolist()
 
 
 def _owned(block: np.ndarray) -> np.ndarray:

@@ -149,6 +149,11 @@ class ArraySource(abc.ABC):
         handle = self._handle
         if handle is None:
             with self._lock:
+                if self._closed:  # closed while this thread waited: open nothing
+                    raise SourceClosedError(
+                        f"{type(self).__name__}({self._location()}) is closed; open it again "
+                        "to read it"
+                    )
                 if self._handle is None:
                     handle = self._open()
                     meta = self._describe(handle)
@@ -333,7 +338,8 @@ class ArraySource(abc.ABC):
                 state = self._reader
                 if state is None or state[0] is not handle:
                     state = (handle, self._chunk_reader(handle) if chunked else None)
-                    self._reader = state
+                    if not self._closed:  # a reader made after close() is not kept
+                        self._reader = state
         return state[1]
 
     def _read_planned(self, handle: Any, key: tuple[int | slice, ...]) -> np.ndarray | None:
@@ -443,8 +449,9 @@ class ArraySource(abc.ABC):
         """Release the store's handles; later reads raise :class:`SourceClosedError`."""
         if self._closed:
             return
-        self._closed = True
-        handle, self._handle, self._reader = self._handle, None, None
+        with self._lock:  # no handle or reader is stored once close() has taken them
+            self._closed = True
+            handle, self._handle, self._reader = self._handle, None, None
         if handle is not None and self._pid == os.getpid():
             self._release(handle)
 

@@ -291,7 +291,11 @@ def test_shuffled_rows_decode_each_chunk_once(tmp_path):
 
 @pytest.mark.parametrize(
     ("starts", "size", "name"),
-    [([[1.7, 0]], (2, 2), "starts"), ([[1, 0]], (2.0, 2), "size"), ([[True, False]], (2, 2), "starts")],
+    [
+        ([[1.7, 0]], (2, 2), "starts"),
+        ([[1, 0]], (2.0, 2), "size"),
+        ([[True, False]], (2, 2), "starts"),
+    ],
 )
 def test_box_coordinates_must_be_integers(tmp_path, starts, size, name):
     src = _memmap(tmp_path, _data((6, 6)), None)
@@ -299,3 +303,17 @@ def test_box_coordinates_must_be_integers(tmp_path, starts, size, name):
         src.read_boxes(starts, size)
     with pytest.raises(TypeError, match="must be integers"):
         src.read_box((0.5, 0), (2, 2))
+
+
+def test_a_reader_made_while_the_source_closes_is_not_kept(tmp_path):
+    src = _zarr(tmp_path, _data((8, 8)), (4, 4))
+    make = src._chunk_reader
+
+    def closing_meanwhile(handle):
+        reader = make(handle)
+        src._closed = True  # close() finishing in another thread while the reader was built
+        return reader
+
+    src._chunk_reader = closing_meanwhile  # type: ignore[method-assign]
+    src._reader_for(src.array)
+    assert src._reader is None  # nothing (no reader, no descriptor) outlives close()

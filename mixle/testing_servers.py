@@ -19,6 +19,7 @@ import os
 import re
 import socket
 import threading
+import time
 import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -42,21 +43,34 @@ class FaultPlan:
         Every ``drop_every``-th request has its connection closed with no answer (0: never).
     fail_status
         The HTTP status of failed requests (a 5xx by default).
+    delay
+        Seconds each served request is held before it is answered (a slow store), so
+        that :attr:`peak_inflight` shows how many requests a client keeps in flight.
     """
 
-    def __init__(self, fail_every: int = 0, drop_every: int = 0, fail_status: int = 503) -> None:
+    def __init__(
+        self, fail_every: int = 0, drop_every: int = 0, fail_status: int = 503, delay: float = 0.0
+    ) -> None:
         self._lock = threading.Lock()
         self.fail_every, self.drop_every, self.fail_status = fail_every, drop_every, fail_status
+        self.delay = delay
         self.dead = False
         self._count = 0
+        self._inflight = 0
+        self.peak_inflight = 0
         self.by_path: Counter[str] = Counter()
         self.log: list[tuple[str, str, str]] = []
 
     def record(self, method: str, path: str, byte_range: str) -> str | None:
-        """Count one request; returns ``"fail"``, ``"drop"`` or ``None`` (serve it)."""
+        """Count one request; returns ``"fail"``, ``"drop"`` or ``None`` (serve it).
+
+        Every call must be followed by :meth:`finished` once the request is answered.
+        """
         with self._lock:
             self._count += 1
             n = self._count
+            self._inflight += 1
+            self.peak_inflight = max(self.peak_inflight, self._inflight)
             self.by_path[path] += 1
             self.log.append((method, path, byte_range))
         if self.dead:
@@ -65,7 +79,14 @@ class FaultPlan:
             return "drop"
         if self.fail_every and n % self.fail_every == 0:
             return "fail"
+        if self.delay > 0:
+            time.sleep(self.delay)
         return None
+
+    def finished(self) -> None:
+        """One request recorded by :meth:`record` was answered (or dropped)."""
+        with self._lock:
+            self._inflight -= 1
 
     @property
     def requests(self) -> int:
@@ -76,6 +97,7 @@ class FaultPlan:
         """Zero the counters (fault settings stay)."""
         with self._lock:
             self._count = 0
+            self.peak_inflight = self._inflight
             self.by_path.clear()
             self.log.clear()
 
@@ -201,6 +223,12 @@ class _RangeHandler(BaseHTTPRequestHandler):
     def _answer(self, body: bool) -> None:
         path = self.path.split("?", 1)[0]
         action = self.faults.record(self.command, path, self.headers.get("Range", ""))
+        try:
+            self._serve_file(path, action, body)
+        finally:
+            self.faults.finished()
+
+    def _serve_file(self, path: str, action: str | None, body: bool) -> None:
         if action == "drop":
             self.close_connection = True
             self.connection.shutdown(socket.SHUT_RDWR)
@@ -347,11 +375,14 @@ class _FaultyApp:
         action = self._faults.record(
             environ.get("REQUEST_METHOD", ""), path, environ.get("HTTP_RANGE", "")
         )
-        if action is not None:
-            body = b"<Error><Code>InternalError</Code><Message>injected</Message></Error>"
-            start_response(
-                f"{self._faults.fail_status} Injected",
-                [("Content-Type", "application/xml"), ("Content-Length", str(len(body)))],
-            )
-            return [body]
-        return self._app(environ, start_response)
+        try:
+            if action is not None:
+                body = b"<Error><Code>InternalError</Code><Message>injected</Message></Error>"
+                start_response(
+                    f"{self._faults.fail_status} Injected",
+                    [("Content-Type", "application/xml"), ("Content-Length", str(len(body)))],
+                )
+                return [body]
+            return self._app(environ, start_response)
+        finally:
+            self._faults.finished()

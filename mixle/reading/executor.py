@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from typing import Any, Protocol, runtime_checkable
 
@@ -67,6 +67,9 @@ class SupportsFetchMany(Protocol):
     The executor asks for every chunk a batch misses in the cache with one
     :meth:`fetch_many` call, so the reader can issue the requests concurrently and merge
     requests for nearby bytes, then decodes each payload with :meth:`decode` on the pool.
+    A reader may also offer ``fetch_each(coords)``: the same requests, as an iterator of
+    ``(position in coords, payload)`` groups in the order they arrive (every position once;
+    closing it cancels what is still in flight), so decoding overlaps the fetch.
     """
 
     chunks: tuple[int, ...]
@@ -122,27 +125,57 @@ def read_chunked(
 def _read_fetched(
     reader: SupportsFetchMany, plan: ChunkPlan, store: ChunkCache, out: np.ndarray
 ) -> None:
-    """Look every chunk up in the cache, fetch all misses at once, decode and scatter."""
+    """Look every chunk up in the cache, fetch all misses at once, decode and scatter.
+
+    With ``fetch_each`` the chunks are decoded as their payloads arrive: one at a time in
+    the calling thread while the others are in flight, or shared out over the decode pool
+    when several arrived together; without it, after the whole fetch.
+    """
     token = reader.token
     found: list[np.ndarray | None] = [store.get((token, c)) for c in plan.chunks]
     missing = [k for k, chunk in enumerate(found) if chunk is None]
-    payloads: list[Any] = [None] * len(found)
+    each = getattr(reader, "fetch_each", None)
+    arrivals: Iterator[list[tuple[int, Any]]] = iter(())
     if missing:
-        for k, raw in zip(missing, reader.fetch_many([plan.chunks[k] for k in missing])):
-            payloads[k] = raw
-    tickets = itertools.count()
+        wanted = [plan.chunks[k] for k in missing]
+        arrivals = (
+            each(wanted) if each is not None else iter([list(enumerate(reader.fetch_many(wanted)))])
+        )
+    try:
+        _place(
+            reader,
+            plan,
+            store,
+            out,
+            [(k, chunk, True) for k, chunk in enumerate(found) if chunk is not None],
+        )
+        for group in arrivals:
+            _place(reader, plan, store, out, [(missing[j], raw, False) for j, raw in group])
+    finally:
+        getattr(arrivals, "close", lambda: None)()  # cancels requests still in flight
+
+
+def _place(
+    reader: SupportsFetchMany,
+    plan: ChunkPlan,
+    store: ChunkCache,
+    out: np.ndarray,
+    jobs: list[tuple[int, Any, bool]],
+) -> None:
+    """Scatter chunks ``(k, chunk or payload, decoded?)`` into ``out``, on the decode pool."""
+    tickets = itertools.count()  # next() on a count is atomic: each job is taken once
 
     def drain() -> None:
-        while (k := next(tickets)) < len(found):
-            chunk = found[k]
-            if chunk is None:
+        while (n := next(tickets)) < len(jobs):
+            k, chunk, decoded = jobs[n]
+            if not decoded:
                 coords = plan.chunks[k]
-                chunk = store.put((token, coords), reader.decode(coords, payloads[k]))
-                payloads[k] = None  # free the stored bytes as soon as they are decoded
+                chunk = store.put((reader.token, coords), reader.decode(coords, chunk))
+                jobs[n] = (k, None, True)  # free the stored bytes as soon as they are decoded
             for box, region, inner in plan.pieces[k]:
                 out[box][region] = chunk[inner]
 
-    run_all([drain] * min(decode_threads(), len(found)))
+    run_all([drain] * min(decode_threads(), len(jobs)))
 
 
 def read_strided(

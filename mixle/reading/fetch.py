@@ -2,16 +2,17 @@
 
 Object stores answer a request in tens of milliseconds whatever its size, so a batch that
 needs a hundred chunks must not ask for them one by one. :func:`gather_bounded` runs every
-request of a batch concurrently while at most :data:`MAX_INFLIGHT_BYTES` are in flight;
-:func:`coalesce_ranges` merges byte ranges of one object that lie close together (the inner
-chunks of a shard) into a few larger requests.
+request of a batch concurrently while at most :data:`MAX_INFLIGHT_BYTES` and
+:data:`MAX_INFLIGHT_REQUESTS` are in flight; :func:`coalesce_ranges` merges byte ranges of
+one object that lie close together (the inner chunks of a shard) into a few larger requests;
+:func:`widen_connection_pool` lets s3fs open that many connections (its default is 10).
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Generator, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -19,13 +20,19 @@ __all__ = [
     "COALESCE_GAP_BYTES",
     "MAX_COALESCED_BYTES",
     "MAX_INFLIGHT_BYTES",
+    "MAX_INFLIGHT_REQUESTS",
     "Coalesced",
     "coalesce_ranges",
     "gather_bounded",
+    "stream_bounded",
+    "widen_connection_pool",
 ]
 
 #: Most bytes of requests one batch keeps in flight at once (more wait for a slot).
 MAX_INFLIGHT_BYTES = 64 * 1024 * 1024
+#: Most requests one batch keeps in flight at once, and the connection pool size mixle gives
+#: s3fs when ``storage_options`` do not choose one (aiobotocore's own default is 10).
+MAX_INFLIGHT_REQUESTS = 64
 #: Two byte ranges of one object closer than this are fetched in one request: reading a
 #: gap this size costs less than the round trip of a second request.
 COALESCE_GAP_BYTES = 1024 * 1024
@@ -64,6 +71,8 @@ async def gather_bounded(
     sizes: Sequence[int],
     *,
     max_inflight: int | None = None,
+    max_requests: int | None = None,
+    on_ready: Callable[[int, T], None] | None = None,
 ) -> list[T]:
     """Await every ``calls[k]()`` concurrently, holding ``sizes[k]`` bytes of budget each.
 
@@ -75,6 +84,11 @@ async def gather_bounded(
         Expected bytes of each result (an estimate is fine).
     max_inflight
         Byte budget; default :data:`MAX_INFLIGHT_BYTES`.
+    max_requests
+        Most calls awaited at once; default :data:`MAX_INFLIGHT_REQUESTS`.
+    on_ready
+        Called as ``on_ready(k, result)`` on the event loop as soon as call ``k`` finishes
+        (so a consumer can start on it while the others are still in flight).
 
     Returns
     -------
@@ -89,15 +103,22 @@ async def gather_bounded(
     import asyncio  # only ever awaited inside a running event loop
 
     budget = _ByteBudget(MAX_INFLIGHT_BYTES if max_inflight is None else max_inflight)
+    slots = asyncio.Semaphore(
+        max(1, MAX_INFLIGHT_REQUESTS if max_requests is None else max_requests)
+    )
 
-    async def one(call: Callable[[], Awaitable[T]], size: int) -> T:
-        taken = await budget.acquire(size)
-        try:
-            return await call()
-        finally:
-            await budget.release(taken)
+    async def one(k: int, call: Callable[[], Awaitable[T]], size: int) -> T:
+        async with slots:
+            taken = await budget.acquire(size)
+            try:
+                result = await call()
+            finally:
+                await budget.release(taken)
+        if on_ready is not None:
+            on_ready(k, result)
+        return result
 
-    tasks = [asyncio.ensure_future(one(c, s)) for c, s in zip(calls, sizes)]
+    tasks = [asyncio.ensure_future(one(k, c, s)) for k, (c, s) in enumerate(zip(calls, sizes))]
     try:
         return list(await asyncio.gather(*tasks))
     except BaseException:
@@ -147,3 +168,74 @@ def coalesce_ranges(
     if members:
         out.append(Coalesced(cur_start, cur_end, tuple(members)))
     return out
+
+
+def widen_connection_pool(fs: Any) -> Any:
+    """``fs``, or for an s3fs file system with aiobotocore's default pool a wider copy.
+
+    s3fs keeps at most ``max_pool_connections`` (default 10) requests in flight, so a batch of
+    a hundred chunk requests would wait in rounds of ten. An s3fs ``fs`` whose
+    ``config_kwargs`` do not set the option is reopened with the same options plus
+    ``max_pool_connections=MAX_INFLIGHT_REQUESTS``; any other file system, or one where
+    the user chose a pool size, is returned as it is.
+    """
+    if not type(fs).__module__.startswith("s3fs") or "max_pool_connections" in getattr(
+        fs, "config_kwargs", {"max_pool_connections": None}
+    ):
+        return fs
+    options = dict(fs.storage_options)
+    config = dict(options.get("config_kwargs") or {})
+    config["max_pool_connections"] = MAX_INFLIGHT_REQUESTS
+    options["config_kwargs"] = config
+    return type(fs)(**options)
+
+
+_END = object()
+
+
+def stream_bounded(
+    loop: Any, calls: Sequence[Callable[[], Awaitable[T]]], sizes: Sequence[int]
+) -> Generator[list[tuple[int, T]], None, None]:
+    """Start :func:`gather_bounded` on ``loop`` now; yield results in groups as they arrive.
+
+    Each group is every ``(k, result)`` that arrived since the last one (at least one), so
+    a consumer that falls behind gets larger groups to share out. Every ``k`` is yielded
+    once; the first failure is raised after the results that arrived before it.
+
+    Parameters
+    ----------
+    loop
+        The running event loop (in another thread) that owns the store's connections.
+    calls, sizes
+        As for :func:`gather_bounded`.
+
+    Notes
+    -----
+    The requests are in flight as soon as this returns. Closing the iterator early (or
+    dropping it) cancels the requests still running.
+    """
+    import asyncio
+    import queue
+
+    ready: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    future = asyncio.run_coroutine_threadsafe(
+        gather_bounded(calls, sizes, on_ready=lambda k, r: ready.put((k, r))), loop
+    )
+    future.add_done_callback(lambda _: ready.put(_END))
+    return _arrivals(ready, future)
+
+
+def _arrivals(ready: Any, future: Any) -> Generator[list[tuple[int, Any]], None, None]:
+    try:
+        while True:
+            group = [ready.get()]
+            while not ready.empty():
+                group.append(ready.get_nowait())
+            items = [item for item in group if item is not _END]
+            if items:
+                yield items
+            if len(items) != len(group):  # the end marker came: nothing more will arrive
+                future.result()  # raises the first failure, if any
+                return
+    finally:
+        future.cancel()

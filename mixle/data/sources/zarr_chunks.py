@@ -21,14 +21,14 @@ a whole chunk raise :class:`~mixle.reading.CorruptChunkError` naming the array a
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from typing import Any, Literal
 
 import numpy as np
 
 from mixle.reading import CorruptChunkError, new_token
 from mixle.reading.faults import retry_async
-from mixle.reading.fetch import gather_bounded
+from mixle.reading.fetch import gather_bounded, stream_bounded, widen_connection_pool
 from mixle.utils.optional_deps import require
 
 __all__ = [
@@ -150,6 +150,13 @@ class ZarrStoreReader(_DecodedChunks):
         self._get = StoreGetter(array, url or self._where, secrets)
         self._nbytes = int(np.prod(self.chunks, dtype=np.int64)) * np.dtype(array.dtype).itemsize
 
+    def fetch_each(
+        self, coords: Sequence[tuple[int, ...]]
+    ) -> Generator[list[tuple[int, Any]], None, None]:
+        """Request every chunk now; ``(k, stored bytes or None)`` groups as they arrive."""
+        keys = [self._meta.encode_chunk_key(c) for c in coords]
+        return self._get.stream([(k, None) for k in keys], [self._nbytes] * len(keys))
+
     def fetch_many(self, coords: Sequence[tuple[int, ...]]) -> list[bytes | None]:
         keys = [self._meta.encode_chunk_key(c) for c in coords]
         return self._get.many([(k, None) for k in keys], [self._nbytes] * len(keys))
@@ -163,12 +170,22 @@ ByteRange = tuple[int, int | None] | None
 
 
 class StoreGetter:
-    """Concurrent, retried ``get`` calls on a zarr store, run on zarr's event loop."""
+    """Concurrent, retried ``get`` calls on a zarr store, run on zarr's event loop.
+
+    An s3fs store whose ``storage_options`` leave the connection pool at aiobotocore's
+    default of 10 is read through a copy with a wider pool
+    (:func:`~mixle.reading.fetch.widen_connection_pool`).
+    """
 
     def __init__(self, array: Any, url: str, secrets: Any = None) -> None:
         from zarr.core.buffer import default_buffer_prototype
+        from zarr.storage import FsspecStore
 
         self._store = array.store
+        if isinstance(self._store, FsspecStore):
+            wide = widen_connection_pool(self._store.fs)
+            if wide is not self._store.fs:
+                self._store = FsspecStore(wide, read_only=True, path=self._store.path)
         path = array.path.strip("/")
         self._prefix = f"{path}/" if path else ""
         self._prototype = default_buffer_prototype()
@@ -197,6 +214,18 @@ class StoreGetter:
 
         calls = [(lambda k=k, r=r: self.get(k, r)) for k, r in requests]
         return list(sync(gather_bounded(calls, sizes)))
+
+    def stream(
+        self, requests: Sequence[tuple[str, ByteRange]], sizes: Sequence[int]
+    ) -> Generator[list[tuple[int, Any]], None, None]:
+        """Every request at once, as :meth:`many`; ``(k, result)`` groups as they arrive.
+
+        The requests start before this returns (see :func:`~mixle.reading.fetch.stream_bounded`).
+        """
+        from zarr.core.sync import _get_loop  # zarr's I/O loop, which owns the store's session
+
+        calls = [(lambda k=k, r=r: self.get(k, r)) for k, r in requests]
+        return stream_bounded(_get_loop(), calls, sizes)
 
 
 def zarr_chunk_reader(

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
+from contextlib import closing
 from typing import Any
 
 import numpy as np
@@ -150,16 +151,47 @@ class ShardedZarrReader:
     # -- the reader protocol ----------------------------------------------------------
     def fetch_many(self, coords: Sequence[tuple[int, ...]]) -> list[bytes | None]:
         """Stored bytes of inner chunks ``coords`` (``None``: never written)."""
+        out: list[bytes | None] = [None] * len(coords)
+        for group in self.fetch_each(coords):
+            for k, raw in group:
+                out[k] = raw
+        return out
+
+    def fetch_each(
+        self, coords: Sequence[tuple[int, ...]]
+    ) -> Generator[list[tuple[int, Any]], None, None]:
+        """Request inner chunks ``coords``; ``(k, stored bytes or None)`` groups as they arrive.
+
+        The shard indices are read first (those not cached); then every coalesced range
+        request starts at once, and the chunks inside each are yielded when it arrives.
+        """
+        requests, members, empty = self._requests(coords)
+        if empty:
+            yield [(k, None) for k in empty]
+        if not requests:
+            return
+        sizes = [end - start for _, (start, end) in requests]
+        with closing(self._get.stream(requests, sizes)) as arrivals:
+            for group in arrivals:
+                yield [i for r, blob in group for i in self._cut(requests[r], blob, members[r])]
+
+    def _requests(
+        self, coords: Sequence[tuple[int, ...]]
+    ) -> tuple[list[tuple[str, tuple[int, int]]], list[list[tuple[int, int, int]]], list[int]]:
+        """Coalesced range requests for ``coords``, their members, and chunks never written."""
         per = self._per_shard
         shard_of = [tuple(c // n for c, n in zip(cs, per)) for cs in coords]
         indices = self._shard_indices(list(dict.fromkeys(shard_of)))
         wanted: dict[tuple[int, ...], list[tuple[int, int, int]]] = {}
+        empty: list[int] = []
         for k, (cs, shard) in enumerate(zip(coords, shard_of)):
             index = indices[shard]
             if index is None:
+                empty.append(k)
                 continue
             offset, length = index[tuple(c % n for c, n in zip(cs, per))]
             if offset == _EMPTY and length == _EMPTY:
+                empty.append(k)
                 continue
             wanted.setdefault(shard, []).append((k, int(offset), int(offset + length)))
         requests: list[tuple[str, tuple[int, int]]] = []
@@ -170,20 +202,23 @@ class ShardedZarrReader:
             for group in coalesce_ranges(starts, ends):
                 requests.append((key, (group.start, group.end)))
                 members.append([ranges[m] for m in group.members])
-        out: list[bytes | None] = [None] * len(coords)
-        if not requests:
-            return out
-        blobs = self._get.many(requests, [end - start for _, (start, end) in requests])
-        for (key, (start, end)), blob, group_members in zip(requests, blobs, members):
-            if blob is None or len(blob) != end - start:
-                got = "nothing" if blob is None else f"{len(blob)} bytes"
-                raise CorruptChunkError(
-                    f"shard {key!r} of zarr array {self._where} is corrupt: its index points "
-                    f"at bytes {start}-{end} but reading them returned {got} (truncated shard?)"
-                )
-            for k, lo, hi in group_members:
-                out[k] = blob[lo - start : hi - start]
-        return out
+        return requests, members, empty
+
+    def _cut(
+        self,
+        request: tuple[str, tuple[int, int]],
+        blob: bytes | None,
+        members: list[tuple[int, int, int]],
+    ) -> list[tuple[int, bytes]]:
+        """The inner chunks' bytes inside one coalesced range; a short read raises."""
+        key, (start, end) = request
+        if blob is None or len(blob) != end - start:
+            got = "nothing" if blob is None else f"{len(blob)} bytes"
+            raise CorruptChunkError(
+                f"shard {key!r} of zarr array {self._where} is corrupt: its index points "
+                f"at bytes {start}-{end} but reading them returned {got} (truncated shard?)"
+            )
+        return [(k, blob[lo - start : hi - start]) for k, lo, hi in members]
 
     def decode(self, coords: tuple[int, ...], raw: bytes | None) -> np.ndarray:
         """Inner chunk ``coords`` from its stored bytes (``None``: the fill value)."""

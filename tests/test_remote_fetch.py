@@ -1,0 +1,171 @@
+"""Concurrency of remote fetches: wide s3fs pools, streamed arrivals, decode during the fetch."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import pytest
+from _remote_fixtures import write_stores
+
+import mixle
+from mixle.reading import chunk_cache, read_chunked, set_retry_policy
+from mixle.reading.fetch import MAX_INFLIGHT_REQUESTS, stream_bounded, widen_connection_pool
+from mixle.testing_servers import FaultPlan, MotoS3Server
+
+
+@pytest.fixture(autouse=True)
+def fresh_cache() -> Iterator[None]:
+    old = set_retry_policy(attempts=5, base_delay=0.001, max_delay=0.01)
+    chunk_cache().clear()
+    yield
+    set_retry_policy(old.attempts, old.base_delay, old.max_delay)
+
+
+@pytest.fixture
+def loop() -> Iterator[asyncio.AbstractEventLoop]:
+    running = asyncio.new_event_loop()
+    thread = threading.Thread(target=running.run_forever, daemon=True)
+    thread.start()
+    yield running
+    running.call_soon_threadsafe(running.stop)
+    thread.join()
+    running.close()
+
+
+def test_s3_batches_keep_more_requests_in_flight_than_aiobotocores_ten(tmp_path):
+    truth = write_stores(tmp_path)["v3.zarr"]  # 3 x 3 x 2 = 18 chunks
+    faults = FaultPlan()
+    with MotoS3Server(faults) as server:
+        url = server.upload(tmp_path, "mixle-wide")
+        faults.delay = 0.2  # a slow store: requests overlap as far as the client lets them
+        src = mixle.read_zarr(f"{url}/v3.zarr", storage_options=server.storage_options())
+        faults.reset()
+        got = src.read_boxes([[0, 0, 0]], truth.shape)
+        wide = faults.peak_inflight
+        chunk_cache().clear()
+        narrow_options = server.storage_options(config_kwargs={"max_pool_connections": 2})
+        narrow = mixle.read_zarr(f"{url}/v3.zarr", storage_options=narrow_options)
+        faults.reset()
+        again = narrow.read_boxes([[0, 0, 0]], truth.shape)
+        chosen = faults.peak_inflight
+    np.testing.assert_array_equal(got[0], truth)
+    np.testing.assert_array_equal(again[0], truth)
+    assert wide > 10  # every one of the 18 chunk requests at once, not rounds of ten
+    assert chosen <= 2  # a pool size the user chose is kept
+
+
+def test_widen_connection_pool_only_touches_s3fs_without_a_chosen_size():
+    s3fs = pytest.importorskip("s3fs")
+    fsspec = pytest.importorskip("fsspec")
+    plain = s3fs.S3FileSystem(anon=True, skip_instance_cache=True)
+    wide = widen_connection_pool(plain)
+    assert wide.config_kwargs["max_pool_connections"] == MAX_INFLIGHT_REQUESTS
+    assert "max_pool_connections" not in plain.config_kwargs  # the caller's fs is unchanged
+    chosen = s3fs.S3FileSystem(
+        anon=True, config_kwargs={"max_pool_connections": 3}, skip_instance_cache=True
+    )
+    assert widen_connection_pool(chosen) is chosen
+    memory = fsspec.filesystem("memory")
+    assert widen_connection_pool(memory) is memory
+
+
+def _calls(delays: Sequence[float], log: list[str]) -> list[Any]:
+    def make(k: int, delay: float) -> Any:
+        async def call() -> int:
+            try:
+                await asyncio.sleep(delay)
+            except asyncio.CancelledError:
+                log.append(f"cancelled {k}")
+                raise
+            if delay < 0:
+                raise OSError(f"request {k} failed")
+            return k * 10
+
+        return call
+
+    return [make(k, d) for k, d in enumerate(delays)]
+
+
+def test_stream_bounded_yields_every_result_once_in_arrival_order(loop):
+    log: list[str] = []
+    groups = list(stream_bounded(loop, _calls([0.3, 0.0, 0.15], log), [1, 1, 1]))
+    flat = [item for group in groups for item in group]
+    assert sorted(flat) == [(0, 0), (1, 10), (2, 20)]
+    assert [k for k, _ in flat] == [1, 2, 0]  # the fastest first
+    assert all(groups) and log == []
+
+
+def test_stream_bounded_raises_the_failure_after_what_arrived(loop):
+    log: list[str] = []
+    seen: list[int] = []
+
+    def consume() -> None:
+        for group in stream_bounded(loop, _calls([0.0, -1.0, 5.0], log), [1, 1, 1]):
+            seen.extend(k for k, _ in group)
+
+    with pytest.raises(OSError, match="request 1 failed"):
+        consume()
+    assert seen == [0]
+    assert log == ["cancelled 2"]  # the slow request did not outlive the failure
+
+
+def test_closing_a_stream_early_cancels_the_requests_in_flight(loop):
+    log: list[str] = []
+    arrivals = stream_bounded(loop, _calls([0.0, 5.0, 5.0], log), [1, 1, 1])
+    assert next(arrivals) == [(0, 0)]
+    arrivals.close()
+    done = threading.Event()
+    loop.call_soon_threadsafe(lambda: loop.call_soon(done.set))  # let the cancellations run
+    assert done.wait(5)
+    assert sorted(log) == ["cancelled 1", "cancelled 2"]
+
+
+class _StreamingReader:
+    """A 1-D array of 4 chunks whose payloads arrive one by one; logs arrivals and decodes."""
+
+    def __init__(self, bad: int = -1) -> None:
+        self.chunks = (2,)
+        self.token = mixle.reading.new_token()
+        self.log: list[str] = []
+        self.bad = bad
+
+    def read_chunk(self, coords: tuple[int, ...]) -> np.ndarray:
+        return self.decode(coords, coords[0])
+
+    def fetch_many(self, coords: Sequence[tuple[int, ...]]) -> list[Any]:
+        return [c[0] for c in coords]
+
+    def fetch_each(self, coords: Sequence[tuple[int, ...]]) -> Iterator[list[tuple[int, Any]]]:
+        try:
+            for k, c in enumerate(coords):
+                self.log.append(f"arrived {c[0]}")
+                yield [(k, c[0])]
+        finally:
+            self.log.append("closed")
+
+    def decode(self, coords: tuple[int, ...], raw: Any) -> np.ndarray:
+        self.log.append(f"decoded {raw}")
+        if raw == self.bad:
+            raise mixle.reading.CorruptChunkError(f"chunk {raw} is corrupt")
+        return np.full(2, raw, dtype="int64")
+
+
+def test_chunks_are_decoded_as_they_arrive_not_after_the_whole_fetch():
+    reader = _StreamingReader()
+    out = np.empty((1, 8), dtype="int64")
+    read_chunked(reader, [[0]], (8,), (8,), out)
+    np.testing.assert_array_equal(out[0], np.repeat(np.arange(4), 2))
+    steps = [f"{what} {k}" for k in range(4) for what in ("arrived", "decoded")]
+    assert reader.log == [*steps, "closed"]
+
+
+def test_a_corrupt_chunk_stops_the_fetch_and_raises():
+    reader = _StreamingReader(bad=1)
+    out = np.empty((1, 8), dtype="int64")
+    with pytest.raises(mixle.reading.CorruptChunkError, match="chunk 1"):
+        read_chunked(reader, [[0]], (8,), (8,), out)
+    assert reader.log == ["arrived 0", "decoded 0", "arrived 1", "decoded 1", "closed"]

@@ -58,6 +58,23 @@ def test_s3_batches_keep_more_requests_in_flight_than_aiobotocores_ten(tmp_path)
     assert chosen <= 2  # a pool size the user chose is kept
 
 
+def test_hdf5_over_s3_keeps_more_requests_in_flight_than_aiobotocores_ten(tmp_path):
+    truth = write_stores(tmp_path)["v.h5/gzip"]  # 18 chunks
+    faults = FaultPlan()
+    with MotoS3Server(faults) as server:
+        url = server.upload(tmp_path, "mixle-wide-h5")
+        src = mixle.read_hdf5(f"{url}/v.h5", "gzip", storage_options=server.storage_options())
+        src.read_boxes([[0, 0, 0]], (1, 1, 1))  # metadata and the chunk index, before timing
+        chunk_cache().clear()
+        faults.delay = 0.2
+        faults.reset()
+        got = src.read_boxes([[0, 0, 0]], truth.shape)
+        peak = faults.peak_inflight
+        src.close()
+    np.testing.assert_array_equal(got[0], truth)
+    assert peak > 10
+
+
 def test_widen_connection_pool_only_touches_s3fs_without_a_chosen_size():
     s3fs = pytest.importorskip("s3fs")
     fsspec = pytest.importorskip("fsspec")

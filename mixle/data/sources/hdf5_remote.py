@@ -15,7 +15,7 @@ from typing import Any
 
 from mixle.data.sources.hdf5_chunks import HDF5ChunkReader, decodable_filters
 from mixle.reading.faults import CorruptChunkError, retry_async
-from mixle.reading.fetch import gather_bounded
+from mixle.reading.fetch import gather_bounded, widen_connection_pool
 from mixle.utils.optional_deps import require
 
 __all__ = [
@@ -38,6 +38,7 @@ def open_remote_file(url: str, storage_options: dict[str, Any] | None) -> tuple[
     from fsspec.core import url_to_fs  # type: ignore[import-untyped]
 
     fs, path = url_to_fs(url, **(storage_options or {}))
+    fs = widen_connection_pool(fs)  # s3fs would keep only 10 chunk requests in flight
     file = fs.open(
         path,
         "rb",

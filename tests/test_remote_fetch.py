@@ -31,8 +31,16 @@ def loop() -> Iterator[asyncio.AbstractEventLoop]:
     thread = threading.Thread(target=running.run_forever, daemon=True)
     thread.start()
     yield running
+
+    async def settle() -> None:  # nothing may still be running when the loop closes
+        pending = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+
+    asyncio.run_coroutine_threadsafe(settle(), running).result(timeout=30)
     running.call_soon_threadsafe(running.stop)
-    thread.join()
+    thread.join(timeout=30)
     running.close()
 
 
@@ -186,3 +194,19 @@ def test_a_corrupt_chunk_stops_the_fetch_and_raises():
     with pytest.raises(mixle.reading.CorruptChunkError, match="chunk 1"):
         read_chunked(reader, [[0]], (8,), (8,), out)
     assert reader.log == ["arrived 0", "decoded 0", "arrived 1", "decoded 1", "closed"]
+
+
+def test_a_fetch_left_unfinished_on_a_closed_loop_is_dropped_quietly():
+    from mixle.reading.fetch import gather_bounded
+
+    async def slow() -> int:
+        await asyncio.sleep(60)
+        return 1
+
+    running = asyncio.new_event_loop()
+    coro = gather_bounded([slow], [1])
+    task = running.create_task(coro)
+    running.run_until_complete(asyncio.sleep(0.01))  # started: waiting on its request
+    running.close()  # the loop goes away with the fetch still pending
+    coro.close()  # what garbage collection does: must not raise
+    assert not task.done()

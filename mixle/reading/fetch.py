@@ -10,6 +10,7 @@ one object that lie close together (the inner chunks of a shard) into a few larg
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Awaitable, Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -121,6 +122,11 @@ async def gather_bounded(
     tasks = [asyncio.ensure_future(one(k, c, s)) for k, (c, s) in enumerate(zip(calls, sizes))]
     try:
         return list(await asyncio.gather(*tasks))
+    except GeneratorExit:  # closed unfinished (its loop is gone): nothing may be awaited
+        for task in tasks:
+            with contextlib.suppress(RuntimeError):  # a closed loop cannot cancel
+                task.cancel()
+        raise
     except BaseException:
         for task in tasks:
             task.cancel()

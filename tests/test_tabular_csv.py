@@ -344,3 +344,14 @@ def test_forked_child_reopens_without_keeping_the_parents_descriptor(tmp_path: P
     os.waitpid(pid, 0)
     assert result == b"\x01"
     assert src[7]["b"] == 49  # the parent's descriptor still works
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, True, "10"])
+def test_infer_rows_must_be_a_positive_int_for_every_text_format(tmp_path: Path, bad) -> None:
+    csv_path = tmp_path / "a.csv"
+    csv_path.write_text("a\n1\n")
+    jsonl_path = tmp_path / "a.jsonl"
+    jsonl_path.write_text('{"a": 1}\n')
+    for read, path in ((mixle.read_csv, csv_path), (mixle.read_jsonl, jsonl_path)):
+        with pytest.raises(ValueError, match=f"infer_rows={bad!r} must be an int >= 1"):
+            read(path, infer_rows=bad)

@@ -18,7 +18,7 @@ from mixle.data.sources.columns import (
     text_to_array,
 )
 from mixle.data.sources.records import Batch, TableMeta
-from mixle.data.sources.text_source import TextHandle, TextRecordSource
+from mixle.data.sources.text_source import TextHandle, TextRecordSource, text_args
 from mixle.data.spec import ArraySpec
 from mixle.errors import MalformedRowError
 
@@ -65,20 +65,18 @@ class CSVSource(TextRecordSource):
             raise ValueError(f"delimiter={delimiter!r} and quotechar={quotechar!r} must differ")
         if not (isinstance(header, bool) or _is_names(header)):
             raise TypeError(f"header={header!r} must be True, False or a list of column names")
-        if isinstance(infer_rows, bool) or not isinstance(infer_rows, int) or infer_rows < 1:
-            raise ValueError(f"infer_rows={infer_rows!r} must be an int >= 1")
         self._init_state(
-            {
-                "path": os.fspath(path) if isinstance(path, os.PathLike) else path,
-                "columns": None if columns is None else list(columns),
-                "delimiter": delimiter,
-                "quotechar": quotechar,
-                "dtypes": dtypes,
-                "header": header if isinstance(header, bool) else list(header),
-                "na_values": tuple(na_values),
-                "infer_rows": infer_rows,
-                "progress": progress,
-            }
+            text_args(
+                path,
+                columns,
+                dtypes,
+                infer_rows,
+                progress,
+                delimiter=delimiter,
+                quotechar=quotechar,
+                header=header if isinstance(header, bool) else list(header),
+                na_values=tuple(na_values),
+            )
         )
         self._live()  # fail early: missing file, unknown column, bad dtype override
 

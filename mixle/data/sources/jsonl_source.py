@@ -18,7 +18,7 @@ from mixle.data.sources.columns import (
     values_to_array,
 )
 from mixle.data.sources.records import Batch, TableMeta
-from mixle.data.sources.text_source import TextHandle, TextRecordSource
+from mixle.data.sources.text_source import TextHandle, TextRecordSource, text_args
 from mixle.data.spec import ArraySpec
 from mixle.errors import MalformedRowError
 
@@ -44,17 +44,7 @@ class JSONLSource(TextRecordSource):
         infer_rows: int = INFER_ROWS,
         progress: bool | None = None,
     ) -> None:
-        if isinstance(infer_rows, bool) or not isinstance(infer_rows, int) or infer_rows < 1:
-            raise ValueError(f"infer_rows={infer_rows!r} must be an int >= 1")
-        self._init_state(
-            {
-                "path": os.fspath(path) if isinstance(path, os.PathLike) else path,
-                "columns": None if columns is None else list(columns),
-                "dtypes": dtypes,
-                "infer_rows": infer_rows,
-                "progress": progress,
-            }
-        )
+        self._init_state(text_args(path, columns, dtypes, infer_rows, progress))
         self._live()  # fail early: missing file, unknown column, bad dtype override
 
     def _options_key(self) -> str:

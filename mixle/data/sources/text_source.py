@@ -56,6 +56,33 @@ def open_text_file(path: str | os.PathLike[str], what: str) -> tuple[int, str]:
     return fd, os.path.realpath(text)
 
 
+def text_args(
+    path: Any,
+    columns: Sequence[str] | None,
+    dtypes: Any,
+    infer_rows: object,
+    progress: bool | None,
+    **options: Any,
+) -> dict[str, Any]:
+    """The constructor arguments a text source pickles, with the checks every format shares.
+
+    Raises
+    ------
+    ValueError
+        ``infer_rows`` is not an int >= 1.
+    """
+    if isinstance(infer_rows, bool) or not isinstance(infer_rows, int) or infer_rows < 1:
+        raise ValueError(f"infer_rows={infer_rows!r} must be an int >= 1")
+    return {
+        "path": os.fspath(path) if isinstance(path, os.PathLike) else path,
+        "columns": None if columns is None else list(columns),
+        "dtypes": dtypes,
+        "infer_rows": infer_rows,
+        "progress": progress,
+        **options,
+    }
+
+
 @dataclass
 class TextHandle:
     """An open text file: its descriptor, where rows start, and the format's parse state."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 import os
 import pickle
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -141,11 +141,17 @@ def check_array_source(
     np.testing.assert_array_equal(clone[...], expected)
     clone.close()
 
+    _check_close(source, lambda: source.shape)
+
+
+def _check_close(source: Any, metadata: Callable[[], object]) -> None:
+    """``with`` closes ``source``, ``close()`` is idempotent, and reading, ``metadata()``
+    and pickling then raise :class:`SourceClosedError`."""
     with source as entered:
         assert entered is source
     assert source.closed
     source.close()  # idempotent
-    for action in (lambda: source[0], lambda: source.shape, lambda: pickle.dumps(source)):
+    for action in (lambda: source[0], metadata, lambda: pickle.dumps(source)):
         try:
             action()
         except SourceClosedError:
@@ -226,13 +232,4 @@ def check_record_source(
             _assert_column_equal(again[name], expected[name], f"unpickled[{name!r}]")
     clone.close()
 
-    with source as entered:
-        assert entered is source
-    assert source.closed
-    source.close()  # idempotent
-    for action in (lambda: source[0], lambda: source.columns, lambda: pickle.dumps(source)):
-        try:
-            action()
-        except SourceClosedError:
-            continue
-        raise AssertionError(f"{source!r} did not raise SourceClosedError after close()")
+    _check_close(source, lambda: source.columns)

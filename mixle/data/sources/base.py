@@ -21,6 +21,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from mixle.data.indexing import KeyLike, parse_key
 from mixle.data.schema import Schema, parse_schema
+from mixle.data.sources.lifetime import SourceLifetime
 from mixle.data.spec import ArraySpec
 from mixle.data.structure import SampleStructure, parse_structure
 from mixle.errors import SourceClosedError
@@ -75,7 +76,7 @@ def parse_indices(indices: ArrayLike, length: int, *, name: str = "indices") -> 
     return idx
 
 
-class ArraySource(abc.ABC):
+class ArraySource(SourceLifetime, abc.ABC):
     """Base class of lazy N-D array sources (zarr, HDF5, memmap, ``.npy``, in-memory).
 
     Notes
@@ -123,8 +124,8 @@ class ArraySource(abc.ABC):
     def _location(self) -> str:
         """Where the data lives, safe to show (no credentials)."""
 
-    def _release(self, handle: Any) -> None:  # noqa: B027 - optional hook
-        """Close OS resources held by ``handle`` (called by :meth:`close`)."""
+    def _drop_derived(self) -> None:
+        self._reader = None
 
     def _chunk_reader(self, handle: Any) -> ChunkReader | None:
         """A reader of whole decoded chunks for the read planner, or ``None`` (no chunks)."""
@@ -138,9 +139,7 @@ class ArraySource(abc.ABC):
     def _live(self) -> Any:
         """The open array object, opened on first use and reopened after a fork."""
         if self._closed:
-            raise SourceClosedError(
-                f"{type(self).__name__}({self._location()}) is closed; open it again to read it"
-            )
+            raise self._closed_error()
         pid = os.getpid()
         if self._pid != pid:  # forked: never share the parent's handles...
             self._pid, self._lock = pid, threading.Lock()
@@ -150,10 +149,7 @@ class ArraySource(abc.ABC):
         if handle is None:
             with self._lock:
                 if self._closed:  # closed while this thread waited: open nothing
-                    raise SourceClosedError(
-                        f"{type(self).__name__}({self._location()}) is closed; open it again "
-                        "to read it"
-                    )
+                    raise self._closed_error()
                 if self._handle is None:
                     handle = self._open()
                     meta = self._describe(handle)
@@ -177,9 +173,7 @@ class ArraySource(abc.ABC):
 
     def __reduce__(self) -> tuple[Any, ...]:
         if self._closed:
-            raise SourceClosedError(
-                f"{type(self).__name__}({self._location()}) is closed and cannot be pickled"
-            )
+            raise self._closed_error("pickle it")
         if self._args is None:
             raise TypeError(
                 f"{self!r} cannot be pickled by reference: it wraps an object that cannot "
@@ -237,11 +231,6 @@ class ArraySource(abc.ABC):
     def schema(self) -> Schema | None:
         """The schema checked at open, if any."""
         return self._schema
-
-    @property
-    def closed(self) -> bool:
-        """Whether :meth:`close` has been called."""
-        return self._closed
 
     def element_spec(self) -> ArraySpec:
         """Shape and dtype of one record (a row along axis 0), from metadata."""
@@ -445,22 +434,6 @@ class ArraySource(abc.ABC):
             ) from exc
 
     # -- lifetime -----------------------------------------------------------------------
-    def close(self) -> None:
-        """Release the store's handles; later reads raise :class:`SourceClosedError`."""
-        if self._closed:
-            return
-        with self._lock:  # no handle or reader is stored once close() has taken them
-            self._closed = True
-            handle, self._handle, self._reader = self._handle, None, None
-        if handle is not None and self._pid == os.getpid():
-            self._release(handle)
-
-    def __enter__(self) -> ArraySource:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     def __repr__(self) -> str:
         name = type(self).__name__
         if self._closed:

@@ -22,8 +22,9 @@ from numpy.typing import ArrayLike, NDArray
 
 from mixle.data.sources.base import parse_indices
 from mixle.data.sources.columns import infer_value_spec, values_to_array
+from mixle.data.sources.lifetime import SourceLifetime
 from mixle.data.spec import ArraySpec
-from mixle.errors import ColumnNotFoundError, SourceClosedError
+from mixle.errors import ColumnNotFoundError
 
 __all__ = ["STREAM_ROWS", "Batch", "MemorySource", "Record", "RecordSource", "TableMeta"]
 
@@ -43,7 +44,7 @@ class TableMeta:
     columns: dict[str, ArraySpec]
 
 
-class RecordSource(abc.ABC):
+class RecordSource(SourceLifetime, abc.ABC):
     """Base class of lazy, index-addressable record sources (CSV, JSON lines, Parquet, SQL).
 
     Notes
@@ -95,19 +96,14 @@ class RecordSource(abc.ABC):
     def _stream(self, handle: Any, block_rows: int) -> Iterator[Batch]:
         """Read every row in order, ``block_rows`` at a time, without random access."""
 
-    def _release(self, handle: Any) -> None:  # noqa: B027 - optional hook
-        """Close OS resources held by ``handle`` (called by :meth:`close`)."""
-
-    def _forget(self, handle: Any) -> None:  # noqa: B027 - optional hook
+    def _forget(self, handle: Any) -> None:
         """Drop ``handle`` in a forked child without closing what the parent still uses."""
 
     # -- handles ------------------------------------------------------------------------
     def _live(self) -> Any:
         """The open handle, opened on first use and reopened after a fork."""
         if self._closed:
-            raise SourceClosedError(
-                f"{type(self).__name__}({self._location()}) is closed; open it again to read it"
-            )
+            raise self._closed_error()
         if self._pid != os.getpid():
             self._pid, self._lock = os.getpid(), threading.RLock()
             if self._handle is not None:
@@ -116,6 +112,8 @@ class RecordSource(abc.ABC):
         handle = self._handle
         if handle is None:
             with self._lock:
+                if self._closed:  # closed while this thread waited: open nothing
+                    raise self._closed_error()
                 if self._handle is None:
                     self._handle, self._meta = self._open()
                 handle = self._handle
@@ -123,9 +121,7 @@ class RecordSource(abc.ABC):
 
     def __reduce__(self) -> tuple[Any, ...]:
         if self._closed:
-            raise SourceClosedError(
-                f"{type(self).__name__}({self._location()}) is closed and cannot be pickled"
-            )
+            raise self._closed_error("pickle it")
         return (_reopen, (type(self), self._args))
 
     # -- metadata -----------------------------------------------------------------------
@@ -143,11 +139,6 @@ class RecordSource(abc.ABC):
     def dtypes(self) -> dict[str, np.dtype]:
         """Column name -> NumPy dtype of that column."""
         return {name: spec.dtype for name, spec in self._table().columns.items()}
-
-    @property
-    def closed(self) -> bool:
-        """Whether :meth:`close` has been called."""
-        return self._closed
 
     def element_spec(self) -> dict[str, ArraySpec]:
         """Shape and dtype of each field of one record, from metadata."""
@@ -229,21 +220,6 @@ class RecordSource(abc.ABC):
         return self.records()
 
     # -- lifetime -----------------------------------------------------------------------
-    def close(self) -> None:
-        """Release files and connections; later reads raise :class:`SourceClosedError`."""
-        if self._closed:
-            return
-        self._closed = True
-        handle, self._handle = self._handle, None
-        if handle is not None and self._pid == os.getpid():
-            self._release(handle)
-
-    def __enter__(self) -> RecordSource:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     def __repr__(self) -> str:
         name = type(self).__name__
         if self._closed:

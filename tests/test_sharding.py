@@ -10,6 +10,13 @@ from hypothesis import strategies as st
 from mixle.data.sharding import ShardLayout, parse_drop_last, worker_batches
 
 policies = st.sampled_from([False, True, "pad"])
+#: Every (records, batch size, shards, remainder policy) a layout test draws.
+any_layout = given(
+    n=st.integers(0, 300),
+    batch=st.integers(1, 17),
+    shards=st.integers(1, 9),
+    drop_last=policies,
+)
 
 
 def _layouts(n: int, batch: int, shards: int, drop_last: object) -> list[ShardLayout]:
@@ -21,12 +28,7 @@ def _all_positions(layout: ShardLayout) -> np.ndarray:
 
 
 @settings(max_examples=200, deadline=None)
-@given(
-    n=st.integers(0, 300),
-    batch=st.integers(1, 17),
-    shards=st.integers(1, 9),
-    drop_last=policies,
-)
+@any_layout
 def test_shards_are_disjoint_and_cover_the_epoch(
     n: int, batch: int, shards: int, drop_last: object
 ) -> None:
@@ -114,12 +116,7 @@ def test_errors_name_the_argument_and_what_is_accepted() -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(
-    n=st.integers(0, 300),
-    batch=st.integers(1, 17),
-    shards=st.integers(1, 9),
-    drop_last=policies,
-)
+@any_layout
 def test_blocked_shards_stack_into_the_single_process_batches(
     n: int, batch: int, shards: int, drop_last: object
 ) -> None:

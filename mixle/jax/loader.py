@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -20,6 +19,7 @@ from mixle.jax.convert import (
 )
 from mixle.jax.prefetch import DevicePrefetcher, parse_prefetch, place_each
 from mixle.loading.loader import Loader
+from mixle.loading.runs import ActiveRun
 
 __all__ = ["JaxLoader", "batch_axis_blocks", "process_shard"]
 
@@ -111,7 +111,7 @@ def process_shard(sharding: Any = None) -> tuple[int, int]:
     return jax.process_index(), jax.process_count()
 
 
-class JaxLoader:
+class JaxLoader(ActiveRun):
     """The :class:`mixle.Loader`'s batches as ``jax.Array`` pytrees on devices, prefetched.
 
     Parameters
@@ -207,7 +207,6 @@ class JaxLoader:
         self._device = device
         self._prefetch = parse_prefetch(prefetch, "prefetch")
         self._policy = parse_dtype_policy(dtype_policy)
-        self._active: weakref.ref[Iterator[Any]] | None = None
         self._check_layout()
         self._state = loader.state_dict()
 
@@ -331,9 +330,7 @@ class JaxLoader:
             stream = DevicePrefetcher(host, self._place, self._prefetch)
         else:
             stream = place_each(host, self._place)
-        run = self._run(stream)
-        self._active = weakref.ref(run)
-        return run
+        return self._start_run(self._run(stream))
 
     def _run(self, stream: Iterator[tuple[Any, dict[str, Any]]]) -> Iterator[Any]:
         try:
@@ -344,19 +341,6 @@ class JaxLoader:
             self._state = self._loader.state_dict()  # the end of the run
         finally:
             stream.close()  # type: ignore[attr-defined]
-
-    def close(self) -> None:
-        """Stop the active iterator and its threads (the cursor stays where it is)."""
-        run = self._active() if self._active is not None else None
-        self._active = None
-        if run is not None:
-            run.close()  # type: ignore[attr-defined]
-
-    def __enter__(self) -> JaxLoader:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     # -- resume -------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import weakref
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +17,7 @@ from mixle.data.structure import SampleStructure
 from mixle.loading.batching import attach_mask, stack_records, unstack_batch
 from mixle.loading.plan import INDEX_WINDOW_ROWS, BatchPlan, batch_plans, record_rng, window
 from mixle.loading.prefetch import ordered_map
+from mixle.loading.runs import ActiveRun
 from mixle.loading.state import STATE_VERSION, LoaderStateError, check_state, source_fingerprint
 from mixle.utils.validation import parse_int
 
@@ -52,7 +52,7 @@ def _optional_callable(fn: object, name: str) -> Callable[..., Any] | None:
     return fn  # type: ignore[return-value]
 
 
-class Loader:
+class Loader(ActiveRun):
     """Batches of a source, shuffled per epoch, sharded across processes, resumable.
 
     Parameters
@@ -177,7 +177,6 @@ class Loader:
         self._epoch = 0
         self._batch = 0
         self._last_indices: NDArray[np.int64] | None = None
-        self._active: weakref.ref[Iterator[Any]] | None = None
 
     # -- description --------------------------------------------------------------------
     @property
@@ -271,9 +270,7 @@ class Loader:
 
     def __iter__(self) -> Iterator[Any]:
         self.close()
-        run = self._run()
-        self._active = weakref.ref(run)
-        return run
+        return self._start_run(self._run())
 
     def _run(self) -> Iterator[Any]:
         plans = batch_plans(
@@ -300,19 +297,6 @@ class Loader:
                 self._epoch, self._batch = self._num_epochs, 0
         finally:
             stream.close()  # type: ignore[attr-defined]
-
-    def close(self) -> None:
-        """Stop the active iterator's reader threads (the cursor stays where it is)."""
-        run = self._active() if self._active is not None else None
-        self._active = None
-        if run is not None:
-            run.close()  # type: ignore[attr-defined]
-
-    def __enter__(self) -> Loader:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def to_jax(self, **options: Any) -> JaxLoader:
         """This loader's batches as ``jax.Array`` pytrees on devices (needs ``mixle[jax]``).

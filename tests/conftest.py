@@ -160,3 +160,14 @@ def _jax_stays_out_of_this_process() -> Iterator[None]:
             "this test started a JAX backend in the main pytest process, which breaks the "
             "fork tests after it; put JAX checks in tests/_jax_cases.py (run in a child)"
         )
+
+
+@pytest.fixture
+def fast_retries() -> Iterator[None]:
+    """Remote tests: retries in milliseconds instead of seconds, and an empty chunk cache."""
+    from mixle.reading import chunk_cache, set_retry_policy
+
+    old = set_retry_policy(attempts=5, base_delay=0.001, max_delay=0.01)
+    chunk_cache().clear()
+    yield
+    set_retry_policy(old.attempts, old.base_delay, old.max_delay)

@@ -12,17 +12,11 @@ import pytest
 from _remote_fixtures import write_stores
 
 import mixle
-from mixle.reading import chunk_cache, read_chunked, set_retry_policy
+from mixle.reading import chunk_cache, read_chunked
 from mixle.reading.fetch import MAX_INFLIGHT_REQUESTS, stream_bounded, widen_connection_pool
 from mixle.testing_servers import FaultPlan, MotoS3Server
 
-
-@pytest.fixture(autouse=True)
-def fresh_cache() -> Iterator[None]:
-    old = set_retry_policy(attempts=5, base_delay=0.001, max_delay=0.01)
-    chunk_cache().clear()
-    yield
-    set_retry_policy(old.attempts, old.base_delay, old.max_delay)
+pytestmark = pytest.mark.usefixtures("fast_retries")
 
 
 @pytest.fixture

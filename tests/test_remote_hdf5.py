@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import pickle
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -13,23 +12,17 @@ from _remote_fixtures import PATCH, boxes, expected_boxes, write_stores
 
 import mixle
 from mixle.data.sources.hdf5_remote import RemoteHDF5ChunkReader
-from mixle.reading import chunk_cache, set_retry_policy
+from mixle.reading import chunk_cache
 from mixle.testing import check_array_source
 from mixle.testing_servers import FaultPlan, MotoS3Server, RangeHTTPServer
+
+pytestmark = pytest.mark.usefixtures("fast_retries")
 
 
 @pytest.fixture(scope="module")
 def h5_tree(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, np.ndarray]:
     root = tmp_path_factory.mktemp("h5")
     return root, write_stores(root)["v.h5/gzip"]
-
-
-@pytest.fixture(autouse=True)
-def fast_retries() -> Iterator[None]:
-    old = set_retry_policy(attempts=5, base_delay=0.001, max_delay=0.01)
-    chunk_cache().clear()
-    yield
-    set_retry_policy(old.attempts, old.base_delay, old.max_delay)
 
 
 @pytest.mark.parametrize("dataset", ["gzip", "lzf", "contiguous"])

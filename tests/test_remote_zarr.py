@@ -14,9 +14,11 @@ from _remote_fixtures import PATCH, boxes, expected_boxes, write_stores
 import mixle
 from mixle.data.sources.zarr_chunks import ZarrStoreReader
 from mixle.data.sources.zarr_shards import ShardedZarrReader
-from mixle.reading import chunk_cache, set_retry_policy
+from mixle.reading import chunk_cache
 from mixle.testing import check_array_source
 from mixle.testing_servers import MotoS3Server, RangeHTTPServer
+
+pytestmark = pytest.mark.usefixtures("fast_retries")
 
 ZARRS = ["v2.zarr", "v3.zarr", "sharded.zarr", "sharded_start.zarr", "sparse_sharded.zarr"]
 
@@ -37,14 +39,6 @@ def http(remote_stores) -> Iterator[RangeHTTPServer]:
 def s3(remote_stores) -> Iterator[tuple[MotoS3Server, str]]:
     with MotoS3Server() as server:
         yield server, server.upload(remote_stores[0], "mixle-zarr")
-
-
-@pytest.fixture(autouse=True)
-def fast_retries() -> Iterator[None]:
-    old = set_retry_policy(attempts=5, base_delay=0.001, max_delay=0.01)
-    chunk_cache().clear()
-    yield
-    set_retry_policy(old.attempts, old.base_delay, old.max_delay)
 
 
 def _open(kind: str, name: str, http, s3) -> mixle.ZarrArraySource:

@@ -53,6 +53,7 @@ from mixle.errors import (
 )
 from mixle.loading import Loader, LoaderStateError
 from mixle.reading import chunk_cache, set_chunk_cache_bytes, set_decode_threads
+from mixle.utils import parallel as _parallel
 from mixle.utils.parallel.registry import encoded_data, register_encoded_data_backend
 
 if TYPE_CHECKING:
@@ -115,16 +116,10 @@ __all__ = [
     "validate_batch",
 ]
 
-# The parallel backends import multiprocessing machinery or dask: load them on first use.
-_LAZY = {
-    "MPEncodedData": "mixle.utils.parallel.multiprocessing",
-    "DaskEncodedData": "mixle.utils.parallel.dask_backend",
-}
-
 
 def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
+    # the parallel backends import multiprocessing machinery or dask: mixle.utils.parallel
+    # loads them on first use
+    if name in ("MPEncodedData", "DaskEncodedData"):
+        return getattr(_parallel, name)
     raise AttributeError(f"module 'mixle' has no attribute {name!r}")

@@ -490,5 +490,7 @@ def test_blocked_shard_layout_is_part_of_the_resume_state() -> None:
     assert state["shard_layout"] == "blocked"
     with pytest.raises(LoaderStateError, match="shard_layout='blocked'"):
         Loader(data, 4, shard_index=1, num_shards=2).load_state_dict(state)
-    with pytest.raises(ValueError, match="shard_layout='rows' must be 'interleaved' or 'blocked'"):
+    with pytest.raises(
+        ValueError, match="shard_layout='rows' must be one of 'interleaved', 'blocked'"
+    ):
         Loader(data, 4, shard_layout="rows")

@@ -21,6 +21,7 @@ import numpy as np
 
 from mixle.data.spec import ArraySpec, SpecTree
 from mixle.utils.optional_deps import require
+from mixle.utils.validation import parse_choice
 
 jax = require("jax", feature="mixle.jax")
 
@@ -61,11 +62,7 @@ class DtypeOverflowError(DtypePolicyError, OverflowError):
 
 def parse_dtype_policy(dtype_policy: object) -> DtypePolicy:
     """Validate ``dtype_policy``: ``"safe"``, ``"cast"`` or ``"error"``."""
-    if dtype_policy not in DTYPE_POLICIES:
-        raise ValueError(
-            f"dtype_policy={dtype_policy!r} must be one of {', '.join(map(repr, DTYPE_POLICIES))}"
-        )
-    return dtype_policy  # type: ignore[return-value]
+    return parse_choice(dtype_policy, "dtype_policy", DTYPE_POLICIES)  # type: ignore[return-value]
 
 
 def x64_enabled() -> bool:

@@ -19,7 +19,7 @@ from mixle.loading.plan import INDEX_WINDOW_ROWS, BatchPlan, batch_plans, record
 from mixle.loading.prefetch import ordered_map
 from mixle.loading.runs import ActiveRun
 from mixle.loading.state import STATE_VERSION, LoaderStateError, check_state, source_fingerprint
-from mixle.utils.validation import parse_int
+from mixle.utils.validation import parse_choice, parse_int
 
 if TYPE_CHECKING:
     from mixle.jax import JaxLoader
@@ -150,8 +150,7 @@ class Loader(ActiveRun):
                 "reordered; use shuffle=False"
             )
         self._source = source
-        if shard_layout not in SHARD_LAYOUTS:
-            raise ValueError(f"shard_layout={shard_layout!r} must be 'interleaved' or 'blocked'")
+        parse_choice(shard_layout, "shard_layout", SHARD_LAYOUTS)
         self._layout = ShardLayout(
             len(source),
             batch_size,

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import operator
+from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["parse_int"]
+__all__ = ["parse_choice", "parse_int"]
 
 
 def parse_int(value: object, name: str) -> int:
@@ -23,3 +24,16 @@ def parse_int(value: object, name: str) -> int:
         return operator.index(value)  # type: ignore[arg-type]
     except TypeError:
         raise TypeError(f"{name}={value!r} must be an int") from None
+
+
+def parse_choice(value: object, name: str, choices: Sequence[str]) -> str:
+    """Return ``value`` if it is one of the strings ``choices``.
+
+    Raises
+    ------
+    ValueError
+        Naming ``name``, the value and every accepted choice.
+    """
+    if not isinstance(value, str) or value not in choices:
+        raise ValueError(f"{name}={value!r} must be one of {', '.join(map(repr, choices))}")
+    return value

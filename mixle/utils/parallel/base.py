@@ -20,6 +20,7 @@ from numpy.typing import NDArray
 from mixle.errors import BrokenEncodedDataError, EncodedDataClosedError
 from mixle.utils.parallel.encoding import pickled_size, read_piece, tree_nbytes
 from mixle.utils.parallel.sharding import ShardPlan
+from mixle.utils.validation import parse_choice
 
 __all__ = [
     "WORKER_READ_MAX_PICKLE_BYTES",
@@ -61,8 +62,7 @@ def parse_read_in(read_in: object, data: Any) -> Literal["workers", "driver"]:
     TypeError
         For ``"workers"`` when ``data`` cannot be pickled.
     """
-    if read_in not in _READ_IN:
-        raise ValueError(f"read_in={read_in!r} must be one of {', '.join(map(repr, _READ_IN))}")
+    parse_choice(read_in, "read_in", _READ_IN)
     if read_in == "driver":
         return "driver"
     small = pickled_size(data, WORKER_READ_MAX_PICKLE_BYTES) is not None

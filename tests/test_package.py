@@ -12,7 +12,7 @@ import pytest
 
 import mixle
 from mixle.cli import main
-from mixle.demo import run_demo
+from mixle.cli.demo import run_demo
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -22,6 +22,7 @@ __all__ = [
     "HAS_NUMCODECS",
     "HAS_PYARROW",
     "HAS_SQLALCHEMY",
+    "HAS_TQDM",
     "HAS_ZARR",
     "has",
     "require",
@@ -40,6 +41,7 @@ EXTRAS: dict[str, str] = {
     "pyarrow": "tabular",
     "sqlalchemy": "sql",
     "matplotlib": "plot",
+    "tqdm": "progress",
 }
 
 
@@ -61,6 +63,7 @@ HAS_DASK = has("dask")
 HAS_PYARROW = has("pyarrow")
 HAS_SQLALCHEMY = has("sqlalchemy")
 HAS_MATPLOTLIB = has("matplotlib")
+HAS_TQDM = has("tqdm")
 
 
 def require(name: str, extra: str | None = None, *, feature: str | None = None) -> ModuleType:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import resource
 import sys
 import tempfile
@@ -17,7 +18,7 @@ from mixle.data.sources.array_source import read_memmap, read_zarr
 from mixle.data.sources.base import ArraySource
 from mixle.utils.optional_deps import HAS_ZARR, require
 
-__all__ = ["BACKENDS", "run_demo", "write_synthetic_volume"]
+__all__ = ["BACKENDS", "register", "run_demo", "write_synthetic_volume"]
 
 BACKENDS = ("auto", "zarr", "memmap")
 
@@ -130,3 +131,29 @@ def run_demo(
         say(f"mean patch intensity {stats['mean_intensity']:.2f}; removed {tmp}")
         src.close()
     return stats
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``mixle demo`` to the command line."""
+    demo = sub.add_parser("demo", help="write a synthetic volume and sample patches from it")
+    demo.add_argument("--size", type=int, default=256, help="edge of the cubic volume (256)")
+    demo.add_argument("--backend", choices=BACKENDS, default="auto")
+    demo.add_argument("--patch", type=int, default=32, help="patch edge (32)")
+    demo.add_argument("--num-patches", type=int, default=512)
+    demo.add_argument("--seed", type=int, default=0)
+    demo.set_defaults(run=_run)
+
+
+def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    if args.size < 1 or not 1 <= args.patch <= args.size:
+        parser.error(f"--patch={args.patch} must be between 1 and --size={args.size}")
+    if args.num_patches < 0:
+        parser.error(f"--num-patches={args.num_patches} must be >= 0")
+    run_demo(
+        size=args.size,
+        backend=args.backend,
+        patch=args.patch,
+        num_patches=args.num_patches,
+        seed=args.seed,
+    )
+    return 0

@@ -55,6 +55,7 @@ from mixle.loading import Loader, LoaderStateError
 from mixle.reading import chunk_cache, set_chunk_cache_bytes, set_decode_threads
 from mixle.utils import parallel as _parallel
 from mixle.utils.parallel.registry import encoded_data, register_encoded_data_backend
+from mixle.utils.progress import set_progress
 
 if TYPE_CHECKING:
     from mixle.utils.parallel.dask_backend import DaskEncodedData
@@ -112,6 +113,7 @@ __all__ = [
     "register_encoded_data_backend",
     "set_chunk_cache_bytes",
     "set_decode_threads",
+    "set_progress",
     "stitch",
     "validate_batch",
 ]

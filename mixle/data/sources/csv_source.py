@@ -225,8 +225,9 @@ def read_csv(
     infer_rows
         Rows read at open to infer the column types.
     progress
-        Show a progress line while the row index is built; ``None``: only for large files
-        on a terminal.
+        Show a progress bar while the row index is built: ``True``, ``False``, or ``None``
+        (automatic: on a terminal, when building takes a while; see
+        :mod:`mixle.utils.progress`).
 
     Returns
     -------
@@ -238,6 +239,8 @@ def read_csv(
     ------
     FileNotFoundError
         ``path`` does not exist.
+    TypeError
+        ``progress`` is not ``True``, ``False`` or ``None``.
     ColumnNotFoundError
         A name in ``columns`` or ``dtypes`` is not a column (the message lists them).
     MalformedRowError

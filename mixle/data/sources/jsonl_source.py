@@ -135,8 +135,9 @@ def read_jsonl(
     infer_rows
         Objects read at open to find the keys and infer their types.
     progress
-        Show a progress line while the row index is built; ``None``: only for large files
-        on a terminal.
+        Show a progress bar while the row index is built: ``True``, ``False``, or ``None``
+        (automatic: on a terminal, when building takes a while; see
+        :mod:`mixle.utils.progress`).
 
     Returns
     -------
@@ -147,6 +148,8 @@ def read_jsonl(
     ------
     FileNotFoundError
         ``path`` does not exist.
+    TypeError
+        ``progress`` is not ``True``, ``False`` or ``None``.
     ColumnNotFoundError
         A name in ``columns`` or ``dtypes`` is not a key of the sampled objects.
     MalformedRowError

@@ -20,17 +20,17 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
 from numpy.typing import NDArray
 
+from mixle.utils.progress import progress_bar
+
 __all__ = [
     "INDEX_BLOCK_BYTES",
-    "PROGRESS_MIN_BYTES",
     "RowIndex",
     "cache_dir",
     "line_number",
@@ -40,8 +40,6 @@ __all__ = [
 
 #: Bytes read per step while scanning a file for row boundaries.
 INDEX_BLOCK_BYTES = 8 * 2**20
-#: Files at least this large show a progress line on a terminal while their index is built.
-PROGRESS_MIN_BYTES = 256 * 2**20
 _NEWLINE, _CR = 10, 13
 #: Bytes that ``bytes.strip()`` removes: a JSON line of only these is blank.
 _WHITESPACE = np.zeros(256, dtype=bool)
@@ -132,14 +130,14 @@ def scan_row_starts(
     *,
     delimiter: int | None = None,
     blank_whitespace: bool = False,
-    progress: bool = False,
-    label: str = "",
+    advance: Callable[[int], None] | None = None,
 ) -> Iterator[NDArray[np.int64]]:
     """Yield the start offsets of non-blank rows in ``[start, size)``, block by block.
 
     ``quote`` is the quote byte (CSV) or ``None`` (JSON lines: every newline ends a row).
     With ``delimiter`` (CSV), quotes inside unquoted fields are literal characters.
     ``blank_whitespace`` (JSON lines): rows of whitespace only are blank, not just empty ones.
+    ``advance(nbytes)`` is called after each block of :data:`INDEX_BLOCK_BYTES` is scanned.
     """
     in_quotes = 0
     row_start = start  # where the row being scanned begins
@@ -147,7 +145,6 @@ def scan_row_starts(
     before = _FIELD_START  # what that byte is to the CSV field scanner
     content = False  # whether the current row has non-whitespace bytes in earlier blocks
     pos = start
-    shown = -1
     while pos < size:
         block = os.pread(fd, min(INDEX_BLOCK_BYTES, size - pos), pos)
         if not block:
@@ -185,13 +182,8 @@ def scan_row_starts(
             content = (content and local < 0) or bool((~_WHITESPACE[a[max(local, 0) :]]).any())
         last_byte = int(a[-1])
         pos += len(block)
-        if progress:
-            percent = int(100 * (pos - start) / max(1, size - start))
-            if percent != shown:
-                shown = percent
-                print(f"\rmixle: indexing {label}: {percent:3d} %", end="", file=sys.stderr)
-    if progress:
-        print(file=sys.stderr)
+        if advance is not None:
+            advance(len(block))
     tail = size - row_start
     if blank_whitespace:
         if content:
@@ -280,7 +272,8 @@ def load_row_index(
     options
         Format options that change row boundaries (part of the cache key).
     progress
-        Show a progress line while building; ``None``: on a terminal, for large files.
+        Show a progress bar (bytes scanned) while building: ``True``, ``False`` or ``None``
+        (see :mod:`mixle.utils.progress`).
     delimiter, blank_whitespace
         As for :func:`scan_row_starts` (``options`` must name them).
     """
@@ -292,18 +285,25 @@ def load_row_index(
     cached = _read_cached(target, size)
     if cached is not None:
         return RowIndex(cached, "cached", target)
-    if progress is None:
-        progress = size >= PROGRESS_MIN_BYTES and sys.stderr.isatty()
-    parts = scan_row_starts(
-        fd,
-        start,
-        size,
-        quote,
-        delimiter=delimiter,
-        blank_whitespace=blank_whitespace,
-        progress=progress,
-        label=real_path,
-    )
+    desc = f"indexing {os.path.basename(real_path)}"
+    with progress_bar(total=size, desc=desc, unit="B", enabled=progress) as bar:
+        bar.update(start)  # a byte-order mark, skipped
+        parts = scan_row_starts(
+            fd,
+            start,
+            size,
+            quote,
+            delimiter=delimiter,
+            blank_whitespace=blank_whitespace,
+            advance=bar.update,
+        )
+        return _store(parts, size, folder, target, file_key)
+
+
+def _store(
+    parts: Iterator[NDArray[np.int64]], size: int, folder: Path, target: Path, file_key: str
+) -> RowIndex:
+    """Write the scanned row starts to ``target`` (atomically), or keep them in memory."""
     try:
         folder.mkdir(parents=True, exist_ok=True)
         handle, tmp = tempfile.mkstemp(dir=folder, prefix=f".{file_key}-", suffix=".tmp")

@@ -25,6 +25,7 @@ from mixle.data.sources.columns import LineOf
 from mixle.data.sources.records import Batch, RecordSource, TableMeta
 from mixle.data.sources.row_index import RowIndex, line_number, load_row_index
 from mixle.errors import MalformedRowError
+from mixle.utils.progress import parse_progress
 from mixle.utils.redact import display_path
 
 __all__ = ["BOM", "LineLookup", "TextHandle", "TextRecordSource", "open_text_file"]
@@ -70,6 +71,8 @@ def text_args(
     ------
     ValueError
         ``infer_rows`` is not an int >= 1.
+    TypeError
+        ``progress`` is not ``True``, ``False`` or ``None``.
     """
     if isinstance(infer_rows, bool) or not isinstance(infer_rows, int) or infer_rows < 1:
         raise ValueError(f"infer_rows={infer_rows!r} must be an int >= 1")
@@ -78,7 +81,7 @@ def text_args(
         "columns": None if columns is None else list(columns),
         "dtypes": dtypes,
         "infer_rows": infer_rows,
-        "progress": progress,
+        "progress": parse_progress(progress),
         **options,
     }
 

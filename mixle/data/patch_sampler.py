@@ -34,6 +34,7 @@ from mixle.data.sources.base import ArraySource
 from mixle.data.spec import ArraySpec
 from mixle.data.structure import EXCHANGEABLE, SampleStructure, parse_structure
 from mixle.data.weighted import WeightedPlacement, weighted_placement
+from mixle.utils.progress import parse_progress
 from mixle.utils.validation import parse_int
 
 __all__ = ["PatchSampler", "parse_patch_size", "parse_stride"]
@@ -95,6 +96,9 @@ class PatchSampler:
         How patches relate (see :mod:`mixle.data.structure`).
     schema
         When given, checked against one patch: ``patch_size`` and the array's dtype.
+    progress
+        Show a progress bar while a ``weights``/``labels`` map is indexed: ``True``,
+        ``False`` or ``None`` (automatic; see :mod:`mixle.utils.progress`).
 
     Raises
     ------
@@ -147,7 +151,9 @@ class PatchSampler:
         scales: Mapping[str, object] | None = None,
         structure: SampleStructure = EXCHANGEABLE,
         schema: Schema | None = None,
+        progress: bool | None = None,
     ) -> None:
+        progress = parse_progress(progress)
         self._padding = parse_padding(padding)
         padded = self._padding != "none"
         self._arrays: AlignedArrays | None = None
@@ -202,6 +208,7 @@ class PatchSampler:
             patch_size=self._patch_size,
             step=step,
             padded=padded,
+            progress=progress,
         )
         check_combination(self._per_region, self._replacement, self._weighted, self._padding)
         self._num_patches = parse_num_patches(num_patches, self._replacement, self._counts)

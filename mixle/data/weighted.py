@@ -21,6 +21,7 @@ from mixle.data.aligned import AlignedArrays, infer_scale
 from mixle.data.hashing import below_each, hash_int, mix
 from mixle.data.sources.adopt import as_array_source
 from mixle.data.sources.base import ArraySource, listing
+from mixle.utils.progress import progress_bar
 from mixle.utils.validation import parse_int
 
 __all__ = [
@@ -99,6 +100,9 @@ class BlockIndex:
     required
         One flag per class: whether it must occur in the box (default: every class).
         Classes that are never drawn (probability 0) may be absent.
+    progress
+        Show a progress bar (blocks read) while the totals are built: ``True``, ``False``
+        or ``None`` (automatic; see :mod:`mixle.utils.progress`).
 
     Raises
     ------
@@ -116,12 +120,18 @@ class BlockIndex:
         name: str,
         *,
         required: Sequence[bool] | None = None,
+        progress: bool | None = None,
     ) -> None:
         self._source, self._lo, self._hi = source, tuple(lo), tuple(hi)
         self._classes, self._name = classes, name
         self._block = index_block_shape(source.shape, source.chunks)
         self._grid = tuple(-(-d // b) for d, b in zip(source.shape, self._block))
-        rows = [self._totals_of(b) for b in range(math.prod(self._grid))]
+        count = math.prod(self._grid)
+        rows = []
+        with progress_bar(count, f"indexing {name}", "block", enabled=progress) as bar:
+            for b in range(count):
+                rows.append(self._totals_of(b))
+                bar.update(1)
         self.totals = np.array(rows).reshape(len(rows), -1).T  # (classes or 1, blocks)
         self._check(required)
         self._init_cache()
@@ -268,6 +278,10 @@ class WeightedPlacement:
         Whether patches may hang over the edge (then every voxel may be a centre).
     label_probabilities
         ``{class: probability}`` for a label volume; ``None`` for a weight map.
+    name
+        How errors call the map (``"weights"`` or ``"labels"``).
+    progress
+        Show a progress bar while the map is indexed (see :class:`BlockIndex`).
 
     Notes
     -----
@@ -287,6 +301,7 @@ class WeightedPlacement:
         padded: bool,
         label_probabilities: Mapping[int, float] | None = None,
         name: str = "weights",
+        progress: bool | None = None,
     ) -> None:
         if source.ndim != len(fine_shape):
             raise ValueError(
@@ -324,7 +339,33 @@ class WeightedPlacement:
         else:
             self._classes, self._probs = parse_label_probabilities(label_probabilities)
         required = (self._probs > 0).tolist()
-        self._index = BlockIndex(source, lo, hi, self._classes, name, required=required)
+        self._source = source
+        self._box = (tuple(lo), tuple(hi))
+        self._index = BlockIndex(
+            source, lo, hi, self._classes, name, required=required, progress=progress
+        )
+
+    @property
+    def source(self) -> ArraySource:
+        """The weight map or label volume draws are made from."""
+        return self._source
+
+    @property
+    def factor(self) -> tuple[int, ...]:
+        """Per-axis scale of the map: map voxel ``u`` covers fine voxels ``[u*f, (u+1)*f)``."""
+        return tuple(self._factor.tolist())
+
+    @property
+    def box(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """``(lo, hi)``: the map voxels that may be drawn (others count as weight 0)."""
+        return self._box
+
+    @property
+    def label_probabilities(self) -> dict[int, float] | None:
+        """``{class: probability}`` (normalised) for a label volume; ``None`` for weights."""
+        if self._classes is None:
+            return None
+        return dict(zip(self._classes, self._probs.tolist()))
 
     @property
     def totals(self) -> NDArray:
@@ -379,11 +420,13 @@ def weighted_placement(
     patch_size: Sequence[int],
     step: Sequence[int],
     padded: bool,
+    progress: bool | None = None,
 ) -> WeightedPlacement | None:
     """The placement a sampler's ``weights=``/``labels=`` ask for, or ``None``.
 
     ``arrays`` are the sampler's aligned arrays (``None`` for one array), by which a map
-    may be named; ``shape`` and ``step`` are the grid corners live on and their spacing.
+    may be named; ``shape`` and ``step`` are the grid corners live on and their spacing;
+    ``progress`` shows a bar while the map is indexed.
 
     Raises
     ------
@@ -417,4 +460,5 @@ def weighted_placement(
         padded=padded,
         label_probabilities=label_probabilities,
         name=name,
+        progress=progress,
     )

@@ -13,6 +13,7 @@ import numpy as np
 from numpy.typing import ArrayLike, DTypeLike, NDArray
 
 from mixle.data.grid import GridSampler
+from mixle.utils.progress import parse_progress, progress_bar
 from mixle.utils.validation import parse_int
 
 __all__ = [
@@ -76,12 +77,18 @@ class GridAggregator:
     scratch_dir
         Where the float64 accumulator lives when ``out`` is given (a temporary file,
         removed at once and freed with the aggregator); default: the system's temp dir.
+    progress
+        Show a progress bar (slabs written) while :meth:`result` writes the volume:
+        ``True``, ``False`` or ``None`` (automatic; see :mod:`mixle.utils.progress`).
 
     Raises
     ------
     ValueError
         Unknown ``window``, ``out`` of the wrong shape, a tile added twice, or a tile output
         of the wrong shape.
+    TypeError
+        ``grid`` is not a :class:`GridSampler`, or ``progress`` is not ``True``, ``False``
+        or ``None``.
 
     Notes
     -----
@@ -100,9 +107,11 @@ class GridAggregator:
         window: str = "mean",
         out: Any = None,
         scratch_dir: str | os.PathLike[str] | None = None,
+        progress: bool | None = None,
     ) -> None:
         if not isinstance(grid, GridSampler):
             raise TypeError(f"grid={type(grid).__name__} must be a GridSampler")
+        self._progress = parse_progress(progress)
         if window not in WINDOWS:
             raise ValueError(f"window={window!r} is not one of {', '.join(map(repr, WINDOWS))}")
         self._grid, self._window, self._out = grid, window, out
@@ -216,11 +225,15 @@ class GridAggregator:
         target = self._out if self._out is not None else np.empty(acc.shape, self._dtype)
         plane = max(1, acc[(slice(None),) * lead + (0,)].nbytes if acc.shape[lead] else 1)
         rows = max(1, RESULT_BLOCK_BYTES // plane)
-        for z in range(0, acc.shape[lead], rows):
-            zs = slice(z, min(z + rows, acc.shape[lead]))
-            norm = math.prod(np.ix_(cover[0][zs], *cover[1:]))
-            where: tuple[Any, ...] = (Ellipsis, zs, *(slice(None),) * (len(cover) - 1))
-            target[where] = (acc[where] / norm).astype(self._dtype)
+        depth = acc.shape[lead]
+        slabs = -(-depth // rows)
+        with progress_bar(slabs, "writing volume", "slab", enabled=self._progress) as bar:
+            for z in range(0, depth, rows):
+                zs = slice(z, min(z + rows, depth))
+                norm = math.prod(np.ix_(cover[0][zs], *cover[1:]))
+                where: tuple[Any, ...] = (Ellipsis, zs, *(slice(None),) * (len(cover) - 1))
+                target[where] = (acc[where] / norm).astype(self._dtype)
+                bar.update(1)
         self._done, self._acc = True, None
         return target
 
@@ -236,6 +249,7 @@ def stitch(
     fn: Callable[[np.ndarray], ArrayLike],
     *,
     batch_size: int = 8,
+    progress: bool | None = None,
     **aggregator_options: Any,
 ) -> Any:
     """Run ``fn`` on every batch of tiles of ``grid`` and stitch the outputs.
@@ -243,12 +257,18 @@ def stitch(
     ``fn`` maps tiles ``(B, *channels_in, *patch_size)`` to outputs
     ``(B, *channels_out, *patch_size)``; ``aggregator_options`` go to
     :class:`GridAggregator` (``window``, ``out``, ``dtype``...). Returns its result.
+    ``progress`` shows a bar of tiles processed, then one of slabs written: ``True``,
+    ``False`` or ``None`` (automatic; see :mod:`mixle.utils.progress`).
     """
     batch_size = parse_int(batch_size, "batch_size")
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size} must be >= 1")
-    agg = GridAggregator(grid, **aggregator_options)
-    for lo in range(0, len(grid), batch_size):
-        tiles, coords = grid.get_batch(np.arange(lo, min(lo + batch_size, len(grid))))
-        agg.add(fn(tiles), coords)
+    progress = parse_progress(progress)
+    agg = GridAggregator(grid, progress=progress, **aggregator_options)
+    n = len(grid)
+    with progress_bar(n, "stitching tiles", "tile", enabled=progress) as bar:
+        for lo in range(0, n, batch_size):
+            tiles, coords = grid.get_batch(np.arange(lo, min(lo + batch_size, n)))
+            agg.add(fn(tiles), coords)
+            bar.update(len(coords))
     return agg.result()

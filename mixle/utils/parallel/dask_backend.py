@@ -26,6 +26,7 @@ from mixle.utils.parallel.encoding import (
     reads_batches,
 )
 from mixle.utils.parallel.sharding import parse_count, plan_shards
+from mixle.utils.progress import ProgressBar, parse_progress, progress_bar
 
 __all__ = ["POLL_INTERVAL_S", "QUIET_SCHEDULER", "DaskEncodedData"]
 
@@ -58,7 +59,7 @@ class DaskEncodedData(EncodedData):
 
     Parameters
     ----------
-    data, encoder, sub_chunks, read_in, timeout
+    data, encoder, sub_chunks, read_in, timeout, progress
         As for :class:`~mixle.utils.parallel.multiprocessing.MPEncodedData`.
     client
         A ``distributed.Client``; default: the current client, else a local cluster (one
@@ -84,7 +85,9 @@ class DaskEncodedData(EncodedData):
         sub_chunks: int = 1,
         read_in: ReadIn = "auto",
         timeout: float | None = None,
+        progress: bool | None = None,
     ) -> None:
+        self._progress = parse_progress(progress)
         distributed = require("distributed", "dask", feature="DaskEncodedData")
         self._distributed = distributed
         self._timeout = parse_timeout(timeout)
@@ -134,28 +137,34 @@ class DaskEncodedData(EncodedData):
 
     def _build(self, data: Any, encoder: Any, batched: bool) -> None:
         token = uuid.uuid4().hex
-        for w, pieces in enumerate(self._plan.pieces):
-            home = self._homes[w]
-            if self._read_in == "workers":
-                args: tuple[Any, ...] = (data, pieces, encoder, batched, None)
-            else:
-                raw = self._read_here(data, pieces, batched)
-                [raw] = self._client.scatter([raw], workers=[home])
-                args = (None, None, encoder, batched, raw)
-            self._bytes_sent += len(dumps_for_workers(args[:4], "data and encoder"))
-            self._shards.append(
-                self._client.submit(
-                    _build_remote,
-                    *args,
-                    key=f"mixle-shard-{w}-{token}",
-                    workers=[home],
-                    allow_other_workers=False,
-                    pure=False,
+        shards = self.num_workers
+        driver = self._read_in == "driver"
+        show = self._progress if driver else False  # a reading bar only when reading here
+        with progress_bar(shards, "reading shards", "shard", enabled=show) as reading:
+            for w, pieces in enumerate(self._plan.pieces):
+                home = self._homes[w]
+                if not driver:
+                    args: tuple[Any, ...] = (data, pieces, encoder, batched, None)
+                else:
+                    raw = self._read_here(data, pieces, batched)
+                    [raw] = self._client.scatter([raw], workers=[home])
+                    args = (None, None, encoder, batched, raw)
+                self._bytes_sent += len(dumps_for_workers(args[:4], "data and encoder"))
+                self._shards.append(
+                    self._client.submit(
+                        _build_remote,
+                        *args,
+                        key=f"mixle-shard-{w}-{token}",
+                        workers=[home],
+                        allow_other_workers=False,
+                        pure=False,
+                    )
                 )
+                reading.update(1)
+        with progress_bar(shards, "building shards", "shard", enabled=self._progress) as bar:
+            self._wait(  # waits only: the shards stay on their workers
+                list(self._shards), self._timeout, "building the shards", build=True, bar=bar
             )
-        self._wait(
-            list(self._shards), self._timeout, "building the shards", build=True
-        )  # waits only: the shards stay on their workers
 
     def _map(self, fn: Callable[..., Any], args: tuple[Any, ...], timeout: float | None) -> list:
         self._check_usable()
@@ -180,11 +189,19 @@ class DaskEncodedData(EncodedData):
                 self._client.cancel(calls)
 
     def _wait(
-        self, futures: list[Any], timeout: float | None, what: str, *, build: bool = False
+        self,
+        futures: list[Any],
+        timeout: float | None,
+        what: str,
+        *,
+        build: bool = False,
+        bar: ProgressBar | None = None,
     ) -> list[Any]:
         """Results of ``futures`` in order (none when ``build``: shards stay on the workers);
-        bounded by ``timeout``; while mapping, a lost shard ends the wait."""
+        bounded by ``timeout``; while mapping, a lost shard ends the wait. ``bar`` advances
+        as futures finish."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        shown = 0
         while True:
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
@@ -198,6 +215,10 @@ class DaskEncodedData(EncodedData):
             step = POLL_INTERVAL_S if remaining is None else min(POLL_INTERVAL_S, remaining)
             with contextlib.suppress(TimeoutError), self._client.as_current():
                 self._distributed.wait(futures, timeout=step)
+            if bar is not None:
+                done = sum(f.status == "finished" for f in futures)
+                bar.update(done - shown)
+                shown = done
             if all(f.done() for f in futures) or any(f.status == "error" for f in futures):
                 break
             if not build:  # a finished shard that is no longer finished was lost

@@ -31,6 +31,7 @@ from mixle.utils.parallel.encoding import (
     reads_batches,
 )
 from mixle.utils.parallel.sharding import parse_count, plan_shards
+from mixle.utils.progress import parse_progress, progress_bar
 
 __all__ = ["SHUTDOWN_GRACE_S", "MPEncodedData"]
 
@@ -97,9 +98,15 @@ class MPEncodedData(EncodedData):
         pickles small (mixle sources and samplers always do).
     timeout
         Seconds that building the shards, and each later call, may take; ``None``: no limit.
+    progress
+        Show a progress bar of shards built (and, with ``read_in="driver"``, one of shards
+        read here first): ``True``, ``False`` or ``None`` (automatic; see
+        :mod:`mixle.utils.progress`).
 
     Raises
     ------
+    TypeError
+        ``progress`` is not ``True``, ``False`` or ``None``.
     WorkerError
         When reading or encoding a shard raised in a worker.
     WorkerDiedError, WorkerTimeoutError
@@ -124,7 +131,9 @@ class MPEncodedData(EncodedData):
         start_method: str = "spawn",
         read_in: ReadIn = "auto",
         timeout: float | None = None,
+        progress: bool | None = None,
     ) -> None:
+        self._progress = parse_progress(progress)
         n = len(data)
         workers = max(1, min(os.cpu_count() or 1, n)) if num_workers is None else num_workers
         workers = parse_count(workers, "num_workers")
@@ -171,17 +180,23 @@ class MPEncodedData(EncodedData):
 
     def _build(self, data: Any, encoder: Any, batched: bool) -> None:
         seq = next(self._seq)
-        for w, pieces in enumerate(self._plan.pieces):
-            message: tuple[Any, ...]
-            if self._read_in == "workers":
-                message = (seq, "build", data, pieces, encoder, batched, None)
-            else:
-                raw = self._read_here(data, pieces, batched)
-                message = (seq, "build", None, None, encoder, batched, raw)
-            blob = dumps_for_workers(message, "data and encoder")
-            self._bytes_sent += len(blob)
-            self._send(w, blob, "building the shards")
-        self._collect(seq, self._timeout, "building the shards")
+        shards = self.num_workers
+        if self._read_in == "workers":
+            for w, pieces in enumerate(self._plan.pieces):
+                self._send_build(w, (seq, "build", data, pieces, encoder, batched, None))
+        else:
+            with progress_bar(shards, "reading shards", "shard", enabled=self._progress) as bar:
+                for w, pieces in enumerate(self._plan.pieces):
+                    raw = self._read_here(data, pieces, batched)
+                    self._send_build(w, (seq, "build", None, None, encoder, batched, raw))
+                    bar.update(1)
+        with progress_bar(shards, "building shards", "shard", enabled=self._progress) as bar:
+            self._collect(seq, self._timeout, "building the shards", on_reply=bar.update)
+
+    def _send_build(self, worker: int, message: tuple[Any, ...]) -> None:
+        blob = dumps_for_workers(message, "data and encoder")
+        self._bytes_sent += len(blob)
+        self._send(worker, blob, "building the shards")
 
     def _map(self, fn: Callable[..., Any], args: tuple[Any, ...], timeout: float | None) -> list:
         with self._lock:
@@ -213,8 +228,17 @@ class MPEncodedData(EncodedData):
             f"{reason}; the handle is broken: close it and build a new one", worker=worker
         )
 
-    def _collect(self, seq: int, timeout: float | None, what: str) -> list[Any]:
-        """One reply per worker for message ``seq``; raise the first worker error after all."""
+    def _collect(
+        self,
+        seq: int,
+        timeout: float | None,
+        what: str,
+        on_reply: Callable[[int], None] | None = None,
+    ) -> list[Any]:
+        """One reply per worker for message ``seq``; raise the first worker error after all.
+
+        ``on_reply(1)`` is called after each worker's successful reply.
+        """
         deadline = None if timeout is None else time.monotonic() + timeout
         pending = set(range(self.num_workers))
         results: list[Any] = [None] * self.num_workers
@@ -254,6 +278,8 @@ class MPEncodedData(EncodedData):
                     raise WorkerDiedError(f"worker {w} is out of step: {self._broken}", worker=w)
                 if reply[1] == "ok":
                     results[w] = reply[2]
+                    if on_reply is not None:
+                        on_reply(1)
                 else:
                     errors[w] = reply[2:]
         if errors:

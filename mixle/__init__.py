@@ -124,4 +124,8 @@ def __getattr__(name: str) -> Any:
     # loads them on first use
     if name in ("MPEncodedData", "DaskEncodedData"):
         return getattr(_parallel, name)
+    if name == "plot":  # mixle.plot imports matplotlib only when a plot is drawn
+        import importlib
+
+        return importlib.import_module("mixle.plot")
     raise AttributeError(f"module 'mixle' has no attribute {name!r}")

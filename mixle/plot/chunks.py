@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from mixle.data.sources.adopt import as_array_source
-from mixle.plot.figure import axis_label, new_axes, parse_axis_names, parse_clip, show_plane, where
+from mixle.plot.figure import new_axes, parse_axis_names, parse_clip, show_plane, where
 from mixle.plot.planes import MAX_PIXELS, Plane, parse_plane, read_plane
 
 __all__ = ["plot_chunk_grid"]
@@ -81,7 +81,7 @@ def plot_chunk_grid(
     )
     names = parse_axis_names(axis_names, len(plane.spatial))
     shade = parse_clip(clip)
-    (target,) = new_axes(ax)
+    (target,) = new_axes(ax, shape=plane.size)
     show_plane(target, read_plane(plane), plane, cmap=cmap, clip=shade, axis_names=names)
     chunks, shards = src.chunks, src.shards
     drawn = []
@@ -95,7 +95,7 @@ def plot_chunk_grid(
     target.set_xlim(x0, x1)
     target.set_ylim(y0, y1)
     if drawn:
-        target.legend(loc="upper right", fontsize="small", framealpha=0.8)
+        target.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
     target.set_title(title if title is not None else _title(plane, chunks, shards, names))
     return target
 
@@ -137,10 +137,10 @@ def _title(plane: Plane, chunks: Any, shards: Any, names: Any) -> str:
             text += f", shards {spatial(shards)}"
     place = where(plane, names)
     if place:
-        text += f"; {place}"
+        text += f"\n{place}"
         if plane.axis is not None and plane.index is not None and chunks is not None:
             along = chunks[plane.array_axis(plane.axis)]
-            text += f" (chunk {plane.index // along} along {axis_label(plane, plane.axis, names)})"
+            text += f" (in chunk {plane.index // along} along it)"
     if plane.step > 1:
         text += f"\nimage every {plane.step} pixels"
     return text

@@ -104,7 +104,7 @@ def plot_sampling_density(
         kind = "weights" if weighted.label_probabilities is None else "labels"
         how = "summed" if grid.axis is not None else "as given"
         panels.insert(0, (expected, f"expected centres from the {kind} ({how})"))
-    axes = new_axes(ax, len(panels))
+    axes = new_axes(ax, len(panels), shape=view.size)
     top = max(float(p.max()) for p, _ in panels) or 1.0
     extent = (
         0.0,

@@ -13,8 +13,10 @@ from mixle.utils.optional_deps import require
 __all__ = ["axis_label", "new_axes", "parse_clip", "show_plane"]
 
 
-def new_axes(ax: Any, count: int = 1, *, width: float = 5.0) -> list[Any]:
+def new_axes(ax: Any, count: int = 1, *, shape: Sequence[float] = (1.0, 1.0)) -> list[Any]:
     """``count`` side-by-side Axes of a new ``Figure`` (no pyplot), or the caller's ``ax``.
+
+    A new figure is sized for images of ``(height, width)`` proportions ``shape``.
 
     Raises
     ------
@@ -27,7 +29,8 @@ def new_axes(ax: Any, count: int = 1, *, width: float = 5.0) -> list[Any]:
     if ax is None:
         from matplotlib.figure import Figure
 
-        fig = Figure(figsize=(width * count, width), layout="constrained")
+        ratio = min(max(float(shape[0]) / max(float(shape[1]), 1.0), 0.25), 2.0)
+        fig = Figure(figsize=(5.5 * count + 0.5, 5.5 * ratio + 1.2), layout="constrained")
         return list(np.atleast_1d(fig.subplots(1, count)))
     given = list(np.ravel(np.asarray(ax, dtype=object)))
     if len(given) != count:

@@ -99,7 +99,7 @@ def plot_patches(
     if limit < 0:
         raise ValueError(f"max_patches={max_patches!r} must be >= 0")
     source = as_array_source(volume, name="volume")
-    if ndim > source.ndim:
+    if ndim > source.ndim >= 2:
         raise ValueError(
             f"corners has {ndim} columns but volume has shape {source.shape}; give one "
             "column per patch axis (the volume's trailing axes)"
@@ -115,7 +115,7 @@ def plot_patches(
         channel=channel,
         max_pixels=max_pixels,
     )
-    (target,) = new_axes(ax)
+    (target,) = new_axes(ax, shape=plane.size)
     show_plane(target, read_plane(plane), plane, cmap=cmap, clip=shade, axis_names=names)
     if plane.axis is not None and plane.projection == "slice":
         a, at = plane.axis, plane.index

@@ -78,6 +78,11 @@ class Plane:
         w = -(-self.spatial[self.cols] // self.step) * self.step
         return (0.0, float(w), float(h), 0.0)
 
+    @property
+    def size(self) -> tuple[int, int]:
+        """``(height, width)`` of the plane in voxels."""
+        return self.spatial[self.rows], self.spatial[self.cols]
+
     def array_axis(self, spatial_axis: int) -> int:
         """The array axis number of spatial axis ``spatial_axis``."""
         return len(self.lead) + spatial_axis

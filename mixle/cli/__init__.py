@@ -10,11 +10,11 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from mixle.cli import demo
+from mixle.cli import demo, inspect
 
 __all__ = ["main"]
 
-COMMANDS = (demo,)
+COMMANDS = (demo, inspect)
 
 
 def _parser() -> argparse.ArgumentParser:

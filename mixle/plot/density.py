@@ -19,7 +19,7 @@ __all__ = ["plot_sampling_density"]
 #: Default number of patch centres drawn for the histogram.
 NUM_DRAWS = 10_000
 #: Default cap on histogram bins per image axis (voxels are pooled into square-ish bins).
-MAX_BINS = 128
+MAX_BINS = 64
 
 
 def plot_sampling_density(
@@ -102,8 +102,9 @@ def plot_sampling_density(
         expected = _expected(weighted, grid, bins)
         expected *= len(centres) / expected.sum()
         kind = "weights" if weighted.label_probabilities is None else "labels"
-        how = "summed" if grid.axis is not None else "as given"
-        panels.insert(0, (expected, f"expected centres from the {kind} ({how})"))
+        place = where(view, names).replace("max along", "summed along")
+        text = f"expected centres from the {kind}" + (f", {place}" if place else "")
+        panels.insert(0, (expected, text))
     axes = new_axes(ax, len(panels), shape=view.size)
     top = max(float(p.max()) for p, _ in panels) or 1.0
     extent = (
@@ -119,7 +120,7 @@ def plot_sampling_density(
         target.set_ylabel(axis_label(view, rows, names))
         target.set_xlabel(axis_label(view, cols, names))
         target.set_title(text, fontsize="medium")
-    pooled = f"centres per {bins[0] * factor[rows]}x{bins[1] * factor[cols]} voxels"
+    pooled = f"patch centres per bin ({bins[0] * factor[rows]}x{bins[1] * factor[cols]} voxels)"
     axes[-1].figure.colorbar(im, ax=list(axes), shrink=0.8, label=pooled)
     return np.array(axes, dtype=object)
 

@@ -1,0 +1,168 @@
+"""Every python block in README.md and docs/**/*.md runs, so the docs cannot drift from the code.
+
+One test per page: its blocks run in order in one namespace, in a fresh interpreter (JAX may
+start there, never in this process), in an empty temporary working directory. The rules
+(skips, hidden set-up) are in tests/_doc_blocks.py.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from _doc_blocks import DocMarkupError, Page, parse_page
+
+ROOT = Path(__file__).resolve().parents[1]
+RUNNER = Path(__file__).resolve().with_name("_doc_blocks.py")
+PAGE_TIMEOUT_S = 300
+
+# Pages allowed to have no executed block: an overview, measured output, and the API
+# reference (mkdocstrings `::: name` directives).
+WITHOUT_EXAMPLES = {"docs/index.md", "docs/benchmarks.md", "docs/cli.md"}
+WITHOUT_EXAMPLES_FOLDERS = ("docs/api/",)
+
+
+def _pages() -> list[str]:
+    docs = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").rglob("*.md"))
+    return ["README.md", *docs]
+
+
+PAGES = _pages()
+
+
+def _run(path: Path, name: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env["MIXLE_CACHE_DIR"] = str(cwd / ".mixle-cache")  # row indexes stay in the temp dir
+    env["MPLBACKEND"] = "Agg"  # plots render to files, never to a window
+    env.pop("MIXLE_TEST_JAX_CHILD", None)
+    return subprocess.run(
+        [sys.executable, str(RUNNER), str(path), name],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=PAGE_TIMEOUT_S,
+        check=False,
+    )
+
+
+def _parse(name: str) -> Page:
+    return parse_page((ROOT / name).read_text(encoding="utf-8"), name)
+
+
+@pytest.mark.parametrize("name", PAGES)
+def test_page_examples_run(name: str, tmp_path: Path) -> None:
+    page = _parse(name)
+    if not page.executed:
+        # nothing to run: test_every_page_has_an_example_or_is_allowed_none checks the list
+        assert name in _allowed(), f"{name} has no executed python block"
+        return
+    result = _run(ROOT / name, name, tmp_path)
+    if result.returncode != 0:
+        pytest.fail(
+            f"{name}: an example failed (exit status {result.returncode})\n"
+            f"{result.stderr}\n--- stdout ---\n{result.stdout[-4000:]}",
+            pytrace=False,
+        )
+
+
+def _allowed() -> set[str]:
+    return {p for p in PAGES if p in WITHOUT_EXAMPLES or p.startswith(WITHOUT_EXAMPLES_FOLDERS)}
+
+
+def test_every_page_has_an_example_or_is_allowed_none() -> None:
+    empty = [name for name in PAGES if not _parse(name).executed and name not in _allowed()]
+    assert not empty, f"pages without an executed python block: {empty}"
+    assert "README.md" in PAGES and "docs/loader.md" in PAGES
+
+
+def test_skips_are_rare() -> None:
+    pages = [_parse(name) for name in PAGES]
+    executed = sum(len(p.executed) for p in pages)
+    skipped = [(p.name, b.line, b.skip_reason) for p in pages for b in p.skipped]
+    assert executed > 0
+    assert len(skipped) <= max(3, executed // 10), f"too many skipped examples: {skipped}"
+
+
+# The convention itself, on small pages written here.
+
+
+def test_parse_finds_python_blocks_with_their_lines() -> None:
+    text = (
+        "# t\n\n```python\nx = 1\n```\n\n```bash\nls\n```\n\n"
+        "- item\n\n    ```py\n    y = x\n    ```\n"
+    )
+    page = parse_page(text, "t.md")
+    assert [(b.language, b.line, b.code) for b in page.blocks] == [
+        ("python", 3, "x = 1\n"),
+        ("bash", 7, "ls\n"),
+        ("py", 13, "y = x\n"),
+    ]
+    assert [b.line for b in page.executed] == [3, 13]
+
+
+def test_parse_reads_skips_and_setup() -> None:
+    text = (
+        "<!-- skip-example: needs a cluster -->\n```python\nboom()\n```\n"
+        "<!-- example-setup\nimport numpy as np\nx = np.ones(2)\n-->\n```python\nprint(x)\n```\n"
+    )
+    skipped, shown = parse_page(text, "t.md").blocks
+    assert skipped.skip_reason == "needs a cluster" and not skipped.executed
+    assert shown.setup == "import numpy as np\nx = np.ones(2)\n" and shown.setup_line == 6
+    assert shown.executed and shown.code_line == 10
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("<!-- skip-example: -->\n```python\nx\n```\n", "needs a reason"),
+        ("<!-- skip-example -->\n```python\nx\n```\n", "write a skip as"),
+        ("<!-- skip-example: why -->\n\n```python\nx\n```\n", "immediately before"),
+        ("<!-- skip-example: why -->\n```bash\nls\n```\n", "not a ```bash block"),
+        ("<!-- skip-example: why -->\n", "not followed by a ```python block"),
+        ("<!-- example-setup\nx = 1\n\ny = 2\n-->\n```python\nx\n```\n", "no blank lines"),
+        ("<!-- example-setup\nx = 1\n", "never closed"),
+        ("<!-- example-setup\nx = 1\n-->\ntext\n```python\nx\n```\n", "immediately before"),
+        ("```python\nx = 1\n", "never closed"),
+    ],
+)
+def test_parse_refuses_broken_markup(text: str, message: str) -> None:
+    with pytest.raises(DocMarkupError, match=message):
+        parse_page(text, "t.md")
+
+
+def test_runner_shares_a_namespace_and_runs_setup_and_doctests(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text(
+        "<!-- example-setup\nfrom pathlib import Path\nPath('made.txt').write_text('hi')\n-->\n"
+        "```python\nx = Path('made.txt').read_text()\n```\n\n"
+        "```pycon\n>>> x + '!'\n'hi!'\n```\n\n"
+        "<!-- skip-example: never runs -->\n```python\nraise SystemExit(3)\n```\n"
+        "```python\nassert __name__ == '__main__' and x == 'hi'\n```\n"
+    )
+    result = _run(page, "docs/page.md", tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "made.txt").read_text() == "hi"  # the page's working directory
+
+
+def test_runner_failure_names_the_page_line_and_traceback(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text("# t\n\n```python\nx = 1\n```\n\n```python\ny = x\nz = y / 0\n```\n")
+    result = _run(page, "docs/page.md", tmp_path)
+    assert result.returncode == 1
+    assert "docs/page.md: the python block at line 7 failed:" in result.stderr
+    assert 'File "docs/page.md", line 9' in result.stderr  # the markdown's own line
+    assert "z = y / 0" in result.stderr and "ZeroDivisionError" in result.stderr
+
+
+def test_runner_reports_a_failing_doctest(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text("```pycon\n>>> 1 + 1\n3\n```\n")
+    result = _run(page, "docs/page.md", tmp_path)
+    assert result.returncode == 1
+    assert "docs/page.md: the pycon block at line 1 failed" in result.stderr
+    assert "Expected:\n    3\nGot:\n    2" in result.stderr

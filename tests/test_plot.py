@@ -14,7 +14,7 @@ import mixle.plot
 from mixle.data.sources.zarr_source import ZarrArraySource
 from mixle.plot import plot_chunk_grid, plot_patches, plot_sampler, plot_sampling_density
 from mixle.plot.patches import INDIVIDUAL_PATCHES
-from mixle.plot.planes import parse_plane, read_plane
+from mixle.plot.planes import iter_slabs, parse_plane, read_plane
 
 matplotlib = pytest.importorskip("matplotlib")
 from matplotlib.axes import Axes  # noqa: E402
@@ -54,8 +54,8 @@ def zarr_volume(tmp_path, data: np.ndarray, chunks, shards=None) -> ZarrArraySou
 
 def test_import_does_not_import_matplotlib():
     code = (
-        "import sys, json, mixle, mixle.plot; "
-        "print(json.dumps(['matplotlib' in sys.modules, mixle.plot.__name__]))"
+        "import sys, json, mixle; lazy = mixle.plot; "  # the attribute imports the submodule
+        "print(json.dumps(['matplotlib' in sys.modules, lazy.__name__]))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert json.loads(out.stdout) == [False, "mixle.plot"]
@@ -162,11 +162,17 @@ def test_slice_reads_only_the_plane(tmp_path, volume, monkeypatch):
     assert len(reads) == 1 and reads[0][0] == 3
 
 
-def test_projection_slabs_respect_the_byte_budget_when_unchunked(volume):
-    plane = parse_plane(volume, 3, axis=0, projection="mean")
-    # one plane is 20 * 24 pixels * 8 bytes: a 3-plane budget gives slabs of 3
-    got = read_plane(plane, slab_bytes=20 * 24 * 8 * 3)
-    np.testing.assert_allclose(got, volume.mean(axis=0, dtype=np.float64), rtol=1e-12)
+@pytest.mark.parametrize("planes", [0, 1, 3, 5, 100])
+@pytest.mark.parametrize("how", ["max", "mean"])
+def test_projection_slabs_respect_the_byte_budget_when_unchunked(volume, planes, how):
+    plane = parse_plane(volume, 3, axis=0, projection=how)
+    budget = 20 * 24 * 8 * planes  # one plane is 20 * 24 pixels, counted at 8 bytes
+    slabs = list(iter_slabs(plane, slab_bytes=budget))
+    thick = min(max(planes, 1), 12)  # at least one plane per slab
+    assert [len(s) for s in slabs] == [min(thick, 12 - a) for a in range(0, 12, thick)]
+    got = read_plane(plane, slab_bytes=budget)
+    want = volume.max(axis=0) if how == "max" else volume.mean(axis=0, dtype=np.float64)
+    np.testing.assert_allclose(got, want, rtol=1e-12)
 
 
 def test_max_pixels_subsamples_the_image_but_not_the_footprints(volume):

@@ -355,6 +355,21 @@ def test_density_of_a_weighted_sampler_stays_where_the_weights_are(tmp_path):
     assert sampler.epoch == 0  # the caller's sampler is not moved to another epoch
 
 
+def test_density_with_a_coarse_weight_map_is_drawn_in_volume_coordinates():
+    vol = np.zeros((16, 40, 48), dtype=np.float32)
+    weights = np.zeros((8, 20, 24), dtype=np.float32)  # half resolution
+    weights[2:6, 5:10, 10:18] = 1.0
+    sampler = mixle.PatchSampler(vol, (4, 8, 8), 500, seed=1, weights=weights)
+    axes = plot_sampling_density(sampler, num_draws=1000)
+    expected, drawn = image(axes[0]), image(axes[1])
+    assert drawn.shape == (20, 24) and drawn.sum() == 1000  # one bin per map voxel
+    hit = np.argwhere(drawn)
+    assert hit.min(axis=0).tolist() == [5, 10] and hit.max(axis=0).tolist() == [9, 17]
+    np.testing.assert_allclose(expected[5:10, 10:18], 1000 / 40)
+    assert axes[1].images[0].get_extent() == [0.0, 48.0, 40.0, 0.0]
+    assert "(2x2 voxels)" in axes[0].figure.axes[-1].get_ylabel()
+
+
 def test_density_of_a_label_sampler_and_pooled_bins():
     shape = (8, 64, 64)
     labels = np.zeros(shape, dtype=np.uint8)

@@ -1,159 +1,461 @@
-"""``mixle demo``: write a synthetic volume, cut seeded patches from it, report what happened."""
+"""``mixle demo``: write a synthetic CT volume, read patches from it, report what happened.
+
+The demo writes a CT-like int16 volume slab by slab to a temporary folder (zarr, HDF5 or a
+raw memmap), then reads it through :class:`mixle.Loader` in three runs: seeded random
+patches (shuffled), every tile of a grid (checked voxel for voxel against what was
+written) and, with JAX installed, batches on the device through
+:class:`mixle.jax.JaxLoader` into a jitted reduction. It prints a table of throughput,
+cache hit rate and peak memory, draws the patch locations over slices of the volume
+(:mod:`mixle.plot`), and removes the folder, also after an error or Ctrl-C.
+"""
 
 from __future__ import annotations
 
 import argparse
-import resource
+import os
+import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-import numpy as np
-
+from mixle.cli._demo_report import format_mib, format_table, report_lines, save_picture
+from mixle.cli._demo_runs import MIB, RunStats, peak_rss_mib, run_grid, run_jax, run_random
+from mixle.cli._demo_volume import DTYPE, checksum_weights, write_volume
+from mixle.data.grid import GridSampler
 from mixle.data.patch_sampler import PatchSampler
-from mixle.data.sources.array_source import read_memmap, read_zarr
-from mixle.data.sources.base import ArraySource
-from mixle.utils.optional_deps import HAS_ZARR, require
+from mixle.reading import chunk_cache, set_chunk_cache_bytes
+from mixle.reading.pool import decode_threads
+from mixle.utils.optional_deps import HAS_H5PY, HAS_JAX, HAS_MATPLOTLIB, HAS_ZARR
+from mixle.utils.progress import progress_bar
 
-__all__ = ["BACKENDS", "register", "run_demo", "write_synthetic_volume"]
+__all__ = ["BACKENDS", "DEFAULT_PNG", "DemoResult", "register", "resolve_backend", "run_demo"]
 
-BACKENDS = ("auto", "zarr", "memmap")
-
-
-def _slab(shape: tuple[int, ...], z0: int, z1: int) -> np.ndarray:
-    """A CT-like slab: a bright ellipsoid with smooth texture, built plane by plane."""
-    cz, cy, cx = (s / 2 for s in shape)
-    y, x = np.ogrid[: shape[1], : shape[2]]
-    y, x = y.astype(np.float32), x.astype(np.float32)
-    ry = ((y - cy) / (0.4 * shape[1])) ** 2
-    rx = ((x - cx) / (0.35 * shape[2])) ** 2
-    slab = np.empty((z1 - z0, shape[1], shape[2]), dtype=np.float32)
-    for k, z in enumerate(range(z0, z1)):
-        rz = ((z - cz) / (0.45 * shape[0])) ** 2
-        plane = slab[k]
-        np.sin(0.2 * x + 0.13 * y + np.float32(0.07 * z), out=plane)
-        plane *= 40.0
-        plane += np.where(rz + ry + rx < 1.0, np.float32(1000.0), np.float32(-1000.0))
-    return slab
+#: ``--backend`` choices; ``auto`` is zarr when installed, else memmap.
+BACKENDS = ("auto", "zarr", "hdf5", "memmap")
+#: The picture's file name in the current directory, unless ``--png`` says otherwise.
+DEFAULT_PNG = "mixle-demo.png"
+#: Defaults of :func:`run_demo` and the command line: a 256 MiB volume, 2048 patches of
+#: 32^3 in batches of 32, a 64 MiB chunk cache (a quarter of the volume).
+DEFAULT_SIZE = 512
+DEFAULT_PATCH = 32
+DEFAULT_BATCH_SIZE = 32
+DEFAULT_NUM_PATCHES = 2048
+DEFAULT_CACHE_MIB = 64
+#: Edge of the stored chunks (and of the slabs the volume is written in).
+CHUNK = 64
+#: Smallest volume edge the demo writes.
+MIN_SIZE = 8
 
 
-def write_synthetic_volume(
-    folder: Path, shape: tuple[int, int, int], backend: str, chunk: int = 64
-) -> ArraySource:
-    """Write a float32 CT-like volume slab by slab and return it opened as a source."""
-    if backend == "zarr":
-        zarr = require("zarr", feature="mixle demo --backend zarr")
-        path = folder / "volume.zarr"
-        chunks = tuple(min(chunk, s) for s in shape)
-        arr = zarr.create_array(str(path), shape=shape, chunks=chunks, dtype="float32")
-        for z0 in range(0, shape[0], chunks[0]):
-            z1 = min(shape[0], z0 + chunks[0])
-            arr[z0:z1] = _slab(shape, z0, z1)
-        return read_zarr(path)
-    path = folder / "volume.raw"
-    with open(path, "wb") as fh:
-        for z0 in range(0, shape[0], chunk):
-            fh.write(_slab(shape, z0, min(shape[0], z0 + chunk)).tobytes())
-    return read_memmap(path, "float32", shape)
+@dataclass(frozen=True)
+class DemoResult:
+    """What :func:`run_demo` did and measured.
+
+    Attributes
+    ----------
+    backend
+        The backend written (``auto`` resolved).
+    shape, chunks
+        The volume's shape and stored chunk shape.
+    volume_mib, disk_mib
+        Size of the volume in memory and of what was written to disk.
+    write_seconds
+        Time taken to write it.
+    folder
+        The temporary folder it was written to (removed unless ``kept``).
+    kept
+        Whether the folder was kept.
+    decode_threads, cache_mib
+        Decode threads and the chunk cache budget during the runs.
+    runs
+        One :class:`~mixle.cli._demo_runs.RunStats` per run: ``random``, ``grid`` and,
+        when JAX ran, ``jax``.
+    peak_rss_mib
+        The process's peak RSS at the end (``None`` where unknown).
+    png
+        Where the picture was written, or ``None``.
+    """
+
+    backend: str
+    shape: tuple[int, int, int]
+    chunks: tuple[int, ...]
+    volume_mib: float
+    disk_mib: float
+    write_seconds: float
+    folder: Path
+    kept: bool
+    decode_threads: int
+    cache_mib: int
+    runs: tuple[RunStats, ...]
+    peak_rss_mib: float | None
+    png: Path | None
+
+    def run(self, name: str) -> RunStats:
+        """The run called ``name``.
+
+        Raises
+        ------
+        KeyError
+            No run of that name (``jax`` when JAX did not run).
+        """
+        for stats in self.runs:
+            if stats.name == name:
+                return stats
+        raise KeyError(f"no run named {name!r}; ran {[r.name for r in self.runs]}")
 
 
-def _peak_rss_mib() -> float:
-    scale = 1024 if sys.platform != "darwin" else 1024 * 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / 2**20
+def resolve_backend(backend: str) -> str:
+    """Turn ``auto`` into zarr (when installed) or memmap; check the others are usable.
+
+    Raises
+    ------
+    ValueError
+        ``backend`` is not one of :data:`BACKENDS`.
+    ImportError
+        zarr or h5py was asked for and is not installed (the message names the extra).
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend={backend!r} is not one of {', '.join(BACKENDS)}")
+    if backend == "auto":
+        return "zarr" if HAS_ZARR else "memmap"
+    if backend == "zarr" and not HAS_ZARR:
+        raise ImportError('backend="zarr" needs zarr: pip install "mixle[zarr]"')
+    if backend == "hdf5" and not HAS_H5PY:
+        raise ImportError('backend="hdf5" needs h5py: pip install "mixle[hdf5]"')
+    return backend
+
+
+def _check_ints(**values: tuple[object, int]) -> None:
+    for name, (value, low) in values.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            raise ValueError(f"{name}={value!r} must be an int >= {low}")
+
+
+def _disk_mib(path: Path) -> float:
+    files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
+    return sum(p.stat().st_size for p in files) / MIB
 
 
 def run_demo(
     *,
-    size: int = 256,
+    size: int = DEFAULT_SIZE,
     backend: str = "auto",
-    patch: int = 32,
-    num_patches: int = 512,
+    patch: int = DEFAULT_PATCH,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    num_patches: int = DEFAULT_NUM_PATCHES,
     seed: int = 0,
+    png: str | os.PathLike[str] | None = None,
+    overwrite_png: bool = False,
+    use_jax: bool | None = None,
+    keep: bool = False,
+    cache_mib: int = DEFAULT_CACHE_MIB,
+    progress: bool | None = None,
     out: TextIO | None = None,
-) -> dict[str, float]:
-    """Run the demo and print a short report (to ``out``, default stdout); returns the numbers."""
-    if backend not in BACKENDS:
-        raise ValueError(f"backend={backend!r} is not one of {', '.join(BACKENDS)}")
-    if backend == "auto":
-        backend = "zarr" if HAS_ZARR else "memmap"
-    shape = (size, size, size)
+) -> DemoResult:
+    """Run the demo, printing a report to ``out`` (default stdout); returns the numbers.
+
+    Parameters
+    ----------
+    size
+        Edge of the cubic int16 volume (``2 * size**3`` bytes before compression).
+    backend
+        ``"auto"`` (zarr when installed, else memmap), ``"zarr"``, ``"hdf5"`` or
+        ``"memmap"``.
+    patch
+        Edge of the random patches and of the grid tiles, ``1 <= patch <= size``.
+    batch_size
+        Patches per batch.
+    num_patches
+        Random patches to read (the JAX run reads as many).
+    seed
+        Seed of the volume's noise, the patch corners and the shuffles.
+    png
+        Where to write the picture (needs matplotlib); ``None``: no picture.
+    overwrite_png
+        Replace ``png`` if it exists; otherwise an existing ``png`` is an error.
+    use_jax
+        Feed batches to JAX; ``None``: when JAX is installed.
+    keep
+        Keep the temporary folder (its path is printed) instead of removing it.
+    cache_mib
+        Budget of the decoded-chunk cache during the demo (the old one is restored).
+    progress
+        Progress bars on stderr: ``True``, ``False`` or ``None`` (automatic: on a terminal).
+    out
+        Where the report goes.
+
+    Returns
+    -------
+    DemoResult
+
+    Raises
+    ------
+    ValueError
+        An argument is out of range, or ``backend`` is unknown.
+    FileExistsError
+        ``png`` exists and ``overwrite_png`` is false.
+    ImportError
+        The backend's package, matplotlib (for ``png``) or JAX (``use_jax=True``) is
+        missing; the message names the extra.
+    """
+    backend = resolve_backend(backend)
+    _check_ints(
+        size=(size, MIN_SIZE),
+        patch=(patch, 1),
+        batch_size=(batch_size, 1),
+        num_patches=(num_patches, 1),
+        cache_mib=(cache_mib, 0),
+    )
+    if patch > size:
+        raise ValueError(f"patch={patch} must be at most size={size}")
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise TypeError(f"seed={seed!r} must be an int")
+    png_path = None if png is None else Path(png)
+    if png_path is not None:
+        if not HAS_MATPLOTLIB:
+            raise ImportError('png= needs matplotlib: pip install "mixle[plot]"')
+        if png_path.exists() and not overwrite_png:
+            raise FileExistsError(f"png={str(png_path)!r} exists; pass overwrite_png=True")
+    if use_jax and not HAS_JAX:
+        raise ImportError('use_jax=True needs jax: pip install "mixle[jax]"')
+    jax_run = HAS_JAX if use_jax is None else bool(use_jax)
     stream = sys.stdout if out is None else out
-    say: Callable[[str], None] = lambda line: print(line, file=stream)  # noqa: E731
-    with tempfile.TemporaryDirectory(prefix="mixle-demo-") as tmp:
+
+    def say(line: str = "") -> None:
+        print(line, file=stream, flush=True)
+
+    shape = (size, size, size)
+    volume_mib = size**3 * DTYPE.itemsize / MIB
+    old_budget = chunk_cache().budget
+    folder = Path(tempfile.mkdtemp(prefix="mixle-demo-"))
+    runs: list[RunStats] = []
+    written = None
+    try:
+        set_chunk_cache_bytes(cache_mib * MIB)
+        say(f"writing a {size}^3 int16 CT-like volume ({format_mib(volume_mib)}) as {backend}")
+        say(f"  to {folder}")
         t0 = time.perf_counter()
-        src = write_synthetic_volume(Path(tmp), shape, backend)
-        t_write = time.perf_counter() - t0
+        with progress_bar(size, "writing volume", "plane", progress) as bar:
+            volume = write_volume(
+                folder, shape, backend, chunk=CHUNK, seed=seed, on_slab=bar.update
+            )
+        write_s = time.perf_counter() - t0
+        disk = _disk_mib(volume.path)
         say(
-            f"wrote a {shape} float32 volume ({src.nbytes / 2**20:.0f} MiB, {backend}) "
-            f"to {tmp} in {t_write:.1f} s"
+            f"  {volume.path.name}: {format_mib(disk)} on disk, chunks {volume.chunks}, "
+            f"{write_s:.1f} s"
         )
-        say(f"opened {src!r}")
-        sampler = PatchSampler(src, patch, num_patches, seed=seed)
-        rss_before = _peak_rss_mib()
-        t0 = time.perf_counter()
-        total = 0.0
-        for record in sampler:
-            assert isinstance(record, tuple)  # one array: (patch, corner) records
-            total += float(record[0].mean())
-        elapsed = max(time.perf_counter() - t0, 1e-9)
-        first = sampler.coords()[:3]
-        patch_mib = num_patches * int(np.prod(sampler.patch_size)) * 4 / 2**20
-        peak = _peak_rss_mib()
-        stats = {
-            "patches_per_s": num_patches / elapsed,
-            "mib_per_s": patch_mib / elapsed,
-            "peak_rss_mib": peak,
-            "sampling_rss_growth_mib": peak - rss_before,
-            "volume_mib": src.nbytes / 2**20,
-            "mean_intensity": total / max(num_patches, 1),
-        }
-        say(
-            f"sampled {num_patches} patches of {sampler.patch_size} with seed={seed}; "
-            f"first corners {first}"
-        )
-        say("")
-        say(
-            f"  {'patches/s':>10} {'MiB/s':>8} {'volume MiB':>11} {'peak RSS MiB':>13} "
-            f"{'RSS growth while sampling MiB':>30}"
-        )
-        say(
-            f"  {stats['patches_per_s']:10.0f} {stats['mib_per_s']:8.1f} "
-            f"{stats['volume_mib']:11.0f} {stats['peak_rss_mib']:13.0f} "
-            f"{stats['sampling_rss_growth_mib']:30.1f}"
-        )
-        if backend == "memmap":
-            say("  (a memmap's RSS counts the file pages it touched: page cache the kernel can")
-            say("   reclaim, not memory mixle allocated)")
-        say("")
-        say(f"mean patch intensity {stats['mean_intensity']:.2f}; removed {tmp}")
-        src.close()
-    return stats
+        say(f"reading with {decode_threads()} decode threads and a {cache_mib} MiB chunk cache")
+        with volume.source as src:
+            sampler = PatchSampler(src, patch, num_patches, seed=seed)
+            runs.append(run_random(sampler, batch_size, seed=seed, progress=progress))
+            grid = GridSampler(src, patch)
+            weights = checksum_weights(shape, seed)
+            runs.append(
+                run_grid(
+                    grid,
+                    batch_size,
+                    weights=weights,
+                    expected_checksum=volume.checksum,
+                    progress=progress,
+                )
+            )
+            if jax_run:
+                runs.append(run_jax(sampler, batch_size, seed=seed + 1, progress=progress))
+            say()
+            for line in format_table(runs):
+                say("  " + line)
+            say()
+            if jax_run:
+                jax_note = ""
+            else:
+                jax_note = "not run" if HAS_JAX else 'not installed (pip install "mixle[jax]")'
+            for line in report_lines(
+                runs, volume_mib=volume_mib, cache_mib=cache_mib, backend=backend, jax_note=jax_note
+            ):
+                say(line)
+            if png_path is not None:
+                save_picture(png_path, sampler, grid)
+                written = png_path
+                say(f"picture of the patch locations: {png_path.resolve()}")
+    finally:
+        set_chunk_cache_bytes(old_budget)
+        if not keep:
+            shutil.rmtree(folder, ignore_errors=True)
+    say(f"kept {folder}" if keep else f"removed {folder}")
+    return DemoResult(
+        backend=backend,
+        shape=shape,
+        chunks=volume.chunks,
+        volume_mib=volume_mib,
+        disk_mib=disk,
+        write_seconds=write_s,
+        folder=folder,
+        kept=keep,
+        decode_threads=decode_threads(),
+        cache_mib=cache_mib,
+        runs=tuple(runs),
+        peak_rss_mib=peak_rss_mib(),
+        png=written,
+    )
 
 
+# -- the command line ---------------------------------------------------------------------
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``mixle demo`` to the command line."""
-    demo = sub.add_parser("demo", help="write a synthetic volume and sample patches from it")
-    demo.add_argument("--size", type=int, default=256, help="edge of the cubic volume (256)")
-    demo.add_argument("--backend", choices=BACKENDS, default="auto")
-    demo.add_argument("--patch", type=int, default=32, help="patch edge (32)")
-    demo.add_argument("--num-patches", type=int, default=512)
-    demo.add_argument("--seed", type=int, default=0)
+    demo = sub.add_parser(
+        "demo",
+        help="write a synthetic CT volume, read patches from it, report and draw what happened",
+        description=(
+            "Write a synthetic CT-like volume to a temporary folder, read random patches, "
+            "grid tiles and (with JAX) device batches from it through mixle.Loader, print "
+            "throughput, cache hit rate and peak memory, draw the patch locations, and "
+            "remove the folder."
+        ),
+    )
+    add = demo.add_argument
+    add(
+        "--size",
+        type=int,
+        default=DEFAULT_SIZE,
+        metavar="N",
+        help=f"edge of the cubic int16 volume (default {DEFAULT_SIZE}: 256 MiB)",
+    )
+    add(
+        "--backend",
+        choices=BACKENDS,
+        default="auto",
+        help="storage to write: zarr (zstd), hdf5 (gzip), memmap (raw); auto: zarr if installed",
+    )
+    add(
+        "--patch",
+        type=int,
+        default=DEFAULT_PATCH,
+        metavar="N",
+        help=f"edge of the patches and grid tiles (default {DEFAULT_PATCH})",
+    )
+    add(
+        "--batch-size",
+        type=int,
+        default=DEFAULT_BATCH_SIZE,
+        metavar="N",
+        help=f"patches per batch (default {DEFAULT_BATCH_SIZE})",
+    )
+    add(
+        "--num-patches",
+        type=int,
+        default=DEFAULT_NUM_PATCHES,
+        metavar="N",
+        help=f"random patches to read (default {DEFAULT_NUM_PATCHES})",
+    )
+    add("--seed", type=int, default=0, help="seed of the volume, the patches and the shuffles")
+    add(
+        "--cache-mib",
+        type=int,
+        default=DEFAULT_CACHE_MIB,
+        metavar="MIB",
+        help=f"decoded-chunk cache budget (default {DEFAULT_CACHE_MIB}; 0 turns it off)",
+    )
+    picture = demo.add_mutually_exclusive_group()
+    picture.add_argument(
+        "--png",
+        metavar="PATH",
+        help=f"write the picture here, replacing the file (default: ./{DEFAULT_PNG}, never "
+        "replacing an existing file)",
+    )
+    picture.add_argument("--no-png", action="store_true", help="draw no picture")
+    add("--no-jax", action="store_true", help="skip the JAX run even when JAX is installed")
+    add("--keep", action="store_true", help="keep the temporary folder and print its path")
     demo.set_defaults(run=_run)
 
 
+def _check_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    for option, value, low in (
+        ("--size", args.size, MIN_SIZE),
+        ("--patch", args.patch, 1),
+        ("--batch-size", args.batch_size, 1),
+        ("--num-patches", args.num_patches, 1),
+        ("--cache-mib", args.cache_mib, 0),
+    ):
+        if value < low:
+            parser.error(f"{option}={value} must be >= {low}")
+    if args.patch > args.size:
+        parser.error(f"--patch={args.patch} must be at most --size={args.size}")
+    try:
+        resolve_backend(args.backend)
+    except ImportError as err:
+        parser.error(f"--backend={args.backend}: {err}")
+    tmp = tempfile.gettempdir()
+    need = args.size**3 * DTYPE.itemsize
+    free = shutil.disk_usage(tmp).free
+    if need > free:
+        parser.error(
+            f"--size={args.size} writes up to {need / MIB:.0f} MiB, but {tmp} has "
+            f"{free / MIB:.0f} MiB free; pick a smaller --size or point TMPDIR elsewhere"
+        )
+
+
+def _choose_png(
+    args: argparse.Namespace, parser: argparse.ArgumentParser
+) -> tuple[Path | None, str]:
+    """The picture's path (``None``: no picture) and a note to print about the choice."""
+    if args.no_png:
+        return None, ""
+    if args.png is not None:
+        path = Path(args.png)
+        if not HAS_MATPLOTLIB:
+            parser.error(
+                f'--png={args.png}: the picture needs matplotlib: pip install "mixle[plot]"'
+            )
+        if path.suffix.lower() != ".png":
+            parser.error(f"--png={args.png} must end in .png")
+        if path.is_dir():
+            parser.error(f"--png={args.png} is a directory; give a file name ending in .png")
+        if not path.parent.is_dir():
+            parser.error(f"--png={args.png}: the directory {path.parent} does not exist")
+        return path, ""
+    if not HAS_MATPLOTLIB:
+        return None, 'no picture: pip install "mixle[plot]" for one'
+    here = Path.cwd()
+    if not os.access(here, os.W_OK):
+        parser.error(f"the current directory {here} is not writable; pass --png PATH or --no-png")
+    stem, suffix = Path(DEFAULT_PNG).stem, Path(DEFAULT_PNG).suffix
+    for n in range(1, 1000):
+        candidate = here / (DEFAULT_PNG if n == 1 else f"{stem}-{n}{suffix}")
+        if not candidate.exists():
+            break
+    else:
+        parser.error(f"{here} already holds {stem}.png to {stem}-999.png; pass --png PATH")
+    note = (
+        ""
+        if n == 1
+        else (
+            f"{DEFAULT_PNG} exists and is left alone: the picture goes to {candidate.name} "
+            f"(--png {DEFAULT_PNG} replaces it)"
+        )
+    )
+    return candidate, note
+
+
 def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    if args.size < 1 or not 1 <= args.patch <= args.size:
-        parser.error(f"--patch={args.patch} must be between 1 and --size={args.size}")
-    if args.num_patches < 0:
-        parser.error(f"--num-patches={args.num_patches} must be >= 0")
+    _check_args(args, parser)
+    png, note = _choose_png(args, parser)
+    if note:
+        print(note, flush=True)
     run_demo(
         size=args.size,
         backend=args.backend,
         patch=args.patch,
+        batch_size=args.batch_size,
         num_patches=args.num_patches,
         seed=args.seed,
+        png=png,
+        overwrite_png=args.png is not None,
+        use_jax=False if args.no_jax else None,
+        keep=args.keep,
+        cache_mib=args.cache_mib,
     )
     return 0

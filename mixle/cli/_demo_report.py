@@ -1,0 +1,148 @@
+"""What ``mixle demo`` prints and draws: the table of runs, the facts under it, the picture."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mixle.cli._demo_runs import RunStats
+from mixle.cli._demo_volume import AXIAL_SLICE, CORONAL_SLICE
+from mixle.data.grid import GridSampler
+from mixle.data.patch_sampler import PatchSampler
+from mixle.utils.optional_deps import require
+
+__all__ = [
+    "PICTURE_CLIP",
+    "PICTURE_PATCHES",
+    "format_mib",
+    "format_table",
+    "report_lines",
+    "save_picture",
+]
+
+#: Footprints drawn over the axial slice, and the intensity percentiles the slices show.
+PICTURE_PATCHES = 60
+PICTURE_CLIP = (0.5, 99.9)
+
+
+def format_mib(mib: float) -> str:
+    """``"256 MiB"``, ``"3.4 MiB"``, ``"0.5 MiB"``: whole MiB from 10 up."""
+    return f"{mib:.0f} MiB" if mib >= 10 else f"{mib:.1f} MiB"
+
+
+def format_table(runs: list[RunStats]) -> list[str]:
+    """An aligned table, one row per run: patches/s, MiB/s, batches, cache hit rate, RSS."""
+    header = ("run", "patches", "batches", "patches/s", "MiB/s", "cache hits", "peak RSS MiB")
+    rows = [
+        (
+            r.name,
+            f"{r.patches}",
+            f"{r.batches}",
+            f"{r.patches_per_s:.0f}",
+            f"{r.mib_per_s:.1f}",
+            f"{100 * r.hit_rate:.0f}%",
+            "?" if r.peak_rss_mib is None else f"{r.peak_rss_mib:.0f}",
+        )
+        for r in runs
+    ]
+    widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]
+
+    def line(cells: tuple[str, ...]) -> str:
+        first = cells[0].ljust(widths[0])
+        rest = (c.rjust(w) for c, w in zip(cells[1:], widths[1:]))
+        return "  ".join((first, *rest))
+
+    return [line(header), "  ".join("-" * w for w in widths), *(line(r) for r in rows)]
+
+
+def report_lines(
+    runs: list[RunStats], *, volume_mib: float, cache_mib: float, backend: str, jax_note: str = ""
+) -> list[str]:
+    """The facts under the table: the grid's exactness, the JAX step, peak RSS.
+
+    Parameters
+    ----------
+    runs
+        The runs, as in the table.
+    volume_mib, cache_mib
+        The volume's size and the chunk cache budget.
+    backend
+        The backend read (memmap RSS counts mapped file pages: said so).
+    jax_note
+        Printed when there is no ``jax`` run (why not).
+    """
+    by_name = {r.name: r for r in runs}
+    lines = []
+    if "grid" in by_name:
+        grid = by_name["grid"]
+        verdict = "equals" if grid.facts["checksum_ok"] else "DIFFERS FROM"
+        lines.append(
+            f"grid: {grid.facts['tiles']} tiles cover the volume; their voxel checksum "
+            f"{verdict} the written volume's"
+        )
+    if "jax" in by_name:
+        jax = by_name["jax"]
+        lines.append(
+            f"jax: {jax.batches_per_s:.1f} device batches/s on {jax.facts['device']} into a "
+            f"jitted step (compiled in {jax.facts['compile_s']:.1f} s);"
+        )
+        lines.append(f"  mean patch intensity on the device: {jax.facts['mean_hu']:.1f} HU")
+    elif jax_note:
+        lines.append(f"jax: {jax_note}")
+    peaks = [r.peak_rss_mib for r in runs if r.name != "jax" and r.peak_rss_mib is not None]
+    if peaks:
+        line = f"peak RSS {format_mib(max(peaks))} for a {format_mib(volume_mib)} volume"
+        if backend == "memmap":
+            lines.append(f"{line} (a memmap's RSS counts the file pages it touched: page")
+            lines.append("  cache the kernel can reclaim, not memory mixle allocated)")
+        elif cache_mib < volume_mib:
+            lines.append(f"{line}: mixle reads the chunks that patches need, never the")
+            lines.append(f"  whole volume, and keeps at most {cache_mib:.0f} MiB of them decoded")
+        else:
+            lines.append(f"{line} (the {cache_mib:.0f} MiB chunk cache holds all of it)")
+        jax_rss = by_name["jax"].peak_rss_mib if "jax" in by_name else None
+        if jax_rss is not None:
+            lines.append(f"  (with the JAX runtime loaded: {jax_rss:.0f} MiB)")
+    return lines
+
+
+def save_picture(png: Path, sampler: PatchSampler, grid: GridSampler) -> None:
+    """Draw the random patches over an axial slice and the grid over a coronal one.
+
+    Raises
+    ------
+    ImportError
+        matplotlib is not installed (names the ``plot`` extra).
+    """
+    require("matplotlib", feature="mixle demo's picture")
+    from matplotlib.figure import Figure
+
+    from mixle.plot import plot_sampler
+
+    fig = Figure(figsize=(12, 6.2), layout="constrained")
+    left, right = fig.subplots(1, 2)
+    size = sampler.source.shape[0]
+    plot_sampler(
+        sampler,
+        axis=0,
+        index=round(AXIAL_SLICE * (size - 1)),
+        ax=left,
+        axis_names="zyx",
+        max_patches=PICTURE_PATCHES,
+        clip=PICTURE_CLIP,
+        linewidth=1.5,
+    )
+    plot_sampler(
+        grid,
+        axis=1,
+        index=round(CORONAL_SLICE * (size - 1)),
+        ax=right,
+        axis_names="zyx",
+        color="tab:cyan",
+        linewidth=0.6,
+        clip=PICTURE_CLIP,
+    )
+    fig.suptitle(
+        f"mixle demo: random {'x'.join(map(str, sampler.patch_size))} patches (left) and "
+        f"the {len(grid)} grid tiles (right) over a synthetic CT volume"
+    )
+    fig.savefig(png, dpi=100)

@@ -71,8 +71,12 @@ class SampleStructure:
         return self.kind.upper()
 
 
+#: Independent, identically distributed records: any order, any split.
 IID = SampleStructure("iid")
+#: Records whose joint distribution does not depend on their order (the default of every
+#: source): the Loader may shuffle them and split them across shards freely.
 EXCHANGEABLE = SampleStructure("exchangeable")
+#: Records whose order carries meaning (a time series): the Loader refuses ``shuffle=True``.
 SEQUENTIAL = SampleStructure("sequential")
 
 

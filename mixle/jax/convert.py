@@ -39,6 +39,8 @@ __all__ = [
     "x64_enabled",
 ]
 
+#: What a 64-bit leaf becomes while x64 is off: ``"safe"`` narrows integers after checking
+#: every value fits and refuses floats, ``"cast"`` narrows everything, ``"error"`` refuses.
 DtypePolicy = Literal["safe", "cast", "error"]
 #: The accepted values of ``dtype_policy``.
 DTYPE_POLICIES: tuple[str, ...] = ("safe", "cast", "error")

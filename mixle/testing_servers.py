@@ -2,7 +2,7 @@
 
 Both count the requests they answer and can fail on purpose (every k-th request a 503 or
 a dropped connection), so a pipeline's behaviour against flaky object stores can be
-tested without a network::
+tested without a network:
 
     with RangeHTTPServer(folder) as server:
         src = mixle.read_zarr(f"{server.url}/volume.zarr")

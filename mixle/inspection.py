@@ -24,7 +24,7 @@ from mixle.utils.validation import parse_int
 
 __all__ = [
     "DEFAULT_PATCH_EDGE",
-    "HIGH_READ_AMPLIFICATION",
+    "HIGH_READ_AMPLIFICATION_PER_AXIS",
     "LARGE_CHUNK_BYTES",
     "MAX_PROBED_OBJECTS",
     "POOR_COMPRESSION_RATIO",
@@ -54,8 +54,11 @@ LARGE_CHUNK_BYTES = 16 * 1024 * 1024
 #: Chunks whose longest edge is this many times their shortest (over the axes the chunking
 #: splits) are slabs: an N-D patch crosses many chunks along the short axis.
 SLAB_ASPECT_RATIO = 16
-#: Decoded bytes per patch byte above which an explicit ``patch`` gets a warning.
-HIGH_READ_AMPLIFICATION = 8.0
+#: Read amplification per axis (the geometric mean over the array's axes longer than 1)
+#: above which an explicit ``patch`` gets a warning. A random patch of the chunk's own edge
+#: already costs about 2x per axis (it straddles two chunks), so 3x means chunks over
+#: about twice the patch edge.
+HIGH_READ_AMPLIFICATION_PER_AXIS = 3.0
 #: A compressed array whose decoded/stored ratio is below this gains little from its codec.
 POOR_COMPRESSION_RATIO = 1.1
 #: Decoded size the suggested rechunking aims at (64³ float32).
@@ -563,7 +566,7 @@ def _chunk_findings(
     costs = (
         f"{which} {_patch_text(cost.patch)} patch ({format_bytes(cost.patch_bytes)}) touches "
         f"{cost.chunks_touched:.3g} {unit} and decodes {format_bytes(cost.decoded_bytes)} "
-        f"(read amplification {cost.read_amplification:.3g}x)"
+        f"(read amplification {_times(cost.read_amplification)})"
     )
     better = suggest_chunks(shape, itemsize)
     fix = (
@@ -632,22 +635,29 @@ def _chunk_findings(
                     f"{cost.chunks_touched:.3g} in all, decoding "
                     f"{format_bytes(cost.decoded_bytes)} for "
                     f"{format_bytes(cost.patch_bytes)} (read amplification "
-                    f"{cost.read_amplification:.3g}x); {fix}",
+                    f"{_times(cost.read_amplification)}); {fix}",
                 )
             )
             warned = True
+    long_axes = sum(1 for d in shape if d > 1) or 1
+    per_axis = cost.read_amplification ** (1 / long_axes)
     if (
         explicit
         and not warned
         and size >= SMALL_CHUNK_BYTES
-        and cost.read_amplification > HIGH_READ_AMPLIFICATION
+        and per_axis > HIGH_READ_AMPLIFICATION_PER_AXIS
     ):
+        smaller = suggest_chunks(shape, itemsize, 2 * max(SMALL_CHUNK_BYTES, cost.patch_bytes))
         found.append(
             LayoutFinding(
                 "read-amplification",
                 "warning",
-                f"{what} are large for this patch: {costs} (> "
-                f"{HIGH_READ_AMPLIFICATION:g}x); chunks about the patch size decode less",
+                f"{what} are large for this patch: {costs}, {per_axis:.3g}x per axis (over "
+                f"{HIGH_READ_AMPLIFICATION_PER_AXIS:g}x); if patches this small are the main "
+                "workload, "
+                f"smaller chunks decode less, e.g. {_shape_text(smaller)} "
+                f"({format_bytes(math.prod(smaller) * itemsize)}; below "
+                f"{format_bytes(SMALL_CHUNK_BYTES)} per-chunk overhead takes over)",
             )
         )
     return found
@@ -700,6 +710,10 @@ def format_bytes(n: float) -> str:
             return f"{text} {unit}"
         value /= 1024
     raise AssertionError("unreachable")
+
+
+def _times(x: float) -> str:
+    return f"{x:,.0f}x" if x >= 100 else f"{x:.3g}x"
 
 
 def _shape_text(shape: Sequence[int]) -> str:

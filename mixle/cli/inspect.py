@@ -24,7 +24,7 @@ __all__ = ["parse_storage_option", "register", "render_report"]
 _UNICODE = {"branch": "├── ", "last": "└── ", "pipe": "│   ", "blank": "    ", "then": " → "}
 _ASCII = {"branch": "|-- ", "last": "`-- ", "pipe": "|   ", "blank": "    ", "then": " -> "}
 #: Width of the label column of an array block.
-_LABEL = 10
+_LABEL = 13
 
 
 def render_report(report: StoreReport, *, width: int | None = None, ascii: bool = False) -> str:
@@ -93,7 +93,8 @@ def _array_lines(
     rows.append(("codecs", marks["then"].join(a.codecs) if a.codecs else "none (raw bytes)"))
     if a.inner_codecs:
         rows.append(("inner", marks["then"].join(a.inner_codecs)))
-    rows.append(("fill", f"{a.fill_value!r}; order {a.order}; {_count(a.attributes, 'attribute')}"))
+    fill = "none" if a.fill_value is None else repr(a.fill_value)
+    rows.append(("fill", f"{fill}; order {a.order}; {_count(a.attributes, 'attribute')}"))
     if a.stored_bytes is None:
         stored = "unknown"
     else:
@@ -107,16 +108,16 @@ def _array_lines(
     cost = a.patch_cost
     if cost is not None:
         edge = "x".join(map(str, cost.patch))
-        touched = "" if cost.chunks_touched is None else f"{cost.chunks_touched:.3g} chunks, "
-        shards = "" if cost.shards_touched is None else f"{cost.shards_touched:.3g} shards, "
-        rows.append(
-            (
-                f"patch {edge}",
-                f"touches {touched}{shards}decodes {format_bytes(cost.decoded_bytes)} per "
-                f"{format_bytes(cost.patch_bytes)} patch (read amplification "
-                f"{cost.read_amplification:.3g}x)",
+        if cost.chunks_touched is None:
+            text = f"reads its {format_bytes(cost.patch_bytes)} directly, nothing to decode"
+        else:
+            shards = "" if cost.shards_touched is None else f"{cost.shards_touched:.3g} shards, "
+            text = (
+                f"touches {cost.chunks_touched:.3g} chunks, {shards}decodes "
+                f"{format_bytes(cost.decoded_bytes)} per {format_bytes(cost.patch_bytes)} patch "
+                f"(read amplification {cost.read_amplification:.3g}x)"
             )
-        )
+        rows.append((f"patch {edge}", text))
     lines = []
     for label, text in rows:
         lines.extend(_wrapped(f"{label:<{_LABEL}}", text, indent, width))
@@ -135,7 +136,7 @@ def _wrapped(label: str, text: str, indent: str, width: int | None) -> list[str]
     first = f"{indent}{label}"
     if width is None:
         return [first + text]
-    rest = " " * len(first)
+    rest = indent + " " * len(label)
     return textwrap.wrap(
         text,
         width=max(width, len(first) + 20),

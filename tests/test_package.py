@@ -1,8 +1,7 @@
-"""The package face: cheap import, anchor import paths, the command line."""
+"""The package face: cheap import, anchor import paths (the command line: test_cli_*.py)."""
 
 from __future__ import annotations
 
-import io
 import json
 import subprocess
 import sys
@@ -11,8 +10,6 @@ from pathlib import Path
 import pytest
 
 import mixle
-from mixle.cli import main
-from mixle.cli.demo import run_demo
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -53,53 +50,3 @@ def test_anchor_import_paths():
 def test_require_names_the_extra_for_a_missing_module():
     with pytest.raises(ImportError, match=r'not installed: pip install "mixle\[tabular\]"'):
         mixle.utils.optional_deps.require("pyarrow_surely_missing", "tabular")
-
-
-@pytest.mark.parametrize("backend", ["zarr", "memmap"])
-def test_demo_runs_and_cleans_up(backend):
-    out = io.StringIO()
-    stats = run_demo(size=48, backend=backend, patch=8, num_patches=20, out=out)
-    text = out.getvalue()
-    assert f"{backend})" in text and "patches/s" in text and "peak RSS" in text
-    assert stats["patches_per_s"] > 0 and stats["volume_mib"] == 48**3 * 4 / 2**20
-    folder = text.split(" to ", 1)[1].split(" in ", 1)[0]
-    assert not Path(folder).exists()
-
-
-def test_demo_rejects_unknown_backend():
-    with pytest.raises(ValueError, match="backend='tiff'"):
-        run_demo(backend="tiff")
-
-
-def test_cli_demo_in_process(capsys):
-    assert main(["demo", "--size", "40", "--patch", "8", "--num-patches", "5"]) == 0
-    assert "sampled 5 patches" in capsys.readouterr().out
-
-
-def test_cli_rejects_bad_patch(capsys):
-    with pytest.raises(SystemExit) as info:
-        main(["demo", "--size", "16", "--patch", "32"])
-    assert info.value.code == 2
-    assert "--patch=32" in capsys.readouterr().err
-
-
-def test_console_script_runs():
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "mixle.cli",
-            "demo",
-            "--size",
-            "32",
-            "--patch",
-            "8",
-            "--num-patches",
-            "4",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=300,
-    )
-    assert "sampled 4 patches" in out.stdout

@@ -184,7 +184,8 @@ def parse_page(text: str, name: str) -> Page:
                     f"{name}:{pending[0]}: the {what} comment must be on the line immediately "
                     f"before a ```python fence (line {number} comes between)"
                 )
-        if SKIP_MARKER in line:
+        comment = line.lstrip().startswith("<!--")
+        if comment and SKIP_MARKER in line:
             skip = _SKIP.match(line)
             if skip is None:
                 raise DocMarkupError(
@@ -195,7 +196,7 @@ def parse_page(text: str, name: str) -> Page:
             if not reason:
                 raise DocMarkupError(f"{name}:{number}: the skip-example comment needs a reason")
             pending_skip = (number, reason)
-        elif SETUP_MARKER in line:
+        elif comment and SETUP_MARKER in line:
             if not _SETUP_OPEN.match(line):
                 raise DocMarkupError(
                     f"{name}:{number}: hidden set-up starts with a line '<!-- example-setup' "

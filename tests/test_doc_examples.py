@@ -38,6 +38,7 @@ def _run(path: Path, name: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     env["MIXLE_CACHE_DIR"] = str(cwd / ".mixle-cache")  # row indexes stay in the temp dir
     env["MPLBACKEND"] = "Agg"  # plots render to files, never to a window
+    env["PYTHONWARNINGS"] = "error"  # as in the test suite: an example that warns fails
     env.pop("MIXLE_TEST_JAX_CHILD", None)
     return subprocess.run(
         [sys.executable, str(RUNNER), str(path), name],
@@ -157,6 +158,22 @@ def test_runner_failure_names_the_page_line_and_traceback(tmp_path: Path) -> Non
     assert "docs/page.md: the python block at line 7 failed:" in result.stderr
     assert 'File "docs/page.md", line 9' in result.stderr  # the markdown's own line
     assert "z = y / 0" in result.stderr and "ZeroDivisionError" in result.stderr
+
+
+def test_runner_failure_in_hidden_setup_and_warnings(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text("<!-- example-setup\nimport nowhere_to_be_found\n-->\n```python\nx = 1\n```\n")
+    result = _run(page, "docs/page.md", tmp_path)
+    assert "the python block at line 4 failed in its hidden set-up:" in result.stderr
+    assert 'File "docs/page.md", line 2' in result.stderr and result.returncode == 1
+    page.write_text("```python\nimport warnings\nwarnings.warn('old', DeprecationWarning)\n```\n")
+    result = _run(page, "docs/page.md", tmp_path)
+    assert result.returncode == 1 and "DeprecationWarning: old" in result.stderr
+
+
+def test_prose_may_mention_the_markers() -> None:
+    text = "Write `<!-- skip-example: why -->` above a block; example-setup hides code.\n"
+    assert parse_page(text, "t.md").blocks == []
 
 
 def test_runner_reports_a_failing_doctest(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ from mixle.data.patch_sampler import PatchSampler
 from mixle.utils.optional_deps import require
 
 __all__ = [
+    "DEFAULT_PNG",
     "PICTURE_CLIP",
     "PICTURE_PATCHES",
     "format_mib",
@@ -19,6 +20,8 @@ __all__ = [
     "save_picture",
 ]
 
+#: The picture's file name in the current directory, unless ``--png`` says otherwise.
+DEFAULT_PNG = "mixle-demo.png"
 #: Footprints drawn over the axial slice, and the intensity percentiles the slices show.
 PICTURE_PATCHES = 60
 PICTURE_CLIP = (0.5, 99.9)

@@ -16,17 +16,20 @@ import numpy as np
 
 from mixle.data.sources.array_source import read_hdf5, read_memmap, read_zarr
 from mixle.data.sources.base import ArraySource
-from mixle.utils.optional_deps import require
+from mixle.utils.optional_deps import HAS_H5PY, HAS_ZARR, require
 
 __all__ = [
     "AXIAL_SLICE",
+    "BACKENDS",
     "CORONAL_SLICE",
     "DTYPE",
+    "MIN_SIZE",
     "WRITE_BACKENDS",
     "WrittenVolume",
     "checksum",
     "checksum_weights",
     "ct_slab",
+    "resolve_backend",
     "write_volume",
 ]
 
@@ -34,6 +37,10 @@ __all__ = [
 DTYPE = np.dtype(np.int16)
 #: Backends the demo writes (``auto`` is resolved before this).
 WRITE_BACKENDS = ("zarr", "hdf5", "memmap")
+#: ``--backend`` choices; ``auto`` is zarr when installed, else memmap.
+BACKENDS = ("auto", *WRITE_BACKENDS)
+#: Smallest volume edge the demo writes.
+MIN_SIZE = 8
 #: Standard deviation of the scanner noise, in HU.
 NOISE_HU = 12.0
 #: Planes generated at once (bounds the memory a slab takes while it is generated).
@@ -58,6 +65,27 @@ _TUBES = (
 #: Where the demo's picture slices the volume (fractions along z and y): through the
 #: liver, kidneys, aorta and spine.
 AXIAL_SLICE, CORONAL_SLICE = 0.68, 0.62
+
+
+def resolve_backend(backend: str) -> str:
+    """Turn ``auto`` into zarr (when installed) or memmap; check the others are usable.
+
+    Raises
+    ------
+    ValueError
+        ``backend`` is not one of :data:`BACKENDS`.
+    ImportError
+        zarr or h5py was asked for and is not installed (the message names the extra).
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend={backend!r} is not one of {', '.join(BACKENDS)}")
+    if backend == "auto":
+        return "zarr" if HAS_ZARR else "memmap"
+    if backend == "zarr" and not HAS_ZARR:
+        raise ImportError('backend="zarr" needs zarr: pip install "mixle[zarr]"')
+    if backend == "hdf5" and not HAS_H5PY:
+        raise ImportError('backend="hdf5" needs h5py: pip install "mixle[hdf5]"')
+    return backend
 
 
 def _inside(

@@ -21,22 +21,32 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from mixle.cli._demo_report import format_mib, format_table, report_lines, save_picture
+from mixle.cli._demo_options import check_options, choose_png
+from mixle.cli._demo_report import (
+    DEFAULT_PNG,
+    format_mib,
+    format_table,
+    report_lines,
+    save_picture,
+)
 from mixle.cli._demo_runs import MIB, RunStats, peak_rss_mib, run_grid, run_jax, run_random
-from mixle.cli._demo_volume import DTYPE, checksum_weights, write_volume
+from mixle.cli._demo_volume import (
+    BACKENDS,
+    DTYPE,
+    MIN_SIZE,
+    checksum_weights,
+    resolve_backend,
+    write_volume,
+)
 from mixle.data.grid import GridSampler
 from mixle.data.patch_sampler import PatchSampler
 from mixle.reading import chunk_cache, set_chunk_cache_bytes
 from mixle.reading.pool import decode_threads
-from mixle.utils.optional_deps import HAS_H5PY, HAS_JAX, HAS_MATPLOTLIB, HAS_ZARR
+from mixle.utils.optional_deps import HAS_JAX, HAS_MATPLOTLIB
 from mixle.utils.progress import progress_bar
 
 __all__ = ["BACKENDS", "DEFAULT_PNG", "DemoResult", "register", "resolve_backend", "run_demo"]
 
-#: ``--backend`` choices; ``auto`` is zarr when installed, else memmap.
-BACKENDS = ("auto", "zarr", "hdf5", "memmap")
-#: The picture's file name in the current directory, unless ``--png`` says otherwise.
-DEFAULT_PNG = "mixle-demo.png"
 #: Defaults of :func:`run_demo` and the command line: a 256 MiB volume, 2048 patches of
 #: 32^3 in batches of 32, a 64 MiB chunk cache (a quarter of the volume).
 DEFAULT_SIZE = 512
@@ -46,8 +56,6 @@ DEFAULT_NUM_PATCHES = 2048
 DEFAULT_CACHE_MIB = 64
 #: Edge of the stored chunks (and of the slabs the volume is written in).
 CHUNK = 64
-#: Smallest volume edge the demo writes.
-MIN_SIZE = 8
 
 
 @dataclass(frozen=True)
@@ -105,27 +113,6 @@ class DemoResult:
             if stats.name == name:
                 return stats
         raise KeyError(f"no run named {name!r}; ran {[r.name for r in self.runs]}")
-
-
-def resolve_backend(backend: str) -> str:
-    """Turn ``auto`` into zarr (when installed) or memmap; check the others are usable.
-
-    Raises
-    ------
-    ValueError
-        ``backend`` is not one of :data:`BACKENDS`.
-    ImportError
-        zarr or h5py was asked for and is not installed (the message names the extra).
-    """
-    if backend not in BACKENDS:
-        raise ValueError(f"backend={backend!r} is not one of {', '.join(BACKENDS)}")
-    if backend == "auto":
-        return "zarr" if HAS_ZARR else "memmap"
-    if backend == "zarr" and not HAS_ZARR:
-        raise ImportError('backend="zarr" needs zarr: pip install "mixle[zarr]"')
-    if backend == "hdf5" and not HAS_H5PY:
-        raise ImportError('backend="hdf5" needs h5py: pip install "mixle[hdf5]"')
-    return backend
 
 
 def _check_ints(**values: tuple[object, int]) -> None:
@@ -372,77 +359,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     demo.set_defaults(run=_run)
 
 
-def _check_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
-    for option, value, low in (
-        ("--size", args.size, MIN_SIZE),
-        ("--patch", args.patch, 1),
-        ("--batch-size", args.batch_size, 1),
-        ("--num-patches", args.num_patches, 1),
-        ("--cache-mib", args.cache_mib, 0),
-    ):
-        if value < low:
-            parser.error(f"{option}={value} must be >= {low}")
-    if args.patch > args.size:
-        parser.error(f"--patch={args.patch} must be at most --size={args.size}")
-    try:
-        resolve_backend(args.backend)
-    except ImportError as err:
-        parser.error(f"--backend={args.backend}: {err}")
-    tmp = tempfile.gettempdir()
-    need = args.size**3 * DTYPE.itemsize
-    free = shutil.disk_usage(tmp).free
-    if need > free:
-        parser.error(
-            f"--size={args.size} writes up to {need / MIB:.0f} MiB, but {tmp} has "
-            f"{free / MIB:.0f} MiB free; pick a smaller --size or point TMPDIR elsewhere"
-        )
-
-
-def _choose_png(
-    args: argparse.Namespace, parser: argparse.ArgumentParser
-) -> tuple[Path | None, str]:
-    """The picture's path (``None``: no picture) and a note to print about the choice."""
-    if args.no_png:
-        return None, ""
-    if args.png is not None:
-        path = Path(args.png)
-        if not HAS_MATPLOTLIB:
-            parser.error(
-                f'--png={args.png}: the picture needs matplotlib: pip install "mixle[plot]"'
-            )
-        if path.suffix.lower() != ".png":
-            parser.error(f"--png={args.png} must end in .png")
-        if path.is_dir():
-            parser.error(f"--png={args.png} is a directory; give a file name ending in .png")
-        if not path.parent.is_dir():
-            parser.error(f"--png={args.png}: the directory {path.parent} does not exist")
-        return path, ""
-    if not HAS_MATPLOTLIB:
-        return None, 'no picture: pip install "mixle[plot]" for one'
-    here = Path.cwd()
-    if not os.access(here, os.W_OK):
-        parser.error(f"the current directory {here} is not writable; pass --png PATH or --no-png")
-    stem, suffix = Path(DEFAULT_PNG).stem, Path(DEFAULT_PNG).suffix
-    for n in range(1, 1000):
-        candidate = here / (DEFAULT_PNG if n == 1 else f"{stem}-{n}{suffix}")
-        if not candidate.exists():
-            break
-    else:
-        parser.error(f"{here} already holds {stem}.png to {stem}-999.png; pass --png PATH")
-    note = (
-        ""
-        if n == 1
-        else (
-            f"{DEFAULT_PNG} exists and is left alone: the picture goes to {candidate.name} "
-            f"(--png {DEFAULT_PNG} replaces it)"
-        )
-    )
-    return candidate, note
-
-
 def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    _check_args(args, parser)
-    png, note = _choose_png(args, parser)
+    check_options(args, parser)
+    png, note = choose_png(args, parser)
     if note:
         print(note, flush=True)
     run_demo(

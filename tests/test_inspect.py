@@ -471,7 +471,7 @@ def test_cli_text_output_has_the_facts(samples, capsys):
     assert "└── raw  zarr v3 group, 1 attribute" in out
     assert "    └── volume  zarr v3 array (10, 10) uint8" in out
     assert "chunks       (5, 5) = 25 B decoded; 4 in the grid, 2 stored, 2 missing" in out
-    assert "patch 2x5" in out and "read amplification" in out
+    assert "patch        2x5: touches " in out and "read amplification" in out
     assert "info         2 of 4 chunks never written (50%)" in out
 
 

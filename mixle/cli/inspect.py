@@ -117,7 +117,7 @@ def _array_lines(
                 f"{format_bytes(cost.decoded_bytes)} per {format_bytes(cost.patch_bytes)} patch "
                 f"(read amplification {cost.read_amplification:.3g}x)"
             )
-        rows.append((f"patch {edge}", text))
+        rows.append(("patch", f"{edge}: {text}"))
     lines = []
     for label, text in rows:
         lines.extend(_wrapped(f"{label:<{_LABEL}}", text, indent, width))

@@ -440,11 +440,16 @@ def expected_chunks_along_axis(extent: int, chunk: int, patch: int) -> float:
         raise ValueError(f"patch={patch} must be between 1 and extent={extent}")
     placements = extent - patch + 1
     periods, rest = divmod(placements, chunk)
-    total = periods * (patch - 1 + chunk)
-    if rest:
-        s = np.arange(rest, dtype=np.int64)
-        total += int(((s + patch - 1) // chunk - s // chunk + 1).sum())
-    return total / placements
+    # the partial period: starts s < rest < chunk, so s // chunk == 0 and the count is
+    # 1 + (s + patch - 1) // chunk; integer sums keep it O(1) for any chunk size
+    partial = rest + _floor_sum(rest + patch - 1, chunk) - _floor_sum(patch - 1, chunk)
+    return (periods * (patch - 1 + chunk) + partial) / placements
+
+
+def _floor_sum(m: int, c: int) -> int:
+    """``sum(t // c for t in range(m))`` in closed form."""
+    q, r = divmod(m, c)
+    return c * q * (q - 1) // 2 + q * r
 
 
 def patch_cost(

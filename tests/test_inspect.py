@@ -306,6 +306,16 @@ def test_patch_cost_equals_enumerating_every_placement(data):
     assert cost.read_amplification == pytest.approx(cost.decoded_bytes / (math.prod(patch) * 4))
 
 
+def test_huge_chunks_cost_nothing_to_cost():
+    assert expected_chunks_along_axis(10**12, 10**12, 32) == 1.0
+    chunk, patch = 10**11 + 7, 10**6
+    whole_periods = 10 * chunk + patch - 1  # every start in 10 full periods: the closed form
+    assert expected_chunks_along_axis(whole_periods, chunk, patch) == pytest.approx(
+        (patch - 1) / chunk + 1, rel=1e-12
+    )
+    assert expected_chunks_along_axis(whole_periods + chunk // 2, chunk, patch) > 1
+
+
 def test_patch_cost_far_from_edges_is_the_closed_form():
     cost = patch_cost((10_000, 10_000), (64, 128), 2, 32, shards=(256, 256))
     assert cost.patch == (32, 32)

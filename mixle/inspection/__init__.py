@@ -1,0 +1,62 @@
+"""What is in a zarr store, an HDF5 file or a ``.npy`` file, and how well it suits patch reads.
+
+:func:`inspect_store` reads metadata and the sizes of stored objects only (never chunk data)
+and returns a :class:`StoreReport`: a tree of :class:`GroupReport` and :class:`ArrayReport`
+nodes. Each array lists its chunking, sharding, codecs, fill value, stored and decoded bytes,
+and :class:`LayoutFinding` s that say, with numbers, why its layout helps or hurts reading
+random N-D patches. :func:`patch_cost` gives the exact expected number of chunks a uniformly
+placed patch touches and the bytes it decodes. Every threshold is a named constant
+(defined in :mod:`mixle.inspection.findings`, re-exported here).
+"""
+
+from mixle.inspection.findings import (
+    HIGH_READ_AMPLIFICATION_PER_AXIS,
+    LARGE_CHUNK_BYTES,
+    POOR_COMPRESSION_RATIO,
+    SLAB_ASPECT_RATIO,
+    SMALL_CHUNK_BYTES,
+)
+from mixle.inspection.formatting import format_bytes
+from mixle.inspection.patches import (
+    DEFAULT_PATCH_EDGE,
+    TARGET_CHUNK_BYTES,
+    PatchLike,
+    expected_chunks_along_axis,
+    parse_patch,
+    patch_cost,
+    suggest_chunks,
+)
+from mixle.inspection.report import (
+    ArrayReport,
+    GroupReport,
+    LayoutFinding,
+    PatchCost,
+    StoreReport,
+    UnsupportedStoreError,
+)
+from mixle.inspection.store import inspect_store
+from mixle.inspection.zarr_stores import MAX_PROBED_OBJECTS
+
+__all__ = [
+    "DEFAULT_PATCH_EDGE",
+    "HIGH_READ_AMPLIFICATION_PER_AXIS",
+    "LARGE_CHUNK_BYTES",
+    "MAX_PROBED_OBJECTS",
+    "POOR_COMPRESSION_RATIO",
+    "SLAB_ASPECT_RATIO",
+    "SMALL_CHUNK_BYTES",
+    "TARGET_CHUNK_BYTES",
+    "ArrayReport",
+    "GroupReport",
+    "LayoutFinding",
+    "PatchCost",
+    "PatchLike",
+    "StoreReport",
+    "UnsupportedStoreError",
+    "expected_chunks_along_axis",
+    "format_bytes",
+    "inspect_store",
+    "parse_patch",
+    "patch_cost",
+    "suggest_chunks",
+]

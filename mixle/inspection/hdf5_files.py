@@ -1,0 +1,183 @@
+"""HDF5 files, local or behind fsspec URLs: groups, datasets, filters and storage sizes."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from mixle.inspection.findings import with_findings
+from mixle.inspection.formatting import BLOSC_SHUFFLE, plain_value
+from mixle.inspection.locations import is_remote
+from mixle.inspection.report import ArrayReport, GroupReport, LayoutFinding, UnsupportedStoreError
+from mixle.utils.redact import display_path
+
+__all__ = ["inspect_hdf5"]
+
+#: HDF5 filter ids that only check or rearrange bytes (everything else compresses).
+_HDF5_NOT_COMPRESSING = frozenset({2, 3})  # shuffle, fletcher32
+
+
+def inspect_hdf5(
+    location: str, storage_options: dict[str, Any] | None, patch: tuple[int, ...] | None
+) -> GroupReport:
+    """The root group of the HDF5 file at ``location`` (a path or an fsspec URL), read-only."""
+    from mixle.utils.optional_deps import require
+
+    h5py = require("h5py", "hdf5", feature="mixle inspect")
+    remote = is_remote(location)
+    handle = None
+    if remote:
+        from mixle.data.sources.hdf5_remote import open_remote_file
+        from mixle.reading.faults import retry_call
+
+        _fs, _path, handle = retry_call(
+            lambda: open_remote_file(location, storage_options),
+            url=display_path(location),
+            key="(file)",
+            secrets=storage_options,
+        )
+    try:
+        try:
+            file = h5py.File(handle if handle is not None else location, "r")
+        except OSError as exc:
+            raise UnsupportedStoreError(
+                f"{display_path(location)!r} looks like an HDF5 file but h5py cannot open it: {exc}"
+            ) from None
+        with file:
+            return _hdf5_group(h5py, file, "/", patch, remote)
+    finally:
+        if handle is not None:
+            handle.close()
+
+
+def _hdf5_group(
+    h5py: Any, group: Any, path: str, patch: tuple[int, ...] | None, remote: bool
+) -> GroupReport:
+    children: list[GroupReport | ArrayReport] = []
+    notes: list[LayoutFinding] = []
+    for name in group:
+        link = group.get(name, getlink=True)
+        child_path = f"{path.rstrip('/')}/{name}"
+        if isinstance(link, (h5py.SoftLink, h5py.ExternalLink)):
+            target = (
+                link.path if isinstance(link, h5py.SoftLink) else f"{link.filename}:{link.path}"
+            )
+            notes.append(
+                LayoutFinding(
+                    "link-not-followed", "info", f"link {name!r} -> {target!r} not followed"
+                )
+            )
+            continue
+        node = group.get(name)
+        if isinstance(node, h5py.Group):
+            children.append(_hdf5_group(h5py, node, child_path, patch, remote))
+        elif isinstance(node, h5py.Dataset):
+            if node.shape is None:
+                notes.append(
+                    LayoutFinding(
+                        "no-dataspace", "info", f"dataset {name!r} is empty (no dataspace)"
+                    )
+                )
+            else:
+                children.append(_hdf5_dataset(h5py, node, child_path, patch, remote))
+    return GroupReport(path, "hdf5", len(group.attrs), tuple(children), tuple(notes))
+
+
+def _hdf5_dataset(
+    h5py: Any, dataset: Any, path: str, patch: tuple[int, ...] | None, remote: bool
+) -> ArrayReport:
+    from mixle.data.sources.hdf5_chunks import decodable_filters
+
+    dcpl = dataset.id.get_create_plist()
+    layout = {
+        h5py.h5d.CONTIGUOUS: "contiguous",
+        h5py.h5d.CHUNKED: "chunked",
+        h5py.h5d.COMPACT: "compact",
+        h5py.h5d.VIRTUAL: "virtual",
+    }.get(dcpl.get_layout(), "unknown")
+    if dataset.external:
+        layout = "external"
+    filters = [dcpl.get_filter(i) for i in range(dcpl.get_nfilters())]
+    codecs = tuple(_hdf5_filter(code, values, name) for code, _flags, values, name in filters)
+    compressed = any(code not in _HDF5_NOT_COMPRESSING for code, *_ in filters)
+    dtype = dataset.dtype
+    shape = tuple(int(s) for s in dataset.shape)
+    chunks = None if dataset.chunks is None else tuple(int(c) for c in dataset.chunks)
+    itemsize = None if dtype.hasobject else dtype.itemsize  # variable-length: no fixed size
+    nbytes = math.prod(shape) * dtype.itemsize
+    stored = int(dataset.id.get_storage_size())
+    if chunks is not None:
+        grid = math.prod(math.ceil(d / c) for d, c in zip(shape, chunks))
+        n_stored = int(dataset.id.get_num_chunks())
+        chunk_nbytes = None if itemsize is None else math.prod(chunks) * itemsize
+        decoded = None if chunk_nbytes is None else n_stored * chunk_nbytes
+    else:
+        grid = n_stored = None  # type: ignore[assignment]
+        chunk_nbytes = None
+        decoded = nbytes if stored else 0
+    notes: list[LayoutFinding] = []
+    if chunks is not None and filters and decodable_filters(dataset) is None:
+        names = ", ".join(c.split("(")[0] for c in codecs)
+        notes.append(
+            LayoutFinding(
+                "serial-decode",
+                "info",
+                f"h5py decodes these chunks ({names}) under its process-wide lock, so threads "
+                "cannot decode them in parallel; mixle decodes gzip and shuffle itself, in "
+                "parallel",
+            )
+        )
+    report = ArrayReport(
+        path=path,
+        format="hdf5",
+        shape=shape,
+        dtype=str(dtype),
+        layout=layout,
+        chunks=chunks,
+        shards=None,
+        codecs=codecs,
+        inner_codecs=(),
+        compressed=compressed,
+        fill_value=plain_value(dataset.fillvalue),
+        order="C",
+        attributes=len(dataset.attrs),
+        nbytes=nbytes,
+        chunk_nbytes=chunk_nbytes,
+        chunks_in_grid=grid,
+        chunks_stored=n_stored,
+        shards_in_grid=None,
+        shards_stored=None,
+        stored_bytes=stored,
+        decoded_bytes=decoded,
+    )
+    return with_findings(report, patch, remote, notes)
+
+
+def _hdf5_filter(code: int, values: tuple[int, ...], name: bytes) -> str:
+    """One HDF5 filter spelled out from its id and client values."""
+    if code == 1:
+        return f"gzip(level={values[0] if values else 6})"
+    if code == 2:
+        return "shuffle"
+    if code == 3:
+        return "fletcher32"
+    if code == 4 and len(values) >= 2:
+        coding = "nn" if values[0] & 32 else "ec" if values[0] & 4 else f"mask={values[0]}"
+        return f"szip(coding={coding}, pixels_per_block={values[1]})"
+    if code == 5:
+        return "nbit"
+    if code == 6 and len(values) >= 2:
+        kind = {0: "float_dscale", 1: "float_escale", 2: "int"}.get(values[0], str(values[0]))
+        return f"scaleoffset(type={kind}, factor={values[1]})"
+    if code == 32000:
+        return "lzf"
+    if code == 32001 and len(values) >= 7:
+        cname = {0: "blosclz", 1: "lz4", 2: "lz4hc", 3: "snappy", 4: "zlib", 5: "zstd"}
+        shuffle = BLOSC_SHUFFLE.get(values[5], str(values[5]))
+        return (
+            f"blosc(cname={cname.get(values[6], values[6])}, clevel={values[4]}, shuffle={shuffle})"
+        )
+    if code == 32015:
+        return f"zstd(level={values[0] if values else 3})"
+    label = name.decode("ascii", "replace") if name else "filter"
+    return f"{label}(id={code}, values={list(values)})"

@@ -1,0 +1,122 @@
+"""Open whatever lives at a path or URL and describe it: :func:`inspect_store`."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from mixle.inspection.hdf5_files import inspect_hdf5
+from mixle.inspection.locations import HDF5_MAGIC, NPY_MAGIC, ZARR_METADATA, is_remote, url_fs
+from mixle.inspection.npy_files import inspect_npy
+from mixle.inspection.patches import PatchLike, parse_patch
+from mixle.inspection.report import StoreReport, UnsupportedStoreError
+from mixle.inspection.zarr_stores import inspect_zarr
+from mixle.utils.redact import display_path
+
+__all__ = ["inspect_store"]
+
+
+def inspect_store(
+    path_or_url: str | os.PathLike[str],
+    *,
+    storage_options: dict[str, Any] | None = None,
+    patch: PatchLike | None = None,
+) -> StoreReport:
+    """Describe the arrays in a zarr store, an HDF5 file or a ``.npy`` file.
+
+    Reads metadata and stored object sizes only; chunk data is never read or decoded, and
+    everything is opened read-only.
+
+    Parameters
+    ----------
+    path_or_url
+        A local path (zarr group or array folder, HDF5 file, ``.npy`` file) or a URL
+        (``file://``, ``http(s)://``, ``s3://``, ... through fsspec).
+    storage_options
+        Passed to fsspec for URLs (credentials, endpoints); never shown in the report.
+    patch
+        A patch shape (one int for every axis) to cost for every array it fits: expected
+        chunks touched and bytes decoded (:class:`PatchCost`). The warnings use it for their
+        numbers too (else a cube of edge :data:`DEFAULT_PATCH_EDGE`).
+
+    Returns
+    -------
+    StoreReport
+        The tree of groups and arrays with their findings.
+
+    Raises
+    ------
+    FileNotFoundError
+        When nothing exists at ``path_or_url``.
+    UnsupportedStoreError
+        When it exists but is not a zarr store, an HDF5 file or a ``.npy`` file.
+    TypeError, ValueError
+        For a bad ``path_or_url``, ``storage_options`` or ``patch``.
+    ImportError
+        When the library the store needs (zarr, h5py, fsspec) is missing.
+    """
+    if not isinstance(path_or_url, (str, os.PathLike)):
+        raise TypeError(f"path_or_url={path_or_url!r} must be a path or a URL string")
+    location = os.fspath(path_or_url)
+    if storage_options is not None and not isinstance(storage_options, dict):
+        raise TypeError(f"storage_options={storage_options!r} must be a dict of fsspec options")
+    edges = parse_patch(patch)
+    if location.startswith("file://"):
+        location = location[len("file://") :]
+    if storage_options and not is_remote(location):
+        raise ValueError(
+            f"storage_options only apply to URLs (such as s3://bucket/x.zarr); "
+            f"{display_path(location)!r} is not one"
+        )
+    kind = _detect(location, storage_options)
+    inspect = {"zarr": inspect_zarr, "hdf5": inspect_hdf5, "npy": inspect_npy}[kind]
+    root = inspect(location, storage_options, edges)
+    return StoreReport(display_path(path_or_url), kind, root, edges)
+
+
+def _detect(location: str, storage_options: dict[str, Any] | None) -> str:
+    """``"zarr"``, ``"hdf5"`` or ``"npy"``: what lives at ``location``."""
+    shown = display_path(location)
+    expected = "is not a zarr store, an HDF5 file or a .npy file"
+    if not is_remote(location):
+        if not os.path.exists(location):
+            raise FileNotFoundError(f"{shown!r} does not exist")
+        if os.path.isdir(location):
+            if any(os.path.isfile(os.path.join(location, m)) for m in ZARR_METADATA):
+                return "zarr"
+            raise UnsupportedStoreError(
+                f"{shown!r} {expected} (a folder with no zarr.json, .zarray or .zgroup)"
+            )
+        with open(location, "rb") as fh:
+            head = fh.read(8)
+        if head.startswith(NPY_MAGIC):
+            return "npy"
+        from mixle.utils.optional_deps import HAS_H5PY
+
+        if head == HDF5_MAGIC or (HAS_H5PY and _is_hdf5_local(location)):
+            return "hdf5"
+        raise UnsupportedStoreError(f"{shown!r} {expected}")
+    fs, path = url_fs(location, storage_options)
+    base = path.rstrip("/")
+    for name in ("zarr.json", ".zarray", ".zgroup"):
+        if fs.exists(f"{base}/{name}"):
+            return "zarr"
+    try:
+        with fs.open(path, "rb") as fh:
+            head = fh.read(8)
+    except (FileNotFoundError, IsADirectoryError):
+        raise FileNotFoundError(
+            f"{shown!r} does not exist (no file there, and no zarr.json, .zarray or .zgroup "
+            "below it)"
+        ) from None
+    if head.startswith(NPY_MAGIC):
+        return "npy"
+    if head == HDF5_MAGIC:
+        return "hdf5"
+    raise UnsupportedStoreError(f"{shown!r} {expected}")
+
+
+def _is_hdf5_local(path: str) -> bool:
+    import h5py
+
+    return bool(h5py.is_hdf5(path))  # also finds the signature after a user block

@@ -1,0 +1,346 @@
+"""zarr stores (format 2 and 3, sharded or not): metadata, codecs and stored object sizes."""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+import numpy as np
+
+from mixle.inspection.findings import with_findings
+from mixle.inspection.formatting import (
+    BLOSC_SHUFFLE,
+    plain_value,
+    shape_text,
+    spell_codec,
+    spell_value,
+)
+from mixle.inspection.locations import ZARR_METADATA, is_remote
+from mixle.inspection.report import ArrayReport, GroupReport, LayoutFinding, UnsupportedStoreError
+from mixle.utils.redact import display_path
+
+__all__ = ["MAX_PROBED_OBJECTS", "inspect_zarr"]
+
+#: Most stored objects whose size is asked for one by one (stores that cannot list, such as
+#: plain HTTP) or whose shard index is read to count inner chunks.
+MAX_PROBED_OBJECTS = 4096
+#: Size requests in flight at once when probing objects one by one.
+_PROBE_CONCURRENCY = 32
+#: zarr v3 codecs that do not compress.
+_ZARR_NOT_COMPRESSING = frozenset({"bytes", "transpose", "crc32c", "sharding_indexed", "vlen-utf8"})
+
+
+def inspect_zarr(
+    location: str, storage_options: dict[str, Any] | None, patch: tuple[int, ...] | None
+) -> GroupReport | ArrayReport:
+    """The root node (group or array) of the zarr store at ``location``, opened read-only."""
+    from mixle.reading.faults import retry_call
+    from mixle.utils.optional_deps import require
+
+    zarr = require("zarr", "zarr", feature="mixle inspect")
+    kwargs: dict[str, Any] = {"mode": "r"}
+    if storage_options:
+        kwargs["storage_options"] = storage_options
+    try:
+        node = retry_call(
+            lambda: zarr.open(store=location, **kwargs),
+            url=display_path(location),
+            key="(metadata)",
+            secrets=storage_options,
+        )
+    except (FileNotFoundError, ValueError) as exc:
+        raise UnsupportedStoreError(
+            f"{display_path(location)!r} holds zarr metadata but zarr cannot open it: "
+            f"{type(exc).__name__}: {exc}"
+        ) from None
+    remote = is_remote(location)
+    where = display_path(location)
+    return _zarr_node(zarr, node, "/", patch, remote, where, storage_options)
+
+
+def _zarr_node(
+    zarr: Any,
+    node: Any,
+    path: str,
+    patch: tuple[int, ...] | None,
+    remote: bool,
+    where: str,
+    secrets: Any,
+) -> GroupReport | ArrayReport:
+    fmt = f"zarr v{node.metadata.zarr_format}"
+    if isinstance(node, zarr.Array):
+        return _zarr_array(node, path, fmt, patch, remote, where, secrets)
+    members = sorted(node.members(), key=lambda m: m[0])
+    children = tuple(
+        _zarr_node(zarr, child, f"{path.rstrip('/')}/{name}", patch, remote, where, secrets)
+        for name, child in members
+    )
+    notes: list[LayoutFinding] = []
+    consolidated = getattr(node.metadata, "consolidated_metadata", None) is not None
+    if not members and not consolidated and _cannot_list(node.store):
+        notes.append(
+            LayoutFinding(
+                "members-unlisted",
+                "info",
+                "this store cannot list folders (plain HTTP), so members of a group without "
+                "consolidated metadata are not shown: inspect an array URL directly, or run "
+                "zarr.consolidate_metadata on the store",
+            )
+        )
+    return GroupReport(path, fmt, len(node.attrs), children, tuple(notes))
+
+
+def _zarr_array(
+    array: Any,
+    path: str,
+    fmt: str,
+    patch: tuple[int, ...] | None,
+    remote: bool,
+    where: str,
+    secrets: Any,
+) -> ArrayReport:
+    from mixle.data.sources.zarr_chunks import codec_chain
+
+    meta = array.metadata
+    dtype = np.dtype(array.dtype) if isinstance(array.dtype, np.dtype) else None
+    shape = tuple(int(s) for s in array.shape)
+    chunks = tuple(int(c) for c in array.chunks)
+    shards = None if array.shards is None else tuple(int(s) for s in array.shards)
+    itemsize = None if dtype is None or dtype.kind in "OT" else dtype.itemsize
+    codecs, inner, order, compressed = _zarr_codecs(meta)
+    grid = tuple(math.ceil(d / c) for d, c in zip(shape, shards or chunks))
+    inner_grid = tuple(math.ceil(d / c) for d, c in zip(shape, chunks))
+    notes: list[LayoutFinding] = []
+    sizes, why = _zarr_object_sizes(array, grid, remote)
+    stored_bytes = None if sizes is None else sum(sizes.values())
+    objects_stored = None if sizes is None else len(sizes)
+    chunks_stored: int | None = objects_stored
+    if sizes is None:
+        notes.append(LayoutFinding("sizes-unknown", "info", f"stored sizes unknown: {why}"))
+    elif shards is not None:
+        chunks_stored, why = _count_inner_chunks(array, sorted(sizes), where, secrets)
+        if chunks_stored is None:
+            notes.append(LayoutFinding("sizes-unknown", "info", f"inner chunks not counted: {why}"))
+    chunk_nbytes = None if itemsize is None else math.prod(chunks) * itemsize
+    decoded = None
+    if chunk_nbytes is not None and chunks_stored is not None:
+        decoded = chunks_stored * chunk_nbytes
+    if dtype is not None and chunks and codec_chain(array) is None and shards is None:
+        notes.append(
+            LayoutFinding(
+                "serial-decode",
+                "info",
+                "mixle has no direct decoder for these codecs, so zarr's own codec pipeline "
+                "decodes each chunk (slower for many small patches)",
+            )
+        )
+    report = ArrayReport(
+        path=path,
+        format=fmt,
+        shape=shape,
+        dtype=str(array.dtype),
+        layout="sharded" if shards is not None else "chunked",
+        chunks=chunks,
+        shards=shards,
+        codecs=codecs,
+        inner_codecs=inner,
+        compressed=compressed,
+        fill_value=plain_value(array.fill_value),
+        order=order,
+        attributes=len(array.attrs),
+        nbytes=math.prod(shape) * (itemsize or 0),
+        chunk_nbytes=chunk_nbytes,
+        chunks_in_grid=math.prod(inner_grid),
+        chunks_stored=chunks_stored,
+        shards_in_grid=None if shards is None else math.prod(grid),
+        shards_stored=None if shards is None else objects_stored,
+        stored_bytes=stored_bytes,
+        decoded_bytes=decoded,
+    )
+    return with_findings(report, patch, remote, notes)
+
+
+def _zarr_codecs(meta: Any) -> tuple[tuple[str, ...], tuple[str, ...], str, bool]:
+    """``(codecs, inner codecs, memory order, compressed)`` spelled from zarr metadata."""
+    if meta.zarr_format == 2:
+        steps = [*(meta.filters or ()), *([meta.compressor] if meta.compressor else [])]
+        return tuple(_numcodec(c) for c in steps), (), str(meta.order), meta.compressor is not None
+    outer = [c.to_dict() for c in meta.codecs]
+    inner: list[dict[str, Any]] = []
+    order = "C"
+    spelled: list[str] = []
+    for codec in outer:
+        config = dict(codec.get("configuration") or {})
+        if codec["name"] == "sharding_indexed":
+            inner = list(config.pop("codecs", ()))
+            config.pop("chunk_shape", None)
+        spelled.append(spell_codec(codec["name"], config))
+    for codec in [*outer, *inner]:
+        if codec["name"] == "transpose":
+            perm = tuple(codec["configuration"]["order"])
+            order = (
+                "C"
+                if perm == tuple(sorted(perm))
+                else "F"
+                if perm == tuple(sorted(perm, reverse=True))
+                else f"transpose{shape_text(perm)}"
+            )
+    compressed = any(c["name"] not in _ZARR_NOT_COMPRESSING for c in [*outer, *inner])
+    return tuple(spelled), tuple(spell_value(c) for c in inner), order, compressed
+
+
+def _numcodec(codec: Any) -> str:
+    config = dict(codec.get_config())
+    name = config.pop("id")
+    if name == "blosc" and config.get("shuffle") in BLOSC_SHUFFLE:
+        config["shuffle"] = BLOSC_SHUFFLE[config["shuffle"]]
+    return spell_codec(name, config)
+
+
+def _key_parser(meta: Any, ndim: int) -> Any:
+    """A function from a stored key (relative to the array) to grid coords, or ``None``."""
+    if meta.zarr_format == 2:
+        sep, prefix = meta.dimension_separator or ".", ""
+    else:
+        encoding = meta.chunk_key_encoding
+        sep = encoding.separator
+        prefix = "c" if getattr(encoding, "name", "default") == "default" else ""
+
+    def parse(key: str) -> tuple[int, ...] | None:
+        if prefix:
+            if key == prefix and ndim == 0:
+                return ()
+            if not key.startswith(prefix + sep):
+                return None
+            key = key[len(prefix) + 1 :]
+        parts = key.split(sep)
+        if ndim == 0:
+            return () if parts == ["0"] else None
+        if len(parts) != ndim or not all(p.isdigit() for p in parts):
+            return None
+        return tuple(int(p) for p in parts)
+
+    return parse
+
+
+def _zarr_object_sizes(
+    array: Any, grid: tuple[int, ...], remote: bool
+) -> tuple[dict[tuple[int, ...], int] | None, str]:
+    """Size of each stored chunk (or shard) object by grid coords; ``None`` and why if unknown."""
+    from zarr.storage import FsspecStore, LocalStore
+
+    parse = _key_parser(array.metadata, len(grid))
+    store = array.store
+    listed: dict[str, int] | None = None
+    if isinstance(store, LocalStore):
+        base = os.path.join(os.fspath(store.root), *filter(None, array.path.split("/")))
+        listed = _walk_sizes(base)
+    elif isinstance(store, FsspecStore) and not _cannot_list(store):
+        listed = _fsspec_sizes(store, array.path)
+    if listed is not None:
+        sizes: dict[tuple[int, ...], int] = {}
+        for key, size in listed.items():
+            coords = parse(key)
+            if coords is not None and all(c < g for c, g in zip(coords, grid)):
+                sizes[coords] = size
+        return sizes, ""
+    count = math.prod(grid)
+    if count > MAX_PROBED_OBJECTS:
+        return None, (
+            f"the store cannot list its objects and the grid has {count} of them, more than "
+            f"MAX_PROBED_OBJECTS={MAX_PROBED_OBJECTS} to ask for one by one"
+        )
+    return _probe_sizes(array, grid), ""
+
+
+def _walk_sizes(base: str) -> dict[str, int]:
+    sizes: dict[str, int] = {}
+    for folder, _dirs, files in os.walk(base):
+        rel = os.path.relpath(folder, base)
+        for name in files:
+            if name in ZARR_METADATA:
+                continue
+            key = name if rel == "." else f"{rel.replace(os.sep, '/')}/{name}"
+            sizes[key] = os.stat(os.path.join(folder, name)).st_size
+    return sizes
+
+
+def _fsspec_sizes(store: Any, array_path: str) -> dict[str, int]:
+    fs = store.fs
+    root = "/".join(p for p in (store.path.rstrip("/"), array_path.strip("/")) if p)
+    root = fs._strip_protocol(root).rstrip("/")
+    if getattr(fs, "async_impl", False):
+        from zarr.core.sync import sync
+
+        found = sync(fs._find(root, detail=True))
+    else:
+        found = fs.find(root, detail=True)
+    sizes: dict[str, int] = {}
+    for name, info in found.items():
+        name = fs._strip_protocol(name)
+        if not name.startswith(root + "/") or name.rsplit("/", 1)[-1] in ZARR_METADATA:
+            continue
+        sizes[name[len(root) + 1 :]] = int(info.get("size") or 0)
+    return sizes
+
+
+def _probe_sizes(array: Any, grid: tuple[int, ...]) -> dict[tuple[int, ...], int]:
+    """Ask the store for the size of every object in the grid, a few requests at a time."""
+    import asyncio
+
+    from zarr.core.sync import sync
+
+    from mixle.reading.faults import retry_async
+
+    store, meta = array.store, array.metadata
+    prefix = f"{array.path.strip('/')}/" if array.path.strip("/") else ""
+    coords = [tuple(int(i) for i in c) for c in np.ndindex(*grid)]
+
+    async def all_sizes() -> list[int | None]:
+        gate = asyncio.Semaphore(_PROBE_CONCURRENCY)
+
+        async def one(c: tuple[int, ...]) -> int | None:
+            key = prefix + meta.encode_chunk_key(c)
+            async with gate:
+                try:
+                    return int(
+                        await retry_async(lambda: store.getsize(key), url=f"{store}/{key}", key=key)
+                    )
+                except FileNotFoundError:
+                    return None
+
+        return await asyncio.gather(*(one(c) for c in coords))
+
+    found = sync(all_sizes())
+    return {c: s for c, s in zip(coords, found) if s is not None}
+
+
+def _count_inner_chunks(
+    array: Any, shards: list[tuple[int, ...]], where: str, secrets: Any
+) -> tuple[int | None, str]:
+    """Inner chunks written in the stored ``shards``, counted from their shard indices."""
+    from mixle.data.sources.zarr_shards import ShardedZarrReader
+
+    reader = ShardedZarrReader.for_array(array, where, where, secrets)
+    if reader is None:
+        return None, "codecs around the shards that mixle does not read itself"
+    if len(shards) > MAX_PROBED_OBJECTS:
+        return None, (
+            f"{len(shards)} shards stored, more than MAX_PROBED_OBJECTS={MAX_PROBED_OBJECTS} "
+            "indices to read"
+        )
+    empty = np.uint64(2**64 - 1)
+    total = 0
+    for index in reader._shard_indices(shards).values():
+        if index is not None:
+            total += int(np.count_nonzero((index[..., 0] != empty) | (index[..., 1] != empty)))
+    return total, ""
+
+
+def _cannot_list(store: Any) -> bool:
+    """Whether ``store`` is a plain HTTP(S) store, whose folders cannot be listed reliably."""
+    fs = getattr(store, "fs", None)
+    protocol = getattr(fs, "protocol", ())
+    protocols = (protocol,) if isinstance(protocol, str) else tuple(protocol)
+    return any(p in ("http", "https") for p in protocols)

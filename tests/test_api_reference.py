@@ -1,8 +1,8 @@
 """Every public name is in the API reference (docs/api/*.md), and the reference is in the nav.
 
-Cheap: parses the markdown and the packages' ``__all__`` (mixle.jax and mixle.plot with
-``ast``, so jax and matplotlib are never imported); the mkdocs build itself runs in CI
-(.ci/run, ``mkdocs build --strict``) and checks that every target exists and renders.
+Cheap: parses the markdown and the packages' ``__all__`` (``OPTIONAL_PACKAGES`` with ``ast``,
+so jax and matplotlib are never imported); the mkdocs build itself runs in CI (.ci/run,
+``mkdocs build --strict``) and checks that every target exists and renders.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ API = ROOT / "docs" / "api"
 DIRECTIVE = re.compile(r"^:::\s+(?P<target>[\w.]+)\s*$")
 OPTION = re.compile(r"^\s+(?P<key>\w+):\s*(?P<value>.*)$")
 LIST_ITEM = re.compile(r"^\s+-\s+(?P<item>\w+)\s*$")
+#: Public subpackages whose names the reference covers too (read with ``ast``, never imported).
+OPTIONAL_PACKAGES = ("mixle.jax", "mixle.plot", "mixle.inspection")
 
 
 @dataclass
@@ -126,11 +128,10 @@ def static_all(path: Path) -> list[str]:
 def public_names() -> list[tuple[str, str]]:
     """(package, name) for every name the reference must document."""
     names = [("mixle", n) for n in mixle.__all__ if n != "__version__"]
-    names += [("mixle.jax", n) for n in static_all(ROOT / "mixle" / "jax" / "__init__.py")]
-    plot = ROOT / "mixle" / "plot"
-    plot_init = plot / "__init__.py" if plot.is_dir() else ROOT / "mixle" / "plot.py"
-    if plot_init.exists():
-        names += [("mixle.plot", n) for n in static_all(plot_init)]
+    for package in OPTIONAL_PACKAGES:
+        path = module_file(package)
+        if path is not None:
+            names += [(package, n) for n in static_all(path)]
     return names
 
 

@@ -20,7 +20,13 @@ import pytest
 
 from mixle.cli import demo as demo_module
 from mixle.cli import main
-from mixle.cli._demo_volume import checksum, checksum_weights, ct_slab, write_volume
+from mixle.cli._demo_volume import (
+    _deferred_interrupt,
+    checksum,
+    checksum_weights,
+    ct_slab,
+    write_volume,
+)
 from mixle.cli.demo import DEFAULT_PNG, run_demo
 from mixle.reading import chunk_cache, set_chunk_cache_bytes
 
@@ -105,6 +111,20 @@ def test_write_volume_holds_the_slabs(tmp_path, backend):
     assert np.array_equal(data, ct_slab(shape, 0, 20, seed=2))
     assert calls == [8, 8, 4] and volume.chunks == (8, 8, 8)
     assert checksum(data, checksum_weights(shape, 2)) == volume.checksum
+
+
+def test_ctrl_c_during_a_store_write_is_held_until_the_write_ends():
+    before = signal.getsignal(signal.SIGINT)
+    reached = []
+
+    def write() -> None:
+        with _deferred_interrupt():
+            os.kill(os.getpid(), signal.SIGINT)
+            reached.append("the rest of the write ran")
+
+    with pytest.raises(KeyboardInterrupt):
+        write()
+    assert reached and signal.getsignal(signal.SIGINT) is before
 
 
 def test_write_volume_rejects_an_unknown_backend(tmp_path):

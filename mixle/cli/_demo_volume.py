@@ -8,7 +8,10 @@ backend, and an exact position-weighted checksum of it is computed while it is w
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -166,6 +169,30 @@ def checksum(block: np.ndarray, weights: tuple[np.ndarray, ...]) -> int:
     return int(total)
 
 
+@contextmanager
+def _deferred_interrupt() -> Iterator[None]:
+    """Hold Ctrl-C until the block ends.
+
+    zarr writes chunks on its own event-loop thread; interrupting the call that waits for
+    them would leave that thread writing into a folder being removed (and recreating it).
+    In the main thread, a SIGINT received inside the block is delivered when it ends.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[tuple[int, object]] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: received.append((signum, frame)))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if received:
+            if callable(previous):
+                previous(*received[0])
+            elif previous != signal.SIG_IGN:
+                raise KeyboardInterrupt
+
+
 @dataclass(frozen=True)
 class WrittenVolume:
     """A volume the demo wrote: where, how, and the checksum of what it holds."""
@@ -237,7 +264,9 @@ def write_volume(
         path = folder / "volume.zarr"
         arr = zarr.create_array(str(path), shape=shape, chunks=chunks, dtype=DTYPE, fill_value=0)
         for z0, z1 in _slabs(shape[0], chunks[0]):
-            arr[z0:z1] = generate(z0, z1)
+            slab = generate(z0, z1)
+            with _deferred_interrupt():
+                arr[z0:z1] = slab
             if on_slab is not None:
                 on_slab(z1 - z0)
         source: ArraySource = read_zarr(path)

@@ -33,7 +33,11 @@ def format_mib(mib: float) -> str:
 
 
 def format_table(runs: list[RunStats]) -> list[str]:
-    """An aligned table, one row per run: patches/s, MiB/s, batches, cache hit rate, RSS."""
+    """An aligned table, one row per run: patches/s, MiB/s, batches, cache hit rate, RSS.
+
+    The hit rate is ``-`` for a run that never looked in the chunk cache (memmaps copy
+    straight from the file).
+    """
     header = ("run", "patches", "batches", "patches/s", "MiB/s", "cache hits", "peak RSS MiB")
     rows = [
         (
@@ -42,7 +46,7 @@ def format_table(runs: list[RunStats]) -> list[str]:
             f"{r.batches}",
             f"{r.patches_per_s:.0f}",
             f"{r.mib_per_s:.1f}",
-            f"{100 * r.hit_rate:.0f}%",
+            f"{100 * r.hit_rate:.0f}%" if r.cache_hits + r.cache_misses else "-",
             "?" if r.peak_rss_mib is None else f"{r.peak_rss_mib:.0f}",
         )
         for r in runs

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 
 import numpy as np
 
@@ -180,7 +181,7 @@ def _deferred_interrupt() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    received: list[tuple[int, object]] = []
+    received: list[tuple[int, FrameType | None]] = []
     previous = signal.signal(signal.SIGINT, lambda signum, frame: received.append((signum, frame)))
     try:
         yield

@@ -283,6 +283,28 @@ def test_cli_no_png_draws_nothing(own_tmp, capsys):
     assert list(Path.cwd().iterdir()) == []
 
 
+def test_cli_without_matplotlib_or_jax_says_what_to_install(own_tmp, capsys, monkeypatch):
+    import mixle.cli._demo_options as options
+
+    monkeypatch.setattr(options, "HAS_MATPLOTLIB", False)
+    monkeypatch.setattr(demo_module, "HAS_MATPLOTLIB", False)
+    monkeypatch.setattr(demo_module, "HAS_JAX", False)
+    assert main(["demo", *SMALL]) == 0
+    text = capsys.readouterr().out
+    assert 'no picture: pip install "mixle[plot]" for one' in text
+    assert 'jax: not installed (pip install "mixle[jax]")' in text
+    assert list(Path.cwd().iterdir()) == []
+    with pytest.raises(SystemExit) as info:
+        main(["demo", *SMALL, "--png", "p.png"])
+    assert info.value.code == 2 and "--png=p.png: the picture needs matplotlib" in (
+        capsys.readouterr().err
+    )
+    with pytest.raises(ImportError, match=r"mixle\[plot\]"):
+        run_demo(size=32, png="p.png", out=io.StringIO())
+    with pytest.raises(ImportError, match=r"mixle\[jax\]"):
+        run_demo(size=32, use_jax=True, out=io.StringIO())
+
+
 def test_cli_keep_prints_the_kept_folder(own_tmp, capsys):
     assert main(["demo", *SMALL, "--no-jax", "--no-png", "--keep"]) == 0
     text = capsys.readouterr().out

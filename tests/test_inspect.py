@@ -679,3 +679,81 @@ def test_s3_listing_sizes_and_storage_options_via_the_cli(samples, capsys):
     assert volume["path"] == "/raw/volume" and volume["chunks_stored"] == 2
     assert volume["stored_bytes"] == sum(chunk_files(samples / "tree.zarr/raw/volume").values())
     assert MotoS3Server.SECRET not in json.dumps(data)
+
+
+# -- unusual dtypes, shapes and headers ------------------------------------------------------
+def test_structured_dtypes_are_reported_not_crashed_on(tmp_path):
+    dt = np.dtype([("a", "<i4"), ("b", "<f8")])
+    arr = zarr.create_array(str(tmp_path / "s.zarr"), shape=(4,), chunks=(2,), dtype=dt,
+                            zarr_format=2)  # fmt: skip
+    arr[:] = np.zeros(4, dtype=dt)
+    with h5py.File(tmp_path / "c.h5", "w") as f:
+        f.create_dataset("compound", data=np.zeros(4, dtype=dt), chunks=(2,), compression="gzip")
+    for report in (inspect_store(tmp_path / "s.zarr", patch=2), inspect_store(tmp_path / "c.h5")):
+        a = report.arrays()[0]
+        assert a.itemsize == 12 and a.nbytes == 48 and a.chunk_nbytes == 24
+    cost = inspect_store(tmp_path / "s.zarr", patch=2).root.patch_cost
+    assert cost is not None and cost.patch_bytes == 24
+
+
+def test_arrays_with_an_empty_axis_have_no_patches(tmp_path, capsys):
+    zarr.create_array(str(tmp_path / "e.zarr"), shape=(0, 10), chunks=(5, 5), dtype="f4")
+    with h5py.File(tmp_path / "e.h5", "w") as f:
+        f.create_dataset("rows", shape=(0, 10), maxshape=(None, 10), chunks=(1, 10), dtype="f4")
+    for path in (tmp_path / "e.zarr", tmp_path / "e.h5"):
+        a = inspect_store(path, patch=2).arrays()[0]
+        assert a.nbytes == 0 and a.chunks_in_grid == 0 and a.patch_cost is None
+        assert a.findings[0].message == "no patch cost: shape (0, 10) is empty (an axis of length 0)"
+        assert main(["inspect", str(path)]) == 0
+    capsys.readouterr()
+    with pytest.raises(ValueError, match=r"shape \(0, 10\) is empty"):
+        patch_cost((0, 10), (5, 5), 4, 1)
+
+
+def test_variable_length_dtypes_have_no_fixed_size(tmp_path, capsys):
+    strings = zarr.create_array(str(tmp_path / "s.zarr"), shape=(4,), chunks=(2,), dtype=str)
+    strings[:] = np.array(["a", "bb", "ccc", "d"])
+    with h5py.File(tmp_path / "v.h5", "w") as f:
+        f.create_dataset("names", data=["a", "bb"], dtype=h5py.string_dtype())
+    np.save(tmp_path / "o.npy", np.array([1, "x"], dtype=object), allow_pickle=True)
+    for path in (tmp_path / "s.zarr", tmp_path / "v.h5", tmp_path / "o.npy"):
+        a = inspect_store(path, patch=1).arrays()[0]
+        assert (a.itemsize, a.nbytes, a.decoded_bytes, a.patch_cost) == (None, None, None, None)
+        assert "patch-not-costed" in codes(a)
+        assert main(["inspect", str(path)]) == 0
+        assert "whole array variable size" in capsys.readouterr().out
+
+
+def test_npy_format_3_headers_are_utf8(tmp_path):
+    with open(tmp_path / "v3.npy", "wb") as fh:
+        np.lib.format.write_array(fh, np.zeros(3, dtype=[("é", "<i4")]), version=(3, 0))
+    with open(tmp_path / "v2.npy", "wb") as fh:
+        np.lib.format.write_array(fh, np.zeros((2, 3), dtype=">f8"), version=(2, 0))
+    v3 = inspect_store(tmp_path / "v3.npy").root
+    assert v3.dtype == "[('é', '<i4')]" and v3.stored_bytes == 12
+    v2 = inspect_store(tmp_path / "v2.npy").root
+    assert (v2.dtype, v2.shape, v2.stored_bytes) == (">f8", (2, 3), 48)
+
+
+@pytest.mark.usefixtures("fast_retries")
+def test_remote_npy_reads_its_header_not_its_data(tmp_path):
+    from mixle.inspection.locations import HEAD_READ_BYTES
+
+    np.save(tmp_path / "big.npy", np.zeros((256, 1024), dtype="f4"))  # 1 MiB of data
+    with RangeHTTPServer(tmp_path) as server:
+        a = inspect_store(f"{server.url}/big.npy").root
+        ranges = [r for method, _, r in server.faults.log if method == "GET" and r]
+    assert a.shape == (256, 1024) and a.stored_bytes == 2**20
+    ends = [int(r.split("-")[1]) for r in ranges]
+    assert ends and max(ends) < HEAD_READ_BYTES + 16  # fsspec's default read-ahead: 5 MiB
+
+
+def test_sharded_reader_counts_written_inner_chunks(samples):
+    from mixle.data.sources.zarr_shards import ShardedZarrReader
+
+    reader = ShardedZarrReader.for_array(zarr.open_array(str(samples / "sharded.zarr"), mode="r"))
+    assert reader is not None
+    assert reader.inner_chunks_written([(0, 0), (0, 1), (1, 1)]) == 2
+    index = reader.shard_indices([(0, 0)])[(0, 0)]
+    assert index is not None and index.shape == (2, 2, 2)
+    assert reader.shard_indices([(1, 1)]) == {(1, 1): None}

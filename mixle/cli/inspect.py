@@ -104,7 +104,8 @@ def _array_lines(
         ratio = a.compression_ratio
         if ratio is not None:
             stored += f" (ratio {ratio:.3g}x)"
-    rows.append(("stored", f"{stored}; whole array {format_bytes(a.nbytes)} decoded"))
+    whole = "variable size" if a.nbytes is None else f"{format_bytes(a.nbytes)} decoded"
+    rows.append(("stored", f"{stored}; whole array {whole}"))
     cost = a.patch_cost
     if cost is not None:
         edge = "x".join(map(str, cost.patch))

@@ -9,8 +9,6 @@ import math
 from collections.abc import Sequence
 from dataclasses import replace
 
-import numpy as np
-
 from mixle.inspection.formatting import format_bytes, patch_text, shape_text, times_text
 from mixle.inspection.patches import fit_patch, patch_cost, suggest_chunks
 from mixle.inspection.report import ArrayReport, LayoutFinding, PatchCost
@@ -52,18 +50,19 @@ def with_findings(
     """``report`` with its layout findings and (when ``patch`` was asked) its patch cost."""
     found: list[LayoutFinding] = []
     cost: PatchCost | None = None
-    itemsize = np.dtype(report.dtype).itemsize if report.chunk_nbytes is not None else 0
-    fitted = fit_patch(report.shape, patch) if report.shape else "a 0-d array has no patches"
-    if isinstance(fitted, str):
+    itemsize = report.itemsize
+    fitted = fit_patch(report.shape, patch)
+    if isinstance(fitted, str) or itemsize is None:
         if patch is not None:
-            found.append(LayoutFinding("patch-not-costed", "info", f"no patch cost: {fitted}"))
-    elif report.chunks is not None and report.chunk_nbytes is not None:
+            why = fitted if isinstance(fitted, str) else f"dtype {report.dtype} has no fixed size"
+            found.append(LayoutFinding("patch-not-costed", "info", f"no patch cost: {why}"))
+    elif report.chunks is not None:
         default = patch_cost(report.shape, report.chunks, itemsize, fitted, report.shards)
         found.extend(_chunk_findings(report, default, patch is not None, remote))
         if patch is not None:
             cost = default
-    elif patch is not None and report.chunks is None and report.layout != "virtual":
-        cost = patch_cost(report.shape, None, np.dtype(report.dtype).itemsize, fitted)
+    elif patch is not None and report.layout != "virtual":
+        cost = patch_cost(report.shape, None, itemsize, fitted)
     found.extend(_storage_findings(report))
     found.extend(extra)
     return replace(report, findings=tuple(found), patch_cost=cost)
@@ -73,9 +72,9 @@ def _chunk_findings(
     a: ArrayReport, cost: PatchCost, explicit: bool, remote: bool
 ) -> list[LayoutFinding]:
     assert a.chunks is not None and a.chunk_nbytes is not None and cost.chunks_touched is not None
+    assert a.itemsize is not None and a.nbytes is not None
     found: list[LayoutFinding] = []
-    shape, chunks, size = a.shape, a.chunks, a.chunk_nbytes
-    itemsize = np.dtype(a.dtype).itemsize
+    shape, chunks, size, itemsize = a.shape, a.chunks, a.chunk_nbytes, a.itemsize
     unit = "inner chunks" if a.shards is not None else "chunks"
     what = f"{unit} {shape_text(chunks)} {a.dtype} = {format_bytes(size)} decoded"
     which = "a" if explicit else "e.g. a"
@@ -193,7 +192,7 @@ def _storage_findings(a: ArrayReport) -> list[LayoutFinding]:
                 f"{a.fill_value!r} without any I/O",
             )
         )
-    if a.chunks is None and a.stored_bytes == 0 and a.nbytes > 0:
+    if a.chunks is None and a.stored_bytes == 0 and a.nbytes:
         found.append(
             LayoutFinding(
                 "missing-chunks",
@@ -202,7 +201,7 @@ def _storage_findings(a: ArrayReport) -> list[LayoutFinding]:
             )
         )
     ratio = a.compression_ratio
-    big = (a.chunk_nbytes or a.nbytes) >= SMALL_CHUNK_BYTES  # tiny chunks: codec headers
+    big = (a.chunk_nbytes or a.nbytes or 0) >= SMALL_CHUNK_BYTES  # tiny chunks: codec headers
     if a.compressed and big and ratio is not None and ratio < POOR_COMPRESSION_RATIO:
         found.append(
             LayoutFinding(

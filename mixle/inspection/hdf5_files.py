@@ -104,7 +104,7 @@ def _hdf5_dataset(
     shape = tuple(int(s) for s in dataset.shape)
     chunks = None if dataset.chunks is None else tuple(int(c) for c in dataset.chunks)
     itemsize = None if dtype.hasobject else dtype.itemsize  # variable-length: no fixed size
-    nbytes = math.prod(shape) * dtype.itemsize
+    nbytes = None if itemsize is None else math.prod(shape) * itemsize
     stored = int(dataset.id.get_storage_size())
     if chunks is not None:
         grid = math.prod(math.ceil(d / c) for d, c in zip(shape, chunks))
@@ -132,6 +132,7 @@ def _hdf5_dataset(
         format="hdf5",
         shape=shape,
         dtype=str(dtype),
+        itemsize=itemsize,
         layout=layout,
         chunks=chunks,
         shards=None,

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import ast
 import math
 import os
+import struct
 from typing import Any
 
 import numpy as np
 
 from mixle.inspection.findings import with_findings
 from mixle.inspection.formatting import format_bytes
-from mixle.inspection.locations import is_remote, url_fs
+from mixle.inspection.locations import is_remote, open_head, url_fs
 from mixle.inspection.report import ArrayReport, LayoutFinding, UnsupportedStoreError
 from mixle.utils.redact import display_path
 
@@ -23,18 +25,19 @@ def inspect_npy(
     """The array in the ``.npy`` file at ``location``, from its header and the file size."""
     if is_remote(location):
         fs, path = url_fs(location, storage_options)
-        size = int(fs.size(path))
-        with fs.open(path, "rb") as fh:
+        with open_head(fs, path) as fh:
+            size = int(fh.size)
             header = _npy_header(fh, location)
     else:
         size = os.path.getsize(location)
         with open(location, "rb") as fh:
             header = _npy_header(fh, location)
     shape, fortran, dtype, offset = header
-    nbytes = math.prod(shape) * dtype.itemsize
+    itemsize = None if dtype.hasobject else dtype.itemsize
+    nbytes = None if itemsize is None else math.prod(shape) * itemsize
     stored = size - offset
     notes: list[LayoutFinding] = []
-    if dtype.hasobject:
+    if nbytes is None:
         notes.append(
             LayoutFinding("sizes-unknown", "info", "holds pickled Python objects: not mappable")
         )
@@ -52,6 +55,7 @@ def inspect_npy(
         format="npy",
         shape=shape,
         dtype=str(dtype),
+        itemsize=itemsize,
         layout="contiguous",
         chunks=None,
         shards=None,
@@ -68,20 +72,35 @@ def inspect_npy(
         shards_in_grid=None,
         shards_stored=None,
         stored_bytes=stored,
-        decoded_bytes=None if dtype.hasobject else min(stored, nbytes),
+        decoded_bytes=None if nbytes is None else min(stored, nbytes),
     )
     return with_findings(report, patch, is_remote(location), notes)
 
 
 def _npy_header(fh: Any, location: str) -> tuple[tuple[int, ...], bool, np.dtype, int]:
-    """``(shape, fortran_order, dtype, data offset)`` from a ``.npy`` header."""
+    """``(shape, fortran_order, dtype, data offset)`` from a ``.npy`` header (format 1, 2 or 3)."""
     fmt = np.lib.format
     try:
         version = fmt.read_magic(fh)
-        read = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
-        shape, fortran, dtype = read(fh)
-    except ValueError as exc:
+        if version == (1, 0):
+            shape, fortran, dtype = fmt.read_array_header_1_0(fh)
+        elif version == (2, 0):
+            shape, fortran, dtype = fmt.read_array_header_2_0(fh)
+        elif version == (3, 0):
+            shape, fortran, dtype = _npy_header_3_0(fh)
+        else:
+            raise ValueError(f"format version {version} is not 1.0, 2.0 or 3.0")
+    except (ValueError, SyntaxError, KeyError, struct.error) as exc:
         raise UnsupportedStoreError(
             f"{display_path(location)!r} has a broken .npy header: {exc}"
         ) from None
     return tuple(int(s) for s in shape), bool(fortran), np.dtype(dtype), int(fh.tell())
+
+
+def _npy_header_3_0(fh: Any) -> tuple[Any, Any, np.dtype]:
+    """A format 3.0 header: format 2.0 with UTF-8 text (numpy reads it as latin-1)."""
+    (length,) = struct.unpack("<I", fh.read(4))
+    header = ast.literal_eval(fh.read(length).decode("utf-8"))
+    if not isinstance(header, dict):
+        raise ValueError(f"the header is not a dict: {header!r}")
+    return header["shape"], header["fortran_order"], np.lib.format.descr_to_dtype(header["descr"])

@@ -136,6 +136,10 @@ def patch_cost(
 
 def fit_patch(shape: tuple[int, ...], patch: tuple[int, ...] | None) -> tuple[int, ...] | str:
     """``patch`` broadcast to ``shape``'s axes, or a sentence saying why it does not fit."""
+    if not shape:
+        return "a 0-d array has no patches"
+    if 0 in shape:
+        return f"shape {shape_text(shape)} is empty (an axis of length 0)"
     if patch is None:
         return tuple(min(DEFAULT_PATCH_EDGE, d) for d in shape)
     if len(patch) == 1:

@@ -108,6 +108,8 @@ class ArrayReport:
         ``"zarr v2"``, ``"zarr v3"``, ``"hdf5"`` or ``"npy"``.
     shape, dtype
         Array shape and dtype (``str(numpy dtype)``).
+    itemsize
+        Bytes per element; ``None`` for variable-length dtypes (strings, Python objects).
     layout
         ``"chunked"``, ``"sharded"``, ``"contiguous"``, ``"compact"``, ``"virtual"`` or
         ``"external"``.
@@ -129,7 +131,7 @@ class ArrayReport:
     attributes
         Number of user attributes.
     nbytes
-        Decoded size of the whole array.
+        Decoded size of the whole array; ``None`` for variable-length dtypes.
     chunk_nbytes
         Decoded size of one chunk; ``None`` when unchunked or for variable-size dtypes.
     chunks_in_grid, chunks_stored
@@ -152,6 +154,7 @@ class ArrayReport:
     format: str
     shape: tuple[int, ...]
     dtype: str
+    itemsize: int | None
     layout: str
     chunks: tuple[int, ...] | None
     shards: tuple[int, ...] | None
@@ -161,7 +164,7 @@ class ArrayReport:
     fill_value: Any
     order: str
     attributes: int
-    nbytes: int
+    nbytes: int | None
     chunk_nbytes: int | None
     chunks_in_grid: int | None
     chunks_stored: int | None
@@ -205,6 +208,7 @@ class ArrayReport:
             "format": self.format,
             "shape": list(self.shape),
             "dtype": self.dtype,
+            "itemsize": self.itemsize,
             "layout": self.layout,
             "chunks": None if self.chunks is None else list(self.chunks),
             "shards": None if self.shards is None else list(self.shards),

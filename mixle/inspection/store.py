@@ -6,7 +6,14 @@ import os
 from typing import Any
 
 from mixle.inspection.hdf5_files import inspect_hdf5
-from mixle.inspection.locations import HDF5_MAGIC, NPY_MAGIC, ZARR_METADATA, is_remote, url_fs
+from mixle.inspection.locations import (
+    HDF5_MAGIC,
+    NPY_MAGIC,
+    ZARR_METADATA,
+    is_remote,
+    open_head,
+    url_fs,
+)
 from mixle.inspection.npy_files import inspect_npy
 from mixle.inspection.patches import PatchLike, parse_patch
 from mixle.inspection.report import StoreReport, UnsupportedStoreError
@@ -102,7 +109,7 @@ def _detect(location: str, storage_options: dict[str, Any] | None) -> str:
         if fs.exists(f"{base}/{name}"):
             return "zarr"
     try:
-        with fs.open(path, "rb") as fh:
+        with open_head(fs, path) as fh:
             head = fh.read(8)
     except (FileNotFoundError, IsADirectoryError):
         raise FileNotFoundError(

@@ -140,6 +140,7 @@ def _zarr_array(
         format=fmt,
         shape=shape,
         dtype=str(array.dtype),
+        itemsize=itemsize,
         layout="sharded" if shards is not None else "chunked",
         chunks=chunks,
         shards=shards,
@@ -149,7 +150,7 @@ def _zarr_array(
         fill_value=plain_value(array.fill_value),
         order=order,
         attributes=len(array.attrs),
-        nbytes=math.prod(shape) * (itemsize or 0),
+        nbytes=None if itemsize is None else math.prod(shape) * itemsize,
         chunk_nbytes=chunk_nbytes,
         chunks_in_grid=math.prod(inner_grid),
         chunks_stored=chunks_stored,
@@ -330,12 +331,7 @@ def _count_inner_chunks(
             f"{len(shards)} shards stored, more than MAX_PROBED_OBJECTS={MAX_PROBED_OBJECTS} "
             "indices to read"
         )
-    empty = np.uint64(2**64 - 1)
-    total = 0
-    for index in reader._shard_indices(shards).values():
-        if index is not None:
-            total += int(np.count_nonzero((index[..., 0] != empty) | (index[..., 1] != empty)))
-    return total, ""
+    return reader.inner_chunks_written(shards), ""
 
 
 def _cannot_list(store: Any) -> bool:

@@ -123,10 +123,29 @@ class ShardedZarrReader:
                 )
         return np.frombuffer(body, dtype="<u8").reshape(*self._per_shard, 2)
 
-    def _shard_indices(
+    def shard_indices(
         self, shards: Sequence[tuple[int, ...]]
     ) -> dict[tuple[int, ...], np.ndarray | None]:
-        """Indices of ``shards``: cached ones at once, the rest fetched in one call."""
+        """Parsed indices of ``shards``: cached ones at once, the rest fetched in one call.
+
+        Parameters
+        ----------
+        shards
+            Shard grid coordinates.
+
+        Returns
+        -------
+        dict
+            For each shard, its index as a ``uint64`` array of shape
+            ``(*inner chunks per shard, 2)`` holding ``(offset, length)`` pairs
+            (``2**64 - 1`` twice: inner chunk never written), or ``None`` when the shard
+            itself was never written.
+
+        Raises
+        ------
+        CorruptChunkError
+            When an index is truncated or its checksum does not match.
+        """
         found: dict[tuple[int, ...], np.ndarray | None] = {}
         with self._lock:
             for shard in shards:
@@ -147,6 +166,27 @@ class ShardedZarrReader:
                 while len(self._indices) > SHARD_INDEX_CACHE_ENTRIES:
                     self._indices.popitem(last=False)
         return found
+
+    def inner_chunks_written(self, shards: Sequence[tuple[int, ...]]) -> int:
+        """How many inner chunks the shards ``shards`` hold, counted from their indices.
+
+        Parameters
+        ----------
+        shards
+            Shard grid coordinates; shards never written count 0.
+
+        Returns
+        -------
+        int
+            Index entries not marked as never written, over all ``shards``.
+        """
+        total = 0
+        for index in self.shard_indices(shards).values():
+            if index is not None:
+                total += int(
+                    np.count_nonzero((index[..., 0] != _EMPTY) | (index[..., 1] != _EMPTY))
+                )
+        return total
 
     # -- the reader protocol ----------------------------------------------------------
     def fetch_many(self, coords: Sequence[tuple[int, ...]]) -> list[bytes | None]:
@@ -181,7 +221,7 @@ class ShardedZarrReader:
         """Coalesced range requests for ``coords``, their members, and chunks never written."""
         per = self._per_shard
         shard_of = [tuple(c // n for c, n in zip(cs, per)) for cs in coords]
-        indices = self._shard_indices(list(dict.fromkeys(shard_of)))
+        indices = self.shard_indices(list(dict.fromkeys(shard_of)))
         wanted: dict[tuple[int, ...], list[tuple[int, int, int]]] = {}
         empty: list[int] = []
         for k, (cs, shard) in enumerate(zip(coords, shard_of)):

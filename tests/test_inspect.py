@@ -703,7 +703,8 @@ def test_arrays_with_an_empty_axis_have_no_patches(tmp_path, capsys):
     for path in (tmp_path / "e.zarr", tmp_path / "e.h5"):
         a = inspect_store(path, patch=2).arrays()[0]
         assert a.nbytes == 0 and a.chunks_in_grid == 0 and a.patch_cost is None
-        assert a.findings[0].message == "no patch cost: shape (0, 10) is empty (an axis of length 0)"
+        empty = "no patch cost: shape (0, 10) is empty (an axis of length 0)"
+        assert a.findings[0].message == empty
         assert main(["inspect", str(path)]) == 0
     capsys.readouterr()
     with pytest.raises(ValueError, match=r"shape \(0, 10\) is empty"):
@@ -715,6 +716,7 @@ def test_variable_length_dtypes_have_no_fixed_size(tmp_path, capsys):
     strings[:] = np.array(["a", "bb", "ccc", "d"])
     with h5py.File(tmp_path / "v.h5", "w") as f:
         f.create_dataset("names", data=["a", "bb"], dtype=h5py.string_dtype())
+        f.create_dataset("unwritten", shape=(3,), dtype=h5py.vlen_dtype("i4"))
     np.save(tmp_path / "o.npy", np.array([1, "x"], dtype=object), allow_pickle=True)
     for path in (tmp_path / "s.zarr", tmp_path / "v.h5", tmp_path / "o.npy"):
         a = inspect_store(path, patch=1).arrays()[0]
@@ -722,6 +724,8 @@ def test_variable_length_dtypes_have_no_fixed_size(tmp_path, capsys):
         assert "patch-not-costed" in codes(a)
         assert main(["inspect", str(path)]) == 0
         assert "whole array variable size" in capsys.readouterr().out
+    unwritten = inspect_store(tmp_path / "v.h5")["/unwritten"]
+    assert unwritten.stored_bytes == 0 and unwritten.decoded_bytes is None
 
 
 def test_npy_format_3_headers_are_utf8(tmp_path):
@@ -757,3 +761,13 @@ def test_sharded_reader_counts_written_inner_chunks(samples):
     index = reader.shard_indices([(0, 0)])[(0, 0)]
     assert index is not None and index.shape == (2, 2, 2)
     assert reader.shard_indices([(1, 1)]) == {(1, 1): None}
+
+
+def test_slab_warning_only_when_the_suggested_chunks_read_less(tmp_path):
+    # planar RGB: 3 one-channel chunks per patch, but the suggested (512, 512, 3) decodes more
+    planar = layout(tmp_path, (2048, 2048, 3), (256, 256, 1), dtype="uint8")
+    assert planar.warnings == ()
+    slices = layout(tmp_path, (10000, 256, 256), (1, 256, 256))
+    assert warning_codes(slices) == {"slab-chunks"}
+    better = patch_cost((10000, 256, 256), (64, 64, 64), 4, 32)
+    assert f"(read amplification {better.read_amplification:.3g}x)" in slices.warnings[0].message

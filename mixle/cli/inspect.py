@@ -18,6 +18,7 @@ from mixle.inspection import (
     inspect_store,
     parse_patch,
 )
+from mixle.inspection.formatting import shape_text
 
 __all__ = ["parse_storage_option", "register", "render_report"]
 
@@ -55,7 +56,7 @@ def render_report(report: StoreReport, *, width: int | None = None, ascii: bool 
 def _title(node: GroupReport | ArrayReport) -> str:
     if isinstance(node, GroupReport):
         return f"{node.format} group, {_count(node.attributes, 'attribute')}"
-    return f"{node.format} array {_shape(node.shape)} {node.dtype}"
+    return f"{node.format} array {shape_text(node.shape)} {node.dtype}"
 
 
 def _children(
@@ -78,7 +79,7 @@ def _array_lines(
     rows: list[tuple[str, str]] = []
     if a.shards is not None:
         rows.append(
-            ("shards", f"{_shape(a.shards)}; {_stored_of(a.shards_stored, a.shards_in_grid)}")
+            ("shards", f"{shape_text(a.shards)}; {_stored_of(a.shards_stored, a.shards_in_grid)}")
         )
     if a.chunks is None:
         rows.append(("chunks", f"none ({a.layout}, read without decoding)"))
@@ -88,7 +89,7 @@ def _array_lines(
         missing = f", {a.chunks_missing} missing" if a.chunks_missing else ""
         grid = f"{_stored_of(a.chunks_stored, a.chunks_in_grid)}{missing}"
         rows.append(
-            (unit if a.shards is not None else "chunks", f"{_shape(a.chunks)}{size}; {grid}")
+            (unit if a.shards is not None else "chunks", f"{shape_text(a.chunks)}{size}; {grid}")
         )
     rows.append(("codecs", marks["then"].join(a.codecs) if a.codecs else "none (raw bytes)"))
     if a.inner_codecs:
@@ -152,10 +153,6 @@ def _stored_of(stored: int | None, grid: int | None) -> str:
     if grid is None:
         return "not counted"
     return f"{grid} in the grid, {'?' if stored is None else stored} stored"
-
-
-def _shape(shape: Sequence[int]) -> str:
-    return "(" + ", ".join(map(str, shape)) + ("," if len(shape) == 1 else "") + ")"
 
 
 def _count(n: int, noun: str) -> str:

@@ -88,6 +88,7 @@ def _chunk_findings(
         f"rechunk to e.g. {shape_text(better)} "
         f"({format_bytes(math.prod(better) * itemsize)} decoded)"
     )
+    better_cost = patch_cost(shape, better, itemsize, cost.patch)
     whole = all(c >= d for c, d in zip(chunks, shape))
     split = [k for k, (c, d) in enumerate(zip(chunks, shape)) if c < d]
     warned = False
@@ -139,7 +140,12 @@ def _chunk_findings(
         edges = [min(c, d) for c, d in zip(chunks, shape) if d > 1]
         thin = min(split, key=lambda k: chunks[k])
         longest = max(edges) if edges else chunks[thin]
-        if longest >= SLAB_ASPECT_RATIO * chunks[thin] and cost.patch[thin] > chunks[thin]:
+        helps = better_cost.read_amplification < cost.read_amplification
+        if (
+            longest >= SLAB_ASPECT_RATIO * chunks[thin]
+            and cost.patch[thin] > chunks[thin]
+            and helps
+        ):
             found.append(
                 LayoutFinding(
                     "slab-chunks",
@@ -150,7 +156,9 @@ def _chunk_findings(
                     f"{cost.chunks_touched:.3g} in all, decoding "
                     f"{format_bytes(cost.decoded_bytes)} for "
                     f"{format_bytes(cost.patch_bytes)} (read amplification "
-                    f"{times_text(cost.read_amplification)}); {fix}",
+                    f"{times_text(cost.read_amplification)}); {fix}, where it would decode "
+                    f"{format_bytes(better_cost.decoded_bytes)} (read amplification "
+                    f"{times_text(better_cost.read_amplification)})",
                 )
             )
             warned = True

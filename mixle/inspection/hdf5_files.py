@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from mixle.data.sources.hdf5_chunks import FILTER_DEFLATE, FILTER_SHUFFLE, decodable_filters
 from mixle.inspection.findings import with_findings
 from mixle.inspection.formatting import BLOSC_SHUFFLE, plain_value
 from mixle.inspection.locations import is_remote
@@ -13,8 +14,10 @@ from mixle.utils.redact import display_path
 
 __all__ = ["inspect_hdf5"]
 
+#: HDF5 filter id of ``H5Z_FILTER_FLETCHER32`` (a checksum).
+_FILTER_FLETCHER32 = 3
 #: HDF5 filter ids that only check or rearrange bytes (everything else compresses).
-_HDF5_NOT_COMPRESSING = frozenset({2, 3})  # shuffle, fletcher32
+_HDF5_NOT_COMPRESSING = frozenset({FILTER_SHUFFLE, _FILTER_FLETCHER32})
 
 
 def inspect_hdf5(
@@ -86,8 +89,6 @@ def _hdf5_group(
 def _hdf5_dataset(
     h5py: Any, dataset: Any, path: str, patch: tuple[int, ...] | None, remote: bool
 ) -> ArrayReport:
-    from mixle.data.sources.hdf5_chunks import decodable_filters
-
     dcpl = dataset.id.get_create_plist()
     layout = {
         h5py.h5d.CONTIGUOUS: "contiguous",
@@ -114,7 +115,7 @@ def _hdf5_dataset(
     else:
         grid = n_stored = None  # type: ignore[assignment]
         chunk_nbytes = None
-        decoded = nbytes if stored else 0
+        decoded = nbytes if stored or nbytes is None else 0
     notes: list[LayoutFinding] = []
     if chunks is not None and filters and decodable_filters(dataset) is None:
         names = ", ".join(c.split("(")[0] for c in codecs)
@@ -156,11 +157,11 @@ def _hdf5_dataset(
 
 def _hdf5_filter(code: int, values: tuple[int, ...], name: bytes) -> str:
     """One HDF5 filter spelled out from its id and client values."""
-    if code == 1:
+    if code == FILTER_DEFLATE:
         return f"gzip(level={values[0] if values else 6})"
-    if code == 2:
+    if code == FILTER_SHUFFLE:
         return "shuffle"
-    if code == 3:
+    if code == _FILTER_FLETCHER32:
         return "fletcher32"
     if code == 4 and len(values) >= 2:
         coding = "nn" if values[0] & 32 else "ec" if values[0] & 4 else f"mask={values[0]}"

@@ -231,12 +231,13 @@ def _zarr_object_sizes(
     """Size of each stored chunk (or shard) object by grid coords; ``None`` and why if unknown."""
     from zarr.storage import FsspecStore, LocalStore
 
+    from mixle.data.sources.zarr_chunks import local_chunk_dir
+
     parse = _key_parser(array.metadata, len(grid))
     store = array.store
     listed: dict[str, int] | None = None
     if isinstance(store, LocalStore):
-        base = os.path.join(os.fspath(store.root), *filter(None, array.path.split("/")))
-        listed = _walk_sizes(base)
+        listed = _walk_sizes(local_chunk_dir(array))
     elif isinstance(store, FsspecStore) and not _cannot_list(store):
         listed = _fsspec_sizes(store, array.path)
     if listed is not None:

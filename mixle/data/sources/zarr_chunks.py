@@ -38,6 +38,7 @@ __all__ = [
     "codec_chain",
     "decode_checked",
     "fill_chunk",
+    "local_chunk_dir",
     "zarr_chunk_reader",
 ]
 
@@ -118,7 +119,7 @@ class ZarrCodecReader(_DecodedChunks):
 
     def __init__(self, array: Any, decode: Decoder, where: str = "") -> None:
         super().__init__(array, decode, where)
-        self._base = _local_base(array)
+        self._base = local_chunk_dir(array)
 
     def read_chunk(self, coords: tuple[int, ...]) -> np.ndarray:
         try:
@@ -344,6 +345,17 @@ def _declared_size(codec_id: str, raw: bytes) -> int | None:
     return size + 256 if width == 2 else size
 
 
-def _local_base(array: Any) -> str:
-    """The directory of ``array``'s chunk files in its ``LocalStore``."""
+def local_chunk_dir(array: Any) -> str:
+    """The directory of ``array``'s chunk files in its ``LocalStore``.
+
+    Parameters
+    ----------
+    array
+        A zarr array whose store is a ``zarr.storage.LocalStore``.
+
+    Returns
+    -------
+    str
+        The store's root joined with the array's path inside the store.
+    """
     return os.path.join(os.fspath(array.store.root), *filter(None, array.path.split("/")))

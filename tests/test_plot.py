@@ -11,10 +11,11 @@ import pytest
 
 import mixle
 import mixle.plot
+from mixle.data.sources.adopt import as_array_source
 from mixle.data.sources.zarr_source import ZarrArraySource
 from mixle.plot import plot_chunk_grid, plot_patches, plot_sampler, plot_sampling_density
 from mixle.plot.patches import INDIVIDUAL_PATCHES
-from mixle.plot.planes import iter_slabs, parse_plane, read_plane
+from mixle.plot.planes import parse_plane, plan_blocks, read_plane, sum_along
 
 matplotlib = pytest.importorskip("matplotlib")
 from matplotlib.axes import Axes  # noqa: E402
@@ -147,7 +148,15 @@ def test_projection_of_a_chunked_zarr_reads_chunk_aligned_slabs(tmp_path, volume
     want = volume.max(axis=1) if how == "max" else volume.mean(axis=1, dtype=np.float64)
     np.testing.assert_allclose(image(ax), want, rtol=1e-12)
     spans = [(k[1].start, k[1].stop) for k in reads]
-    assert spans == [(0, 8), (8, 16), (16, 20)]  # one slab per chunk along axis 1
+    assert spans == [(0, 20)]  # the whole volume fits the byte budget: one read
+
+
+def covered(blocks, shape) -> np.ndarray:
+    """How many of ``blocks`` (``(start, stop)`` boxes) cover each voxel of ``shape``."""
+    count = np.zeros(shape, dtype=int)
+    for start, stop in blocks:
+        count[tuple(slice(a, b) for a, b in zip(start, stop))] += 1
+    return count
 
 
 def test_slice_reads_only_the_plane(tmp_path, volume, monkeypatch):
@@ -164,15 +173,67 @@ def test_slice_reads_only_the_plane(tmp_path, volume, monkeypatch):
 
 @pytest.mark.parametrize("planes", [0, 1, 3, 5, 100])
 @pytest.mark.parametrize("how", ["max", "mean"])
-def test_projection_slabs_respect_the_byte_budget_when_unchunked(volume, planes, how):
+def test_projection_blocks_respect_the_byte_budget_when_unchunked(volume, planes, how):
     plane = parse_plane(volume, 3, axis=0, projection=how)
-    budget = 20 * 24 * 8 * planes  # one plane is 20 * 24 pixels, counted at 8 bytes
-    slabs = list(iter_slabs(plane, slab_bytes=budget))
-    thick = min(max(planes, 1), 12)  # at least one plane per slab
-    assert [len(s) for s in slabs] == [min(thick, 12 - a) for a in range(0, 12, thick)]
+    row = 24 * 8  # one image row, counted at 8 bytes a pixel
+    budget = 20 * row * planes  # one plane is 20 rows
+    blocks = list(plan_blocks(plane, slab_bytes=budget))
+    assert (covered(blocks, volume.shape) == 1).all()
+    sizes = [(b[0] - a[0]) * (b[1] - a[1]) * row for a, b in blocks]
+    assert max(sizes) == max(row, min(budget, volume.size * 8))  # full, or one row at least
+    assert all(a[2] == 0 and b[2] == 24 for a, b in blocks)  # whole image rows
     got = read_plane(plane, slab_bytes=budget)
     want = volume.max(axis=0) if how == "max" else volume.mean(axis=0, dtype=np.float64)
     np.testing.assert_allclose(got, want, rtol=1e-12)
+
+
+@pytest.mark.parametrize("budget", [8 * 64 * 8 * 64, 8 * 64 * 8 * 16, 4 * 8 * 64, 100])
+@pytest.mark.parametrize(("how", "step"), [("max", 1), ("mean", 1), ("max", 3), ("mean", 2)])
+def test_projection_of_a_big_plane_reads_each_chunk_once(tmp_path, monkeypatch, budget, how, step):
+    data = np.random.default_rng(4).random((20, 64, 64), dtype=np.float32)
+    src = zarr_volume(tmp_path, data, chunks=(8, 16, 16))
+    reads: list[tuple] = []
+    original = ZarrArraySource.__getitem__
+
+    def recording(self, key):
+        out = original(self, key)
+        reads.append((key, out.size * 8))
+        return out
+
+    monkeypatch.setattr(ZarrArraySource, "__getitem__", recording)
+    plane = parse_plane(src, 3, axis=0, projection=how, max_pixels=(-(-64 // step)) ** 2)
+    assert plane.step == step
+    got = read_plane(plane, slab_bytes=budget)
+    every = slice(None, None, step)
+    full = data[:, every, every]
+    want = full.max(axis=0) if how == "max" else full.mean(axis=0, dtype=np.float64)
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    boxes = [([k.start for k in key], [k.stop for k in key]) for key, _ in reads]
+    assert (covered(boxes, data.shape)[:, every, every] == 1).all()  # each shown voxel once
+    row = -(-64 // step) * 8
+    assert max(n for _, n in reads) <= max(budget, row)
+    if budget >= 8 * 16 * row:  # a chunk-thick band of chunk rows fits: no chunk is cut
+        for start, stop in boxes:
+            assert all(a % c == 0 for a, c in zip(start, (8, 16, 16)))
+            assert all(b % c == 0 or b == d for b, c, d in zip(stop, (8, 16, 16), data.shape))
+
+
+def test_density_of_a_big_2d_map_is_summed_block_by_block(monkeypatch):
+    weights = np.zeros((60, 50), dtype=np.float32)
+    weights[20:40, 10:30] = 1.0
+    map_source = as_array_source(weights)
+    plane = parse_plane(map_source, 2, projection="max")
+    reads: list[int] = []
+    cls = type(map_source)
+    original = cls.__getitem__
+    monkeypatch.setattr(cls, "__getitem__", lambda self, k: reads.append(k) or original(self, k))
+    budget = 5 * 50 * 8  # five rows
+    got = sum_along(
+        plane, (0, 0), (60, 50), lambda b: b.astype(np.float64), (4, 5), slab_bytes=budget
+    )
+    want = np.add.reduceat(np.add.reduceat(weights, np.arange(0, 60, 4), 0), np.arange(0, 50, 5), 1)
+    np.testing.assert_array_equal(got, want)
+    assert len(reads) == 12  # five rows at a time, never the whole map
 
 
 def test_max_pixels_subsamples_the_image_but_not_the_footprints(volume):
@@ -182,6 +243,19 @@ def test_max_pixels_subsamples_the_image_but_not_the_footprints(volume):
     assert ax.get_xlim() == (0.0, 24.0) and ax.get_ylim() == (20.0, 0.0)
     assert (0.0, 0.0, 8, 6) in rects(ax)
     assert "image every 2 pixels" in ax.get_title()
+
+
+@pytest.mark.parametrize("how", ["slice", "max"])
+def test_a_subsampled_image_is_framed_at_the_volumes_edge(tmp_path, how):
+    data = np.random.default_rng(3).random((5, 11, 13), dtype=np.float32)
+    src = zarr_volume(tmp_path, data, chunks=(5, 4, 4))
+    index = 2 if how == "slice" else None
+    ax = plot_patches(src, [[0, 8, 10]], 3, index=index, projection=how, max_pixels=42)
+    assert ax.images[0].get_extent() == [0.0, 14.0, 12.0, 0.0]  # 7 x 6 pixels, 2 voxels each
+    assert ax.get_xlim() == (0.0, 13.0) and ax.get_ylim() == (11.0, 0.0)  # not 14 x 12
+    grid = plot_chunk_grid(src, index=index, projection=how, max_pixels=42)
+    assert grid.get_xlim() == (0.0, 13.0) and grid.get_ylim() == (11.0, 0.0)
+    assert lines(grid, "chunks") == ([4.0, 8.0, 12.0], [4.0, 8.0])
 
 
 def test_contrast_is_clipped_to_percentiles(volume):
@@ -268,6 +342,16 @@ def test_plot_sampler_of_a_dict_uses_the_finest_array(volume):
     sampler = mixle.PatchSampler({"label": coarse, "image": volume}, (4, 4, 4), 10, seed=1)
     ax = plot_sampler(sampler, projection="max")
     np.testing.assert_array_equal(image(ax), volume.max(axis=0))
+
+
+def test_a_dict_sampler_without_one_finest_array_is_refused_clearly():
+    wide = np.zeros((8, 16, 8), dtype=np.float32)  # finest on axis 1 only
+    tall = np.zeros((8, 8, 16), dtype=np.float32)  # finest on axis 2 only
+    sampler = mixle.PatchSampler({"wide": wide, "tall": tall}, 4, 5, seed=0)
+    with pytest.raises(ValueError, match=r"no array at the finest scale on every axis"):
+        plot_sampler(sampler)
+    with pytest.raises(ValueError, match=r"grid of shape \(8, 16, 16\)"):
+        plot_sampling_density(sampler)
 
 
 def test_padded_footprints_may_leave_the_image_but_limits_do_not(volume):
@@ -451,8 +535,14 @@ def test_rejects_bad_volumes_and_corners(volume):
         plot_patches(volume[0], CORNERS, 4)
     with pytest.raises(TypeError, match="corners has dtype float64"):
         plot_patches(volume, CORNERS.astype(float), 4)
-    with pytest.raises(ValueError, match=r"patch_size=\(4, 4\) must be one int >= 1 or 3"):
+    with pytest.raises(ValueError, match=r"patch_size=\(4, 4\) has 2 entries but the array has 3"):
         plot_patches(volume, CORNERS, (4, 4))
+    with pytest.raises(ValueError, match=r"patch_size=0 must be >= 1"):
+        plot_patches(volume, CORNERS, 0)
+    with pytest.raises(ValueError, match=r"shape \(0, 20, 24\); an empty spatial axis"):
+        plot_patches(volume[:0], CORNERS, 4, projection="max")
+    with pytest.raises(ValueError, match=r"shape \(12, 0\); an empty spatial axis"):
+        plot_chunk_grid(volume[:, 0, :0])
     with pytest.raises(ValueError, match="index=3 picks a plane of 3-D data"):
         plot_patches(volume[0], CORNERS[:, 1:], 4, index=3)
     with pytest.raises(IndexError, match=r"channel=2 is out of range for channel axes \(2,\)"):

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from mixle.data.sources.adopt import as_array_source
-from mixle.plot.figure import new_axes, parse_axis_names, parse_clip, show_plane, where
+from mixle.plot.figure import frame, new_axes, parse_axis_names, parse_clip, show_plane, where
 from mixle.plot.planes import MAX_PIXELS, Plane, parse_plane, read_plane
 
 __all__ = ["plot_chunk_grid"]
@@ -91,9 +91,7 @@ def plot_chunk_grid(
     ):
         if grid is not None and _lines(target, plane, grid, color, width, label):
             drawn.append(label)
-    x0, x1, y0, y1 = plane.extent
-    target.set_xlim(x0, x1)
-    target.set_ylim(y0, y1)
+    frame(target, plane)
     if drawn:
         target.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
     target.set_title(title if title is not None else _title(plane, chunks, shards, names))

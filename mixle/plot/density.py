@@ -10,7 +10,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from mixle.plot.figure import axis_label, new_axes, parse_axis_names, where
-from mixle.plot.patches import sampler_volume
+from mixle.plot.patches import check_sampler, sampler_volume
 from mixle.plot.planes import Plane, fit_bins, parse_plane, sum_along
 from mixle.utils.validation import parse_int
 
@@ -69,11 +69,7 @@ def plot_sampling_density(
     TypeError, ValueError
         A bad argument, named with its value.
     """
-    if not (hasattr(sampler, "coords_array") and hasattr(sampler, "patch_size")):
-        raise TypeError(
-            f"sampler={type(sampler).__name__} must be a PatchSampler or GridSampler "
-            "(with coords_array() and patch_size)"
-        )
+    check_sampler(sampler)
     n = parse_int(num_draws, "num_draws")
     if n < 1:
         raise ValueError(f"num_draws={num_draws!r} must be >= 1")
@@ -102,8 +98,7 @@ def plot_sampling_density(
         expected = _expected(weighted, grid, bins)
         expected *= len(centres) / expected.sum()
         kind = "weights" if weighted.label_probabilities is None else "labels"
-        place = where(view, names).replace("max along", "summed along")
-        text = f"expected centres from the {kind}" + (f", {place}" if place else "")
+        text = f"expected centres from the {kind}" + _summed(view, names)
         panels.insert(0, (expected, text))
     axes = new_axes(ax, len(panels), shape=view.size)
     top = max(float(p.max()) for p, _ in panels) or 1.0
@@ -174,6 +169,11 @@ def _expected(weighted: Any, grid: Plane, bins: Sequence[int]) -> NDArray[np.flo
     return sum_along(grid, lo, hi, density, bins)
 
 
-def _drawn_title(view: Plane, names: Any, n: int, note: str) -> str:
+def _drawn_title(view: Plane, names: Sequence[str] | None, n: int, note: str) -> str:
+    return f"{n:,} drawn patch centres{note}" + _summed(view, names)
+
+
+def _summed(view: Plane, names: Sequence[str] | None) -> str:
+    """``", summed along axis 0"``, or ``""`` for 2-D data."""
     place = where(view, names).replace("max along", "summed along")
-    return f"{n:,} drawn patch centres{note}" + (f", {place}" if place else "")
+    return f", {place}" if place else ""

@@ -10,7 +10,15 @@ import numpy as np
 from mixle.plot.planes import Plane
 from mixle.utils.optional_deps import require
 
-__all__ = ["axis_label", "new_axes", "parse_clip", "show_plane"]
+__all__ = [
+    "axis_label",
+    "frame",
+    "new_axes",
+    "parse_axis_names",
+    "parse_clip",
+    "show_plane",
+    "where",
+]
 
 
 def new_axes(ax: Any, count: int = 1, *, shape: Sequence[float] = (1.0, 1.0)) -> list[Any]:
@@ -74,6 +82,13 @@ def show_plane(
     ax.set_ylabel(axis_label(plane, plane.rows, axis_names))
     ax.set_xlabel(axis_label(plane, plane.cols, axis_names))
     return im
+
+
+def frame(ax: Any, plane: Plane) -> None:
+    """Limit ``ax`` to the volume's plane (:attr:`Plane.limits`), whatever is drawn past it."""
+    left, right, bottom, top = plane.limits
+    ax.set_xlim(left, right)
+    ax.set_ylim(bottom, top)
 
 
 def axis_label(plane: Plane, spatial_axis: int, axis_names: Sequence[str] | None) -> str:

@@ -8,10 +8,11 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from mixle.data.patch_args import per_axis
 from mixle.data.sources.adopt import as_array_source
 from mixle.data.sources.base import ArraySource
-from mixle.plot.figure import new_axes, parse_axis_names, parse_clip, show_plane, where
-from mixle.plot.planes import MAX_PIXELS, parse_plane, read_plane
+from mixle.plot.figure import frame, new_axes, parse_axis_names, parse_clip, show_plane, where
+from mixle.plot.planes import MAX_PIXELS, Plane, parse_plane, read_plane
 from mixle.utils.validation import parse_int
 
 __all__ = ["INDIVIDUAL_PATCHES", "plot_patches", "plot_sampler"]
@@ -94,7 +95,7 @@ def plot_patches(
     """
     boxes = _parse_corners(corners)
     ndim = boxes.shape[1]
-    size = _parse_size(patch_size, ndim)
+    size = per_axis(patch_size, ndim, "patch_size", 1)
     limit = parse_int(max_patches, "max_patches")
     if limit < 0:
         raise ValueError(f"max_patches={max_patches!r} must be >= 0")
@@ -117,16 +118,14 @@ def plot_patches(
     )
     (target,) = new_axes(ax, shape=plane.size)
     show_plane(target, read_plane(plane), plane, cmap=cmap, clip=shade, axis_names=names)
-    if plane.axis is not None and plane.projection == "slice":
+    if plane.axis is not None and plane.index is not None:  # a slice: the patches across it
         a, at = plane.axis, plane.index
         hits = boxes[(boxes[:, a] <= at) & (at < boxes[:, a] + size[a])]
     else:
         hits = boxes
     drawn = hits[:limit]
     _draw_boxes(target, drawn, size, plane.rows, plane.cols, color, linewidth)
-    x0, x1, y0, y1 = plane.extent
-    target.set_xlim(x0, x1)
-    target.set_ylim(y0, y1)
+    frame(target, plane)
     target.set_title(
         title if title is not None else _title(plane, names, len(drawn), len(hits), len(boxes))
     )
@@ -170,11 +169,7 @@ def plot_sampler(
     ValueError
         ``num_patches`` is negative or larger than the sampler.
     """
-    if not (hasattr(sampler, "coords_array") and hasattr(sampler, "patch_size")):
-        raise TypeError(
-            f"sampler={type(sampler).__name__} must be a PatchSampler or GridSampler "
-            "(with coords_array() and patch_size)"
-        )
+    check_sampler(sampler)
     total = len(sampler)
     n = (
         min(total, SAMPLER_INDICES)
@@ -197,12 +192,39 @@ def plot_sampler(
     )
 
 
+def check_sampler(sampler: object) -> None:
+    """Raise ``TypeError`` unless ``sampler`` has the index math the plots draw from.
+
+    Raises
+    ------
+    TypeError
+        ``sampler`` has no ``coords_array``/``patch_size``.
+    """
+    if not (hasattr(sampler, "coords_array") and hasattr(sampler, "patch_size")):
+        raise TypeError(
+            f"sampler={type(sampler).__name__} must be a PatchSampler or GridSampler "
+            "(with coords_array() and patch_size)"
+        )
+
+
 def sampler_volume(sampler: Any) -> ArraySource:
-    """The array a sampler's corners refer to: its source, or a dict's finest array."""
+    """The array a sampler's corners refer to: its source, or a dict's finest array.
+
+    Raises
+    ------
+    ValueError
+        A dict sampler none of whose arrays is at the finest scale on every axis.
+    """
     arrays = getattr(sampler, "arrays", None)
     if arrays is None:
         return sampler.source
     finest = [k for k, f in arrays.factors.items() if all(v == 1 for v in f)]
+    if not finest:
+        raise ValueError(
+            f"sampler has no array at the finest scale on every axis (scale factors "
+            f"{arrays.factors}); its corners live on a grid of shape {arrays.shape} that "
+            "no array has: draw one array with plot_patches(array, corners // factor, ...)"
+        )
     return arrays.sources[finest[0]]
 
 
@@ -220,19 +242,6 @@ def _parse_corners(corners: ArrayLike) -> NDArray[np.int64]:
     return boxes.astype(np.int64, copy=False)
 
 
-def _parse_size(patch_size: object, ndim: int) -> tuple[int, ...]:
-    if isinstance(patch_size, (tuple, list, np.ndarray)):
-        size = tuple(parse_int(p, "patch_size") for p in patch_size)
-    else:
-        size = (parse_int(patch_size, "patch_size"),) * ndim
-    if len(size) != ndim or min(size) < 1:
-        raise ValueError(
-            f"patch_size={patch_size!r} must be one int >= 1 or {ndim} of them "
-            f"(corners have {ndim} columns)"
-        )
-    return size
-
-
 def _draw_boxes(
     ax: Any,
     corners: NDArray[np.int64],
@@ -245,9 +254,15 @@ def _draw_boxes(
     from matplotlib.collections import PatchCollection
     from matplotlib.patches import Rectangle
 
-    style = {"fill": False, "edgecolor": color, "linewidth": linewidth}
     boxes = [
-        Rectangle((float(c[cols]), float(c[rows])), size[cols], size[rows], **style)
+        Rectangle(
+            (float(c[cols]), float(c[rows])),
+            size[cols],
+            size[rows],
+            fill=False,
+            edgecolor=color,
+            linewidth=linewidth,
+        )
         for c in corners.tolist()
     ]
     if len(boxes) <= INDIVIDUAL_PATCHES:
@@ -257,9 +272,9 @@ def _draw_boxes(
         ax.add_collection(PatchCollection(boxes, match_original=True), autolim=False)
 
 
-def _title(plane: Any, names: Any, drawn: int, hits: int, total: int) -> str:
+def _title(plane: Plane, names: Sequence[str] | None, drawn: int, hits: int, total: int) -> str:
     place = where(plane, names)
-    if plane.axis is not None and plane.projection == "slice":
+    if plane.axis is not None and plane.index is not None:
         what = f"{hits:,} of {total:,} patches cross {place}"
     else:
         what = f"{total:,} patches" + (f", {place}" if place else "")

@@ -23,8 +23,9 @@ __all__ = [
     "SLAB_BYTES",
     "Plane",
     "fit_bins",
-    "iter_slabs",
     "parse_plane",
+    "plan_blocks",
+    "read_block",
     "read_plane",
     "sum_along",
 ]
@@ -77,6 +78,16 @@ class Plane:
         h = -(-self.spatial[self.rows] // self.step) * self.step
         w = -(-self.spatial[self.cols] // self.step) * self.step
         return (0.0, float(w), float(h), 0.0)
+
+    @property
+    def limits(self) -> tuple[float, float, float, float]:
+        """Axis limits ``(left, right, bottom, top)``: the plane of the volume, in voxels.
+
+        A subsampled image's last pixels may reach past it (see :attr:`extent`); the limits
+        stop at the volume's edge, where chunk lines and footprints are measured from.
+        """
+        height, width = self.size
+        return (0.0, float(width), float(height), 0.0)
 
     @property
     def size(self) -> tuple[int, int]:
@@ -147,6 +158,8 @@ def parse_plane(
     if nd > len(shape):
         raise ValueError(f"{name} has shape {shape}, fewer than the {nd} spatial axes asked for")
     lead_shape, spatial = shape[: len(shape) - nd], shape[len(shape) - nd :]
+    if 0 in spatial:
+        raise ValueError(f"{name} has shape {shape}; an empty spatial axis leaves nothing to draw")
     lead = _parse_channel(channel, lead_shape, name)
     how = parse_choice(projection, "projection", PROJECTIONS)
     if nd == 2:
@@ -202,55 +215,121 @@ def _plane_key(plane: Plane, along: slice | int) -> tuple[slice | int, ...]:
     return (*plane.lead, *spatial)
 
 
-def iter_slabs(
+def plan_blocks(
     plane: Plane,
-    *,
     lo: Sequence[int] | None = None,
     hi: Sequence[int] | None = None,
+    *,
     step: int = 1,
     slab_bytes: int = SLAB_BYTES,
-) -> Iterator[np.ndarray]:
-    """Yield 3-D slabs of the box ``[lo, hi)`` (default: everything) along ``plane.axis``.
+) -> Iterator[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """Boxes ``(start, stop)`` that tile ``[lo, hi)`` (default: everything) block by block.
 
-    Slabs end on the source's chunk boundaries along the axis and each holds at most
-    ``slab_bytes`` (at least one plane); ``step`` subsamples the two in-plane axes.
+    Every block spans whole image columns and is cut along ``plane.axis`` (3-D data) and
+    the image rows. Cuts fall on the source's chunk boundaries, so each stored chunk is read
+    once, and a block holds at most ``slab_bytes`` (values counted at 8 bytes or more;
+    ``step`` subsamples rows and columns). Only when one chunk-thick band of chunk rows
+    exceeds the budget are chunks cut (and read more than once); a block always holds at
+    least one image row of one plane.
     """
-    assert plane.axis is not None
-    source, axis = plane.source, plane.axis
     lo = [0] * len(plane.spatial) if lo is None else list(lo)
     hi = list(plane.spatial) if hi is None else list(hi)
-    pixels = math.prod(-(-(hi[a] - lo[a]) // step) for a in (plane.rows, plane.cols))
-    fit = max(1, slab_bytes // max(1, pixels * max(source.dtype.itemsize, 8)))
-    chunks = source.chunks
-    chunk = chunks[plane.array_axis(axis)] if chunks else fit
-    start = lo[axis]
-    while start < hi[axis]:
-        edge = (start // chunk + 1) * chunk if chunk <= fit else start + fit
-        stop = min(edge, hi[axis])
-        box = [slice(a, b, step) for a, b in zip(lo, hi)]
-        box[axis] = slice(start, stop)
-        yield np.asarray(source[(*plane.lead, *box)])
+    if any(a >= b for a, b in zip(lo, hi)):
+        return
+    rows, cols, along = plane.rows, plane.cols, plane.axis
+    grid = plane.source.chunks
+
+    def chunk(a: int) -> int:
+        return grid[plane.array_axis(a)] if grid else 1
+
+    item = max(plane.source.dtype.itemsize, 8)
+    fit = slab_bytes // max(1, _samples(lo[cols], hi[cols], step) * item)  # image rows that fit
+    height = _samples(lo[rows], hi[rows], step)
+    c_along = 1 if along is None else chunk(along)
+    slab = 1 if along is None else min(c_along, hi[along] - lo[along])  # planes per slab
+    c_rows = chunk(rows)
+    band: int | None = None  # voxel rows per block (None: all of them)
+    if height * slab <= fit:  # whole planes, as many chunks thick as fit
+        thick = max(c_along, fit // height // c_along * c_along)
+    elif fit // slab * step >= c_rows:  # chunk-thick slabs cut into bands of chunk rows
+        thick, band = c_along, fit // slab * step // c_rows * c_rows
+    else:  # one band of chunk rows of a chunk-thick slab is too big: cut inside chunks
+        rows_in_chunk = -(-c_rows // step)
+        thick = min(c_along, max(1, fit // rows_in_chunk))
+        band = c_rows if fit >= rows_in_chunk else max(1, fit) * step
+    spans_along = [(0, 1)] if along is None else _cuts(lo[along], hi[along], thick)
+    for a0, a1 in spans_along:
+        for r0, r1 in _cuts(lo[rows], hi[rows], band):
+            start, stop = list(lo), list(hi)
+            start[rows], stop[rows] = r0, r1
+            if along is not None:
+                start[along], stop[along] = a0, a1
+            yield tuple(start), tuple(stop)
+
+
+def _samples(lo: int, hi: int, step: int) -> int:
+    """How many multiples of ``step`` lie in ``[lo, hi)``."""
+    return -(-hi // step) - -(-lo // step)
+
+
+def _cuts(lo: int, hi: int, size: int | None) -> list[tuple[int, int]]:
+    """``[lo, hi)`` cut at the multiples of ``size`` (``None``: not cut)."""
+    if size is None:
+        return [(lo, hi)]
+    out, start = [], lo
+    while start < hi:
+        stop = min(hi, (start // size + 1) * size)
+        out.append((start, stop))
         start = stop
+    return out
+
+
+def read_block(
+    plane: Plane, start: Sequence[int], stop: Sequence[int], step: int = 1
+) -> np.ndarray:
+    """The spatial box ``[start, stop)`` of ``plane``'s channel, every ``step``-th voxel in plane.
+
+    In-plane axes keep the voxels at multiples of ``step`` (the pixels :func:`read_plane`
+    shows), whatever ``start`` is; ``plane.axis`` is read whole.
+    """
+    key: list[slice] = []
+    for a, (b, e) in enumerate(zip(start, stop)):
+        first = b if a == plane.axis else -(-b // step) * step
+        key.append(slice(b, e) if a == plane.axis else slice(first, e, step))
+    return np.asarray(plane.source[(*plane.lead, *key)])
 
 
 def read_plane(plane: Plane, *, slab_bytes: int = SLAB_BYTES) -> np.ndarray:
-    """The 2-D image of ``plane``: one plane read lazily, or a projection slab by slab."""
+    """The 2-D image of ``plane``: one plane read lazily, or a projection block by block.
+
+    A projection holds the image and one block of at most ``slab_bytes`` (see
+    :func:`plan_blocks`) at a time, and reads every stored chunk once.
+    """
     every = slice(None, None, plane.step)
     if plane.axis is None:
         return np.asarray(plane.source[(*plane.lead, every, every)])
-    axis = plane.axis
+    axis, step = plane.axis, plane.step
     if plane.projection == "slice":
         assert plane.index is not None
         spatial = [plane.index if a == axis else every for a in range(len(plane.spatial))]
         return np.asarray(plane.source[(*plane.lead, *spatial)])
+    shape = (-(-plane.spatial[plane.rows] // step), -(-plane.spatial[plane.cols] // step))
     acc: np.ndarray | None = None
-    for slab in iter_slabs(plane, step=plane.step, slab_bytes=slab_bytes):
+    for start, stop in plan_blocks(plane, step=step, slab_bytes=slab_bytes):
+        block = read_block(plane, start, stop, step)
+        band = slice(-(-start[plane.rows] // step), -(-stop[plane.rows] // step))
         if plane.projection == "max":
-            part = slab.max(axis=axis)
-            acc = part if acc is None else np.maximum(acc, part)
+            part = block.max(axis=axis)
+            if acc is None:
+                acc = np.empty(shape, dtype=part.dtype)
+            if start[axis] == 0:  # the first slab along the axis covers every row once
+                acc[band] = part
+            else:
+                np.maximum(acc[band], part, out=acc[band])
         else:
-            part = slab.sum(axis=axis, dtype=np.float64)
-            acc = part if acc is None else acc + part
+            if acc is None:
+                acc = np.zeros(shape, dtype=np.float64)
+            acc[band] += block.sum(axis=axis, dtype=np.float64)
     assert acc is not None
     return acc / plane.spatial[axis] if plane.projection == "mean" else acc
 
@@ -268,27 +347,23 @@ def sum_along(
 
     ``amounts`` maps a block of the volume to per-voxel amounts (same shape). The result
     has one cell per ``bins`` block of in-plane voxels (the last partial block included);
-    only one slab and the binned plane are held in memory. 2-D data is read as one block.
+    only one block of at most ``slab_bytes`` (see :func:`plan_blocks`) and the binned
+    plane are held in memory, for 2-D data too.
     """
     rows, cols = plane.rows, plane.cols
     shape = [-(-plane.spatial[a] // b) for a, b in zip((rows, cols), bins)]
     out = np.zeros(shape, dtype=np.float64)
-    if any(a >= b for a, b in zip(lo, hi)):
-        return out
-    (r0, c0), (br, bc) = (lo[rows], lo[cols]), bins
-    cut_r = _bin_starts(lo[rows], hi[rows], br)
+    br, bc = bins
     cut_c = _bin_starts(lo[cols], hi[cols], bc)
-    if plane.axis is None:
-        box = tuple(slice(a, b) for a, b in zip(lo, hi))
-        blocks: Iterator[np.ndarray] = iter([np.asarray(plane.source[(*plane.lead, *box)])])
-    else:
-        blocks = iter_slabs(plane, lo=lo, hi=hi, slab_bytes=slab_bytes)
-    for block in blocks:
-        total = amounts(block).astype(np.float64, copy=False)
+    c0 = lo[cols] // bc
+    for start, stop in plan_blocks(plane, lo, hi, slab_bytes=slab_bytes):
+        total = amounts(read_block(plane, start, stop)).astype(np.float64, copy=False)
         if plane.axis is not None:
             total = total.sum(axis=plane.axis)
+        cut_r = _bin_starts(start[rows], stop[rows], br)
         binned = np.add.reduceat(np.add.reduceat(total, cut_r, axis=0), cut_c, axis=1)
-        out[r0 // br : r0 // br + len(cut_r), c0 // bc : c0 // bc + len(cut_c)] += binned
+        r0 = start[rows] // br
+        out[r0 : r0 + len(cut_r), c0 : c0 + len(cut_c)] += binned
     return out
 
 

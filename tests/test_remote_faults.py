@@ -219,3 +219,25 @@ def test_credentials_never_appear_in_reprs_or_errors(tree):
         texts.append(str(bad.value))
     for text in texts:
         assert SECRET not in text and MotoS3Server.KEY not in text, text
+
+
+def test_a_missing_file_raised_from_a_transient_error_is_retried_not_a_fill_value(fast_retries):
+    from mixle.reading.faults import is_transient, retry_call
+
+    class Unavailable(Exception):
+        status = 503
+
+    calls: list[int] = []
+
+    def flaky_open() -> str:  # fsspec's HTTP filesystem reports a failed size probe so
+        calls.append(1)
+        if len(calls) < 3:
+            try:
+                raise Unavailable("503")
+            except Unavailable as exc:
+                raise FileNotFoundError("http://127.0.0.1/x") from exc
+        return "opened"
+
+    assert not is_transient(FileNotFoundError("http://127.0.0.1/x"))  # a real 404 stays one
+    assert retry_call(flaky_open, url="http://127.0.0.1/x", key="(file)") == "opened"
+    assert len(calls) == 3

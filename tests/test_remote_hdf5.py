@@ -83,3 +83,23 @@ def test_hdf5_from_a_file_like_object(h5_tree):
 def test_storage_options_need_a_url(h5_tree):
     with pytest.raises(ValueError, match="storage_options only apply to fsspec URLs"):
         mixle.read_hdf5(h5_tree[0] / "v.h5", "gzip", storage_options={"anon": True})
+
+
+@pytest.mark.parametrize("fail_every", [3, 4])
+def test_opening_over_http_retries_transient_failures_of_the_metadata_reads(h5_tree, fail_every):
+    # h5py reads the superblock and object headers through the remote file while opening;
+    # a 503 there used to escape as a raw aiohttp error instead of being retried
+    root, data = h5_tree
+    with RangeHTTPServer(root, FaultPlan(fail_every=fail_every)) as server:
+        src = mixle.read_hdf5(f"{server.url}/v.h5", "gzip")
+        assert src.shape == data.shape
+        src.close()
+
+
+def test_opening_over_http_gives_up_with_a_remote_read_error(h5_tree):
+    root, _ = h5_tree
+    with (
+        RangeHTTPServer(root, FaultPlan(fail_every=1)) as server,
+        pytest.raises(mixle.reading.RemoteReadError, match=r"v\.h5"),
+    ):
+        mixle.read_hdf5(f"{server.url}/v.h5", "gzip")

@@ -146,7 +146,10 @@ def _seconds(value: object, name: str) -> float:
 def is_transient(exc: BaseException) -> bool:
     """Whether ``exc`` is worth retrying: a 5xx/429/408, a dropped connection or a timeout."""
     if isinstance(exc, _PERMANENT):
-        return False
+        # fsspec's HTTP filesystem reports a failed size probe (a 503, a dropped connection)
+        # as FileNotFoundError raised from the real error: that one is worth retrying
+        cause = exc.__cause__
+        return isinstance(exc, FileNotFoundError) and cause is not None and is_transient(cause)
     status = getattr(exc, "status", None) or getattr(exc, "status_code", None)
     response = getattr(exc, "response", None)
     if status is None and isinstance(response, dict):  # botocore ClientError
@@ -188,7 +191,9 @@ async def retry_async(
         try:
             return await call()
         except Exception as exc:
-            if isinstance(exc, (FileNotFoundError, CorruptChunkError)):
+            if isinstance(exc, CorruptChunkError) or (
+                isinstance(exc, FileNotFoundError) and not is_transient(exc)
+            ):
                 raise
             if not is_transient(exc):  # such as 403: not retried, but told without secrets
                 raise RemoteReadError(_failure(exc, url, key, attempt + 1, secrets)) from None

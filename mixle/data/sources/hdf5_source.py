@@ -155,17 +155,20 @@ class HDF5ArraySource(ArraySource):
         path, name, options = self._args["path"], self._args["dataset"], self._args["options"]
         if _is_url(path):
             secrets = self._args.get("storage_options")
-            self._remote = retry_call(
-                lambda: open_remote_file(path, secrets),
-                url=display_path(path),
-                key="(file)",
-                secrets=secrets,
-            )
-            try:
-                return self._open_in(self._remote[2], display_path(path), name, options)
-            except BaseException:
-                self._remote[2].close()
-                raise
+
+            def attempt() -> Any:
+                # h5py reads the superblock and object headers through the remote file while
+                # opening: a transient failure there retries the whole open, file included
+                remote = open_remote_file(path, secrets)
+                try:
+                    handle = self._open_in(remote[2], display_path(path), name, options)
+                except BaseException:
+                    remote[2].close()
+                    raise
+                self._remote = remote
+                return handle
+
+            return retry_call(attempt, url=display_path(path), key="(file)", secrets=secrets)
         if not os.path.exists(path):
             raise FileNotFoundError(f"path={path!r}: no such file")
         handle = self._open_in(path, path, name, options)

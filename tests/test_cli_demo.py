@@ -127,6 +127,25 @@ def test_ctrl_c_during_a_store_write_is_held_until_the_write_ends():
     assert reached and signal.getsignal(signal.SIGINT) is before
 
 
+def test_sigterm_during_a_store_write_is_held_until_the_write_ends():
+    before = signal.getsignal(signal.SIGTERM)
+    reached, delivered = [], []
+
+    def handler(signum, frame):
+        delivered.append(signum)
+
+    signal.signal(signal.SIGTERM, handler)
+    try:
+        with _deferred_interrupt():
+            os.kill(os.getpid(), signal.SIGTERM)
+            reached.append("the rest of the write ran")
+            assert delivered == []  # held
+        assert reached and delivered == [signal.SIGTERM]
+        assert signal.getsignal(signal.SIGTERM) is handler
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
 def test_write_volume_rejects_an_unknown_backend(tmp_path):
     with pytest.raises(ValueError, match="backend='tiff'"):
         write_volume(tmp_path, (8, 8, 8), "tiff")
@@ -194,6 +213,36 @@ def test_demo_removes_the_folder_after_an_error(own_tmp, monkeypatch):
     with pytest.raises(OSError, match="disk on fire"):
         run_demo(size=32, patch=8, num_patches=8, use_jax=False, out=io.StringIO())
     assert list(own_tmp.iterdir()) == []
+
+
+def test_demo_says_so_when_the_folder_could_not_be_removed(own_tmp, monkeypatch):
+    monkeypatch.setattr(demo_module.shutil, "rmtree", lambda path, ignore_errors: None)
+    out = io.StringIO()
+    result = run_demo(size=32, patch=8, num_patches=8, use_jax=False, out=out)
+    text = out.getvalue()
+    assert result.folder.is_dir()
+    assert f"could not remove {result.folder}" in text and "removed" not in text
+
+
+def test_report_states_memory_facts_it_can_back():
+    from mixle.cli._demo_report import format_mib, report_lines
+    from mixle.cli._demo_runs import RunStats
+
+    def report(**options):
+        return " ".join(line.strip() for line in report_lines(runs, backend="zarr", **options))
+
+    runs = [RunStats("grid", 8, 1, 8, 1.0, 1, 1, 100.0, {"tiles": 8, "checksum_ok": True})]
+    lines = report(volume_mib=256, cache_mib=64)
+    assert "at most 64 MiB of decoded chunks are kept" in lines
+    assert "never held in memory whole" in lines and "never the whole volume" not in lines
+    off = report(volume_mib=256, cache_mib=0)
+    assert "chunk cache off" in off and "at most 0 MiB" not in off
+    assert [format_mib(m) for m in (256, 3.44, 0.5, 1 / 128)] == [
+        "256 MiB",
+        "3.4 MiB",
+        "512 KiB",
+        "8 KiB",
+    ]
 
 
 def test_demo_writes_a_png(own_tmp):
@@ -334,7 +383,8 @@ def test_cli_rejects_bad_options(own_tmp, capsys, argv, message):
     with pytest.raises(SystemExit) as info:
         main(["demo", *argv])
     assert info.value.code == 2
-    assert message in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert message in err and "usage: mixle demo" in err and "mixle demo: error:" in err
     assert list(own_tmp.iterdir()) == [] and list(Path.cwd().iterdir()) == []
 
 
@@ -407,4 +457,25 @@ def test_ctrl_c_cleans_up(tmp_path):
         _, err = child.communicate(timeout=TIMEOUT_S)
     assert child.returncode == 130 and "mixle demo: interrupted" in err.decode()
     assert "Traceback" not in err.decode()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_sigterm_cleans_up(tmp_path):
+    # many patches: the run is still going when the signal arrives, whatever the machine
+    argv = ["demo", "--size", "128", "--num-patches", "200000", "--no-jax", "--no-png"]
+    with subprocess.Popen(
+        [sys.executable, "-m", "mixle.cli", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=tmp_path,
+        env=child_env(tmp_path),
+    ) as child:
+        assert child.stdout is not None
+        for line in child.stdout:
+            if line.startswith(b"reading with"):  # written; reading patches now
+                break
+        child.send_signal(signal.SIGTERM)
+        _, err = child.communicate(timeout=TIMEOUT_S)
+    assert child.returncode == 128 + signal.SIGTERM, err.decode()
+    assert "mixle demo: terminated" in err.decode() and "Traceback" not in err.decode()
     assert list(tmp_path.iterdir()) == []

@@ -28,8 +28,12 @@ PICTURE_CLIP = (0.5, 99.9)
 
 
 def format_mib(mib: float) -> str:
-    """``"256 MiB"``, ``"3.4 MiB"``, ``"0.5 MiB"``: whole MiB from 10 up."""
-    return f"{mib:.0f} MiB" if mib >= 10 else f"{mib:.1f} MiB"
+    """``"256 MiB"``, ``"3.4 MiB"``, ``"512 KiB"``: whole MiB from 10 up, KiB below 1."""
+    if mib >= 10:
+        return f"{mib:.0f} MiB"
+    if mib >= 1:
+        return f"{mib:.1f} MiB"
+    return f"{mib * 1024:.0f} KiB"
 
 
 def format_table(runs: list[RunStats]) -> list[str]:
@@ -101,9 +105,15 @@ def report_lines(
         if backend == "memmap":
             lines.append(f"{line} (a memmap's RSS counts the file pages it touched: page")
             lines.append("  cache the kernel can reclaim, not memory mixle allocated)")
+        elif cache_mib == 0:
+            lines.append(f"{line}: a batch decodes the chunks its patches touch, and with")
+            lines.append("  the chunk cache off none is kept after the batch")
         elif cache_mib < volume_mib:
-            lines.append(f"{line}: mixle reads the chunks that patches need, never the")
-            lines.append(f"  whole volume, and keeps at most {cache_mib:.0f} MiB of them decoded")
+            lines.append(f"{line}: a batch decodes the chunks its patches touch, and at")
+            lines.append(
+                f"  most {cache_mib:.0f} MiB of decoded chunks are kept; the volume is never"
+            )
+            lines.append("  held in memory whole")
         else:
             lines.append(f"{line} (the {cache_mib:.0f} MiB chunk cache holds all of it)")
         jax_rss = by_name["jax"].peak_rss_mib if "jax" in by_name else None

@@ -170,28 +170,44 @@ def checksum(block: np.ndarray, weights: tuple[np.ndarray, ...]) -> int:
     return int(total)
 
 
+#: Signals :func:`_deferred_interrupt` holds: Ctrl-C, and the ``kill`` that ``mixle demo``
+#: turns into an exception to clean up.
+DEFERRED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
 @contextmanager
 def _deferred_interrupt() -> Iterator[None]:
-    """Hold Ctrl-C until the block ends.
+    """Hold Ctrl-C and SIGTERM until the block ends.
 
     zarr writes chunks on its own event-loop thread; interrupting the call that waits for
     them would leave that thread writing into a folder being removed (and recreating it).
-    In the main thread, a SIGINT received inside the block is delivered when it ends.
+    In the main thread, a SIGINT or SIGTERM received inside the block is delivered to the
+    handler it would have reached (the first of each kind) when the block ends.
     """
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    received: list[tuple[int, FrameType | None]] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: received.append((signum, frame)))
+    received: dict[int, FrameType | None] = {}
+
+    def hold(signum: int, frame: FrameType | None) -> None:
+        received.setdefault(signum, frame)
+
+    previous = {signum: signal.signal(signum, hold) for signum in DEFERRED_SIGNALS}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
-        if received:
-            if callable(previous):
-                previous(*received[0])
-            elif previous != signal.SIG_IGN:
+        for signum, handler in previous.items():
+            signal.signal(signum, signal.SIG_DFL if handler is None else handler)
+        for signum, frame in received.items():
+            handler = previous[signum]
+            if callable(handler):
+                handler(signum, frame)
+            elif handler == signal.SIG_IGN:
+                continue
+            elif signum == signal.SIGINT:
                 raise KeyboardInterrupt
+            else:  # the default action (SIGTERM: end the process), now the block is over
+                signal.raise_signal(signum)
 
 
 @dataclass(frozen=True)

@@ -272,7 +272,12 @@ def run_demo(
         set_chunk_cache_bytes(old_budget)
         if not keep:
             shutil.rmtree(folder, ignore_errors=True)
-    say(f"kept {folder}" if keep else f"removed {folder}")
+    if keep:
+        say(f"kept {folder}")
+    elif folder.exists():
+        say(f"could not remove {folder}: remove it by hand")
+    else:
+        say(f"removed {folder}")
     return DemoResult(
         backend=backend,
         shape=shape,

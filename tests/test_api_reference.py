@@ -208,3 +208,43 @@ def test_coverage_rules() -> None:
     assert not ref.covers("mixle", "read_hdf5")
     assert ref.covers("mixle.data.permutation", "permute")
     assert not ref.covers("mixle.data.permutation", "inverse_permute")
+
+
+COMMAND_LINE = re.compile(r"\bmixle (?P<command>[a-z]+)\b(?P<rest>[^`\n#|]*)")
+
+
+def documented_options(text: str) -> list[tuple[str, str]]:
+    """``(command, option)`` for every ``--option`` after ``mixle <command>`` on a line."""
+    return [
+        (m["command"], option)
+        for m in COMMAND_LINE.finditer(text)
+        for option in re.findall(r"(?<![\w-])--[a-z][\w-]*", m["rest"])
+    ]
+
+
+def test_documented_command_lines_use_real_options() -> None:
+    from mixle.cli import _parser
+
+    _, commands = _parser()
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    wrong = []
+    for page in pages:
+        for command, option in documented_options(page.read_text(encoding="utf-8")):
+            known = commands.get(command)
+            if known is not None and option not in known._option_string_actions:
+                wrong.append(f"{page.relative_to(ROOT)}: mixle {command} {option}")
+    assert not wrong, f"options the command line does not have: {wrong}"
+
+
+def test_documented_options_reads_code_spans_and_shell_lines() -> None:
+    text = (
+        "`mixle demo --size 64 --no-jax` then (`--png`) and\n"
+        "mixle inspect s3://b/x.zarr --storage-option anon=true  # --not-this\n"
+        "| `plot` | `mixle inspect --plot` |\n"
+    )
+    assert documented_options(text) == [
+        ("demo", "--size"),
+        ("demo", "--no-jax"),
+        ("inspect", "--storage-option"),
+        ("inspect", "--plot"),
+    ]

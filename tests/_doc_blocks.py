@@ -31,6 +31,7 @@ import doctest
 import linecache
 import re
 import sys
+import threading
 import traceback
 import types
 from dataclasses import dataclass, field
@@ -130,7 +131,8 @@ def parse_page(text: str, name: str) -> Page:
     Raises
     ------
     DocMarkupError
-        A fence that is never closed; a ``skip-example`` comment with an empty reason, in
+        A fence that is never closed; a ``pycon`` block without a ``>>>`` example; a
+        ``skip-example`` comment with an empty reason, in
         another form than ``<!-- skip-example: reason -->``, or not immediately followed by
         a python block; an ``example-setup`` comment that is never closed, contains a blank
         line, or is not immediately followed by a python block.
@@ -155,6 +157,11 @@ def parse_page(text: str, name: str) -> Page:
             if end == len(lines):
                 raise DocMarkupError(f"{name}:{number}: the {marker} fence is never closed")
             is_python = language in EXECUTED_LANGUAGES
+            code = "\n".join(_dedent(lines[i + 1 : end], indent)) + "\n"
+            if language in DOCTEST_LANGUAGES and not doctest.DocTestParser().get_examples(code):
+                raise DocMarkupError(
+                    f"{name}:{number}: the {language} block has no '>>> ' example to run"
+                )
             for what, pending in (("skip-example", pending_skip), ("example-setup", pending_setup)):
                 if pending is not None and not is_python:
                     raise DocMarkupError(
@@ -169,7 +176,7 @@ def parse_page(text: str, name: str) -> Page:
                 Block(
                     language=language,
                     line=number,
-                    code="\n".join(_dedent(lines[i + 1 : end], indent)) + "\n",
+                    code=code,
                     skip_reason=pending_skip[1] if pending_skip else None,
                     setup=pending_setup[1] if pending_setup else "",
                     setup_line=pending_setup[0] if pending_setup else 0,
@@ -244,12 +251,37 @@ def _fail(page: Page, block: Block, what: str) -> int:
     return 1
 
 
+def _catch_background_errors() -> list[str]:
+    """Record exceptions that would only be printed: in threads, and unraisable ones.
+
+    Python prints an exception raised in a thread the page started (or in ``__del__``) and
+    carries on; the test suite makes them errors, and so does the page runner.
+    """
+    errors: list[str] = []
+    show_thread, show_unraisable = threading.excepthook, sys.unraisablehook
+
+    def thread_error(args: threading.ExceptHookArgs) -> None:
+        show_thread(args)
+        where = args.thread.name if args.thread is not None else "a thread"
+        errors.append(f"{args.exc_type.__name__} in thread {where}")
+
+    def unraisable(args: sys.UnraisableHookArgs) -> None:
+        show_unraisable(args)
+        errors.append(f"unraisable {args.exc_type.__name__} ({args.err_msg or 'no message'})")
+
+    threading.excepthook, sys.unraisablehook = thread_error, unraisable
+    return errors
+
+
 def run_page(path: Path, name: str) -> int:
     """Execute the blocks of the page at ``path`` in order; returns an exit status.
 
     The namespace is a fresh ``__main__`` module whose file is a script holding the page's
     code (see :func:`script_text`), written to the working directory. A failing block
-    prints the page name, the block's line and the traceback to stderr and stops the run.
+    prints the page name, the block's line and the traceback to stderr and stops the run;
+    so does an exception raised in a thread the page started, or an unraisable one. After
+    the last block it prints ``ran N blocks`` to stdout, so a caller can tell a complete
+    run from a process that ended early with status 0.
     """
     text = path.read_text(encoding="utf-8")
     page = parse_page(text, name)
@@ -264,6 +296,7 @@ def run_page(path: Path, name: str) -> int:
     main.__builtins__ = __builtins__  # type: ignore[attr-defined]
     sys.modules["__main__"] = main
     namespace = main.__dict__
+    background = _catch_background_errors()
     for block in page.executed:
         if block.language in DOCTEST_LANGUAGES:
             test = doctest.DocTestParser().get_doctest(
@@ -274,6 +307,8 @@ def run_page(path: Path, name: str) -> int:
             runner.run(test, clear_globs=False, out=sys.stderr.write)
             if runner.failures:
                 return _fail(page, block, "failed (the doctest report is above)")
+            if background:
+                return _fail(page, block, f"raised in the background: {'; '.join(background)}")
             continue
         for start, code in ((block.setup_line, block.setup), (block.code_line, block.code)):
             if not code:
@@ -287,6 +322,9 @@ def run_page(path: Path, name: str) -> int:
                 # drop this runner's own frame: the traceback starts in the markdown
                 traceback.print_exception(kind, value, tb.tb_next if tb else None)
                 return 1
+        if background:
+            return _fail(page, block, f"raised in the background: {'; '.join(background)}")
+    print(f"{name}: ran {len(page.executed)} blocks")
     return 0
 
 

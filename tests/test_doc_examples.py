@@ -19,9 +19,9 @@ ROOT = Path(__file__).resolve().parents[1]
 RUNNER = Path(__file__).resolve().with_name("_doc_blocks.py")
 PAGE_TIMEOUT_S = 300
 
-# Pages allowed to have no executed block: an overview, measured output, and the API
+# Pages allowed to have no executed block: measured output, shell commands, and the API
 # reference (mkdocstrings `::: name` directives).
-WITHOUT_EXAMPLES = {"docs/index.md", "docs/benchmarks.md", "docs/cli.md"}
+WITHOUT_EXAMPLES = {"docs/benchmarks.md", "docs/cli.md"}
 WITHOUT_EXAMPLES_FOLDERS = ("docs/api/",)
 
 
@@ -69,6 +69,15 @@ def test_page_examples_run(name: str, tmp_path: Path) -> None:
             f"{result.stderr}\n--- stdout ---\n{result.stdout[-4000:]}",
             pytrace=False,
         )
+    assert _completed(result, name, len(page.executed)), (
+        f"{name}: the page's run ended with status 0 before its last block\n{result.stderr}"
+    )
+
+
+def _completed(result: subprocess.CompletedProcess[str], name: str, blocks: int) -> bool:
+    """Whether the runner reached the end of the page (its last line of output says so)."""
+    lines = result.stdout.splitlines()
+    return result.returncode == 0 and bool(lines) and lines[-1] == f"{name}: ran {blocks} blocks"
 
 
 def _allowed() -> set[str]:
@@ -129,6 +138,7 @@ def test_parse_reads_skips_and_setup() -> None:
         ("<!-- example-setup\nx = 1\n", "never closed"),
         ("<!-- example-setup\nx = 1\n-->\ntext\n```python\nx\n```\n", "immediately before"),
         ("```python\nx = 1\n", "never closed"),
+        ("```pycon\nx = 1\n```\n", "has no '>>> ' example"),
     ],
 )
 def test_parse_refuses_broken_markup(text: str, message: str) -> None:
@@ -147,7 +157,28 @@ def test_runner_shares_a_namespace_and_runs_setup_and_doctests(tmp_path: Path) -
     )
     result = _run(page, "docs/page.md", tmp_path)
     assert result.returncode == 0, result.stderr
+    assert _completed(result, "docs/page.md", 3)
     assert (tmp_path / "made.txt").read_text() == "hi"  # the page's working directory
+
+
+def test_runner_fails_a_page_whose_thread_raises(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text(
+        "```python\nimport threading\n\n\ndef work():\n    raise OSError('lost')\n\n\n"
+        "t = threading.Thread(target=work, name='reader')\nt.start()\nt.join()\n```\n"
+    )
+    result = _run(page, "docs/page.md", tmp_path)
+    assert result.returncode == 1
+    assert "the python block at line 1 raised in the background: OSError in thread reader" in (
+        result.stderr
+    )
+
+
+def test_a_run_that_ends_early_is_not_complete(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text("```python\nimport os\n\nos._exit(0)\n```\n\n```python\nx = 1\n```\n")
+    result = _run(page, "docs/page.md", tmp_path)
+    assert result.returncode == 0 and not _completed(result, "docs/page.md", 2)
 
 
 def test_runner_failure_names_the_page_line_and_traceback(tmp_path: Path) -> None:

@@ -362,6 +362,48 @@ def test_dask_encoded_bar_counts_shards(capsys: pytest.CaptureFixture) -> None:
         cluster.close()
 
 
+_WORKERS = textwrap.dedent(
+    """
+    import multiprocessing, sys
+    import mixle
+    from mixle.utils.progress import progress_bar
+
+    def work(path):
+        with progress_bar(total=1, desc="worker bar", enabled=True) as bar:
+            bar.update(1)
+        mixle.set_progress(True)
+        assert len(mixle.read_csv(path, progress=True)) == 40  # builds its index here
+
+    if __name__ == "__main__":
+        with progress_bar(total=1, desc="main bar") as bar:  # MIXLE_PROGRESS=1
+            bar.update(1)
+        child = multiprocessing.get_context(sys.argv[2]).Process(target=work, args=(sys.argv[1],))
+        child.start()
+        child.join()
+        sys.exit(child.exitcode)
+    """
+)
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_worker_processes_never_draw_bars(tmp_path: Path, start_method: str) -> None:
+    script = tmp_path / "workers.py"
+    script.write_text(_WORKERS)
+    path = _csv(tmp_path / "rows.csv")
+    env = {**os.environ, "MIXLE_PROGRESS": "1", "MIXLE_CACHE_DIR": str(tmp_path / "cache")}
+    done = subprocess.run(
+        [sys.executable, str(script), str(path), start_method],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=True,
+    )
+    assert _final(done.stderr, "main bar") == ("1", "1")
+    assert "worker bar" not in done.stderr and "indexing" not in done.stderr
+    assert (tmp_path / "cache").exists()  # the worker did build the index, silently
+
+
 # -- without tqdm --------------------------------------------------------------------------
 _NO_TQDM = textwrap.dedent(
     """

@@ -11,8 +11,8 @@ Needs matplotlib (``pip install "mixle[plot]"``), imported on the first call, ne
 - :func:`plot_sampling_density`: where a (weighted) sampler's patch centres fall, beside
   where its weight or label map says they should.
 
-Slices read one plane; projections read slab by slab along chunk boundaries, so memory
-stays bounded on a volume bigger than memory.
+Slices read one plane; projections read block by block along chunk boundaries (each
+chunk once), so memory stays bounded on a volume bigger than memory.
 """
 
 from mixle.plot.chunks import plot_chunk_grid

@@ -45,7 +45,7 @@ def plot_chunk_grid(
     ax
         Axes to draw into; ``None`` makes a new ``Figure`` (no pyplot).
     projection
-        ``"slice"`` (default), or ``"max"``/``"mean"`` along ``axis`` read slab by slab.
+        ``"slice"`` (default), or ``"max"``/``"mean"`` along ``axis`` read block by block.
     spatial_ndim
         How many trailing axes are spatial (default: up to 3); leading ones are channels.
     channel

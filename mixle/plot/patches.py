@@ -61,8 +61,8 @@ def plot_patches(
         Plane along ``axis`` for ``projection="slice"``; ``None``: the middle one.
     projection
         ``"slice"`` reads only that plane and draws the patches that contain it; ``"max"``
-        or ``"mean"`` project along ``axis`` slab by slab (chunk-aligned, bounded memory)
-        and draw every footprint.
+        or ``"mean"`` project along ``axis`` block by block (each chunk read once, bounded
+        memory) and draw every footprint.
     ax
         Axes to draw into; ``None`` makes a new ``Figure`` (no pyplot state is touched).
     max_patches

@@ -1,6 +1,6 @@
 """Which 2-D plane of an N-D volume a plot shows, and reading it with bounded memory.
 
-No matplotlib here: this is argument parsing and slab-by-slab reading that the plotting
+No matplotlib here: this is argument parsing and block-by-block reading that the plotting
 modules share, testable on its own.
 """
 
@@ -34,7 +34,7 @@ __all__ = [
 PROJECTIONS = ("slice", "max", "mean")
 #: Default bound on the pixels of a shown plane; larger planes are subsampled by a stride.
 MAX_PIXELS = 4_000_000
-#: Bytes one slab of a projection may take (slabs follow chunk boundaries below this).
+#: Bytes one block of a projection may take (blocks follow chunk boundaries below this).
 SLAB_BYTES = 64 * 1024 * 1024
 
 

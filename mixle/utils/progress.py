@@ -14,6 +14,10 @@ Whether a bar shows is decided, first match wins, by:
    running after :data:`PROGRESS_DELAY_S` seconds, so tests, CI logs and fast calls print
    nothing.
 
+Bars show only in the main process: a multiprocessing worker (``MPEncodedData``'s, a
+``multiprocessing.Pool``'s, a PyTorch ``DataLoader``'s) never draws one, whatever the
+setting, so N workers never print N interleaved bars.
+
 Bars need tqdm (``pip install "mixle[progress]"``); without it every bar is a silent no-op.
 tqdm is imported only when a bar may show, never by ``import mixle``.
 """
@@ -21,6 +25,7 @@ tqdm is imported only when a bar may show, never by ``import mixle``.
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
 import os
 import sys
 import threading
@@ -35,6 +40,7 @@ __all__ = [
     "PROGRESS_DELAY_S",
     "PROGRESS_ENV",
     "ProgressBar",
+    "in_worker_process",
     "parse_progress",
     "progress_bar",
     "progress_setting",
@@ -163,8 +169,11 @@ class ProgressBar:
         if self._bar is None:
             return
         with self._lock:
+            bar = self._bar
+            if bar is None:  # closed by another thread meanwhile
+                return
             try:
-                self._bar.update(n)
+                bar.update(n)
             except Exception:
                 self._drop()
 
@@ -184,8 +193,13 @@ class ProgressBar:
             bar.close()
 
 
+def in_worker_process() -> bool:
+    """Whether this process was started by :mod:`multiprocessing` (fork, spawn, forkserver)."""
+    return multiprocessing.parent_process() is not None
+
+
 def _make_bar(total: int | None, desc: str, unit: str, setting: bool | None) -> ProgressBar:
-    if setting is False:
+    if setting is False or in_worker_process():
         return ProgressBar()
     try:
         tqdm = require("tqdm", "progress", feature="progress bars").tqdm
@@ -231,7 +245,8 @@ def progress_bar(
     enabled
         ``True``: always show (even when stderr is not a terminal); ``False``: never;
         ``None``: :func:`set_progress`, then ``$MIXLE_PROGRESS``, then automatic (only on
-        a terminal, after :data:`PROGRESS_DELAY_S` seconds).
+        a terminal, after :data:`PROGRESS_DELAY_S` seconds). In a multiprocessing worker
+        no bar is ever shown.
 
     Yields
     ------

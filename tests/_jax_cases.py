@@ -10,7 +10,6 @@ from __future__ import annotations
 import gc
 import importlib
 import itertools
-import re
 import sys
 import threading
 from collections.abc import Iterator
@@ -36,8 +35,6 @@ from mixle.jax import (  # noqa: E402
     to_jax,
 )
 from mixle.loading.prefetch import THREAD_NAME_PREFIX  # noqa: E402
-
-DOCS = Path(__file__).parents[1] / "docs" / "jax.md"
 
 
 class Records:
@@ -440,15 +437,6 @@ def test_import_error_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delitem(sys.modules, name)
     with pytest.raises(ImportError, match=r'mixle.jax needs jax.*pip install "mixle\[jax\]"'):
         importlib.import_module("mixle.jax")
-
-
-def test_the_tutorial_runs() -> None:
-    text = DOCS.read_text()
-    namespace: dict[str, Any] = {}
-    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
-    assert blocks
-    for block in blocks:
-        exec(compile(block, "docs/jax.md", "exec"), namespace)
 
 
 def test_tabular_batches_go_to_jax(tmp_path: Path) -> None:

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import pickle
-import re
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -217,17 +215,3 @@ def test_sampler_without_replacement_per_epoch() -> None:
     with pytest.raises(ValueError, match="patches_per_chunk=2 cannot be combined with "
                                          "replacement=False"):  # fmt: skip
         PatchSampler(vol, 4, 3, replacement=False, patches_per_chunk=2)
-
-
-def test_the_sampling_modes_page_runs() -> None:
-    text = (Path(__file__).parents[1] / "docs" / "sampling-modes.md").read_text()
-    namespace: dict = {}
-    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
-    assert len(blocks) == 6
-    for block in blocks:
-        exec(compile(block, "docs/sampling-modes.md", "exec"), namespace)
-    assert len(namespace["each_once"]) == 48
-    label, corners = namespace["label"], namespace["corners"]
-    centres = (corners + 8) // 2
-    fraction = label[tuple(centres.T)].mean()
-    assert 0.4 < fraction < 0.6

@@ -5,12 +5,10 @@ from __future__ import annotations
 import gc
 import itertools
 import json
-import re
 import subprocess
 import sys
 import threading
 import traceback
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -470,16 +468,6 @@ def test_bad_arguments_name_the_argument_and_what_is_accepted() -> None:
     with pytest.raises(ValueError, match="records are SEQUENTIAL and may not be reordered"):
         Loader(seq, 2, shuffle=True)
     assert len(list(Loader(seq, 2))) == 2
-
-
-def test_the_tutorial_runs() -> None:
-    pytest.importorskip("torch")
-    pytest.importorskip("grain.python")
-    text = (Path(__file__).parents[1] / "docs" / "loader.md").read_text()
-    namespace: dict[str, Any] = {}
-    for block in re.findall(r"```python\n(.*?)```", text, re.S):
-        exec(compile(block, "docs/loader.md", "exec"), namespace)
-    assert not loader_threads()
 
 
 def test_blocked_shard_layout_is_part_of_the_resume_state() -> None:

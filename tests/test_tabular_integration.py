@@ -3,7 +3,6 @@ and the docs/tabular.md tutorial (including the table-volume join) run as a test
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
@@ -73,14 +72,3 @@ def test_mpencoded_workers_read_their_own_rows(tmp_path: Path, kind: str) -> Non
         assert enc.stats["read_in"] == "workers" and enc.stats["driver_bytes_read"] == 0
         assert enc.map_reduce(_id_sum) == sum(range(50))
         assert enc.map(_ids) == [list(range(0, 50, 2)), list(range(1, 50, 2))]
-
-
-def test_the_tutorial_runs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv("MIXLE_CACHE_DIR", str(tmp_path))  # restored after the tutorial
-    text = (ROOT / "docs" / "tabular.md").read_text()
-    namespace: dict[str, Any] = {}
-    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
-    assert len(blocks) == 4
-    for block in blocks:
-        exec(compile(block, "docs/tabular.md", "exec"), namespace)
-    assert len(namespace["dataset"]) == 12

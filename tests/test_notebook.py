@@ -59,7 +59,7 @@ def text_of(cell: Any) -> str:
 @pytest.fixture
 def kernel_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A kernel spec for this interpreter (found through ``$JUPYTER_PATH``), and the
-    environment the kernel inherits."""
+    environment the kernel inherits (its temporary folder is ``temp/`` in here)."""
     spec = tmp_path / "kernels" / KERNEL
     spec.mkdir(parents=True)
     argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
@@ -72,6 +72,9 @@ def kernel_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         "PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     )
     monkeypatch.delenv("MPLBACKEND", raising=False)  # the kernel picks its inline backend
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))  # the kernel's tempfile.mkdtemp() lands here
     work = tmp_path / "work"
     work.mkdir()
     return tmp_path
@@ -108,4 +111,6 @@ def test_notebook_runs_end_to_end(kernel_env: Path):
         cell for cell in code if any("image/png" in getattr(o, "data", {}) for o in cell.outputs)
     ]
     assert len(pictures) == 3  # footprints, sampling density, chunk grid
-    assert list(work.iterdir()) == []  # the notebook cleaned up after itself
+    assert list(work.iterdir()) == []  # nothing written to the working directory
+    # and its temporary folder (the zarr store) is gone
+    assert list((kernel_env / "temp").glob("mixle-notebook-*")) == []

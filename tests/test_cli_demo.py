@@ -198,6 +198,7 @@ def test_demo_restores_the_cache_budget_and_shows_progress(own_tmp, capsys):
             size=32, patch=8, num_patches=8, use_jax=False, cache_mib=1, progress=True
         )
         assert result.cache_mib == 1 and chunk_cache().budget == 3 * 2**20
+        assert chunk_cache().stats().bytes == 0  # no chunks of the removed volume stay
     finally:
         set_chunk_cache_bytes(before)
     err = capsys.readouterr().err

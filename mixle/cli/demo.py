@@ -168,7 +168,8 @@ def run_demo(
     keep
         Keep the temporary folder (its path is printed) instead of removing it.
     cache_mib
-        Budget of the decoded-chunk cache during the demo (the old one is restored).
+        Budget of the decoded-chunk cache during the demo; afterwards the old budget is
+        restored and the cache is left empty (its hit and miss counters keep counting).
     progress
         Progress bars on stderr: ``True``, ``False`` or ``None`` (automatic: on a terminal).
     out
@@ -269,6 +270,7 @@ def run_demo(
                 written = png_path
                 say(f"picture of the patch locations: {png_path.resolve()}")
     finally:
+        set_chunk_cache_bytes(0)  # drops the decoded chunks of a volume about to be removed
         set_chunk_cache_bytes(old_budget)
         if not keep:
             shutil.rmtree(folder, ignore_errors=True)

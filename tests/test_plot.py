@@ -482,6 +482,28 @@ def test_density_of_an_unweighted_sampler_is_one_histogram(volume):
     np.testing.assert_array_equal(drawn, want)
 
 
+def test_pooled_density_is_framed_at_the_volumes_edge():
+    vol = np.zeros((4, 50, 70), dtype=np.float32)
+    sampler = mixle.PatchSampler(vol, 2, 100, seed=0)
+    (ax,) = plot_sampling_density(sampler, num_draws=100, max_bins=16)
+    assert image(ax).shape == (13, 14)  # bins of 4 x 5 voxels
+    assert ax.images[0].get_extent() == [0.0, 70.0, 52.0, 0.0]  # the last row of bins
+    assert ax.get_xlim() == (0.0, 70.0) and ax.get_ylim() == (50.0, 0.0)
+
+
+def test_drawing_never_imports_pyplot():
+    code = (
+        "import sys, numpy as np, mixle, mixle.plot as mp\n"
+        "v = np.random.default_rng(0).random((6, 8, 8))\n"
+        "s = mixle.PatchSampler(v, 4, 5, weights=v)\n"
+        "mp.plot_sampler(s, projection='max'); mp.plot_chunk_grid(v)\n"
+        "mp.plot_sampling_density(s, num_draws=20)\n"
+        "print('matplotlib.pyplot' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
 def test_density_of_a_grid_sampler_stops_at_its_length(volume):
     grid = mixle.GridSampler(volume, (6, 10, 12))
     axes = plot_sampling_density(grid, num_draws=100)

@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 
 from mixle.data.sources.adopt import as_array_source
-from mixle.plot.figure import frame, new_axes, parse_axis_names, parse_clip, show_plane, where
-from mixle.plot.planes import MAX_PIXELS, Plane, parse_plane, read_plane
+from mixle.plot.figure import draw_plane, parse_axis_names, parse_clip, where
+from mixle.plot.planes import MAX_PIXELS, Plane, parse_plane
 
 __all__ = ["plot_chunk_grid"]
 
@@ -81,8 +81,7 @@ def plot_chunk_grid(
     )
     names = parse_axis_names(axis_names, len(plane.spatial))
     shade = parse_clip(clip)
-    (target,) = new_axes(ax, shape=plane.size)
-    show_plane(target, read_plane(plane), plane, cmap=cmap, clip=shade, axis_names=names)
+    target = draw_plane(ax, plane, cmap=cmap, clip=shade, axis_names=names)
     chunks, shards = src.chunks, src.shards
     drawn = []
     for grid, color, width, label in (
@@ -91,7 +90,6 @@ def plot_chunk_grid(
     ):
         if grid is not None and _lines(target, plane, grid, color, width, label):
             drawn.append(label)
-    frame(target, plane)
     if drawn:
         target.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
     target.set_title(title if title is not None else _title(plane, chunks, shards, names))

@@ -108,12 +108,15 @@ def plot_sampling_density(
         float(drawn.shape[0] * bins[0] * factor[rows]),
         0.0,
     )
+    left, right, bottom, top_edge = view.limits
     for target, (image, text) in zip(axes, panels):
         im = target.imshow(
             image, cmap=cmap, vmin=0.0, vmax=top, extent=extent, interpolation="nearest"
         )
         target.set_ylabel(axis_label(view, rows, names))
         target.set_xlabel(axis_label(view, cols, names))
+        target.set_xlim(left, right)  # the last bins may reach past the volume's edge
+        target.set_ylim(bottom, top_edge)
         target.set_title(text, fontsize="medium")
     pooled = f"patch centres per bin ({bins[0] * factor[rows]}x{bins[1] * factor[cols]} voxels)"
     axes[-1].figure.colorbar(im, ax=list(axes), shrink=0.8, label=pooled)

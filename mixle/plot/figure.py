@@ -1,4 +1,4 @@
-"""Shared matplotlib pieces: fresh axes without pyplot, a contrast-clipped image, labels."""
+"""Shared matplotlib pieces: fresh axes without pyplot, a framed and clipped plane, labels."""
 
 from __future__ import annotations
 
@@ -7,16 +7,15 @@ from typing import Any
 
 import numpy as np
 
-from mixle.plot.planes import Plane
+from mixle.plot.planes import Plane, read_plane
 from mixle.utils.optional_deps import require
 
 __all__ = [
     "axis_label",
-    "frame",
+    "draw_plane",
     "new_axes",
     "parse_axis_names",
     "parse_clip",
-    "show_plane",
     "where",
 ]
 
@@ -59,36 +58,38 @@ def parse_clip(clip: object) -> tuple[float, float] | None:
     return low, high
 
 
-def show_plane(
+def draw_plane(
     ax: Any,
-    image: np.ndarray,
     plane: Plane,
     *,
     cmap: str,
     clip: tuple[float, float] | None,
     axis_names: Sequence[str] | None,
-    **imshow: Any,
 ) -> Any:
-    """Draw ``image`` over ``plane.extent`` (voxel units) with percentile contrast; label axes."""
+    """Read ``plane`` and show it on ``ax`` (``None``: new axes), framed at the volume's edge.
+
+    The image lies over :attr:`Plane.extent` in voxel units, its contrast clipped to the
+    ``clip`` percentiles of its finite values; the axes are labelled and limited to
+    :attr:`Plane.limits`. Returns the Axes.
+    """
+    (target,) = new_axes(ax, shape=plane.size)
+    image = read_plane(plane)
     shown = image.astype(np.uint8) if image.dtype == bool else image
-    if clip is not None and "vmin" not in imshow and "vmax" not in imshow:
+    scale: dict[str, float] = {}
+    if clip is not None:
         finite = shown[np.isfinite(shown)] if shown.dtype.kind == "f" else shown.ravel()
         if finite.size:
             low, high = np.percentile(finite, clip)
-            imshow["vmin"], imshow["vmax"] = float(low), float(high)
-    im = ax.imshow(
-        shown, cmap=cmap, extent=plane.extent, interpolation="nearest", origin="upper", **imshow
+            scale = {"vmin": float(low), "vmax": float(high)}
+    target.imshow(
+        shown, cmap=cmap, extent=plane.extent, interpolation="nearest", origin="upper", **scale
     )
-    ax.set_ylabel(axis_label(plane, plane.rows, axis_names))
-    ax.set_xlabel(axis_label(plane, plane.cols, axis_names))
-    return im
-
-
-def frame(ax: Any, plane: Plane) -> None:
-    """Limit ``ax`` to the volume's plane (:attr:`Plane.limits`), whatever is drawn past it."""
+    target.set_ylabel(axis_label(plane, plane.rows, axis_names))
+    target.set_xlabel(axis_label(plane, plane.cols, axis_names))
     left, right, bottom, top = plane.limits
-    ax.set_xlim(left, right)
-    ax.set_ylim(bottom, top)
+    target.set_xlim(left, right)
+    target.set_ylim(bottom, top)
+    return target
 
 
 def axis_label(plane: Plane, spatial_axis: int, axis_names: Sequence[str] | None) -> str:

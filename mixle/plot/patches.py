@@ -11,8 +11,8 @@ from numpy.typing import ArrayLike, NDArray
 from mixle.data.patch_args import per_axis
 from mixle.data.sources.adopt import as_array_source
 from mixle.data.sources.base import ArraySource
-from mixle.plot.figure import frame, new_axes, parse_axis_names, parse_clip, show_plane, where
-from mixle.plot.planes import MAX_PIXELS, Plane, parse_plane, read_plane
+from mixle.plot.figure import draw_plane, parse_axis_names, parse_clip, where
+from mixle.plot.planes import MAX_PIXELS, Plane, parse_plane
 from mixle.utils.validation import parse_int
 
 __all__ = ["INDIVIDUAL_PATCHES", "plot_patches", "plot_sampler"]
@@ -116,8 +116,7 @@ def plot_patches(
         channel=channel,
         max_pixels=max_pixels,
     )
-    (target,) = new_axes(ax, shape=plane.size)
-    show_plane(target, read_plane(plane), plane, cmap=cmap, clip=shade, axis_names=names)
+    target = draw_plane(ax, plane, cmap=cmap, clip=shade, axis_names=names)
     if plane.axis is not None and plane.index is not None:  # a slice: the patches across it
         a, at = plane.axis, plane.index
         hits = boxes[(boxes[:, a] <= at) & (at < boxes[:, a] + size[a])]
@@ -125,7 +124,6 @@ def plot_patches(
         hits = boxes
     drawn = hits[:limit]
     _draw_boxes(target, drawn, size, plane.rows, plane.cols, color, linewidth)
-    frame(target, plane)
     target.set_title(
         title if title is not None else _title(plane, names, len(drawn), len(hits), len(boxes))
     )

@@ -171,7 +171,7 @@ def test_demo_runs_and_cleans_up(own_tmp, backend):
     rows = table(text)
     check_row(rows["random"], 40)
     check_row(rows["grid"], 6**3)
-    assert "jax" not in rows and "jax: not run" in text
+    assert "jax" not in rows and "jax: skipped (--no-jax)" in text
     # memmaps never look in the chunk cache; chunked stores do, and the grid hits it
     assert (rows["grid"][4] == "-") == (resolved == "memmap")
     assert (grid.cache_hits > 0) == (resolved != "memmap")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 from mixle.cli._demo_runs import RunStats
@@ -14,6 +15,7 @@ __all__ = [
     "DEFAULT_PNG",
     "PICTURE_CLIP",
     "PICTURE_PATCHES",
+    "REPORT_WIDTH",
     "format_mib",
     "format_table",
     "report_lines",
@@ -25,6 +27,8 @@ DEFAULT_PNG = "mixle-demo.png"
 #: Footprints drawn over the axial slice, and the intensity percentiles the slices show.
 PICTURE_PATCHES = 60
 PICTURE_CLIP = (0.5, 99.9)
+#: Width the sentences under the table are wrapped to.
+REPORT_WIDTH = 88
 
 
 def format_mib(mib: float) -> str:
@@ -86,9 +90,13 @@ def report_lines(
     if "grid" in by_name:
         grid = by_name["grid"]
         verdict = "equals" if grid.facts["checksum_ok"] else "DIFFERS FROM"
-        lines.append(
-            f"grid: {grid.facts['tiles']} tiles cover the volume; their voxel checksum "
-            f"{verdict} the written volume's"
+        lines.extend(
+            textwrap.wrap(
+                f"grid: {grid.facts['tiles']} tiles cover the volume; their voxel checksum "
+                f"{verdict} the written volume's",
+                REPORT_WIDTH,
+                subsequent_indent="  ",
+            )
         )
     if "jax" in by_name:
         jax = by_name["jax"]
@@ -103,19 +111,23 @@ def report_lines(
     if peaks:
         line = f"peak RSS {format_mib(max(peaks))} for a {format_mib(volume_mib)} volume"
         if backend == "memmap":
-            lines.append(f"{line} (a memmap's RSS counts the file pages it touched: page")
-            lines.append("  cache the kernel can reclaim, not memory mixle allocated)")
-        elif cache_mib == 0:
-            lines.append(f"{line}: a batch decodes the chunks its patches touch, and with")
-            lines.append("  the chunk cache off none is kept after the batch")
-        elif cache_mib < volume_mib:
-            lines.append(f"{line}: a batch decodes the chunks its patches touch, and at")
-            lines.append(
-                f"  most {cache_mib:.0f} MiB of decoded chunks are kept; the volume is never"
+            line += (
+                " (a memmap's RSS counts the file pages it touched: page cache the kernel can "
+                "reclaim, not memory mixle allocated)"
             )
-            lines.append("  held in memory whole")
+        elif cache_mib == 0:
+            line += (
+                ": a batch decodes the chunks its patches touch, and with the chunk cache off "
+                "none is kept after the batch"
+            )
+        elif cache_mib < volume_mib:
+            line += (
+                f": a batch decodes the chunks its patches touch, and at most {cache_mib:.0f} MiB "
+                "of decoded chunks are kept; the volume is never held in memory whole"
+            )
         else:
-            lines.append(f"{line} (the {cache_mib:.0f} MiB chunk cache holds all of it)")
+            line += f" (the {cache_mib:.0f} MiB chunk cache holds all of it)"
+        lines.extend(textwrap.wrap(line, REPORT_WIDTH, subsequent_indent="  "))
         jax_rss = by_name["jax"].peak_rss_mib if "jax" in by_name else None
         if jax_rss is not None:
             lines.append(f"  (with the JAX runtime loaded: {jax_rss:.0f} MiB)")

@@ -260,7 +260,9 @@ def run_demo(
             if jax_run:
                 jax_note = ""
             else:
-                jax_note = "not run" if HAS_JAX else 'not installed (pip install "mixle[jax]")'
+                jax_note = (
+                    "skipped (--no-jax)" if HAS_JAX else 'not installed (pip install "mixle[jax]")'
+                )
             for line in report_lines(
                 runs, volume_mib=volume_mib, cache_mib=cache_mib, backend=backend, jax_note=jax_note
             ):

@@ -95,8 +95,8 @@ def _chunk_findings(
     if size < SMALL_CHUNK_BYTES and not whole and a.nbytes > SMALL_CHUNK_BYTES:
         if a.shards is not None:
             why = (
-                "mixle merges neighbouring inner chunks of a shard into few requests, but "
-                "each inner chunk is still one decode call, so per-chunk overhead dominates"
+                "each inner chunk one decode call (mixle merges neighbouring inner chunks of "
+                "a shard into few requests), so per-chunk overhead dominates"
             )
         else:
             why = "each one request and one decode call, so per-chunk overhead dominates"

@@ -39,7 +39,7 @@ from mixle.inspection import (
     suggest_chunks,
 )
 from mixle.reading.cache import DEFAULT_CHUNK_CACHE_BYTES
-from mixle.testing_servers import MotoS3Server, RangeHTTPServer
+from mixle.testing_servers import FaultPlan, MotoS3Server, RangeHTTPServer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -664,6 +664,27 @@ def test_remote_errors_over_http(http, capsys):
     assert "does not exist" in capsys.readouterr().err
     assert main(["inspect", f"{http.url}/notes.txt"]) == 1
     assert "is not a zarr store, an HDF5 file or a .npy file" in capsys.readouterr().err
+
+
+@pytest.mark.usefixtures("fast_retries")
+def test_a_failing_server_is_not_reported_as_a_missing_store(samples, capsys):
+    # fsspec turns a 503 on its probes into False / FileNotFoundError: retried, then said
+    with RangeHTTPServer(samples, FaultPlan(fail_every=1)) as server:
+        assert main(["inspect", f"{server.url}/c.npy"]) == 1
+        err = capsys.readouterr().err
+        assert "does not exist" not in err and "failed after 5 tries" in err and "503" in err
+
+
+@pytest.mark.usefixtures("fast_retries")
+@pytest.mark.parametrize("name", ["c.npy", "scan.h5"])
+def test_a_flaky_server_is_retried_while_probing_and_walking(samples, name):
+    clean = FaultPlan()
+    with RangeHTTPServer(samples, clean) as server:
+        expected = local_facts(inspect_store(f"{server.url}/{name}"))
+    flaky = FaultPlan(fail_every=4)  # a 503 in the probe, then in the metadata walk
+    with RangeHTTPServer(samples, flaky) as server:
+        assert local_facts(inspect_store(f"{server.url}/{name}")) == expected
+    assert flaky.requests > clean.requests >= 4
 
 
 @pytest.mark.usefixtures("fast_retries")

@@ -241,3 +241,17 @@ def test_a_missing_file_raised_from_a_transient_error_is_retried_not_a_fill_valu
     assert not is_transient(FileNotFoundError("http://127.0.0.1/x"))  # a real 404 stays one
     assert retry_call(flaky_open, url="http://127.0.0.1/x", key="(file)") == "opened"
     assert len(calls) == 3
+
+
+def test_a_remote_read_error_is_never_retried_again():
+    # its retries are spent: an outer retry (a whole-walk retry) must not multiply them
+    from mixle.reading.faults import is_transient
+
+    try:
+        try:
+            raise ConnectionResetError("dropped")
+        except ConnectionResetError:
+            raise RemoteReadError("reading x failed after 5 tries") from None
+    except RemoteReadError as exc:
+        assert isinstance(exc.__context__, ConnectionResetError)
+        assert not is_transient(exc)

@@ -31,14 +31,8 @@ def inspect_hdf5(
     handle = None
     if remote:
         from mixle.data.sources.hdf5_remote import open_remote_file
-        from mixle.reading.faults import retry_call
 
-        _fs, _path, handle = retry_call(
-            lambda: open_remote_file(location, storage_options),
-            url=display_path(location),
-            key="(file)",
-            secrets=storage_options,
-        )
+        _fs, _path, handle = open_remote_file(location, storage_options)
     try:
         try:
             file = h5py.File(handle if handle is not None else location, "r")

@@ -77,7 +77,18 @@ def inspect_store(
         )
     kind = _detect(location, storage_options)
     inspect = {"zarr": inspect_zarr, "hdf5": inspect_hdf5, "npy": inspect_npy}[kind]
-    root = inspect(location, storage_options, edges)
+    if is_remote(location):
+        from mixle.reading.faults import retry_call
+
+        # a transient server failure anywhere in the metadata reads retries the whole walk
+        root = retry_call(
+            lambda: inspect(location, storage_options, edges),
+            url=display_path(location),
+            key="(metadata)",
+            secrets=storage_options,
+        )
+    else:
+        root = inspect(location, storage_options, edges)
     return StoreReport(display_path(path_or_url), kind, root, edges)
 
 
@@ -103,19 +114,29 @@ def _detect(location: str, storage_options: dict[str, Any] | None) -> str:
         if head == HDF5_MAGIC or (HAS_H5PY and _is_hdf5_local(location)):
             return "hdf5"
         raise UnsupportedStoreError(f"{shown!r} {expected}")
+    from mixle.reading.faults import retry_call
+
     fs, path = url_fs(location, storage_options)
     base = path.rstrip("/")
-    for name in ("zarr.json", ".zarray", ".zgroup"):
-        if fs.exists(f"{base}/{name}"):
-            return "zarr"
-    try:
+
+    def probe() -> bytes | None:
+        # fsspec answers exists() with False and open() with FileNotFoundError when the
+        # server fails (a 503): the whole probe is retried, so a flaky server is not
+        # reported as a missing store
+        if any(fs.exists(f"{base}/{name}") for name in ("zarr.json", ".zarray", ".zgroup")):
+            return None
         with open_head(fs, path) as fh:
-            head = fh.read(8)
+            return bytes(fh.read(8))
+
+    try:
+        head = retry_call(probe, url=shown, key="(store type)", secrets=storage_options)
     except (FileNotFoundError, IsADirectoryError):
         raise FileNotFoundError(
             f"{shown!r} does not exist (no file there, and no zarr.json, .zarray or .zgroup "
             "below it)"
         ) from None
+    if head is None:
+        return "zarr"
     if head.startswith(NPY_MAGIC):
         return "npy"
     if head == HDF5_MAGIC:

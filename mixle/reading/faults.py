@@ -145,6 +145,8 @@ def _seconds(value: object, name: str) -> float:
 
 def is_transient(exc: BaseException) -> bool:
     """Whether ``exc`` is worth retrying: a 5xx/429/408, a dropped connection or a timeout."""
+    if isinstance(exc, RemoteReadError):  # retried already: its retries are spent
+        return False
     if isinstance(exc, _PERMANENT):
         # fsspec's HTTP filesystem reports a failed size probe (a 503, a dropped connection)
         # as FileNotFoundError raised from the real error: that one is worth retrying
@@ -169,6 +171,8 @@ def is_transient(exc: BaseException) -> bool:
 
 
 def _failure(exc: BaseException, url: str, key: str, tries: int, secrets: object) -> str:
+    if isinstance(exc, FileNotFoundError) and exc.__cause__ is not None:
+        exc = exc.__cause__  # fsspec's "not found" over the server error that caused it
     reason = redact_text(f"{type(exc).__name__}: {exc}", secrets)
     return f"reading {redact_text(url, secrets)} (chunk {key}) failed after {tries} tries: {reason}"
 

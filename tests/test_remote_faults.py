@@ -247,11 +247,13 @@ def test_a_remote_read_error_is_never_retried_again():
     # its retries are spent: an outer retry (a whole-walk retry) must not multiply them
     from mixle.reading.faults import is_transient
 
-    try:
+    def spent() -> None:
         try:
             raise ConnectionResetError("dropped")
         except ConnectionResetError:
             raise RemoteReadError("reading x failed after 5 tries") from None
-    except RemoteReadError as exc:
-        assert isinstance(exc.__context__, ConnectionResetError)
-        assert not is_transient(exc)
+
+    with pytest.raises(RemoteReadError) as info:
+        spent()
+    assert isinstance(info.value.__context__, ConnectionResetError)
+    assert not is_transient(info.value)

@@ -11,6 +11,7 @@ silently filled with garbage.
 from __future__ import annotations
 
 import errno
+import gc
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -224,5 +225,10 @@ def retry_call(call: Callable[[], T], *, url: str, key: str, secrets: object = N
                 raise
             if attempt + 1 == policy.attempts:
                 raise RemoteReadError(_failure(exc, url, key, policy.attempts, secrets)) from None
-            time.sleep(policy.delay(attempt))
+        # The failed try's objects can sit in reference cycles (through its traceback).
+        # Free them now, in this thread: collected later on fsspec's I/O thread, an h5py
+        # object's finalizer would wait there for h5py's global lock while the next try
+        # holds that lock waiting for the same I/O thread, a deadlock (h5py issue 2019).
+        gc.collect()
+        time.sleep(policy.delay(attempt))
     raise AssertionError("unreachable")  # pragma: no cover

@@ -226,7 +226,7 @@ def test_demo_says_so_when_the_folder_could_not_be_removed(own_tmp, monkeypatch)
 
 
 def test_report_states_memory_facts_it_can_back():
-    from mixle.cli._demo_report import format_mib, report_lines
+    from mixle.cli._demo_report import mib_text, report_lines
     from mixle.cli._demo_runs import RunStats
 
     def report(**options):
@@ -238,12 +238,9 @@ def test_report_states_memory_facts_it_can_back():
     assert "never held in memory whole" in lines and "never the whole volume" not in lines
     off = report(volume_mib=256, cache_mib=0)
     assert "chunk cache off" in off and "at most 0 MiB" not in off
-    assert [format_mib(m) for m in (256, 3.44, 0.5, 1 / 128)] == [
-        "256 MiB",
-        "3.4 MiB",
-        "512 KiB",
-        "8 KiB",
-    ]
+    small = report(volume_mib=0.5, cache_mib=64)  # sizes under 1 MiB in KiB, never "0.0 MiB"
+    assert "for a 512 KiB volume" in small
+    assert [mib_text(m) for m in (256, 0.5, 1 / 128)] == ["256 MiB", "512 KiB", "8 KiB"]
 
 
 def test_demo_writes_a_png(own_tmp):

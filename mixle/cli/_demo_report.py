@@ -5,10 +5,11 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
-from mixle.cli._demo_runs import RunStats
+from mixle.cli._demo_runs import MIB, RunStats
 from mixle.cli._demo_volume import AXIAL_SLICE, CORONAL_SLICE
 from mixle.data.grid import GridSampler
 from mixle.data.patch_sampler import PatchSampler
+from mixle.inspection.formatting import format_bytes
 from mixle.utils.optional_deps import require
 
 __all__ = [
@@ -16,8 +17,8 @@ __all__ = [
     "PICTURE_CLIP",
     "PICTURE_PATCHES",
     "REPORT_WIDTH",
-    "format_mib",
     "format_table",
+    "mib_text",
     "report_lines",
     "save_picture",
 ]
@@ -31,13 +32,9 @@ PICTURE_CLIP = (0.5, 99.9)
 REPORT_WIDTH = 88
 
 
-def format_mib(mib: float) -> str:
-    """``"256 MiB"``, ``"3.4 MiB"``, ``"512 KiB"``: whole MiB from 10 up, KiB below 1."""
-    if mib >= 10:
-        return f"{mib:.0f} MiB"
-    if mib >= 1:
-        return f"{mib:.1f} MiB"
-    return f"{mib * 1024:.0f} KiB"
+def mib_text(mib: float) -> str:
+    """A size given in MiB as text in binary units (``"256 MiB"``, ``"512 KiB"``)."""
+    return format_bytes(mib * MIB)
 
 
 def format_table(runs: list[RunStats]) -> list[str]:
@@ -109,7 +106,7 @@ def report_lines(
         lines.append(f"jax: {jax_note}")
     peaks = [r.peak_rss_mib for r in runs if r.name != "jax" and r.peak_rss_mib is not None]
     if peaks:
-        line = f"peak RSS {format_mib(max(peaks))} for a {format_mib(volume_mib)} volume"
+        line = f"peak RSS {mib_text(max(peaks))} for a {mib_text(volume_mib)} volume"
         if backend == "memmap":
             line += (
                 " (a memmap's RSS counts the file pages it touched: page cache the kernel can "

@@ -24,8 +24,8 @@ from typing import TextIO
 from mixle.cli._demo_options import check_options, choose_png
 from mixle.cli._demo_report import (
     DEFAULT_PNG,
-    format_mib,
     format_table,
+    mib_text,
     report_lines,
     save_picture,
 )
@@ -223,7 +223,7 @@ def run_demo(
     written = None
     try:
         set_chunk_cache_bytes(cache_mib * MIB)
-        say(f"writing a {size}^3 int16 CT-like volume ({format_mib(volume_mib)}) as {backend}")
+        say(f"writing a {size}^3 int16 CT-like volume ({mib_text(volume_mib)}) as {backend}")
         say(f"  to {folder}")
         t0 = time.perf_counter()
         with progress_bar(size, "writing volume", "plane", progress) as bar:
@@ -233,7 +233,7 @@ def run_demo(
         write_s = time.perf_counter() - t0
         disk = _disk_mib(volume.path)
         say(
-            f"  {volume.path.name}: {format_mib(disk)} on disk, chunks {volume.chunks}, "
+            f"  {volume.path.name}: {mib_text(disk)} on disk, chunks {volume.chunks}, "
             f"{write_s:.1f} s"
         )
         say(f"reading with {decode_threads()} decode threads and a {cache_mib} MiB chunk cache")

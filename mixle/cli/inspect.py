@@ -18,7 +18,7 @@ from mixle.inspection import (
     inspect_store,
     parse_patch,
 )
-from mixle.inspection.formatting import shape_text
+from mixle.inspection.formatting import shape_text, times_text
 
 __all__ = ["parse_storage_option", "register", "render_report"]
 
@@ -104,7 +104,7 @@ def _array_lines(
             stored += f" for {format_bytes(a.decoded_bytes)} decoded"
         ratio = a.compression_ratio
         if ratio is not None:
-            stored += f" (ratio {ratio:,.0f}x)" if ratio >= 100 else f" (ratio {ratio:.3g}x)"
+            stored += f" (ratio {times_text(ratio)})"
     whole = "variable size" if a.nbytes is None else f"{format_bytes(a.nbytes)} decoded"
     rows.append(("stored", f"{stored}; whole array {whole}"))
     cost = a.patch_cost

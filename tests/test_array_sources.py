@@ -429,3 +429,21 @@ def test_hdf5_closed_while_threads_read_gives_source_closed(stores, dataset):
             t.join(timeout=60)
         assert not any(t.is_alive() for t in threads)
         assert all(isinstance(e, SourceClosedError) for e in errors), errors
+
+
+@pytest.mark.parametrize("kind", ["array", "records"])
+def test_metadata_is_published_before_the_handle(tmp_path, kind):
+    # _live() hands out the handle without the lock once it is set: a thread that sees the
+    # handle must also see the metadata (record sources set the handle first, once)
+    np.save(tmp_path / "v.npy", np.arange(24.0).reshape(4, 6))
+    base = mixle.NpyArraySource if kind == "array" else mixle.MemorySource
+    seen: list[object] = []
+
+    class Watched(base):  # type: ignore[misc, valid-type]
+        def __setattr__(self, name: str, value: object) -> None:
+            if name == "_handle" and value is not None:
+                seen.append(self._meta)
+            super().__setattr__(name, value)
+
+    src = Watched(tmp_path / "v.npy") if kind == "array" else Watched({"x": np.arange(5)})
+    assert len(src) in (4, 5) and seen and all(meta is not None for meta in seen)

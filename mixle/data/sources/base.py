@@ -10,8 +10,6 @@ pickling by reference, reopening after ``fork``, and a clear error after ``close
 from __future__ import annotations
 
 import abc
-import os
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, TypeGuard
@@ -92,11 +90,7 @@ class ArraySource(SourceLifetime, abc.ABC):
     _args: dict[str, Any] | None
     _structure: SampleStructure
     _schema: Schema | None
-    _handle: Any
     _meta: ArrayMeta | None
-    _pid: int
-    _closed: bool
-    _lock: threading.Lock
     _reader: tuple[Any, ChunkReader | None] | None
 
     # -- construction -------------------------------------------------------------------
@@ -105,12 +99,8 @@ class ArraySource(SourceLifetime, abc.ABC):
         self._args = args
         self._structure = parse_structure(structure)
         self._schema = parse_schema(schema)
-        self._handle = None
-        self._meta = None
-        self._pid = os.getpid()
-        self._closed = False
-        self._lock = threading.Lock()
         self._reader = None
+        self._init_lifetime()
 
     @abc.abstractmethod
     def _open(self) -> Any:
@@ -136,28 +126,16 @@ class ArraySource(SourceLifetime, abc.ABC):
         return np.asarray(handle[key])
 
     # -- handles ------------------------------------------------------------------------
-    def _live(self) -> Any:
-        """The open array object, opened on first use and reopened after a fork."""
-        if self._closed:
-            raise self._closed_error()
-        pid = os.getpid()
-        if self._pid != pid:  # forked: never share the parent's handles...
-            self._pid, self._lock = pid, threading.Lock()
-            if self._args is not None:  # ...unless they cannot be reopened (in-memory file)
-                self._handle = None
-        handle = self._handle
-        if handle is None:
-            with self._lock:
-                if self._closed:  # closed while this thread waited: open nothing
-                    raise self._closed_error()
-                if self._handle is None:
-                    handle = self._open()
-                    meta = self._describe(handle)
-                    if self._schema is not None:
-                        self._schema.check(meta.dtype, meta.shape, what=self._location())
-                    self._meta, self._handle = meta, handle
-                handle = self._handle
-        return handle
+    def _open_described(self) -> tuple[Any, ArrayMeta]:
+        handle = self._open()
+        meta = self._describe(handle)
+        if self._schema is not None:
+            self._schema.check(meta.dtype, meta.shape, what=self._location())
+        return handle, meta
+
+    def _forked(self, handle: Any) -> Any:
+        # never share the parent's handle, unless it cannot be reopened (an in-memory file)
+        return handle if self._args is None else None
 
     def _metadata(self) -> ArrayMeta:
         self._live()

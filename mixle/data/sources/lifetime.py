@@ -1,13 +1,15 @@
-"""What every source does at the end of its life: ``close()``, ``with``, a clear error after.
+"""The life of a source's one handle: opened lazily under a lock, reopened after ``fork``,
+closed by ``close()`` or ``with``, a clear error after.
 
 Array sources (:mod:`mixle.data.sources.base`) and record sources
-(:mod:`mixle.data.sources.records`) keep one live handle, opened lazily under a lock and
-reopened after ``fork``; this mixin closes it the same way for both.
+(:mod:`mixle.data.sources.records`) both keep one live handle and the metadata read with
+it; this mixin opens, reopens and closes it the same way for both.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any, TypeVar
 
 from mixle.errors import SourceClosedError
@@ -18,18 +20,57 @@ S = TypeVar("S", bound="SourceLifetime")
 
 
 class SourceLifetime:
-    """``close()`` (idempotent, thread-safe), context manager, and the closed-source error.
+    """The live handle (:meth:`_live`), ``close()``, context manager, the closed-source error.
 
     Notes
     -----
-    ``close()`` takes the source's lock, so a read racing with it opens no handle and keeps
-    nothing derived from one (a chunk reader with an open descriptor, say) afterwards.
+    The handle is opened once under the source's lock; the metadata read with it is stored
+    before the handle, so a thread that sees the handle without taking the lock also sees
+    the metadata. ``close()`` takes the same lock, so a read racing with it opens no handle
+    and keeps nothing derived from one (a chunk reader with an open descriptor, say).
     """
 
     _closed: bool
     _handle: Any
+    _meta: Any
     _pid: int
-    _lock: Any
+    _lock: threading.RLock
+
+    def _init_lifetime(self) -> None:
+        """No handle yet, open, owned by this process."""
+        self._handle = None
+        self._meta = None
+        self._pid = os.getpid()
+        self._closed = False
+        self._lock = threading.RLock()
+
+    def _open_described(self) -> tuple[Any, Any]:
+        """Open the store: ``(handle, metadata)``."""
+        raise NotImplementedError
+
+    def _forked(self, handle: Any) -> Any:
+        """What a forked child keeps of the parent's ``handle`` (default: nothing, reopen)."""
+        return None
+
+    def _live(self) -> Any:
+        """The open handle, opened on first use and reopened after a fork."""
+        if self._closed:
+            raise self._closed_error()
+        pid = os.getpid()
+        if self._pid != pid:  # forked: the parent's lock and handle are not this process's
+            self._pid, self._lock = pid, threading.RLock()
+            if self._handle is not None:
+                self._handle = self._forked(self._handle)
+        handle = self._handle
+        if handle is None:
+            with self._lock:
+                if self._closed:  # closed while this thread waited: open nothing
+                    raise self._closed_error()
+                if self._handle is None:
+                    opened, self._meta = self._open_described()
+                    self._handle = opened  # published after its metadata
+                handle = self._handle
+        return handle
 
     def _location(self) -> str:
         raise NotImplementedError

@@ -11,8 +11,6 @@ reference, reopening after ``fork``, ``close()`` and a context manager.
 from __future__ import annotations
 
 import abc
-import os
-import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -58,22 +56,14 @@ class RecordSource(SourceLifetime, abc.ABC):
     """
 
     _args: dict[str, Any]
-    _handle: Any
     _meta: TableMeta | None
     _length: int | None
-    _pid: int
-    _closed: bool
-    _lock: threading.RLock
 
     def _init_state(self, args: dict[str, Any]) -> None:
         """Store constructor arguments and reset handles; no I/O."""
         self._args = args
-        self._handle = None
-        self._meta = None
         self._length = None
-        self._pid = os.getpid()
-        self._closed = False
-        self._lock = threading.RLock()
+        self._init_lifetime()
 
     # -- what a backend provides --------------------------------------------------------
     @abc.abstractmethod
@@ -100,24 +90,11 @@ class RecordSource(SourceLifetime, abc.ABC):
         """Drop ``handle`` in a forked child without closing what the parent still uses."""
 
     # -- handles ------------------------------------------------------------------------
-    def _live(self) -> Any:
-        """The open handle, opened on first use and reopened after a fork."""
-        if self._closed:
-            raise self._closed_error()
-        if self._pid != os.getpid():
-            self._pid, self._lock = os.getpid(), threading.RLock()
-            if self._handle is not None:
-                self._forget(self._handle)
-            self._handle = None
-        handle = self._handle
-        if handle is None:
-            with self._lock:
-                if self._closed:  # closed while this thread waited: open nothing
-                    raise self._closed_error()
-                if self._handle is None:
-                    self._handle, self._meta = self._open()
-                handle = self._handle
-        return handle
+    def _open_described(self) -> tuple[Any, TableMeta]:
+        return self._open()
+
+    def _forked(self, handle: Any) -> None:
+        self._forget(handle)
 
     def __reduce__(self) -> tuple[Any, ...]:
         if self._closed:

@@ -90,7 +90,8 @@ def report_lines(
         lines.extend(
             textwrap.wrap(
                 f"grid: {grid.facts['tiles']} tiles cover the volume; their voxel checksum "
-                f"{verdict} the written volume's",
+                f"{verdict} the written volume's (the grid row's time includes computing it "
+                "for every tile)",
                 REPORT_WIDTH,
                 subsequent_indent="  ",
             )

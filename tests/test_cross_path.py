@@ -9,7 +9,7 @@ patch indices, and ``src[...]``, ``src[key]``, ``read_box``, ``read_boxes``,
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +20,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import mixle
+from mixle.data.sources.adopt import as_array_source
 from mixle.data.sources.base import ArraySource
+from mixle.testing_servers import RangeHTTPServer
 
 
 @dataclass(frozen=True)
@@ -243,7 +245,55 @@ def _numpy_layouts() -> dict[str, Layout]:
     }
 
 
-LAYOUTS: dict[str, Layout] = {**_zarr_layouts(), **_h5_layouts(), **_numpy_layouts()}
+def _adopted_layouts() -> dict[str, Layout]:
+    """Objects the user opened themselves, handed to mixle (as samplers accept them)."""
+    import numcodecs
+
+    def zarr_object(path: Path) -> ArraySource:
+        import zarr
+
+        return as_array_source(zarr.open_array(str(path), mode="r"))
+
+    def h5py_object(path: Path) -> ArraySource:
+        import h5py
+
+        return as_array_source(h5py.File(path, "r")["v"])
+
+    return {
+        "adopted-zarr3": Layout(
+            _zarr_writer(chunks=(8, 10, 7), shards=(16, 20, 7)), _zarr_read, zarr_object
+        ),
+        "adopted-zarr2": Layout(
+            _zarr_writer(chunks=(7, 6, 5), zarr_format=2, compressors=numcodecs.Zlib()),
+            _zarr_read,
+            zarr_object,
+            dtype="int16",
+        ),
+        "adopted-hdf5": Layout(
+            _h5_writer(chunks=(8, 10, 7), compression="gzip"), _h5_read, h5py_object
+        ),
+        "adopted-ndarray": Layout(
+            _npy_write(False), np.load, lambda p: as_array_source(np.load(p)), dtype="int32"
+        ),
+    }
+
+
+#: layouts served over HTTP by a loopback server (read as ``http://127.0.0.1:port/name``)
+REMOTE = {
+    "http-zarr3-zstd": "zarr3-zstd",
+    "http-zarr3-sharded-raw": "zarr3-sharded-raw",
+    "http-zarr2-partial": "zarr2-partial",
+    "http-hdf5-shuffle-gzip": "hdf5-shuffle-gzip",
+    "http-hdf5-chunked-raw": "hdf5-chunked-raw",
+    "http-hdf5-contiguous": "hdf5-contiguous",
+}
+
+LAYOUTS: dict[str, Layout] = {
+    **_zarr_layouts(),
+    **_h5_layouts(),
+    **_numpy_layouts(),
+    **_adopted_layouts(),
+}
 
 
 @dataclass
@@ -253,25 +303,37 @@ class Written:
 
 
 @pytest.fixture(scope="module")
-def written(tmp_path_factory: pytest.TempPathFactory) -> Any:
+def written(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[str], Written]]:
     root = tmp_path_factory.mktemp("cross")
     opened: dict[str, Written] = {}
 
+    def write(name: str) -> tuple[Path, np.ndarray]:
+        layout = LAYOUTS[name]
+        path = root / (name + (".npy" if "npy" in name or "ndarray" in name else ""))
+        if not path.exists():
+            values = _values(layout.shape, layout.dtype, seed=len(name))
+            layout.write(path, values)
+            if not layout.partial:
+                np.testing.assert_array_equal(layout.writer_read(path), values)  # round trip
+        return path, layout.writer_read(path)
+
     def get(name: str) -> Written:
         if name not in opened:
-            layout = LAYOUTS[name]
-            path = root / (name + (".npy" if name.startswith("npy") else ""))
-            values = _values(layout.shape, layout.dtype, seed=len(opened))
-            layout.write(path, values)
-            truth = layout.writer_read(path)
-            if not layout.partial:
-                np.testing.assert_array_equal(truth, values)  # the writer round-trips
-            opened[name] = Written(layout.open(path), truth)
+            if name in REMOTE:
+                path, truth = write(REMOTE[name])
+                url = f"{server.url}/{path.name}"
+                is_h5 = REMOTE[name].startswith("hdf5")
+                source = mixle.read_hdf5(url, "v") if is_h5 else mixle.read_zarr(url)
+            else:
+                path, truth = write(name)
+                source = LAYOUTS[name].open(path)
+            opened[name] = Written(source, truth)
         return opened[name]
 
-    yield get
-    for w in opened.values():
-        w.source.close()
+    with RangeHTTPServer(root) as server:
+        yield get
+        for w in opened.values():
+            w.source.close()
 
 
 # -- strategies -----------------------------------------------------------------------------
@@ -311,7 +373,7 @@ PROPERTY = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
-NAMES = sorted(LAYOUTS)
+NAMES = sorted([*LAYOUTS, *REMOTE])
 
 
 # -- the properties ------------------------------------------------------------------------
@@ -382,5 +444,5 @@ def test_patch_batches_match_the_writer(written: Any, name: str, data: st.DataOb
 
 
 def test_every_layout_family_is_covered() -> None:
-    families = {name.split("-")[0] for name in LAYOUTS}
-    assert {"zarr2", "zarr3", "hdf5", "npy", "raw"} <= families
+    families = {name.split("-")[0] for name in NAMES}
+    assert {"zarr2", "zarr3", "hdf5", "npy", "raw", "adopted", "http"} <= families

@@ -295,7 +295,7 @@ def test_patch_size_not_positive(patch_size: object) -> None:
         PatchSampler(_ARR, patch_size, 5)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("patch_size", [(2,), (2, 2, 2), ()])
+@pytest.mark.parametrize("patch_size", [(2, 2, 2), ()])  # (2,): axis 0 is a channel axis
 def test_patch_size_wrong_rank(patch_size: tuple[int, ...]) -> None:
     with pytest.raises(ValueError, match="patch_size"):
         PatchSampler(_ARR, patch_size, 5)

@@ -16,7 +16,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from mixle.data.padding import parse_pad_value, read_boxes_padded
-from mixle.data.patch_args import per_axis
+from mixle.data.patch_args import fingerprint_digest, per_axis, source_identity
 from mixle.data.sources.adopt import as_array_source
 from mixle.data.sources.base import ArraySource, listing
 from mixle.data.sources.hdf5_source import HDF5ArraySource
@@ -160,6 +160,19 @@ class AlignedArrays:
     def step(self) -> tuple[int, ...]:
         """Per-axis spacing corners must keep: the lcm of the scale factors."""
         return self._step
+
+    def fingerprint(self) -> str:
+        """A digest of the names in order, the sources (type, shape, dtype, chunks), the scales."""
+        return fingerprint_digest(
+            "AlignedArrays",
+            {
+                "arrays": [
+                    (name, source_identity(src), self._factors[name], self._lead[name])
+                    for name, src in self._sources.items()
+                ],
+                "step": self._step,
+            },
+        )
 
     def check_patch_size(self, patch_size: Sequence[int]) -> None:
         """Raise ``ValueError`` unless every patch extent divides by every scale factor."""

@@ -9,7 +9,15 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from mixle.data.padding import parse_pad_value, parse_padding, read_boxes_padded
-from mixle.data.patch_args import parse_index, parse_patch_size, per_axis, record_indices
+from mixle.data.patch_args import (
+    fingerprint_digest,
+    parse_index,
+    parse_patch_size,
+    per_axis,
+    record_indices,
+    source_identity,
+    split_channels,
+)
 from mixle.data.sources.adopt import as_array_source
 from mixle.data.sources.base import ArraySource
 from mixle.data.spec import ArraySpec
@@ -81,6 +89,10 @@ class GridSampler:
     Tiles are numbered in C order over the per-axis starts (:attr:`starts`), so consecutive
     indices are neighbours and a batch of them decodes each stored chunk about once. The
     tiling is a pure function of the shape and the arguments; no I/O happens before a read.
+
+    With channel axes, ``coords`` holds a tile's corner on the tiled axes only
+    (``coords[B, len(patch_size)]``), the corners :class:`~mixle.data.stitch.GridAggregator`
+    takes; channel axes are read whole and never padded.
     """
 
     def __init__(
@@ -97,17 +109,7 @@ class GridSampler:
         if not shape:
             raise ValueError("array is 0-dimensional; tiles need at least one axis")
         self._padding = parse_padding(padding)
-        if isinstance(patch_size, (tuple, list, np.ndarray)):
-            nd = len(patch_size)
-            if not 1 <= nd <= len(shape):
-                raise ValueError(
-                    f"patch_size={patch_size!r} has {nd} entries; the array of shape {shape} "
-                    f"takes 1 to {len(shape)} (leading axes beyond them are channels)"
-                )
-        else:
-            nd = len(shape)
-        self._lead = shape[: len(shape) - nd]
-        self._shape = shape[len(shape) - nd :]
+        self._lead, self._shape = split_channels(patch_size, shape)
         self._patch_size = parse_patch_size(patch_size, self._shape, padded=self._padding != "none")
         self._overlap = parse_overlap(overlap, self._patch_size)
         self._pad_value = (
@@ -165,6 +167,23 @@ class GridSampler:
         return (
             ArraySpec((*self._lead, *self._patch_size), self._source.dtype),
             ArraySpec((len(self._patch_size),), np.dtype(np.int64)),
+        )
+
+    def fingerprint(self) -> str:
+        """A digest of everything that decides which tile an index means (no I/O).
+
+        Covers the source (type, shape, dtype, chunks; not its path or content),
+        ``patch_size``, ``overlap``, ``padding`` and the fill value.
+        """
+        return fingerprint_digest(
+            "GridSampler",
+            {
+                "source": source_identity(self._source),
+                "patch_size": self._patch_size,
+                "overlap": self._overlap,
+                "padding": self._padding,
+                "pad_value": self._pad_value,
+            },
         )
 
     def __len__(self) -> int:

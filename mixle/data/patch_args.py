@@ -1,8 +1,10 @@
-"""Argument parsing and corner-grid layout shared by the patch and grid samplers."""
+"""Argument parsing, corner-grid layout and fingerprints shared by the patch and grid samplers."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -14,14 +16,18 @@ from mixle.utils.validation import parse_int
 __all__ = [
     "centred_grid",
     "check_combination",
+    "fingerprint_digest",
     "parse_epoch",
     "parse_index",
     "parse_num_patches",
     "parse_patch_size",
     "parse_region",
     "parse_stride",
+    "patch_entries",
     "per_axis",
     "record_indices",
+    "source_identity",
+    "split_channels",
 ]
 
 
@@ -67,6 +73,40 @@ def parse_patch_size(
             "'reflect' or 'edge')"
         )
     return size
+
+
+def patch_entries(patch_size: object) -> int | None:
+    """How many entries a per-axis ``patch_size`` has (``None`` for one int)."""
+    if isinstance(patch_size, (tuple, list)):
+        return len(patch_size)
+    if isinstance(patch_size, np.ndarray) and patch_size.ndim == 1:
+        return len(patch_size)
+    return None
+
+
+def split_channels(
+    patch_size: object, shape: Sequence[int]
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """``(channel shape, spatial shape)`` of an array cut into patches of ``patch_size``.
+
+    A per-axis ``patch_size`` names the trailing axes; the leading axes beyond them are
+    channel axes that every patch holds whole (``(C, Z, Y, X)`` with a 3-D ``patch_size``
+    has channel shape ``(C,)``). An int ``patch_size`` covers every axis.
+
+    Raises
+    ------
+    ValueError
+        ``patch_size`` has no entries or more entries than the array has axes.
+    """
+    nd = patch_entries(patch_size)
+    nd = len(shape) if nd is None else nd
+    if not 1 <= nd <= len(shape):
+        raise ValueError(
+            f"patch_size={patch_size!r} has {nd} entries; the array of shape {tuple(shape)} "
+            f"takes 1 to {len(shape)} (leading axes beyond them are channels, read whole)"
+        )
+    cut = len(shape) - nd
+    return tuple(shape[:cut]), tuple(shape[cut:])
 
 
 def parse_stride(stride: object, ndim: int) -> tuple[int, ...]:
@@ -175,3 +215,46 @@ def check_combination(per_region: int, replacement: bool, weighted: Any, padding
             f"{used[0]} cannot be combined with {used[1]}: locality, sampling without "
             "replacement and weighted placement each choose corners their own way"
         )
+
+
+def _plain(value: object) -> object:
+    """``value`` with NumPy scalars and arrays turned into Python ones (a stable ``repr``)."""
+    if isinstance(value, (np.generic, np.ndarray)):
+        return value.tolist()
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (tuple, list)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def fingerprint_digest(kind: str, parts: Mapping[str, object]) -> str:
+    """A 16-hex-digit digest of ``kind`` and ``parts``, the same in every process and release.
+
+    ``parts`` hold ints, floats, strings, ``None``, NumPy scalars or arrays, and tuples,
+    lists or dicts of them (NumPy values are compared by value, not by type).
+    """
+    text = json.dumps({"kind": kind, "parts": _plain(parts)}, sort_keys=True, default=repr)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def source_identity(source: Any) -> str:
+    """What tells an array source's data apart without reading it, for fingerprints.
+
+    The source's own ``fingerprint()`` when it defines one; otherwise its type, shape,
+    dtype and chunk shape. The path is left out (a store that moved is the same data) and
+    so is the content: data rewritten in place with the same layout is not told apart.
+    """
+    custom = getattr(source, "fingerprint", None)
+    if callable(custom):
+        return f"custom:{custom()}"
+    chunks = getattr(source, "chunks", None)
+    return fingerprint_digest(
+        "array",
+        {
+            "type": type(source).__qualname__,
+            "shape": tuple(int(n) for n in source.shape),
+            "dtype": str(np.dtype(source.dtype).descr),
+            "chunks": None if chunks is None else tuple(int(c) for c in chunks),
+        },
+    )

@@ -10,17 +10,20 @@ from numpy.typing import ArrayLike, NDArray
 
 from mixle.data.aligned import COORDS_KEY, AlignedArrays
 from mixle.data.hashing import parse_seed
-from mixle.data.padding import parse_padding, read_boxes_padded
+from mixle.data.padding import parse_padding
 from mixle.data.patch_args import (
     centred_grid,
     check_combination,
+    fingerprint_digest,
     parse_epoch,
     parse_index,
     parse_num_patches,
     parse_patch_size,
     parse_region,
     parse_stride,
+    patch_entries,
     record_indices,
+    split_channels,
 )
 from mixle.data.placement import (
     grid_counts,
@@ -54,8 +57,10 @@ class PatchSampler:
         memmaps are wrapped so that the sampler pickles by reference. A dict
         ``{name: array}`` samples all of them at the same physical place (see Notes).
     patch_size
-        An int (same on every axis) or one int per axis, each in ``[1, shape[axis]]``
-        (any size >= 1 with padding). For a dict, its length sets the spatial axes.
+        An int (same on every axis) or one int per spatial axis, each in
+        ``[1, shape[axis]]`` (any size >= 1 with padding). Its length sets the spatial
+        axes: they are the trailing ones, and leading axes beyond them are channels that
+        every patch holds whole (see Notes).
     num_patches
         How many patches the sampler addresses (``len(sampler)``); with
         ``replacement=False`` it defaults to the number of grid positions.
@@ -65,7 +70,7 @@ class PatchSampler:
     epoch
         The epoch whose corners are drawn (:meth:`set_epoch` changes it).
     stride
-        Corners lie on the grid ``0, stride, 2*stride, ...`` (int or per-axis); ``None``
+        Corners lie on the grid ``0, stride, 2*stride, ...`` (int or per spatial axis); ``None``
         allows every position (every multiple of the scale factors for a dict).
     replacement
         ``False`` visits each stride-grid position once per epoch (a Feistel permutation
@@ -107,6 +112,15 @@ class PatchSampler:
 
     Notes
     -----
+    Channels first: with fewer ``patch_size`` entries than the array has axes, a
+    ``(C, Z, Y, X)`` array with ``patch_size=(pz, py, px)`` gives patches
+    ``(C, pz, py, px)`` (``vol[:, z:z+pz, y:y+py, x:x+px]``, as torchio and MONAI cut
+    them). ``coords`` holds the corner on the spatial axes only, ``(z, y, x)`` (one row
+    of ``coords[B, len(patch_size)]`` per patch, as for :class:`~mixle.GridSampler` and
+    dict samplers); ``stride``, ``region``, ``padding`` and a ``weights``/``labels`` map
+    (given without channel axes) all refer to the spatial axes. Channel axes are never
+    padded. An int ``patch_size`` covers every axis, channels included.
+
     Corner ``i`` on each axis is a grid position drawn exactly uniformly from the in-bounds
     positions with a counter-based hash of ``(seed, epoch, i, axis)``: O(1) memory for any
     ``num_patches``, the same in every process, on every NumPy release and whatever order
@@ -129,6 +143,9 @@ class PatchSampler:
 
     Weighted and label sampling build a per-block index of the map once, at construction,
     reading it one block at a time; it is pickled with the sampler.
+
+    :meth:`fingerprint` (kept in a Loader's resume state) covers every argument that
+    changes which patch an index means; ``structure``, ``schema`` and ``progress`` do not.
     """
 
     def __init__(
@@ -158,23 +175,27 @@ class PatchSampler:
         padded = self._padding != "none"
         self._arrays: AlignedArrays | None = None
         if isinstance(array, Mapping):
-            spatial = _entries(patch_size)  # None for an int: the arrays' smallest ndim
+            spatial = patch_entries(patch_size)  # None for an int: the arrays' smallest ndim
             self._arrays = AlignedArrays(array, spatial_ndim=spatial, scales=scales)
+            self._aligned = self._arrays
             self._source = next(iter(self._arrays.sources.values()))
+            self._lead: tuple[int, ...] = ()
             shape, step = self._arrays.shape, self._arrays.step
         else:
             self._source = as_array_source(array, name="array")
-            shape = self._source.shape
-            if not shape:
+            if not self._source.shape:
                 raise ValueError("array is 0-dimensional; patches need at least one axis")
+            self._lead, shape = split_channels(patch_size, self._source.shape)
+            self._aligned = AlignedArrays({"array": self._source}, spatial_ndim=len(shape))
             step = (1,) * len(shape)
         self._shape = shape
         self._patch_size = parse_patch_size(patch_size, shape, padded=padded)
-        arrays = self._arrays or AlignedArrays({"array": self._source})
-        arrays.check_patch_size(self._patch_size)
+        self._aligned.check_patch_size(self._patch_size)
         constant = self._padding == "constant"
         self._pad_values = (
-            arrays.pad_values(pad_value) if constant else dict.fromkeys(arrays.names, 0)
+            self._aligned.pad_values(pad_value)
+            if constant
+            else dict.fromkeys(self._aligned.names, 0)
         )
         self._seed = parse_seed(seed)
         self._epoch = parse_epoch(epoch)
@@ -197,6 +218,7 @@ class PatchSampler:
         if self._per_region < 1:
             raise ValueError(f"patches_per_chunk={patches_per_chunk} must be >= 1")
         chunks = self._source.chunks if self._arrays is None else None
+        chunks = None if chunks is None else chunks[len(self._lead) :]
         self._region = parse_region(region, self._patch_size, chunks)
         self._weighted = weighted_placement(
             weights,
@@ -217,7 +239,8 @@ class PatchSampler:
         if self._schema is not None:
             if self._arrays is not None:
                 raise ValueError("schema= applies to a single array; pass one array, not a dict")
-            self._schema.check(self._source.dtype, self._patch_size, what="PatchSampler patch")
+            patch = (*self._lead, *self._patch_size)
+            self._schema.check(self._source.dtype, patch, what="PatchSampler patch")
 
     # -- description --------------------------------------------------------------------
     @property
@@ -239,6 +262,11 @@ class PatchSampler:
     def patch_size(self) -> tuple[int, ...]:
         """Patch extent per (spatial) axis."""
         return self._patch_size
+
+    @property
+    def channel_shape(self) -> tuple[int, ...]:
+        """Leading axes of the array every patch holds whole (``()`` if none or for a dict)."""
+        return self._lead
 
     @property
     def stride(self) -> tuple[int, ...]:
@@ -302,9 +330,10 @@ class PatchSampler:
     def element_spec(self) -> Any:
         """Spec of one record, from metadata: ``(patch, coords)`` or a dict for a dict."""
         coords = ArraySpec((len(self._patch_size),), np.dtype(np.int64))
+        specs = self._aligned.element_specs(self._patch_size)
         if self._arrays is not None:
-            return {**self._arrays.element_specs(self._patch_size), COORDS_KEY: coords}
-        return (ArraySpec(self._patch_size, self._source.dtype), coords)
+            return {**specs, COORDS_KEY: coords}
+        return (specs["array"], coords)
 
     def __len__(self) -> int:
         return self._num_patches
@@ -325,6 +354,37 @@ class PatchSampler:
         return (
             f"PatchSampler({what!r}, patch_size={self._patch_size}, "
             f"num_patches={self._num_patches}, seed={self._seed}, stride={self._stride}{extra})"
+        )
+
+    def fingerprint(self) -> str:
+        """A digest of everything that decides which patch an index means (no I/O).
+
+        The Loader's resume state stores it (:func:`mixle.loading.state.source_fingerprint`).
+        It covers the arrays (type, shape, dtype, chunks; names and scale factors of a
+        dict), ``patch_size``, ``num_patches``, ``seed``, the current ``epoch``, ``stride``,
+        ``replacement``, ``patches_per_chunk`` (and ``region`` when it is above 1),
+        ``padding`` and the fill values, and the weighted or label placement (the map's
+        identity and a hash of its voxels taken while it was indexed). Paths are left out
+        (a moved store resumes), and so is the volume's content (it is never read here).
+        """
+        weighted = self._weighted
+        return fingerprint_digest(
+            "PatchSampler",
+            {
+                "arrays": self._aligned.fingerprint(),
+                "dict": self._arrays is not None,
+                "patch_size": self._patch_size,
+                "num_patches": self._num_patches,
+                "seed": self._seed,
+                "epoch": self._epoch,
+                "stride": self._stride,
+                "replacement": self._replacement,
+                "patches_per_chunk": self._per_region,
+                "region": self._region if self._per_region > 1 else None,
+                "padding": self._padding,
+                "pad_values": self._pad_values,
+                "weighted": None if weighted is None else weighted.fingerprint(),
+            },
         )
 
     # -- placement (no I/O) -------------------------------------------------------------
@@ -361,17 +421,10 @@ class PatchSampler:
 
     # -- reading ------------------------------------------------------------------------
     def _read(self, corners: NDArray[np.int64]) -> Any:
-        if self._arrays is not None:
-            return self._arrays.read(
-                corners, self._patch_size, padding=self._padding, pad_values=self._pad_values
-            )
-        return read_boxes_padded(
-            self._source,
-            corners,
-            self._patch_size,
-            padding=self._padding,
-            pad_value=self._pad_values["array"],
+        patches = self._aligned.read(
+            corners, self._patch_size, padding=self._padding, pad_values=self._pad_values
         )
+        return patches if self._arrays is not None else patches["array"]
 
     def __getitem__(self, index: int) -> Record:
         """Patch ``index`` and its corner: ``(patch, coords)``, or a dict for a dict."""
@@ -379,16 +432,18 @@ class PatchSampler:
         i = parse_index(index, n, f"a sampler of {n} patches")
         corner = tuple(self._corners((i,))[0].tolist())
         if self._arrays is None and self._padding == "none":
-            return self._source.read_box(corner, self._patch_size), corner
+            start = (0,) * len(self._lead) + corner
+            return self._source.read_box(start, (*self._lead, *self._patch_size)), corner
         patches = self._read(np.array([corner], dtype=np.int64))
         if self._arrays is None:
             return patches[0], corner
         return {**{k: v[0] for k, v in patches.items()}, COORDS_KEY: corner}
 
     def get_batch(self, indices: ArrayLike) -> Any:
-        """Patches ``indices`` stacked: ``(patches[B, *patch_size], coords[B, ndim])``.
+        """Patches ``indices`` stacked: ``(patches[B, *channels, *patch_size], coords[B, ndim])``.
 
-        For a dict: ``{name: patches[B, *channels, *patch_size // factor], "coords": ...}``.
+        ``ndim`` is ``len(patch_size)`` (the spatial axes). For a dict:
+        ``{name: patches[B, *channels, *patch_size // factor], "coords": ...}``.
         """
         corners = self.coords_array(indices)
         patches = self._read(corners)
@@ -403,12 +458,3 @@ class PatchSampler:
 
     def __iter__(self) -> Iterator[Record]:
         return self.records()
-
-
-def _entries(patch_size: object) -> int | None:
-    """How many entries a per-axis ``patch_size`` has (``None`` for one int)."""
-    if isinstance(patch_size, (tuple, list)):
-        return len(patch_size)
-    if isinstance(patch_size, np.ndarray) and patch_size.ndim == 1:
-        return len(patch_size)
-    return None

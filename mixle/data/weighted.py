@@ -8,6 +8,7 @@ voxel inside it, both from the counter hash of ``(seed, epoch, index)``.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import threading
 from collections import OrderedDict
@@ -19,6 +20,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from mixle.data.aligned import AlignedArrays, infer_scale
 from mixle.data.hashing import below_each, hash_int, mix
+from mixle.data.patch_args import fingerprint_digest, source_identity
 from mixle.data.sources.adopt import as_array_source
 from mixle.data.sources.base import ArraySource, listing
 from mixle.utils.progress import progress_bar
@@ -109,6 +111,12 @@ class BlockIndex:
     ValueError
         A weight is negative or not finite, every weight in the box is zero, or a required
         class is absent from the box.
+
+    Notes
+    -----
+    :attr:`digest` is a hash of the map's voxels in the drawable box, taken while the
+    totals are built (the only pass over the map), so fingerprints can tell two maps of one
+    shape apart without reading either again.
     """
 
     def __init__(
@@ -128,10 +136,15 @@ class BlockIndex:
         self._grid = tuple(-(-d // b) for d, b in zip(source.shape, self._block))
         count = math.prod(self._grid)
         rows = []
+        content = hashlib.blake2b(digest_size=16)
         with progress_bar(count, f"indexing {name}", "block", enabled=progress) as bar:
             for b in range(count):
-                rows.append(self._totals_of(b))
+                start, block = self._read(b)
+                rows.append(self._totals_of(start, block))
+                content.update(b"-" if block is None else np.ascontiguousarray(block).data)
                 bar.update(1)
+        #: Hex hash of the map's voxels inside the drawable box, block by block.
+        self.digest = content.hexdigest()
         self.totals = np.array(rows).reshape(len(rows), -1).T  # (classes or 1, blocks)
         self._check(required)
         self._init_cache()
@@ -162,8 +175,7 @@ class BlockIndex:
         start, size = self._box(b)
         return start, (self._source.read_box(start, size) if all(size) else None)
 
-    def _totals_of(self, b: int) -> list[float] | list[int]:
-        start, block = self._read(b)
+    def _totals_of(self, start: list[int], block: np.ndarray | None) -> list[float] | list[int]:
         if self._classes is not None:
             if block is None:
                 return [0] * len(self._classes)
@@ -339,7 +351,7 @@ class WeightedPlacement:
         else:
             self._classes, self._probs = parse_label_probabilities(label_probabilities)
         required = (self._probs > 0).tolist()
-        self._source = source
+        self._source, self._name = source, name
         self._box = (tuple(lo), tuple(hi))
         self._index = BlockIndex(
             source, lo, hi, self._classes, name, required=required, progress=progress
@@ -371,6 +383,27 @@ class WeightedPlacement:
     def totals(self) -> NDArray:
         """Per-block totals: ``(1, blocks)`` weights or ``(classes, blocks)`` voxel counts."""
         return self._index.totals.copy()
+
+    def fingerprint(self) -> str:
+        """A digest of everything that decides the draws, from memory (no I/O).
+
+        Covers the map's identity (type, shape, dtype, chunks) and content (the hash taken
+        while it was indexed), its scale, the drawable box, the centre shift and the
+        normalised class probabilities.
+        """
+        return fingerprint_digest(
+            "WeightedPlacement",
+            {
+                "name": self._name,
+                "map": source_identity(self._source),
+                "content": self._index.digest,
+                "factor": self.factor,
+                "shift": self._shift,
+                "box": self._box,
+                "classes": self._classes,
+                "probabilities": self._probs,
+            },
+        )
 
     def classes(self, seed: int, indices: ArrayLike, *, epoch: int = 0) -> NDArray[np.int64]:
         """Which class (position in ``label_probabilities``) each index draws."""

@@ -171,7 +171,6 @@ class Loader(ActiveRun):
             prefetch = PREFETCH_PER_THREAD * max(1, self._num_threads)
         self._prefetch = _positive(prefetch, "prefetch", 1)
         self._batched = isinstance(source, SupportsBatchRead)
-        self._fingerprint: str | None = None
         self._spec: SpecTree | None = None
         self._epoch = 0
         self._batch = 0
@@ -354,12 +353,10 @@ class Loader(ActiveRun):
         ``shuffle``, ``num_epochs``, ``epoch``, ``batch`` (the next batch) and
         ``position`` (rows of the epoch read on this shard).
         """
-        if self._fingerprint is None:
-            self._fingerprint = source_fingerprint(self._source)
         lay = self._layout
         return {
             "version": STATE_VERSION,
-            "source": self._fingerprint,
+            "source": source_fingerprint(self._source),  # now: a sampler's epoch may change
             "num_records": lay.num_records,
             "batch_size": lay.batch_size,
             "drop_last": lay.drop_last,

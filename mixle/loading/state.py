@@ -26,10 +26,13 @@ class LoaderStateError(ValueError):
 def source_fingerprint(source: Any) -> str:
     """A short hex digest that tells sources apart without reading any data.
 
-    Uses ``source.fingerprint()`` when the source defines it; otherwise the type, the
-    length, the element spec (when the source reports one) and the public ``shape``,
-    ``dtype``, ``patch_size``, ``stride``, ``grid_shape`` and ``seed`` attributes it has.
-    Paths are left out, so a store that moved still resumes.
+    Uses ``source.fingerprint()`` when the source defines it: mixle's samplers
+    (:meth:`~mixle.PatchSampler.fingerprint`, :meth:`~mixle.GridSampler.fingerprint`) do,
+    covering every argument that changes which record an index means (seed, current
+    epoch, patch size, stride, replacement, locality, padding, weights...). Otherwise the
+    type, the length, the element spec (when the source reports one) and the public
+    ``shape``, ``dtype``, ``patch_size``, ``stride``, ``grid_shape`` and ``seed``
+    attributes it has. Paths are left out, so a store that moved still resumes.
     """
     custom = getattr(source, "fingerprint", None)
     if callable(custom):
@@ -66,7 +69,7 @@ def check_state(state: Mapping[str, Any], expected: Mapping[str, Any]) -> None:
             f"{expected['version']}"
         )
     for keys, what in (
-        (_SOURCE_KEYS, "it was saved for another source"),
+        (_SOURCE_KEYS, "it was saved for another source or sampler configuration"),
         (_LAYOUT_KEYS, "it was saved with another batch or shard layout"),
         (_ORDER_KEYS, "it was saved with another order"),
     ):

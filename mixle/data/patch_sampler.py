@@ -9,7 +9,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from mixle.data.aligned import COORDS_KEY, AlignedArrays
-from mixle.data.hashing import parse_seed
+from mixle.data.hashing import MASK64, parse_seed
 from mixle.data.padding import parse_padding
 from mixle.data.patch_args import (
     centred_grid,
@@ -375,7 +375,7 @@ class PatchSampler:
                 "dict": self._arrays is not None,
                 "patch_size": self._patch_size,
                 "num_patches": self._num_patches,
-                "seed": self._seed,
+                "seed": self._seed & MASK64,  # the hash takes it modulo 2**64
                 "epoch": self._epoch,
                 "stride": self._stride,
                 "replacement": self._replacement,

@@ -17,6 +17,7 @@ __all__ = [
     "STRIDED_BYTES_PER_THREAD",
     "ChunkReader",
     "SupportsFetchMany",
+    "execute_plan",
     "new_token",
     "read_chunked",
     "read_strided",
@@ -104,10 +105,22 @@ def read_chunked(
     only decodes. Returns the plan it executed.
     """
     plan = plan_chunks(starts, size, reader.chunks, shape)
+    execute_plan(reader, plan, out, cache=cache)
+    return plan
+
+
+def execute_plan(
+    reader: ChunkReader, plan: ChunkPlan, out: np.ndarray, *, cache: ChunkCache | None = None
+) -> None:
+    """Fill ``out`` as ``plan`` says, decoding each of its chunks once (see :func:`read_chunked`).
+
+    ``out[(box, *region)] = chunk[inner]`` for every piece; a plan made by other means than
+    :func:`~mixle.reading.plan.plan_chunks` (strided selections) runs the same way.
+    """
     store = chunk_cache() if cache is None else cache
     if getattr(reader, "fetch_many", None) is not None:
         _read_fetched(reader, plan, store, out)  # type: ignore[arg-type]
-        return plan
+        return
     token, jobs = reader.token, list(zip(plan.chunks, plan.pieces))
     tickets = itertools.count()  # next() on a count is atomic: each job is taken once
 
@@ -116,10 +129,9 @@ def read_chunked(
             coords, pieces = jobs[k]
             chunk = store.get_or_load((token, coords), partial(reader.read_chunk, coords))
             for box, region, inner in pieces:
-                out[box][region] = chunk[inner]
+                out[(box, *region)] = chunk[inner]
 
     run_all([drain] * min(decode_threads(), len(jobs)))
-    return plan
 
 
 def _read_fetched(
@@ -173,7 +185,7 @@ def _place(
                 chunk = store.put((reader.token, coords), reader.decode(coords, chunk))
                 jobs[n] = (k, None, True)  # free the stored bytes as soon as they are decoded
             for box, region, inner in plan.pieces[k]:
-                out[box][region] = chunk[inner]
+                out[(box, *region)] = chunk[inner]
 
     run_all([drain] * min(decode_threads(), len(jobs)))
 

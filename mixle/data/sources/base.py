@@ -17,13 +17,14 @@ from typing import Any, TypeGuard
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from mixle.data.indexing import KeyLike, parse_key
+from mixle.data.indexing import KeyLike, parse_key, plan_key, read_extent
 from mixle.data.schema import Schema, parse_schema
 from mixle.data.sources.lifetime import SourceLifetime
 from mixle.data.spec import ArraySpec
 from mixle.data.structure import SampleStructure, parse_structure
 from mixle.errors import SourceClosedError
 from mixle.reading import ChunkReader, read_chunked
+from mixle.reading.executor import execute_plan
 
 __all__ = [
     "LISTED_NAMES",
@@ -92,6 +93,8 @@ class ArraySource(SourceLifetime, abc.ABC):
     _schema: Schema | None
     _meta: ArrayMeta | None
     _reader: tuple[Any, ChunkReader | None] | None
+    #: Whether a 0-d array is stored as one chunk the backend's chunk reader can read.
+    _zero_d_chunk: bool = False
 
     # -- construction -------------------------------------------------------------------
     def _init_state(self, args: dict[str, Any] | None, structure: object, schema: object) -> None:
@@ -233,7 +236,7 @@ class ArraySource(SourceLifetime, abc.ABC):
         except Exception as exc:
             self._raise_if_closed(exc)
             raise
-        if block.ndim == 0:
+        if parsed.scalar:
             return block[()]
         return _owned(block)
 
@@ -288,19 +291,19 @@ class ArraySource(SourceLifetime, abc.ABC):
         self, handle: Any, starts: list[list[int]], size: list[int], out: np.ndarray
     ) -> None:
         """Fill ``out`` with validated boxes: by chunk when the store has a chunk reader."""
-        reader = self._reader_for(handle)
+        reader = self._reader_for(handle) if self.shape else None
         if reader is not None:
             read_chunked(reader, starts, size, self.shape, out)
             return
         for i, row in enumerate(starts):
             key = tuple(slice(a, a + n) for a, n in zip(row, size))
-            self._read_into(handle, key, out[i])
+            self._read_into(handle, key, out[i, ...])  # a view, also of a 0-d box
 
     def _reader_for(self, handle: Any) -> ChunkReader | None:
         """The chunk reader of the current handle, made on first use."""
         state = self._reader
         if state is None or state[0] is not handle:
-            chunked = bool(self.shape)  # 0-d arrays have no chunk grid
+            chunked = bool(self.shape) or self._zero_d_chunk  # most 0-d arrays have no chunks
             with self._lock:
                 state = self._reader
                 if state is None or state[0] is not handle:
@@ -318,22 +321,19 @@ class ArraySource(SourceLifetime, abc.ABC):
         reader = self._reader_for(handle)
         if reader is None or getattr(reader, "fetch_many", None) is None:
             return None
-        shape = self.shape
-        start, size, after = [], [], []
-        for k, dim in zip(key, shape):
-            if isinstance(k, slice):
-                lo, hi, step = k.indices(dim)
-                start.append(lo)
-                size.append(max(0, hi - lo))
-                after.append(slice(None, None, step))
-            else:
-                start.append(k)
-                size.append(1)
-                after.append(0)  # type: ignore[arg-type]
-        out = np.empty(size, dtype=self.dtype)
-        if all(size):
-            read_chunked(reader, [start], size, shape, out[np.newaxis])
-        return out[tuple(after)]
+        return self._read_chunks(reader, key)
+
+    def _read_chunks(self, reader: ChunkReader, key: tuple[int | slice, ...]) -> np.ndarray:
+        """Read ``key`` (ints, positive-step slices) chunk by chunk, as ``read_boxes`` does.
+
+        Only the chunks holding selected elements are read, each once (from the shared
+        cache when it is there), straight into an output of the selection's shape.
+        """
+        extent = read_extent(key)
+        out = np.empty(extent, dtype=self.dtype)
+        if all(extent):
+            execute_plan(reader, plan_key(key, reader.chunks), out[np.newaxis])
+        return out[tuple(0 if isinstance(k, int) else slice(None) for k in key)]
 
     def _read_into(self, handle: Any, key: tuple[int | slice, ...], out: np.ndarray) -> None:
         """Write a region into ``out``; backends that can skip the temporary override this."""

@@ -14,8 +14,10 @@ Ways to get a decoded chunk:
 - :class:`ZarrPipelineReader` asks zarr for the chunk's region (``array[chunk]``), through
   zarr's own codec pipeline: every layout zarr handles, for codecs mixle does not know.
 
-:func:`zarr_chunk_reader` picks the first that applies. Stored bytes that do not decode to
-a whole chunk raise :class:`~mixle.reading.CorruptChunkError` naming the array and chunk.
+:func:`zarr_chunk_reader` picks the first that applies. Every reader answers alike: stored
+bytes that do not decode to a whole chunk, or a directory where a chunk's object should be,
+raise :class:`~mixle.reading.CorruptChunkError` naming the array and the chunk; a chunk
+never written reads as the fill value, as zarr reads it.
 """
 
 from __future__ import annotations
@@ -46,24 +48,51 @@ __all__ = [
 _PLAIN_KINDS = "biufcmM"
 
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+#: Bytes 1-3 of a skippable zstd frame's magic number (byte 0 is 0x50 to 0x5F).
+_SKIPPABLE_MAGIC_TAIL = b"\x2a\x4d\x18"
 
 Decoder = Callable[[bytes], np.ndarray]
 
 
 class ZarrPipelineReader:
-    """Decoded chunks through zarr's own codec pipeline (``array[chunk region]``)."""
+    """Decoded chunks through zarr's own codec pipeline (``array[chunk region]``).
 
-    def __init__(self, array: Any) -> None:
+    zarr's failure to decode a chunk is raised as :class:`CorruptChunkError` naming the
+    array and chunk; in a local directory store, a directory where the chunk's object
+    should be (which zarr reads as the fill value) raises it too.
+    """
+
+    def __init__(self, array: Any, where: str = "") -> None:
         self.chunks: tuple[int, ...] = tuple(array.chunks)
         self.token = new_token()
         self._array = array
         self._shape = tuple(array.shape)
+        self._where = where or repr(array.store)
+        shards = getattr(array, "shards", None)
+        self._per_object = (
+            (1,) * len(self.chunks)
+            if shards is None
+            else tuple(s // c for s, c in zip(shards, self.chunks))
+        )
+        self._base = _local_dir(array)
 
     def read_chunk(self, coords: tuple[int, ...]) -> np.ndarray:
-        key = tuple(
+        stored = tuple(c // n for c, n in zip(coords, self._per_object))
+        key = self._array.metadata.encode_chunk_key(stored)
+        if self._base is not None:
+            refuse_directory(self._base, key, self._where, coords)
+        region = tuple(
             slice(c * n, min((c + 1) * n, d)) for c, n, d in zip(coords, self.chunks, self._shape)
         )
-        return np.asarray(self._array[key])
+        try:
+            return np.asarray(self._array[region])
+        except (OSError, CorruptChunkError):
+            raise  # I/O failures (missing files, remote errors) are not corruption
+        except Exception as exc:
+            raise CorruptChunkError(
+                f"chunk {key!r} (grid coordinates {coords}) of zarr array {self._where} is "
+                f"corrupt (zarr could not decode it: {type(exc).__name__}: {exc})"
+            ) from exc
 
 
 def fill_chunk(array: Any, chunks: tuple[int, ...]) -> np.ndarray:
@@ -74,15 +103,40 @@ def fill_chunk(array: Any, chunks: tuple[int, ...]) -> np.ndarray:
     return chunk
 
 
-def decode_checked(decode: Decoder, raw: bytes, where: str, key: str) -> np.ndarray:
-    """``decode(raw)``, any failure raised as :class:`CorruptChunkError` naming the chunk."""
+def decode_checked(
+    decode: Decoder, raw: bytes, where: str, key: str, coords: tuple[int, ...] | None = None
+) -> np.ndarray:
+    """``decode(raw)``, any failure raised as :class:`CorruptChunkError` naming the chunk.
+
+    ``key`` is the chunk's stored key; ``coords``, if given, its chunk grid coordinates.
+    """
     try:
         return decode(raw)
     except Exception as exc:
+        at = "" if coords is None else f" (grid coordinates {coords})"
         raise CorruptChunkError(
-            f"chunk {key!r} of zarr array {where} is corrupt ({len(raw)} stored bytes do not "
-            f"decode to a chunk: {type(exc).__name__}: {exc})"
+            f"chunk {key!r}{at} of zarr array {where} is corrupt ({len(raw)} stored bytes do "
+            f"not decode to a chunk: {type(exc).__name__}: {exc})"
         ) from None
+
+
+def refuse_directory(base: str, key: str, where: str, coords: tuple[int, ...]) -> None:
+    """Raise :class:`CorruptChunkError` if stored key ``key`` under ``base`` is a directory.
+
+    zarr reads a directory where a chunk's file should be as a chunk never written (the
+    fill value); mixle refuses it, on every read path.
+    """
+    path = os.path.join(base, *key.split("/"))
+    if os.path.isdir(path):
+        raise CorruptChunkError(_directory_message(key, where, coords, path))
+
+
+def _directory_message(key: str, where: str, coords: tuple[int, ...] | None, path: str) -> str:
+    at = "" if coords is None else f" (grid coordinates {coords})"
+    return (
+        f"chunk {key!r}{at} of zarr array {where} cannot be read: {path!r} is a directory, "
+        "not a stored chunk (a chunk never written has no file at all)"
+    )
 
 
 class _DecodedChunks:
@@ -100,7 +154,8 @@ class _DecodedChunks:
         """Chunk ``coords`` from its stored bytes (``None``: never written, the fill value)."""
         if raw is None:
             return self._fill
-        return decode_checked(self._decode, raw, self._where, self._meta.encode_chunk_key(coords))
+        key = self._meta.encode_chunk_key(coords)
+        return decode_checked(self._decode, raw, self._where, key, coords)
 
 
 class ZarrCodecReader(_DecodedChunks):
@@ -122,12 +177,15 @@ class ZarrCodecReader(_DecodedChunks):
         self._base = local_chunk_dir(array)
 
     def read_chunk(self, coords: tuple[int, ...]) -> np.ndarray:
+        key = self._meta.encode_chunk_key(coords)
+        path = os.path.join(self._base, *key.split("/"))
         try:
-            path = os.path.join(self._base, *self._meta.encode_chunk_key(coords).split("/"))
             with open(path, "rb") as fh:
                 raw: bytes | None = fh.read()
         except FileNotFoundError:
             raw = None  # never written: the fill value, as zarr reads it
+        except IsADirectoryError:
+            raise CorruptChunkError(_directory_message(key, self._where, coords, path)) from None
         return self.decode(coords, raw)
 
 
@@ -179,26 +237,36 @@ class StoreGetter:
     """
 
     def __init__(self, array: Any, url: str, secrets: Any = None) -> None:
+        from zarr.abc.store import OffsetByteRequest
         from zarr.core.buffer import default_buffer_prototype
         from zarr.storage import FsspecStore
 
         self._store = array.store
+        # a whole object: fsspec stores are asked for "bytes from 0" (s3fs sends a HEAD
+        # before a plain GET); other stores get zarr's plain full-object request, which
+        # every store answers (tifffile's refuses byte ranges)
+        self._whole: Any = None
         if isinstance(self._store, FsspecStore):
+            self._whole = OffsetByteRequest(0)
             wide = widen_connection_pool(self._store.fs)
             if wide is not self._store.fs:
                 self._store = FsspecStore(wide, read_only=True, path=self._store.path)
         path = array.path.strip("/")
         self._prefix = f"{path}/" if path else ""
+        self._local = _local_dir(array)
         self._prototype = default_buffer_prototype()
         self._url = url.rstrip("/")
         self._secrets = secrets
 
     async def get(self, key: str, byte_range: ByteRange) -> bytes | None:
-        """One retried request; ``None`` when the key does not exist."""
-        from zarr.abc.store import OffsetByteRequest, RangeByteRequest, SuffixByteRequest
+        """One retried request; ``None`` when the key does not exist.
 
-        # a whole object is asked for as "bytes from 0": s3fs sends a HEAD before a plain GET
-        request: Any = OffsetByteRequest(0)
+        Raises :class:`CorruptChunkError` when a local store holds a directory at ``key``
+        (zarr's stores answer that as a missing key).
+        """
+        from zarr.abc.store import RangeByteRequest, SuffixByteRequest
+
+        request: Any = self._whole
         if byte_range is not None:
             start, end = byte_range
             request = SuffixByteRequest(-start) if end is None else RangeByteRequest(start, end)
@@ -207,7 +275,13 @@ class StoreGetter:
             buf = await self._store.get(self._prefix + key, self._prototype, request)
             return None if buf is None else buf.to_bytes()
 
-        return await retry_async(call, url=f"{self._url}/{key}", key=key, secrets=self._secrets)
+        url = f"{self._url}/{key}"
+        raw = await retry_async(call, url=url, key=key, secrets=self._secrets)
+        if raw is None and self._local is not None:
+            path = os.path.join(self._local, *key.split("/"))
+            if os.path.isdir(path):
+                raise CorruptChunkError(_directory_message(key, self._url, None, path))
+        return raw
 
     def many(self, requests: Sequence[tuple[str, ByteRange]], sizes: Sequence[int]) -> list[Any]:
         """Every request at once (bounded in-flight bytes), results in order."""
@@ -242,10 +316,10 @@ def zarr_chunk_reader(
 
     if getattr(array, "shards", None) is not None:
         sharded = ShardedZarrReader.for_array(array, where, url, secrets)
-        return ZarrPipelineReader(array) if sharded is None else sharded
+        return ZarrPipelineReader(array, where) if sharded is None else sharded
     decode = codec_chain(array)
     if decode is None:
-        return ZarrPipelineReader(array)
+        return ZarrPipelineReader(array, where)
     if isinstance(array.store, LocalStore):
         return ZarrCodecReader(array, decode, where)
     return ZarrStoreReader(array, decode, where, url, secrets)
@@ -330,19 +404,77 @@ def _numcodecs_decoder(
 
 
 def _declared_size(codec_id: str, raw: bytes) -> int | None:
-    """The decoded size a zstd frame or blosc header records, if it records one."""
+    """The decoded size the stored header(s) record, or ``None`` where they do not say.
+
+    Blosc: its header. Zstd: the sum over every frame (numcodecs decodes concatenated
+    frames, and so does zarr); ``None`` when a frame omits its content size, or when the
+    frames cannot be walked (the decoder then fills exactly one chunk or raises).
+    """
     if codec_id == "blosc":
         return int.from_bytes(raw[4:8], "little") if len(raw) >= 16 else None
-    if len(raw) < 6 or raw[:4] != _ZSTD_MAGIC:
+    total, pos = 0, 0
+    while pos < len(raw):
+        frame = _zstd_frame(raw, pos)
+        if frame is None:
+            return None
+        content, pos = frame
+        if content is None:
+            return None
+        total += content
+    return total if raw else None
+
+
+def _zstd_frame(raw: bytes, pos: int) -> tuple[int | None, int] | None:
+    """``(content size or None, end)`` of the zstd frame at ``raw[pos:]``; ``None``: not one.
+
+    Walks the frame header and block headers (RFC 8878), as ``ZSTD_findFrameCompressedSize``
+    does; skippable frames hold no content.
+    """
+    magic = raw[pos : pos + 4]
+    if len(magic) == 4 and magic[1:] == _SKIPPABLE_MAGIC_TAIL and magic[0] & 0xF0 == 0x50:
+        end = pos + 8 + int.from_bytes(raw[pos + 4 : pos + 8], "little")
+        return (0, end) if pos + 8 <= end <= len(raw) else None
+    if magic != _ZSTD_MAGIC or len(raw) < pos + 6:
         return None
-    descriptor = raw[4]
+    descriptor = raw[pos + 4]
     single_segment = (descriptor >> 5) & 1
-    pos = 5 + (0 if single_segment else 1) + (0, 1, 2, 4)[descriptor & 3]
+    at = pos + 5 + (0 if single_segment else 1) + (0, 1, 2, 4)[descriptor & 3]
     width = (single_segment, 2, 4, 8)[descriptor >> 6]
-    if not width or len(raw) < pos + width:
+    if len(raw) < at + width:
         return None
-    size = int.from_bytes(raw[pos : pos + width], "little")
-    return size + 256 if width == 2 else size
+    content: int | None = None
+    if width:
+        content = int.from_bytes(raw[at : at + width], "little") + (256 if width == 2 else 0)
+    at += width
+    while True:  # blocks: a 3-byte header (last flag, type, size) and its payload
+        if len(raw) < at + 3:
+            return None
+        header = int.from_bytes(raw[at : at + 3], "little")
+        kind, size = (header >> 1) & 3, header >> 3
+        at += 3 + (1 if kind == 1 else size)  # an RLE block stores one byte
+        if kind == 3 or at > len(raw):
+            return None
+        if header & 1:
+            break
+    at += 4 if descriptor & 4 else 0  # the content checksum
+    return (content, at) if at <= len(raw) else None
+
+
+def _local_dir(array: Any) -> str | None:
+    """The local directory holding ``array``'s stored objects, or ``None`` for other stores.
+
+    Covers ``LocalStore`` and fsspec's local filesystem (``file://`` URLs).
+    """
+    from zarr.storage import FsspecStore, LocalStore
+
+    store = array.store
+    if isinstance(store, LocalStore):
+        return local_chunk_dir(array)
+    if isinstance(store, FsspecStore):
+        protocol = store.fs.protocol
+        if set((protocol,) if isinstance(protocol, str) else protocol) & {"file", "local"}:
+            return os.path.join(store.path, *filter(None, array.path.split("/")))
+    return None
 
 
 def local_chunk_dir(array: Any) -> str:

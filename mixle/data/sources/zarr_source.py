@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
 import numpy as np
@@ -43,8 +44,9 @@ class ZarrArraySource(ArraySource):
     Parameters
     ----------
     path
-        A local path, an fsspec URL (``memory://``, ``file://``, ``http://``, ``s3://``...)
-        or a zarr store object.
+        A local path, an fsspec URL (``memory://``, ``file://``, ``http://``, ``s3://``...),
+        a zarr store object (``LocalStore``, ``MemoryStore``, tifffile's ``aszarr=True``
+        store...) or an open ``zarr.Array`` (as :meth:`from_array`).
     component
         Path of the array inside the store when ``path`` is a group.
     storage_options
@@ -64,6 +66,8 @@ class ZarrArraySource(ArraySource):
         When ``component`` does not exist; the message lists the arrays that do.
     """
 
+    _zero_d_chunk = True  # a 0-d zarr array is one stored chunk, read like any other
+
     def __init__(
         self,
         path: str | os.PathLike[str] | Any,
@@ -73,6 +77,16 @@ class ZarrArraySource(ArraySource):
         structure: SampleStructure = EXCHANGEABLE,
         schema: Schema | None = None,
     ) -> None:
+        zarr = sys.modules.get("zarr")  # a zarr.Array can only exist once zarr is imported
+        if zarr is not None and isinstance(path, zarr.Array):
+            if component is not None or storage_options is not None:
+                raise ValueError(
+                    f"path={display_path(path.store)!r} is an open zarr.Array: component= and "
+                    "storage_options= only apply to paths and URLs; pass the array alone"
+                )
+            self._init_state(_zarr_args(path.store, path.path or None, None), structure, schema)
+            self._adopt(path)
+            return
         self._init_state(_zarr_args(path, component, storage_options), structure, schema)
         self._live()
 
@@ -81,10 +95,7 @@ class ZarrArraySource(ArraySource):
         cls, array: Any, *, structure: SampleStructure = EXCHANGEABLE, schema: Schema | None = None
     ) -> ZarrArraySource:
         """Wrap an open ``zarr.Array``; pickling reopens it from its store, read-only."""
-        obj = cls.__new__(cls)
-        obj._init_state(_zarr_args(array.store, array.path or None, None), structure, schema)
-        obj._adopt(array)
-        return obj
+        return cls(array, structure=structure, schema=schema)
 
     def _location(self) -> str:
         args = self._args or {}
@@ -134,8 +145,10 @@ class ZarrArraySource(ArraySource):
         return node
 
     def _read(self, handle: Any, key: tuple[int | slice, ...]) -> np.ndarray:
-        planned = self._read_planned(handle, key)  # remote stores: batched, retried fetches
-        return np.asarray(handle[key]) if planned is None else planned
+        # the same chunk reader and plan executor as read_boxes, for every store and layout
+        reader = self._reader_for(handle)
+        assert reader is not None  # zarr_chunk_reader has a reader for every layout
+        return self._read_chunks(reader, key)
 
     def _chunk_reader(self, handle: Any) -> Any:
         args = self._args or {}

@@ -8,8 +8,10 @@ it; this mixin opens, reopens and closes it the same way for both.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
+from collections.abc import Iterator
 from typing import Any, TypeVar
 
 from mixle.errors import SourceClosedError
@@ -28,6 +30,11 @@ class SourceLifetime:
     before the handle, so a thread that sees the handle without taking the lock also sees
     the metadata. ``close()`` takes the same lock, so a read racing with it opens no handle
     and keeps nothing derived from one (a chunk reader with an open descriptor, say).
+
+    A read that uses OS resources of the handle (descriptors, connections) runs inside
+    :meth:`_reading`: ``close()`` then leaves the handle open until the last such read has
+    ended, so no read ever goes through a descriptor whose number another file may have
+    taken; reads that start after ``close()`` raise :class:`SourceClosedError`.
     """
 
     _closed: bool
@@ -35,6 +42,8 @@ class SourceLifetime:
     _meta: Any
     _pid: int
     _lock: threading.RLock
+    _readers: int
+    _unreleased: Any
 
     def _init_lifetime(self) -> None:
         """No handle yet, open, owned by this process."""
@@ -43,6 +52,8 @@ class SourceLifetime:
         self._pid = os.getpid()
         self._closed = False
         self._lock = threading.RLock()
+        self._readers = 0  # reads inside _reading() now
+        self._unreleased = None  # the handle close() left for the last of them to release
 
     def _open_described(self) -> tuple[Any, Any]:
         """Open the store: ``(handle, metadata)``."""
@@ -59,6 +70,9 @@ class SourceLifetime:
         pid = os.getpid()
         if self._pid != pid:  # forked: the parent's lock and handle are not this process's
             self._pid, self._lock = pid, threading.RLock()
+            self._readers = 0  # the parent's reading threads do not exist here
+            if self._unreleased is not None:
+                self._unreleased = self._forked(self._unreleased)
             if self._handle is not None:
                 self._handle = self._forked(self._handle)
         handle = self._handle
@@ -71,6 +85,32 @@ class SourceLifetime:
                     self._handle = opened  # published after its metadata
                 handle = self._handle
         return handle
+
+    @contextlib.contextmanager
+    def _reading(self) -> Iterator[Any]:
+        """The open handle, kept open until the block ends even if :meth:`close` runs meanwhile.
+
+        Raises
+        ------
+        SourceClosedError
+            The source was closed before the read began.
+        """
+        self._live()  # opens, or reopens after a fork, before the lock is taken
+        with self._lock:
+            if self._closed:
+                raise self._closed_error()
+            handle = self._handle
+            self._readers += 1
+        try:
+            yield handle
+        finally:
+            with self._lock:
+                self._readers -= 1
+                last = None
+                if self._readers == 0 and self._unreleased is not None:
+                    last, self._unreleased = self._unreleased, None
+            if last is not None and self._pid == os.getpid():
+                self._release(last)
 
     def _location(self) -> str:
         raise NotImplementedError
@@ -92,13 +132,19 @@ class SourceLifetime:
         return self._closed
 
     def close(self) -> None:
-        """Release the store's handles; later reads raise :class:`SourceClosedError`."""
+        """Release the store's handles; later reads raise :class:`SourceClosedError`.
+
+        Reads in flight inside :meth:`_reading` finish first: the last of them releases the
+        handle.
+        """
         if self._closed:
             return
         with self._lock:  # nothing is stored on the source once close() has taken it
             self._closed = True
             handle, self._handle = self._handle, None
             self._drop_derived()
+            if handle is not None and self._readers:
+                self._unreleased, handle = handle, None
         if handle is not None and self._pid == os.getpid():
             self._release(handle)
 

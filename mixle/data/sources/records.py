@@ -52,7 +52,9 @@ class RecordSource(SourceLifetime, abc.ABC):
     - Pickling stores the constructor arguments, never data (except :class:`MemorySource`,
       whose data is its argument); the copy reopens lazily. A source used in a forked child
       reopens its files and connections there.
-    - Reads are safe from several threads.
+    - Reads are safe from several threads, also with ``close()``: a read in flight
+      finishes on the open handle (which the last such read then releases), a read or the
+      next block of a stream asked for after ``close()`` raises :class:`SourceClosedError`.
     """
 
     _args: dict[str, Any]
@@ -123,11 +125,12 @@ class RecordSource(SourceLifetime, abc.ABC):
 
     # -- reading ------------------------------------------------------------------------
     def __len__(self) -> int:
-        handle = self._live()
         if self._length is None:
-            with self._lock:
+            with self._reading() as handle, self._lock:
                 if self._length is None:
                     self._length = int(self._count(handle))
+        else:
+            self._live()  # raises once closed
         return self._length
 
     def get_batch(self, indices: ArrayLike) -> Batch:
@@ -135,12 +138,12 @@ class RecordSource(SourceLifetime, abc.ABC):
 
         Each distinct row is read once; rows come back in the order asked for.
         """
-        handle = self._live()
-        idx = parse_indices(indices, len(self))
-        unique = np.unique(idx)
-        if not unique.size:
-            return self._empty()
-        block = self._read_rows(handle, unique)
+        with self._reading() as handle:  # close() defers the release until this ends
+            idx = parse_indices(indices, len(self))
+            unique = np.unique(idx)
+            if not unique.size:
+                return self._empty()
+            block = self._read_rows(handle, unique)
         if unique.size == idx.size and (unique == idx).all():
             return block
         position = np.searchsorted(unique, idx)
@@ -183,7 +186,16 @@ class RecordSource(SourceLifetime, abc.ABC):
             raise TypeError(f"batch_rows={batch_rows!r} must be an int >= 1")
         if batch_rows < 1:
             raise ValueError(f"batch_rows={batch_rows} must be an int >= 1")
-        return self._stream(self._live(), int(batch_rows))
+        return self._open_stream(self._stream(self._live(), int(batch_rows)))
+
+    def _open_stream(self, blocks: Iterator[Batch]) -> Iterator[Batch]:
+        """``blocks`` until :meth:`close`: the next block asked for after it raises."""
+        while not self._closed:
+            block = next(blocks, None)
+            if block is None:
+                return
+            yield block
+        raise self._closed_error()
 
     def records(self) -> Iterator[Record]:
         """Yield every record in order, streaming a block of rows at a time."""

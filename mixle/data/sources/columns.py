@@ -4,7 +4,8 @@ Text values (CSV fields) and Python values (JSON, SQL rows, in-memory records) b
 NumPy array per column. Missing values are ``NaN`` in float columns, ``NaT`` in datetime
 columns and ``None`` in object columns (strings, mixed values); an integer or boolean column
 with a missing value is inferred as ``float64`` or ``object`` instead, and an explicit
-integer ``dtypes`` override that meets a missing value raises, naming the line.
+integer ``dtypes`` override that meets a missing value raises, naming the line. Values that
+carry their own dtype (NumPy scalars and arrays, JAX arrays) keep it: :func:`stack_leaves`.
 """
 
 from __future__ import annotations
@@ -24,11 +25,14 @@ __all__ = [
     "DEFAULT_NA_VALUES",
     "INFER_ROWS",
     "OBJECT",
+    "LeafMismatchError",
     "LineOf",
     "check_columns",
     "infer_text_dtype",
     "infer_value_spec",
+    "is_array_leaf",
     "parse_dtypes",
+    "stack_leaves",
     "text_to_array",
     "values_to_array",
 ]
@@ -47,6 +51,23 @@ _FALSE = frozenset({"false", "False", "FALSE"})
 _KINDS = "biufOM"
 #: Which kinds of Python values a column of each NumPy kind accepts (no silent casts).
 _ALLOWED_KINDS = {"b": "b", "i": "ib", "u": "ib", "f": "ibf", "M": "M"}
+
+
+class LeafMismatchError(ValueError):
+    """Array leaves of one column differ in shape or dtype, or mix with plain Python values.
+
+    Attributes
+    ----------
+    column
+        The column (record key).
+    index
+        The record whose leaf differs from the first one.
+    """
+
+    def __init__(self, message: str, *, column: str, index: int) -> None:
+        super().__init__(message)
+        self.column = column
+        self.index = index
 
 
 def check_columns(wanted: Sequence[str] | None, names: Sequence[str], what: str) -> list[str]:
@@ -283,3 +304,95 @@ def _converts(value: object, dtype: np.dtype, shape: tuple[int, ...]) -> bool:
         return np.asarray(value, dtype=dtype).shape == shape
     except (ValueError, TypeError, OverflowError):
         return False
+
+
+def is_array_leaf(value: object) -> bool:
+    """Whether ``value`` carries its own dtype and shape (NumPy scalar or array, JAX array...).
+
+    Duck-typed (``__array__``, ``shape`` and ``dtype``), so no array library is imported;
+    strings (``np.str_`` included) are plain values.
+    """
+    return (
+        not isinstance(value, (str, bytes))
+        and hasattr(value, "__array__")
+        and hasattr(value, "shape")
+        and hasattr(value, "dtype")
+    )
+
+
+def _leaf_text(value: object) -> str:
+    if not is_array_leaf(value):
+        return f"a Python {type(value).__name__}"
+    array = np.asarray(value)
+    return f"{type(value).__name__} of shape {array.shape} and dtype {array.dtype}"
+
+
+def stack_leaves(values: Sequence[Any], column: str, where: Callable[[int], str]) -> np.ndarray:
+    """Stack array leaves of one column into a NumPy column of their own dtype and shape.
+
+    Each leaf (a NumPy scalar or array, a JAX array, anything with ``__array__``, ``shape``
+    and ``dtype``) becomes one row: ``n`` leaves of shape ``s`` and dtype ``d`` give an
+    array of shape ``(n, *s)`` and dtype ``d`` (in native byte order, as ``np.stack``
+    gives it), never an upcast or an ``object`` column.
+    ``None`` is ``NaN`` (``NaT``) in a column of float (datetime) scalars.
+
+    Parameters
+    ----------
+    values
+        The leaves, one per record; at least one is not ``None``.
+    column
+        The column's name, for error messages.
+    where
+        ``where(i)`` says where leaf ``i`` came from in error messages (``"data[3]['x']"``).
+
+    Raises
+    ------
+    LeafMismatchError
+        A leaf has another shape or dtype than the first one, is a plain Python value, or is
+        ``None`` where the column cannot hold a missing value; the message names both leaves.
+    """
+    first = next(i for i, v in enumerate(values) if not _is_missing(v))
+    if not is_array_leaf(values[first]):
+        first = next(i for i, v in enumerate(values) if is_array_leaf(v))
+    model = np.asarray(values[first])
+    dtype = _native(model.dtype)
+    out = np.empty((len(values), *model.shape), dtype=dtype)
+    for i, value in enumerate(values):
+        if _is_missing(value) and not model.shape and dtype.kind in "fcMm":
+            out[i] = np.datetime64("NaT") if dtype.kind in "Mm" else math.nan
+            continue
+        array = np.asarray(value) if is_array_leaf(value) else None
+        if array is None or array.shape != model.shape or _native(array.dtype) != dtype:
+            raise _mismatch(values, i, first, column, where, array)
+        out[i] = array
+    return out
+
+
+def _native(dtype: np.dtype) -> np.dtype:
+    """``dtype`` in this machine's byte order, as ``np.stack`` gives it."""
+    return dtype if dtype.isnative else dtype.newbyteorder("=")
+
+
+def _mismatch(
+    values: Sequence[Any],
+    i: int,
+    first: int,
+    column: str,
+    where: Callable[[int], str],
+    array: np.ndarray | None,
+) -> LeafMismatchError:
+    model = np.asarray(values[first])
+    shown = "None (missing)" if _is_missing(values[i]) else _leaf_text(values[i])
+    if array is not None and array.shape != model.shape:
+        fix = (
+            "to keep arrays of different shapes, give MemorySource that column as a NumPy "
+            "object array (column = np.empty(n, object); column[:] = leaves)"
+        )
+    else:
+        fix = f"convert them first, e.g. np.asarray(leaf, dtype={str(model.dtype)!r})"
+    return LeafMismatchError(
+        f"{where(i)} is {shown}, but {where(first)} is {_leaf_text(values[first])}; the "
+        f"leaves of column {column!r} must share one shape and dtype ({fix})",
+        column=column,
+        index=i,
+    )

@@ -11,7 +11,7 @@ reference, reopening after ``fork``, ``close()`` and a context manager.
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +19,13 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from mixle.data.sources.base import parse_indices
-from mixle.data.sources.columns import infer_value_spec, values_to_array
+from mixle.data.sources.columns import (
+    OBJECT,
+    infer_value_spec,
+    is_array_leaf,
+    stack_leaves,
+    values_to_array,
+)
 from mixle.data.sources.lifetime import SourceLifetime
 from mixle.data.spec import ArraySpec
 from mixle.errors import ColumnNotFoundError
@@ -226,10 +232,15 @@ def _reopen(cls: type[RecordSource], args: dict[str, Any]) -> RecordSource:
     return obj
 
 
-def _columns_of(data: object) -> dict[str, Any]:
-    """Normalise ``MemorySource`` data to a dict of column name -> values."""
+#: Says where value ``i`` of column ``name`` came from in ``MemorySource`` data.
+_Where = Callable[[str, int], str]
+
+
+def _columns_of(data: object) -> tuple[dict[str, Any], _Where]:
+    """Normalise ``MemorySource`` data to a dict of column name -> values, and their places."""
     if isinstance(data, Mapping):
-        return {str(name): values for name, values in data.items()}
+        columns = {str(name): values for name, values in data.items()}
+        return columns, lambda name, i: f"data[{name!r}][{i}]"
     if isinstance(data, Sequence) and not isinstance(data, (str, bytes)):
         rows = list(data)
         if not rows:
@@ -240,23 +251,40 @@ def _columns_of(data: object) -> dict[str, Any]:
             for i, row in enumerate(rows):
                 if not isinstance(row, Mapping) or list(row) != names:
                     raise ValueError(f"data[{i}] has keys {list(row)}; data[0] has {names}")
-            return {str(n): [row[n] for row in rows] for n in names}
+            columns = {str(n): [row[n] for row in rows] for n in names}
+            return columns, lambda name, i: f"data[{i}][{name!r}]"
         if isinstance(first, tuple):
             width = len(first)
             for i, row in enumerate(rows):
                 if not isinstance(row, tuple) or len(row) != width:
                     raise ValueError(f"data[{i}] is not a tuple of {width} values like data[0]")
-            return {str(k): [row[k] for row in rows] for k in range(width)}
+            return {str(k): [row[k] for row in rows] for k in range(width)}, _tuple_place
     raise TypeError(
         f"data={type(data).__name__} must be a dict of equal-length columns (arrays or "
         "lists) or a list of records (dicts or tuples)"
     )
 
 
-def _as_column(name: str, values: Any) -> np.ndarray:
+def _tuple_place(name: str, i: int) -> str:
+    return f"data[{i}][{name}]"
+
+
+def _as_column(name: str, values: Any, where: _Where) -> np.ndarray:
+    """One ``MemorySource`` column: NumPy arrays as given, array leaves stacked, else inferred."""
     if isinstance(values, np.ndarray):
         return values
+    if is_array_leaf(values):  # a JAX array, a pandas Series... holding the whole column
+        array = np.asarray(values)
+        if array.ndim == 0:
+            raise TypeError(
+                f"data[{name!r}] is a 0-d {type(values).__name__}; a column holds one value "
+                "per record"
+            )
+        if array.dtype != OBJECT:
+            return array
     values = list(values)
+    if any(is_array_leaf(v) for v in values):
+        return stack_leaves(values, name, lambda i: where(name, i))
     dtype, shape = infer_value_spec(values)
     return values_to_array(values, dtype, shape, name, lambda i: i, "data")
 
@@ -268,14 +296,24 @@ class MemorySource(RecordSource):
     ----------
     data
         ``{"name": array_or_list, ...}`` or ``[{"name": value, ...}, ...]`` or a list of
-        tuples (columns named ``"0"``, ``"1"``...). Lists become NumPy columns as JSON values
-        do: missing values (``None``) are ``NaN`` in number columns, strings are ``object``.
+        tuples (columns named ``"0"``, ``"1"``...). A NumPy array column is kept as given
+        (an ``object`` array is the way to hold arrays of different shapes); another array
+        (JAX, a pandas ``Series``...) is converted with ``np.asarray``. Array leaves (NumPy
+        scalars and arrays, JAX arrays: anything with ``__array__``, ``shape`` and
+        ``dtype``) keep their dtype and stack on a new leading axis, so
+        ``[{"image": jnp.ones((28, 28)), "label": i}, ...]`` gives ``image`` batches
+        ``(B, 28, 28)`` float32. Plain Python values become NumPy columns as JSON values do:
+        ints ``int64``, floats ``float64``, missing values (``None``) ``NaN`` in number
+        columns, strings ``object``.
 
     Raises
     ------
     ValueError
         Columns of different lengths (the message lists every column's length), or records
         with different keys.
+    LeafMismatchError
+        (a ``ValueError``) Array leaves of one key differ in shape or dtype, or mix with plain
+        Python values; the message names the key, both records, shapes and dtypes.
 
     Notes
     -----
@@ -283,7 +321,8 @@ class MemorySource(RecordSource):
     """
 
     def __init__(self, data: Mapping[str, Any] | Sequence[Any]) -> None:
-        columns = {name: _as_column(name, values) for name, values in _columns_of(data).items()}
+        named, where = _columns_of(data)
+        columns = {name: _as_column(name, values, where) for name, values in named.items()}
         lengths = {name: len(column) for name, column in columns.items()}
         if len(set(lengths.values())) > 1:
             shown = ", ".join(f"{name!r}: {n}" for name, n in lengths.items())

@@ -5,7 +5,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from mixle.data.sources.hdf5_chunks import FILTER_DEFLATE, FILTER_SHUFFLE, decodable_filters
+from mixle.data.sources.hdf5_chunks import (
+    FILTER_DEFLATE,
+    FILTER_SHUFFLE,
+    chunk_filters,
+    unwritten_chunk_value,
+)
 from mixle.inspection.findings import with_findings
 from mixle.inspection.formatting import BLOSC_SHUFFLE, plain_value
 from mixle.inspection.locations import is_remote
@@ -111,7 +116,7 @@ def _hdf5_dataset(
         chunk_nbytes = None
         decoded = nbytes if stored or nbytes is None else 0
     notes: list[LayoutFinding] = []
-    if chunks is not None and filters and decodable_filters(dataset) is None:
+    if chunks is not None and filters and chunk_filters(dataset) is None:
         names = ", ".join(c.split("(")[0] for c in codecs)
         notes.append(
             LayoutFinding(
@@ -134,7 +139,7 @@ def _hdf5_dataset(
         codecs=codecs,
         inner_codecs=(),
         compressed=compressed,
-        fill_value=plain_value(dataset.fillvalue),
+        fill_value=plain_value(unwritten_chunk_value(dataset)),  # None: undefined
         order="C",
         attributes=len(dataset.attrs),
         nbytes=nbytes,

@@ -10,10 +10,13 @@ chunks in parallel through it. For the common layouts mixle reads the file itsel
 - **contiguous**, no filters: :func:`contiguous_memmap` maps the dataset's bytes straight
   from the file.
 
-Stored bytes that do not decode to exactly one chunk raise
-:class:`~mixle.reading.CorruptChunkError`. Anything else (other filters such as lzf, szip
-or fletcher32, external or virtual storage, in-memory files, files opened for writing) is
-read through h5py.
+Both read only datasets whose stored elements are, bit for bit, the bytes of their NumPy
+dtype (:func:`stores_numpy_bits`), and a chunk never written reads as what h5py gives for
+it (:func:`unwritten_chunk_value`). Stored bytes that do not decode to exactly one chunk
+raise :class:`~mixle.reading.CorruptChunkError`. Anything else (HDF5 types NumPy has no exact
+match for, such as 12-bit integers or integers at a bit offset; other filters such as lzf,
+szip or fletcher32; an undefined fill value; external or virtual storage; in-memory files;
+files opened for writing) is read through h5py, which converts exactly as HDF5 does.
 """
 
 from __future__ import annotations
@@ -27,13 +30,17 @@ from typing import Any
 import numpy as np
 
 from mixle.reading import CorruptChunkError, new_token
+from mixle.utils.optional_deps import require
 
 __all__ = [
     "FILTER_DEFLATE",
     "FILTER_SHUFFLE",
     "HDF5ChunkReader",
+    "chunk_filters",
     "contiguous_memmap",
     "decodable_filters",
+    "stores_numpy_bits",
+    "unwritten_chunk_value",
 ]
 
 #: HDF5 filter ids mixle decodes itself (``H5Z_FILTER_DEFLATE``, ``H5Z_FILTER_SHUFFLE``).
@@ -48,9 +55,60 @@ def _readable_file(dataset: Any) -> str | None:
     file = dataset.file
     if file.mode != "r" or file.driver not in _PLAIN_DRIVERS:
         return None
-    if dataset.dtype.kind not in "biufc" or dataset.is_virtual or dataset.external:
+    if dataset.is_virtual or dataset.external or not stores_numpy_bits(dataset):
         return None
     return file.filename if os.path.isfile(file.filename) else None
+
+
+def stores_numpy_bits(dataset: Any) -> bool:
+    """Whether every stored element of ``dataset`` is, bit for bit, one of its NumPy dtype.
+
+    Compares the stored HDF5 datatype with the standard HDF5 type of the NumPy dtype
+    (``H5Tequal``: size, byte order, precision, bit offset, sign, padding, float fields and
+    exponent bias, enum members). h5py reads other types through HDF5's conversion: an
+    integer of 12 bits in 16, or one at a bit offset, reads as ``int16`` values that are
+    not its stored bits.
+    """
+    dtype = np.dtype(dataset.dtype)
+    if dtype.kind not in "biufc":
+        return False
+    h5t = _h5py().h5t
+    try:
+        standard = h5t.py_create(dtype, logical=True)
+    except (TypeError, ValueError):  # no HDF5 type for it: let h5py decide
+        return False
+    return bool(dataset.id.get_type() == standard)
+
+
+def unwritten_chunk_value(dataset: Any) -> Any:
+    """The value h5py reads for every element of a chunk that was never written, or ``None``.
+
+    HDF5 writes the fill value into the read buffer unless the fill time is
+    ``FILL_TIME_NEVER``; then it leaves the buffer alone and h5py (which reads into zeroed
+    memory) gives 0. ``None`` means the fill value is undefined: HDF5 then either leaves the
+    buffer alone or refuses the read, so such datasets are read through h5py.
+    """
+    h5d = _h5py().h5d
+    dcpl = dataset.id.get_create_plist()
+    if dcpl.fill_value_defined() == h5d.FILL_VALUE_UNDEFINED:
+        return None
+    if dcpl.get_fill_time() == h5d.FILL_TIME_NEVER:
+        return 0
+    return dataset.fillvalue
+
+
+def _stored_type(tid: Any) -> str:
+    """A stored HDF5 atomic type in words: ``"12-bit values at bit offset 4 in 2 bytes"``."""
+    if hasattr(tid, "get_precision"):
+        return (
+            f"{tid.get_precision()}-bit values at bit offset {tid.get_offset()} in "
+            f"{tid.get_size()} bytes"
+        )
+    return f"{type(tid).__name__} values of {tid.get_size()} bytes"
+
+
+def _h5py() -> Any:
+    return require("h5py", "hdf5", feature="HDF5 chunk reading")
 
 
 def contiguous_memmap(dataset: Any) -> np.memmap | None:
@@ -84,6 +142,27 @@ class HDF5ChunkReader:
         weakref.finalize(self, os.close, self._fd)
 
     def _setup(self, dataset: Any, filters: list[tuple[int, tuple[int, ...]]], name: str) -> None:
+        """Prepare to decode chunks of ``dataset``; refuse one whose bytes need h5py.
+
+        Raises
+        ------
+        TypeError
+            When the stored datatype is not bit for bit the NumPy dtype
+            (:func:`stores_numpy_bits`).
+        ValueError
+            When the fill value is undefined (:func:`unwritten_chunk_value`).
+        """
+        if not stores_numpy_bits(dataset):
+            raise TypeError(
+                f"HDF5 dataset {name} stores {_stored_type(dataset.id.get_type())}, which "
+                f"are not the bytes of NumPy {dataset.dtype}: read it through h5py"
+            )
+        fill = unwritten_chunk_value(dataset)
+        if fill is None:
+            raise ValueError(
+                f"HDF5 dataset {name} has an undefined fill value, so what its unwritten "
+                "chunks read as is up to HDF5: read it through h5py"
+            )
         self.chunks: tuple[int, ...] = tuple(dataset.chunks)
         self.token = new_token()
         self._dsid = dataset.id
@@ -92,7 +171,7 @@ class HDF5ChunkReader:
         self._filters = filters
         self._where: dict[tuple[int, ...], tuple[int, int, int] | None] = {}
         self._lock = threading.Lock()
-        self._fill = np.full(self.chunks, dataset.fillvalue, dtype=self._dtype)
+        self._fill = np.full(self.chunks, fill, dtype=self._dtype)
         self._fill.flags.writeable = False
         self._name = name
 
@@ -120,7 +199,7 @@ class HDF5ChunkReader:
 
     def read_chunk(self, coords: tuple[int, ...]) -> np.ndarray:
         where = self._locate(coords)
-        if where is None:  # never written: HDF5's fill value
+        if where is None:  # never written: what h5py reads there
             return self._fill
         offset, size, mask = where
         raw = os.pread(self._fd, size, offset)
@@ -160,6 +239,19 @@ class HDF5ChunkReader:
 
 
 def decodable_filters(dataset: Any) -> list[tuple[int, tuple[int, ...]]] | None:
+    """``(filter id, values)`` of a chunked dataset if mixle decodes its chunks, else ``None``.
+
+    ``None`` unless every filter is one mixle decodes (:func:`chunk_filters`), the stored
+    elements are the bytes of the NumPy dtype (:func:`stores_numpy_bits`) and the fill value
+    is defined (:func:`unwritten_chunk_value`). Every chunk reader is gated on this.
+    """
+    filters = chunk_filters(dataset)
+    if filters is None or not stores_numpy_bits(dataset):
+        return None
+    return None if unwritten_chunk_value(dataset) is None else filters
+
+
+def chunk_filters(dataset: Any) -> list[tuple[int, tuple[int, ...]]] | None:
     """``(filter id, values)`` of a chunked dataset if mixle decodes them all, else ``None``."""
     if dataset.chunks is None or dataset.dtype.kind not in "biufc":
         return None

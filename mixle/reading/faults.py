@@ -4,8 +4,10 @@ Remote stores fail now and then (a 503, a reset connection, a timeout). Every re
 read layer makes is retried on its own with exponential backoff, so a server that fails
 one request in five still serves every read; a request that keeps failing raises
 :class:`RemoteReadError` naming the URL (without credentials or query string) and the
-chunk. Data that arrives but is wrong raises :class:`CorruptChunkError`: a patch is never
-silently filled with garbage.
+chunk. A ranged response that does not answer the range asked (wrong status, a shifted
+``Content-Range``, a short body) raises :class:`RangeMismatchError`, retried like a dropped
+connection. Data that arrives but is wrong raises :class:`CorruptChunkError`: a patch is
+never silently filled with garbage.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ __all__ = [
     "DEFAULT_RETRY_BASE_DELAY",
     "DEFAULT_RETRY_MAX_DELAY",
     "CorruptChunkError",
+    "RangeMismatchError",
     "RemoteReadError",
     "RetryPolicy",
     "is_transient",
@@ -71,6 +74,15 @@ T = TypeVar("T")
 
 class RemoteReadError(OSError):
     """A request kept failing after every retry; the message names the URL and the chunk."""
+
+
+class RangeMismatchError(OSError):
+    """A response to a byte-range request is not that range: retried, then a RemoteReadError.
+
+    Raised for a status other than 206 (or a 200 carrying the whole object), a
+    ``Content-Range`` whose start, end or total differs from the range asked, or a body
+    whose length differs from it; the message says what was asked and what came back.
+    """
 
 
 class CorruptChunkError(ValueError):
@@ -145,9 +157,14 @@ def _seconds(value: object, name: str) -> float:
 
 
 def is_transient(exc: BaseException) -> bool:
-    """Whether ``exc`` is worth retrying: a 5xx/429/408, a dropped connection or a timeout."""
+    """Whether ``exc`` is worth retrying: a 5xx/429/408, a dropped connection, a timeout.
+
+    A :class:`RangeMismatchError` (a response that is not the range asked) counts too.
+    """
     if isinstance(exc, RemoteReadError):  # retried already: its retries are spent
         return False
+    if isinstance(exc, RangeMismatchError):  # a proxy or server glitch: ask again
+        return True
     if isinstance(exc, _PERMANENT):
         # fsspec's HTTP filesystem reports a failed size probe (a 503, a dropped connection)
         # as FileNotFoundError raised from the real error: that one is worth retrying

@@ -6,25 +6,40 @@ request of a batch concurrently while at most :data:`MAX_INFLIGHT_BYTES` and
 :data:`MAX_INFLIGHT_REQUESTS` are in flight; :func:`coalesce_ranges` merges byte ranges of
 one object that lie close together (the inner chunks of a shard) into a few larger requests;
 :func:`widen_connection_pool` lets s3fs open that many connections (its default is 10).
+
+Every byte range is checked before its bytes are used (:func:`fetch_range`,
+:func:`read_range`, :func:`check_range`): over HTTP the status, the ``Content-Range``
+(start, end, total) and the body length; on other backends the body length. A response that
+is not the range asked raises :class:`~mixle.reading.faults.RangeMismatchError`, which the
+retry layer retries like a dropped connection.
 """
 
 from __future__ import annotations
 
 import contextlib
+import re
+import sys
 from collections.abc import Awaitable, Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
 
+from mixle.reading.faults import RangeMismatchError, retry_async, retry_call
+
 __all__ = [
     "COALESCE_GAP_BYTES",
     "MAX_COALESCED_BYTES",
     "MAX_INFLIGHT_BYTES",
     "MAX_INFLIGHT_REQUESTS",
+    "ByteSpan",
     "Coalesced",
+    "check_range",
     "coalesce_ranges",
+    "fetch_range",
     "gather_bounded",
+    "range_header",
+    "read_range",
     "stream_bounded",
     "widen_connection_pool",
 ]
@@ -42,6 +57,12 @@ COALESCE_GAP_BYTES = 1024 * 1024
 MAX_COALESCED_BYTES = 16 * 1024 * 1024
 
 T = TypeVar("T")
+
+#: A byte range of one object: ``(start, end)`` for bytes ``[start, end)``, ``(start, None)``
+#: for everything from ``start`` on, ``(-n, None)`` for the last ``n`` bytes.
+ByteSpan = tuple[int, int | None]
+
+_CONTENT_RANGE = re.compile(r"^\s*bytes\s+(?:(\d+)-(\d+)|\*)/(\d+|\*)\s*$")
 
 
 class _ByteBudget:
@@ -245,3 +266,239 @@ def _arrivals(ready: Any, future: Any) -> Generator[list[tuple[int, Any]], None,
                 return
     finally:
         future.cancel()
+
+
+# -- checked byte ranges ----------------------------------------------------------------
+def range_header(span: ByteSpan) -> str:
+    """The HTTP ``Range`` header value asking for ``span`` (``bytes=a-b``, ``bytes=-n``)."""
+    start, end = span
+    if start < 0:
+        return f"bytes={start}"
+    return f"bytes={start}-" if end is None else f"bytes={start}-{end - 1}"
+
+
+def _resolve(span: ByteSpan, total: int | None) -> tuple[int, int] | None:
+    """``[first, end)`` that ``span`` means in an object of ``total`` bytes (HTTP's rules).
+
+    ``None`` when that depends on an unknown ``total``.
+    """
+    start, end = span
+    if start < 0:
+        return None if total is None else (max(0, total + start), total)
+    if end is None:
+        return None if total is None else (start, max(start, total))
+    return (start, end) if total is None else (start, max(start, min(end, total)))
+
+
+def _parse_content_range(value: str | None) -> tuple[int | None, int | None, int | None] | None:
+    """``(first, last, total)`` of a ``Content-Range`` header (``None`` for ``*``)."""
+    match = _CONTENT_RANGE.match(value or "")
+    if match is None:
+        return None
+    first, last, total = match.groups()
+    return (
+        None if first is None else int(first),
+        None if last is None else int(last),
+        None if total == "*" else int(total),
+    )
+
+
+def check_range(
+    body: bytes,
+    span: ByteSpan,
+    *,
+    size: int | None = None,
+    status: int | None = None,
+    content_range: str | None = None,
+    content_type: str | None = None,
+) -> bytes:
+    """The bytes ``span`` asked for, out of one response, or :class:`RangeMismatchError`.
+
+    Parameters
+    ----------
+    body
+        The response body.
+    span
+        The range asked (see :data:`ByteSpan`).
+    size
+        The object's size when known; a range that ends past it may come back short.
+    status, content_range, content_type
+        The HTTP status and headers, where the backend shows them; ``status=None`` checks
+        the body length alone.
+
+    Returns
+    -------
+    bytes
+        ``body``, or the asked bytes sliced out of a ``200`` that carried the whole object
+        (accepted only when its length is ``size``).
+
+    Raises
+    ------
+    RangeMismatchError
+        When the response is not the range asked: another status, a ``Content-Range``
+        whose start, end or total differs, or a body of another length.
+    """
+    if status is None:  # no headers to see: the length is all there is to check
+        want = _resolve(span, size)
+        if want is None:  # size unknown: a suffix must be whole, "from start on" anything
+            want = (0, -span[0]) if span[0] < 0 else (0, len(body))
+        if len(body) != want[1] - want[0]:
+            raise _mismatch(span, f"{len(body)} bytes", size)
+        return body
+    if status == 206:
+        return _check_partial(body, span, size, content_range, content_type)
+    if status == 200 and size is not None and len(body) == size:
+        first, end = _resolve(span, size) or (0, 0)
+        return body[first:end]  # the server ignored Range and sent the whole object
+    raise _mismatch(span, _answer(body, status, content_range, content_type), size)
+
+
+def _check_partial(
+    body: bytes,
+    span: ByteSpan,
+    size: int | None,
+    content_range: str | None,
+    content_type: str | None,
+) -> bytes:
+    parsed = _parse_content_range(content_range)
+    what = _answer(body, 206, content_range, content_type)
+    if parsed is None or parsed[0] is None or parsed[1] is None:
+        raise _mismatch(span, what, size)
+    first, last, total = parsed
+    if size is not None and total is not None and total != size:
+        raise _mismatch(span, what, size)
+    want = _resolve(span, total if total is not None else size)
+    if want is None:  # total unknown: only a start, or a suffix's length, can be checked
+        start = span[0]
+        want = (start, last + 1) if start >= 0 else (last + 1 + start, last + 1)
+    if (first, last + 1) != want or len(body) != last + 1 - first:
+        raise _mismatch(span, what, size)
+    return body
+
+
+def _answer(body: bytes, status: int, content_range: str | None, content_type: str | None) -> str:
+    parts = [f"status {status}"]
+    if content_range is not None:
+        parts.append(f"Content-Range {content_range!r}")
+    if content_type:
+        parts.append(f"Content-Type {content_type!r}")
+    parts.append(f"{len(body)} bytes")
+    return ", ".join(parts)
+
+
+def _mismatch(span: ByteSpan, what: str, size: int | None) -> RangeMismatchError:
+    want = _resolve(span, size)
+    expected = "" if want is None else f" ({want[1] - want[0]} bytes)"
+    of = "" if size is None else f" of a {size}-byte object"
+    return RangeMismatchError(f"asked {range_header(span)}{expected}{of}, the response was {what}")
+
+
+def _is_http(fs: Any) -> bool:
+    http = sys.modules.get("fsspec.implementations.http")  # loaded if fs is one
+    return http is not None and isinstance(fs, http.HTTPFileSystem)
+
+
+async def fetch_range(fs: Any, path: str, span: ByteSpan, *, size: int | None = None) -> bytes:
+    """Bytes ``span`` of ``path`` on the async fsspec file system ``fs``, checked; one try.
+
+    Over HTTP the status, ``Content-Range`` and body length are checked (a ``200`` with the
+    whole object is sliced when its length is the object's size, learnt from a ``HEAD`` if
+    ``size`` is not given); other backends show no headers, so the body length is checked,
+    and a short body is accepted only when the object really ends there.
+
+    Raises
+    ------
+    RangeMismatchError
+        When the response is not the range asked (see :func:`check_range`).
+    FileNotFoundError
+        When the object does not exist.
+    """
+    start, end = span
+    if start >= 0 and end is not None and end <= start:
+        return b""
+    if _is_http(fs):
+        return await _fetch_http(fs, path, span, size)
+    body = bytes(await fs._cat_file(path, start=start, end=end))
+    want = _resolve(span, size)
+    if size is None and (want is None or len(body) < want[1] - want[0]):
+        size = await _object_size(fs, path)  # only a short answer costs this probe
+    return check_range(body, span, size=size)
+
+
+async def _object_size(fs: Any, path: str) -> int | None:
+    found = (await fs._info(path)).get("size")
+    return None if found is None else int(found)
+
+
+async def _fetch_http(fs: Any, path: str, span: ByteSpan, size: int | None) -> bytes:
+    """One ranged GET through fsspec's aiohttp session, its status and headers checked."""
+    kwargs = dict(fs.kwargs)
+    headers = dict(kwargs.pop("headers", None) or {})
+    headers["Range"] = range_header(span)
+    session = await fs.set_session()
+    async with session.get(fs.encode_url(path), headers=headers, **kwargs) as response:
+        body = await response.read()
+        fs._raise_not_found_for_status(response, path)
+        status = response.status
+        content_range = response.headers.get("Content-Range")
+        content_type = response.headers.get("Content-Type")
+    if status == 200 and size is None:
+        size = await _object_size(fs, path)  # a 200 is the whole object only if it is this long
+    return check_range(
+        body,
+        span,
+        size=size,
+        status=status,
+        content_range=content_range,
+        content_type=content_type,
+    )
+
+
+def read_range(
+    fs: Any,
+    path: str,
+    span: ByteSpan,
+    *,
+    url: str,
+    key: str,
+    size: int | None = None,
+    secrets: object = None,
+) -> bytes:
+    """:func:`fetch_range` from blocking code, retried; sync file systems supported too.
+
+    Parameters
+    ----------
+    fs, path, span, size
+        As for :func:`fetch_range`.
+    url, key, secrets
+        Name the object and the piece in a :class:`~mixle.reading.faults.RemoteReadError`
+        (``secrets`` are masked there).
+
+    Raises
+    ------
+    RemoteReadError
+        When every try failed or the responses kept not matching the range asked.
+    """
+    if getattr(fs, "async_impl", False):
+        from fsspec.asyn import sync  # type: ignore[import-untyped]
+
+        return bytes(
+            sync(
+                fs.loop,
+                retry_async,
+                lambda: fetch_range(fs, path, span, size=size),
+                url=url,
+                key=key,
+                secrets=secrets,
+            )
+        )
+
+    def call() -> bytes:
+        body = bytes(fs.cat_file(path, start=span[0], end=span[1]))
+        known = size
+        want = _resolve(span, known)
+        if known is None and (want is None or len(body) < want[1] - want[0]):
+            known = fs.size(path)
+        return check_range(body, span, size=known)
+
+    return retry_call(call, url=url, key=key, secrets=secrets)

@@ -1,26 +1,31 @@
 """HDF5 files behind fsspec URLs (``http(s)://``, ``s3://``...) or in file-like objects.
 
-h5py reads such files through a Python file object (the ``fileobj`` driver): metadata and
-the chunk index come through an fsspec file with a block cache sized for patch reads.
-Chunk bytes do not: :class:`RemoteHDF5ChunkReader` looks up each chunk's byte range in
-HDF5's chunk index, fetches all the chunks a batch misses concurrently with fsspec (each
-request retried on its own), and decodes them in the decode pool, like the local
+h5py reads such files through a Python file object (the ``fileobj`` driver): metadata, the
+chunk index and contiguous data come through a :class:`CheckedRangeFile`, a block cache
+sized for patch reads whose every block is a checked, retried range request. Chunk bytes do
+not: :class:`RemoteHDF5ChunkReader` looks up each chunk's byte range in HDF5's chunk index,
+fetches all the chunks a batch misses concurrently with fsspec (each request checked and
+retried on its own), and decodes them in the decode pool, like the local
 :class:`~mixle.data.sources.hdf5_chunks.HDF5ChunkReader`.
 """
 
 from __future__ import annotations
 
+import io
+import os
 from collections.abc import Sequence
 from typing import Any
 
 from mixle.data.sources.hdf5_chunks import HDF5ChunkReader, decodable_filters
 from mixle.reading.faults import CorruptChunkError, retry_async
-from mixle.reading.fetch import gather_bounded, widen_connection_pool
+from mixle.reading.fetch import fetch_range, gather_bounded, read_range, widen_connection_pool
 from mixle.utils.optional_deps import require
+from mixle.utils.redact import display_path
 
 __all__ = [
     "HDF5_REMOTE_BLOCK_BYTES",
     "HDF5_REMOTE_CACHE_BLOCKS",
+    "CheckedRangeFile",
     "RemoteHDF5ChunkReader",
     "open_remote_file",
 ]
@@ -33,20 +38,114 @@ HDF5_REMOTE_CACHE_BLOCKS = 64
 
 
 def open_remote_file(url: str, storage_options: dict[str, Any] | None) -> tuple[Any, str, Any]:
-    """``(filesystem, path, file object)`` for ``url``, the file read through a block cache."""
+    """``(filesystem, path, file object)`` for ``url``, the file a :class:`CheckedRangeFile`."""
     require("fsspec", "remote", feature="HDF5 over URLs")
     from fsspec.core import url_to_fs  # type: ignore[import-untyped]
 
     fs, path = url_to_fs(url, **(storage_options or {}))
     fs = widen_connection_pool(fs)  # s3fs would keep only 10 chunk requests in flight
-    file = fs.open(
-        path,
-        "rb",
-        block_size=HDF5_REMOTE_BLOCK_BYTES,
-        cache_type="blockcache",
-        cache_options={"maxblocks": HDF5_REMOTE_CACHE_BLOCKS},
-    )
+    file = CheckedRangeFile(fs, path, url=display_path(url), secrets=storage_options)
     return fs, path, file
+
+
+class CheckedRangeFile(io.RawIOBase):
+    """A read-only remote object as a seekable binary file whose every byte is checked.
+
+    h5py reads superblock, object headers, B-tree nodes and contiguous data through it. It
+    keeps an LRU cache of ``block_size`` blocks; each missing block is one range request
+    through :func:`~mixle.reading.fetch.read_range`, so its status, ``Content-Range`` and
+    length are checked against the size the object had when it was opened, mismatches and
+    transient failures are retried, and a block that keeps failing raises
+    :class:`~mixle.reading.faults.RemoteReadError` instead of reaching h5py short (which
+    would zero-fill the rest) or wrong.
+
+    Parameters
+    ----------
+    fs, path
+        The fsspec file system and the object's path on it.
+    url
+        The object named in errors (display-safe).
+    secrets
+        Masked in error messages.
+    block_size, blocks
+        Bytes per cached block and how many blocks are kept.
+
+    Raises
+    ------
+    FileNotFoundError
+        When the object does not exist.
+    OSError
+        When the store does not report the object's size (random access needs it).
+    """
+
+    def __init__(
+        self,
+        fs: Any,
+        path: str,
+        *,
+        url: str,
+        secrets: Any = None,
+        block_size: int = HDF5_REMOTE_BLOCK_BYTES,
+        blocks: int = HDF5_REMOTE_CACHE_BLOCKS,
+    ) -> None:
+        from fsspec.caching import BlockCache  # type: ignore[import-untyped]
+
+        super().__init__()
+        size = fs.size(path)
+        if size is None:
+            raise OSError(f"{url} does not report its size: HDF5 over URLs needs random access")
+        self.size = int(size)
+        self._fs, self._path, self._url, self._secrets = fs, path, url, secrets
+        self._pos = 0
+        self._cache = BlockCache(block_size, self._fetch, self.size, maxblocks=blocks)
+
+    def _fetch(self, start: int, end: int) -> bytes:
+        span = (start, min(end, self.size))
+        return read_range(
+            self._fs,
+            self._path,
+            span,
+            url=self._url,
+            key="(file)",
+            size=self.size,
+            secrets=self._secrets,
+        )
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        """Move to ``offset`` from the start, the current position or the end."""
+        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._pos, os.SEEK_END: self.size}[whence]
+        if base + offset < 0:
+            raise ValueError(f"offset={offset} with whence={whence} is before the start")
+        self._pos = base + offset
+        return self._pos
+
+    def readinto(self, buffer: Any) -> int:
+        """Read up to ``len(buffer)`` bytes at the position into ``buffer``."""
+        view = memoryview(buffer).cast("B")
+        data = self.read(len(view))
+        view[: len(data)] = data
+        return len(data)
+
+    def read(self, size: int | None = -1) -> bytes:
+        """Up to ``size`` bytes from the position (all the rest for ``-1``/``None``)."""
+        if self.closed:
+            raise ValueError(f"I/O on the closed remote file {self._url}")
+        end = self.size if size is None or size < 0 else min(self.size, self._pos + size)
+        data = self._cache._fetch(self._pos, end) if end > self._pos else b""
+        self._pos += len(data)
+        return bytes(data)
+
+    def __repr__(self) -> str:
+        return f"CheckedRangeFile({self._url!r}, size={self.size})"
 
 
 class RemoteHDF5ChunkReader(HDF5ChunkReader):
@@ -93,18 +192,27 @@ class RemoteHDF5ChunkReader(HDF5ChunkReader):
 
         def call(c: tuple[int, ...], offset: int, size: int) -> Any:
             async def get() -> bytes:
-                return bytes(await fs._cat_file(path, start=offset, end=offset + size))
+                return await fetch_range(fs, path, (offset, offset + size))
 
             return lambda: retry_async(get, url=self._url, key=str(c), secrets=self._secrets)
 
-        calls = [call(coords[k], s[0], s[1]) for k, s in wanted]
-        sizes = [s[1] for _, s in wanted]
         if getattr(fs, "async_impl", False):
             from fsspec.asyn import sync  # type: ignore[import-untyped]
 
-            blobs = sync(fs.loop, gather_bounded, calls, sizes)
+            calls = [call(coords[k], s[0], s[1]) for k, s in wanted]
+            blobs = sync(fs.loop, gather_bounded, calls, [s[1] for _, s in wanted])
         else:
-            blobs = [fs.cat_file(path, start=s[0], end=s[0] + s[1]) for _, s in wanted]
+            blobs = [
+                read_range(
+                    fs,
+                    path,
+                    (s[0], s[0] + s[1]),
+                    url=self._url,
+                    key=str(coords[k]),
+                    secrets=self._secrets,
+                )
+                for k, s in wanted
+            ]
         for (k, (_offset, _size, mask)), blob in zip(wanted, blobs):
             out[k] = (blob, mask)
         return out

@@ -61,7 +61,7 @@ def _readable_file(dataset: Any) -> str | None:
 
 
 def stores_numpy_bits(dataset: Any) -> bool:
-    """Whether every stored element of ``dataset`` is, bit for bit, one of its NumPy dtype.
+    """Whether every stored element of ``dataset`` is, bit for bit, its NumPy dtype's bytes.
 
     Compares the stored HDF5 datatype with the standard HDF5 type of the NumPy dtype
     (``H5Tequal``: size, byte order, precision, bit offset, sign, padding, float fields and
@@ -85,8 +85,9 @@ def unwritten_chunk_value(dataset: Any) -> Any:
 
     HDF5 writes the fill value into the read buffer unless the fill time is
     ``FILL_TIME_NEVER``; then it leaves the buffer alone and h5py (which reads into zeroed
-    memory) gives 0. ``None`` means the fill value is undefined: HDF5 then either leaves the
-    buffer alone or refuses the read, so such datasets are read through h5py.
+    memory since h5py 3.7) gives 0. ``None`` means the fill value is undefined: HDF5 then
+    either leaves the buffer alone or refuses the read, so such datasets are read through
+    h5py.
     """
     h5d = _h5py().h5d
     dcpl = dataset.id.get_create_plist()

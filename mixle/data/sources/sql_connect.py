@@ -25,10 +25,12 @@ __all__ = [
     "SQLAlchemyBackend",
     "SQLBackend",
     "SQLiteBackend",
+    "UncheckpointedWALError",
     "connection_args",
     "open_backend",
     "show_connection",
     "split_identifier",
+    "sqlite_read_uri",
 ]
 
 #: What ``con=`` accepts: a SQLite file path, a ``sqlite3.Connection``, a SQLAlchemy URL
@@ -38,6 +40,16 @@ ConnectionLike = Any
 Params = Mapping[str, Any] | Sequence[Any] | None
 
 _PART = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]*$")
+#: The first bytes of every SQLite database file; header bytes 18 and 19 are 2 in WAL mode.
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+class UncheckpointedWALError(OSError):
+    """A WAL-mode SQLite file has a write-ahead log with content but no ``-shm`` file.
+
+    SQLite can read such a database only by creating the ``-shm`` file beside it, and
+    opening it ``immutable`` would ignore the log's transactions (stale rows).
+    """
 
 
 class SQLBackend(abc.ABC):
@@ -70,28 +82,113 @@ def _standard_quote(identifier: str) -> str:
     return '"' + identifier.replace('"', '""') + '"'
 
 
+def _is_wal_mode(path: str) -> bool:
+    """Whether the SQLite file at ``path`` is in WAL mode, from its header."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(20)
+    except OSError:
+        return False  # sqlite3 reports the missing or unreadable file itself
+    return head.startswith(_SQLITE_MAGIC) and 2 in head[18:20]
+
+
+def _size(path: str) -> int | None:
+    try:
+        return os.stat(path).st_size
+    except FileNotFoundError:
+        return None
+
+
+def sqlite_read_uri(path: str) -> tuple[str, bool]:
+    """The URI that opens SQLite file ``path`` read-only and writes nothing beside it.
+
+    Returns
+    -------
+    tuple
+        The ``file:`` URI, and whether it opens the file ``immutable`` (see Notes).
+
+    Raises
+    ------
+    UncheckpointedWALError
+        A WAL-mode file whose ``-wal`` holds data but has no ``-shm`` file.
+
+    Notes
+    -----
+    ``mode=ro`` alone creates ``-wal`` and ``-shm`` files beside a WAL-mode database (and
+    fails in a read-only folder), so the mode follows the files present:
+
+    - not WAL mode (a rollback journal, SQLite's default): ``mode=ro``;
+    - WAL mode with both ``-wal`` and ``-shm`` (a writer has the database open, or left
+      them): ``mode=ro`` through them, seeing every committed transaction; SQLite keeps
+      its read marks in that existing ``-shm``, and creates no file;
+    - WAL mode with no ``-wal`` (or an empty one) and so no live writer:
+      ``mode=ro&immutable=1``. With no log there is no transaction to miss, but SQLite
+      then takes no locks and does not see later writers (:class:`SQLiteBackend` reopens
+      ``mode=ro`` once a ``-wal`` appears);
+    - WAL mode with a ``-wal`` holding data but no ``-shm``: refused, since ``mode=ro``
+      would create the ``-shm`` and ``immutable`` would ignore the log's transactions.
+    """
+    absolute = os.path.abspath(path)
+    base = "file:" + urllib.parse.quote(absolute)
+    if not _is_wal_mode(absolute):
+        return base + "?mode=ro", False
+    wal, shm = absolute + "-wal", absolute + "-shm"
+    wal_size = _size(wal)
+    if wal_size is not None and os.path.exists(shm):
+        return base + "?mode=ro", False
+    if wal_size:
+        raise UncheckpointedWALError(
+            f"con={path!r} is a WAL-mode SQLite database whose log {wal!r} holds {wal_size} "
+            f"bytes of transactions but has no {shm!r} file; reading it would create that "
+            "file beside your data (or miss those transactions). Checkpoint it once with "
+            f"write access, e.g. sqlite3 {path!r} 'PRAGMA wal_checkpoint(TRUNCATE)'"
+        )
+    return base + "?mode=ro&immutable=1", True
+
+
 class SQLiteBackend(SQLBackend):
-    """A SQLite database, read-only, through the standard library's ``sqlite3``."""
+    """A SQLite database, read-only, through the standard library's ``sqlite3``.
+
+    Notes
+    -----
+    A database file is opened with :func:`sqlite_read_uri`, so reading writes nothing
+    beside it, in a read-only folder too. When that open is ``immutable`` (a WAL-mode
+    file with no log), each statement first checks whether a writer has since created a
+    ``-wal`` and, if so, reopens ``mode=ro`` to see its transactions; a writer that starts
+    and checkpoints while one statement runs is not seen by that statement.
+    """
 
     positional = True
 
     def __init__(self, path: str | None, connection: sqlite3.Connection | None = None) -> None:
         self._path = path
         self._lock = threading.Lock()
+        self._immutable = False
         if connection is not None:
             self._con, self._own = connection, False
         else:
             assert path is not None
-            self._con, self._own = self._connect(path), True
+            (self._con, self._immutable), self._own = self._connect(path), True
 
     @staticmethod
-    def _connect(path: str) -> sqlite3.Connection:
-        uri = "file:" + urllib.parse.quote(os.path.abspath(path)) + "?mode=ro"
-        return sqlite3.connect(uri, uri=True, check_same_thread=False)
+    def _connect(path: str) -> tuple[sqlite3.Connection, bool]:
+        uri, immutable = sqlite_read_uri(path)
+        return sqlite3.connect(uri, uri=True, check_same_thread=False), immutable
+
+    def _connection(self) -> sqlite3.Connection:
+        """The shared connection, reopened ``mode=ro`` once a writer made a log (under lock)."""
+        if self._immutable and self._path and os.path.exists(self._path + "-wal"):
+            con, immutable = self._connect(self._path)
+            if immutable:
+                con.close()
+            else:
+                self._con.close()
+                self._con, self._immutable = con, False
+        return self._con
 
     def fetch(self, sql: str, params: Any) -> tuple[list[str], list[tuple[Any, ...]]]:
         with self._lock:
-            cursor = self._con.execute(sql, params)
+            cursor = self._connection().execute(sql, params)
             try:
                 names = [d[0] for d in cursor.description or ()]
                 return names, cursor.fetchall()
@@ -99,7 +196,7 @@ class SQLiteBackend(SQLBackend):
                 cursor.close()
 
     def stream(self, sql: str, params: Any, chunk: int) -> Iterator[list[tuple[Any, ...]]]:
-        con = self._connect(self._path) if self._path else self._con
+        con = self._connect(self._path)[0] if self._path else self._con
         lock = threading.Lock() if self._path else self._lock
         try:
             with lock:
@@ -119,7 +216,8 @@ class SQLiteBackend(SQLBackend):
 
     def close(self) -> None:
         if self._own:
-            self._con.close()
+            with self._lock:
+                self._con.close()
 
 
 class SQLAlchemyBackend(SQLBackend):

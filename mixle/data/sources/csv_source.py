@@ -44,6 +44,7 @@ class CSVSource(TextRecordSource):
     """A CSV file: records are rows, fields are NumPy columns; see :func:`read_csv`."""
 
     _format = "CSV"
+    _lone_cr = True  # "\n", "\r\n" and a lone "\r" end lines, as for Python's csv module
 
     def __init__(
         self,
@@ -208,7 +209,8 @@ def read_csv(
     Parameters
     ----------
     path
-        The CSV file (UTF-8, optional byte-order mark; ``\\n`` or ``\\r\\n`` line ends).
+        The CSV file (UTF-8, optional byte-order mark; ``\\n``, ``\\r\\n`` or ``\\r`` line
+        ends, mixed too, as Python's ``csv`` module reads them; blank lines are skipped).
     columns
         Column names to read (default: all), in the order given.
     delimiter, quotechar

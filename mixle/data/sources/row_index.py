@@ -1,12 +1,14 @@
 """Byte-offset row index of a text file (CSV, JSON lines), built in one pass and cached.
 
 The index is the start offset of every non-blank row, plus the file size at the end: row
-``i`` is the bytes ``[starts[i], starts[i + 1])`` (its newline and any blank lines after it
-included). Newlines inside quoted CSV fields do not end a row: a newline ends a row only when
-an even number of field quotes precede it, which holds for RFC 4180 quoting (a quote inside a
-quoted field is doubled). As in Python's ``csv`` module, a quote inside an unquoted field
-(``5'11"``) is a literal character, not a field quote. For JSON lines, a line of whitespace
-only is blank, as it is for the streaming reader.
+``i`` is the bytes ``[starts[i], starts[i + 1])`` (its line end and any blank lines after it
+included). CSV rows end where Python's ``csv`` module ends them: at ``\\n``, ``\\r\\n`` or a
+lone ``\\r`` (mixed in one file too); a line of nothing else is blank. JSON lines rows end at
+``\\n`` only (a ``\\r`` before it is JSON whitespace); a line of whitespace only is blank, as
+it is for the streaming reader. A line end inside a quoted CSV field does not end a row: it
+ends one only when an even number of field quotes precede it, which holds for RFC 4180
+quoting (a quote inside a quoted field is doubled). As in Python's ``csv`` module, a quote
+inside an unquoted field (``5'11"``) is a literal character, not a field quote.
 
 Indexes are written to a user cache directory, never next to the data: ``$MIXLE_CACHE_DIR``,
 else ``$XDG_CACHE_HOME/mixle``, else ``~/.cache/mixle``; the file name is keyed by the real
@@ -59,14 +61,19 @@ def cache_dir() -> Path:
 
 
 def _field_quotes(
-    a: NDArray[np.uint8], quote: int, delimiter: int, in_quotes: int, before: int
+    a: NDArray[np.uint8],
+    quote: int,
+    delimiter: int,
+    in_quotes: int,
+    before: int,
+    line_ends: tuple[int, ...] = (_NEWLINE,),
 ) -> NDArray[np.bool_]:
     """The quotes of ``a`` that open or close quoted fields (the csv module's reading).
 
     A quote outside a quoted field opens one only at the start of a field (after a delimiter
-    or a newline) or right after a closing quote (a doubled quote); anywhere else it is a
-    literal character. ``before`` describes the byte before ``a``: ``_FIELD_START``,
-    ``_CLOSING_QUOTE`` or any other value.
+    or a byte of ``line_ends``) or right after a closing quote (a doubled quote); anywhere
+    else it is a literal character. ``before`` describes the byte before ``a``:
+    ``_FIELD_START``, ``_CLOSING_QUOTE`` or any other value.
     """
     quotes = a == quote
     at = np.flatnonzero(quotes)
@@ -75,14 +82,15 @@ def _field_quotes(
     # fast path: if every quote is a field quote, the ones at even parity open fields (or
     # follow a closing quote); any of them elsewhere is a literal quote, found below
     opening = at[in_quotes::2]
+    starts_field = np.zeros(256, dtype=bool)
+    starts_field[[delimiter, *line_ends]] = True
     prev = a[np.maximum(opening - 1, 0)]
-    literal = (prev != delimiter) & (prev != _NEWLINE) & (prev != quote)
+    literal = ~starts_field[prev] & (prev != quote)
     if opening.size and opening[0] == 0:
         literal[0] = before == _OTHER
     if not literal.any():
         return quotes
-    prev_all = a[np.maximum(at - 1, 0)]
-    field_start = (prev_all == delimiter) | (prev_all == _NEWLINE)
+    field_start = starts_field[a[np.maximum(at - 1, 0)]]
     if at[0] == 0:
         field_start[0] = before == _FIELD_START
     keep = np.ones(at.size, dtype=bool)
@@ -122,6 +130,31 @@ def _whitespace_rows(
     return blank
 
 
+def _row_ends(a: NDArray[np.uint8], after: int, lone_cr: bool) -> NDArray[np.bool_]:
+    """Which bytes of ``a`` end a line: ``\\n``, and with ``lone_cr`` a ``\\r`` not before one.
+
+    ``after`` is the byte after ``a`` (``-1`` at the end of the file).
+    """
+    ends = a == _NEWLINE
+    if lone_cr:
+        before_lf = np.empty(a.size, dtype=bool)
+        before_lf[:-1] = ends[1:]
+        before_lf[-1] = after == _NEWLINE
+        ends |= (a == _CR) & ~before_lf
+    return ends
+
+
+def _read_block(fd: int, pos: int, size: int, lookahead: bool) -> tuple[bytes, int]:
+    """Up to :data:`INDEX_BLOCK_BYTES` bytes at ``pos`` (not past ``size``), and the byte
+    after them (``-1`` at ``size``, or without ``lookahead``)."""
+    n = min(INDEX_BLOCK_BYTES, size - pos)
+    extra = int(lookahead and pos + n < size)
+    data = os.pread(fd, n + extra, pos)
+    if len(data) > n:
+        return data[:n], data[n]
+    return data, -1
+
+
 def scan_row_starts(
     fd: int,
     start: int,
@@ -130,6 +163,7 @@ def scan_row_starts(
     *,
     delimiter: int | None = None,
     blank_whitespace: bool = False,
+    lone_cr: bool = False,
     advance: Callable[[int], None] | None = None,
 ) -> Iterator[NDArray[np.int64]]:
     """Yield the start offsets of non-blank rows in ``[start, size)``, block by block.
@@ -137,6 +171,8 @@ def scan_row_starts(
     ``quote`` is the quote byte (CSV) or ``None`` (JSON lines: every newline ends a row).
     With ``delimiter`` (CSV), quotes inside unquoted fields are literal characters.
     ``blank_whitespace`` (JSON lines): rows of whitespace only are blank, not just empty ones.
+    ``lone_cr`` (CSV): a ``\\r`` not followed by ``\\n`` ends a row too, as it does for
+    Python's ``csv`` module (``\\n``, ``\\r\\n`` and ``\\r`` all end lines).
     ``advance(nbytes)`` is called after each block of :data:`INDEX_BLOCK_BYTES` is scanned.
     """
     in_quotes = 0
@@ -145,15 +181,16 @@ def scan_row_starts(
     before = _FIELD_START  # what that byte is to the CSV field scanner
     content = False  # whether the current row has non-whitespace bytes in earlier blocks
     pos = start
+    field_starts = (_NEWLINE, _CR) if lone_cr else (_NEWLINE,)
     while pos < size:
-        block = os.pread(fd, min(INDEX_BLOCK_BYTES, size - pos), pos)
+        block, after = _read_block(fd, pos, size, lone_cr)
         if not block:
             break
         a = np.frombuffer(block, dtype=np.uint8)
-        newlines = np.flatnonzero(a == _NEWLINE)
+        newlines = np.flatnonzero(_row_ends(a, after, lone_cr))
         if quote is not None:
             if delimiter is not None:
-                quotes = _field_quotes(a, quote, delimiter, in_quotes, before)
+                quotes = _field_quotes(a, quote, delimiter, in_quotes, before, field_starts)
             else:
                 quotes = a == quote
             if in_quotes or quotes.any():
@@ -162,7 +199,7 @@ def scan_row_starts(
                 in_quotes = (in_quotes + int(np.count_nonzero(quotes))) & 1
             if quotes[-1] and not in_quotes:
                 before = _CLOSING_QUOTE
-            elif a[-1] in (delimiter, _NEWLINE):
+            elif a[-1] == delimiter or a[-1] in field_starts:
                 before = _FIELD_START
             else:
                 before = _OTHER
@@ -173,7 +210,7 @@ def scan_row_starts(
             length = ends - starts
             if blank_whitespace:
                 blank = _whitespace_rows(a, newlines, starts - pos, length, before_end, content)
-            else:
+            else:  # only a line end: LF, CR (a lone CR ends a row) or CR LF
                 blank = (length == 0) | ((length == 1) & (before_end == _CR))
             yield starts[~blank]
             row_start = int(ends[-1]) + 1
@@ -192,14 +229,17 @@ def scan_row_starts(
         yield np.array([row_start], dtype=np.int64)
 
 
-def line_number(fd: int, offset: int) -> int:
-    """The 1-based line of the byte at ``offset`` (counts newlines before it; error paths)."""
+def line_number(fd: int, offset: int, *, lone_cr: bool = False) -> int:
+    """The 1-based line of the byte at ``offset`` (counts line ends before it; error paths).
+
+    Line ends are ``\\n``, and with ``lone_cr`` (CSV) also ``\\r`` not followed by ``\\n``.
+    """
     count, pos = 0, 0
     while pos < offset:
-        block = os.pread(fd, min(INDEX_BLOCK_BYTES, offset - pos), pos)
+        block, after = _read_block(fd, pos, offset, lone_cr)
         if not block:
             break
-        count += block.count(b"\n")
+        count += int(np.count_nonzero(_row_ends(np.frombuffer(block, np.uint8), after, lone_cr)))
         pos += len(block)
     return count + 1
 
@@ -229,7 +269,7 @@ class RowIndex:
 
 def _keys(real: str, stat: os.stat_result, options: str) -> tuple[str, str]:
     file_key = hashlib.sha256(real.encode("utf-8", "surrogatepass")).hexdigest()[:24]
-    version = f"{stat.st_size}\0{stat.st_mtime_ns}\0{stat.st_ino}\0{options}\0v2"
+    version = f"{stat.st_size}\0{stat.st_mtime_ns}\0{stat.st_ino}\0{options}\0v3"
     return file_key, hashlib.sha256(version.encode()).hexdigest()[:24]
 
 
@@ -256,6 +296,7 @@ def load_row_index(
     *,
     delimiter: int | None = None,
     blank_whitespace: bool = False,
+    lone_cr: bool = False,
 ) -> RowIndex:
     """The row index of the open file ``fd``: from the cache when it is current, else built.
 
@@ -274,7 +315,7 @@ def load_row_index(
     progress
         Show a progress bar (bytes scanned) while building: ``True``, ``False`` or ``None``
         (see :mod:`mixle.utils.progress`).
-    delimiter, blank_whitespace
+    delimiter, blank_whitespace, lone_cr
         As for :func:`scan_row_starts` (``options`` must name them).
     """
     stat = os.fstat(fd)
@@ -295,6 +336,7 @@ def load_row_index(
             quote,
             delimiter=delimiter,
             blank_whitespace=blank_whitespace,
+            lone_cr=lone_cr,
             advance=bar.update,
         )
         return _store(parts, size, folder, target, file_key)

@@ -109,6 +109,8 @@ class TextRecordSource(RecordSource):
     _delimiter: int | None = None
     #: Whether a line of only whitespace is blank (JSON lines) rather than a row.
     _blank_whitespace: bool = False
+    #: Whether a ``\r`` not followed by ``\n`` ends a line (CSV, as for Python's csv module).
+    _lone_cr: bool = False
 
     #: What the file is, in messages (``"CSV"``, ``"JSON lines"``).
     _format: str
@@ -184,6 +186,7 @@ class TextRecordSource(RecordSource):
                         self._args.get("progress"),
                         delimiter=self._delimiter,
                         blank_whitespace=self._blank_whitespace,
+                        lone_cr=self._lone_cr,
                     )
         return handle.index
 
@@ -202,7 +205,7 @@ class TextRecordSource(RecordSource):
             if len(got) != hi - lo:
                 self._raise_bad_row(handle, lo, hi)
             parsed.extend(got)
-        lines = LineLookup(handle.fd, starts[at])
+        lines = LineLookup(handle.fd, starts[at], self._lone_cr)
         for j, row in enumerate(parsed):
             problem = self._row_problem(handle, row)
             if problem is not None:
@@ -222,7 +225,7 @@ class TextRecordSource(RecordSource):
         for r in range(lo, hi):
             begin, end = int(starts[r]), int(starts[r + 1])
             data = os.pread(handle.fd, end - begin, begin)
-            line = line_number(handle.fd, begin)
+            line = line_number(handle.fd, begin, lone_cr=self._lone_cr)
             try:
                 got = self._parse_run(handle, data.decode("utf-8"))
             except UnicodeDecodeError as exc:
@@ -231,7 +234,8 @@ class TextRecordSource(RecordSource):
                 raise self._malformed(line, f"cannot be parsed: {exc}") from None
             if len(got) != 1:
                 raise self._malformed(line, "does not hold exactly one row")
-        raise self._malformed(line_number(handle.fd, int(starts[lo])), "cannot be parsed")
+        line = line_number(handle.fd, int(starts[lo]), lone_cr=self._lone_cr)
+        raise self._malformed(line, "cannot be parsed")
 
     def _malformed(self, line: int, problem: str) -> MalformedRowError:
         """A :class:`MalformedRowError` naming this file and ``line``."""
@@ -252,9 +256,12 @@ class TextRecordSource(RecordSource):
 class LineLookup:
     """Line numbers of rows by their position in a batch, computed only when asked (errors)."""
 
-    def __init__(self, fd: int, offsets: Sequence[int] | NDArray[np.int64]) -> None:
+    def __init__(
+        self, fd: int, offsets: Sequence[int] | NDArray[np.int64], lone_cr: bool = False
+    ) -> None:
         self._fd = fd
         self._offsets = offsets
+        self._lone_cr = lone_cr
 
     def __call__(self, j: int) -> int:
-        return line_number(self._fd, int(self._offsets[j]))
+        return line_number(self._fd, int(self._offsets[j]), lone_cr=self._lone_cr)

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from mixle.data.padding import parse_pad_value, read_boxes_padded
+from mixle.data.padding import parse_pad_value, read_spatial_boxes
 from mixle.data.patch_args import fingerprint_digest, per_axis, source_identity
 from mixle.data.sources.adopt import as_array_source
 from mixle.data.sources.base import ArraySource, listing
@@ -221,13 +221,17 @@ class AlignedArrays:
         """
         out = {}
         for name, src in self._sources.items():
-            f = np.asarray(self._factors[name], dtype=np.int64)
-            lead = self._lead[name]
-            starts = np.zeros((corners.shape[0], len(lead) + corners.shape[1]), dtype=np.int64)
-            starts[:, len(lead) :] = corners // f
-            size = (*lead, *(p // k for p, k in zip(patch_size, f.tolist())))
+            f = self._factors[name]
+            size = tuple(p // k for p, k in zip(patch_size, f))
             fill = 0 if pad_values is None else pad_values[name]
-            out[name] = read_boxes_padded(src, starts, size, padding=padding, pad_value=fill)
+            out[name] = read_spatial_boxes(
+                src,
+                corners // np.asarray(f, dtype=np.int64),
+                self._lead[name],
+                size,
+                padding=padding,
+                pad_value=fill,
+            )
         return out
 
     def __repr__(self) -> str:

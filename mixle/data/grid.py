@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from mixle.data.padding import parse_pad_value, parse_padding, read_boxes_padded
+from mixle.data.padding import parse_pad_value, parse_padding, read_spatial_boxes
 from mixle.data.patch_args import (
     fingerprint_digest,
     parse_index,
@@ -202,13 +202,11 @@ class GridSampler:
 
     # -- reading ------------------------------------------------------------------------
     def _read(self, corners: NDArray[np.int64]) -> np.ndarray:
-        lead = len(self._lead)
-        starts = np.zeros((corners.shape[0], lead + corners.shape[1]), dtype=np.int64)
-        starts[:, lead:] = corners
-        return read_boxes_padded(
+        return read_spatial_boxes(
             self._source,
-            starts,
-            (*self._lead, *self._patch_size),
+            corners,
+            self._lead,
+            self._patch_size,
             padding=self._padding,
             pad_value=self._pad_value,
         )

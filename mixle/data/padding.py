@@ -22,6 +22,7 @@ __all__ = [
     "parse_pad_value",
     "parse_padding",
     "read_boxes_padded",
+    "read_spatial_boxes",
 ]
 
 #: Accepted ``padding=`` values. ``"none"``: boxes must lie inside the volume;
@@ -187,6 +188,29 @@ def read_boxes_padded(
             else:
                 out[b] = blocks[j][np.ix_(*index)]
     return out
+
+
+def read_spatial_boxes(
+    source: Any,
+    corners: NDArray[np.int64],
+    channels: Sequence[int],
+    size: Sequence[int],
+    *,
+    padding: str = "none",
+    pad_value: Any = 0,
+) -> np.ndarray:
+    """Boxes of ``size`` at spatial ``corners``, with leading ``channels`` axes read whole.
+
+    ``corners`` are ``(B, len(size))`` on the trailing axes of ``source``; the result is
+    ``(B, *channels, *size)`` (:func:`read_boxes_padded` with a 0 start on every channel
+    axis, so only the spatial axes are ever padded).
+    """
+    lead = len(channels)
+    starts = np.zeros((corners.shape[0], lead + corners.shape[1]), dtype=np.int64)
+    starts[:, lead:] = corners
+    return read_boxes_padded(
+        source, starts, (*channels, *size), padding=padding, pad_value=pad_value
+    )
 
 
 def _window(

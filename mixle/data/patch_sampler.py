@@ -10,7 +10,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from mixle.data.aligned import COORDS_KEY, AlignedArrays
 from mixle.data.hashing import MASK64, parse_seed
-from mixle.data.padding import parse_padding
+from mixle.data.padding import parse_padding, read_spatial_boxes
 from mixle.data.patch_args import (
     centred_grid,
     check_combination,
@@ -23,6 +23,7 @@ from mixle.data.patch_args import (
     parse_stride,
     patch_entries,
     record_indices,
+    source_identity,
     split_channels,
 )
 from mixle.data.placement import (
@@ -177,7 +178,6 @@ class PatchSampler:
         if isinstance(array, Mapping):
             spatial = patch_entries(patch_size)  # None for an int: the arrays' smallest ndim
             self._arrays = AlignedArrays(array, spatial_ndim=spatial, scales=scales)
-            self._aligned = self._arrays
             self._source = next(iter(self._arrays.sources.values()))
             self._lead: tuple[int, ...] = ()
             shape, step = self._arrays.shape, self._arrays.step
@@ -186,16 +186,14 @@ class PatchSampler:
             if not self._source.shape:
                 raise ValueError("array is 0-dimensional; patches need at least one axis")
             self._lead, shape = split_channels(patch_size, self._source.shape)
-            self._aligned = AlignedArrays({"array": self._source}, spatial_ndim=len(shape))
             step = (1,) * len(shape)
         self._shape = shape
         self._patch_size = parse_patch_size(patch_size, shape, padded=padded)
-        self._aligned.check_patch_size(self._patch_size)
+        arrays = self._arrays or AlignedArrays({"array": self._source}, spatial_ndim=len(shape))
+        arrays.check_patch_size(self._patch_size)
         constant = self._padding == "constant"
         self._pad_values = (
-            self._aligned.pad_values(pad_value)
-            if constant
-            else dict.fromkeys(self._aligned.names, 0)
+            arrays.pad_values(pad_value) if constant else dict.fromkeys(arrays.names, 0)
         )
         self._seed = parse_seed(seed)
         self._epoch = parse_epoch(epoch)
@@ -330,10 +328,9 @@ class PatchSampler:
     def element_spec(self) -> Any:
         """Spec of one record, from metadata: ``(patch, coords)`` or a dict for a dict."""
         coords = ArraySpec((len(self._patch_size),), np.dtype(np.int64))
-        specs = self._aligned.element_specs(self._patch_size)
         if self._arrays is not None:
-            return {**specs, COORDS_KEY: coords}
-        return (specs["array"], coords)
+            return {**self._arrays.element_specs(self._patch_size), COORDS_KEY: coords}
+        return (ArraySpec((*self._lead, *self._patch_size), self._source.dtype), coords)
 
     def __len__(self) -> int:
         return self._num_patches
@@ -371,7 +368,11 @@ class PatchSampler:
         return fingerprint_digest(
             "PatchSampler",
             {
-                "arrays": self._aligned.fingerprint(),
+                "arrays": (
+                    source_identity(self._source)
+                    if self._arrays is None
+                    else self._arrays.fingerprint()
+                ),
                 "dict": self._arrays is not None,
                 "patch_size": self._patch_size,
                 "num_patches": self._num_patches,
@@ -421,10 +422,18 @@ class PatchSampler:
 
     # -- reading ------------------------------------------------------------------------
     def _read(self, corners: NDArray[np.int64]) -> Any:
-        patches = self._aligned.read(
-            corners, self._patch_size, padding=self._padding, pad_values=self._pad_values
+        if self._arrays is not None:
+            return self._arrays.read(
+                corners, self._patch_size, padding=self._padding, pad_values=self._pad_values
+            )
+        return read_spatial_boxes(
+            self._source,
+            corners,
+            self._lead,
+            self._patch_size,
+            padding=self._padding,
+            pad_value=self._pad_values["array"],
         )
-        return patches if self._arrays is not None else patches["array"]
 
     def __getitem__(self, index: int) -> Record:
         """Patch ``index`` and its corner: ``(patch, coords)``, or a dict for a dict."""

@@ -71,8 +71,8 @@ class PatchSampler:
     epoch
         The epoch whose corners are drawn (:meth:`set_epoch` changes it).
     stride
-        Corners lie on the grid ``0, stride, 2*stride, ...`` (int or per spatial axis); ``None``
-        allows every position (every multiple of the scale factors for a dict).
+        Corners lie on the grid ``0, stride, 2*stride, ...`` (int or per spatial axis);
+        ``None`` allows every position (every multiple of the scale factors for a dict).
     replacement
         ``False`` visits each stride-grid position once per epoch (a Feistel permutation
         of the grid) instead of drawing corners independently.
@@ -80,8 +80,9 @@ class PatchSampler:
         Locality: every ``patches_per_chunk`` consecutive indices share one region of the
         array (``1``, the default, draws every patch independently from the whole array).
     region
-        Extent of those regions (int or per-axis, at least ``patch_size``); default: the
-        store's chunk shape grown to ``patch_size``, or ``2 * patch_size`` when unchunked.
+        Extent of those regions (int or per spatial axis, at least ``patch_size``);
+        default: the store's chunk shape on the spatial axes grown to ``patch_size``, or
+        ``2 * patch_size`` when unchunked.
     padding
         ``"none"`` keeps patches inside the volume. ``"constant"``, ``"reflect"`` or
         ``"edge"`` let a patch hang over the edge (its centre voxel anywhere in the volume)

@@ -41,16 +41,16 @@ class _ArrayLike:
 
 
 def _check_records(src: mixle.MemorySource, expected: dict[str, np.ndarray]) -> None:
-    check_record_source(src, expected, max_pickle_bytes=10**7)
-    src = pickle.loads(pickle.dumps(mixle.MemorySource(dict(expected))))
-    for i, record in enumerate(src.records()):
+    for source in (src, pickle.loads(pickle.dumps(src))):
+        for i, record in enumerate(source.records()):
+            for name, column in expected.items():
+                leaf = np.asarray(record[name])
+                assert (leaf.dtype, leaf.shape) == (column.dtype, column.shape[1:]), (i, name)
+        last = source[-1]
         for name, column in expected.items():
-            leaf = np.asarray(record[name])
-            assert (leaf.dtype, leaf.shape) == (column.dtype, column.shape[1:]), (i, name)
-    last = src[-1]
-    for name, column in expected.items():
-        assert np.asarray(last[name]).dtype == column.dtype, name
-        np.testing.assert_array_equal(last[name], column[-1])
+            assert np.asarray(last[name]).dtype == column.dtype, name
+            np.testing.assert_array_equal(last[name], column[-1])
+    check_record_source(src, expected, max_pickle_bytes=10**7)
 
 
 def test_array_leaves_stack_with_their_own_dtype_and_shape() -> None:
@@ -110,6 +110,17 @@ def test_stacking_equals_numpy_stack(data: st.DataObject, shape: tuple, n: int) 
     assert src.element_spec()["x"] == mixle.ArraySpec(shape, want.dtype)
 
 
+def test_python_values_that_numpy_reads_as_the_leaf_dtype_join_the_column() -> None:
+    records = [
+        {"i": np.int64(1), "f": 2.5, "b": np.bool_(True), "v": [1.0, 2.0]},
+        {"i": 2, "f": np.float64(0.5), "b": False, "v": np.array([3.0, 4.0])},
+    ]
+    src = mixle.MemorySource(records)
+    want = {name: np.stack([np.asarray(r[name]) for r in records]) for name in records[0]}
+    assert src.dtypes == {"i": np.int64, "f": np.float64, "b": np.bool_, "v": np.float64}
+    _check_records(src, want)
+
+
 def test_missing_float_scalars_are_nan_in_their_own_dtype() -> None:
     src = mixle.MemorySource([{"x": np.float32(1.5)}, {"x": None}, {"x": np.float32(2)}])
     got = src.get_batch([0, 1, 2])["x"]
@@ -134,7 +145,8 @@ def test_missing_float_scalars_are_nan_in_their_own_dtype() -> None:
         ),
         (
             [{"v": 1.0}, {"v": np.float32(2)}],
-            r"data\[0\]\['v'\] is a Python float, but data\[1\]\['v'\] is float32",
+            r"data\[0\]\['v'\] is a Python float \(.*float64 in NumPy\), "
+            r"but data\[1\]\['v'\] is float32",
             0,
         ),
         (
@@ -157,8 +169,12 @@ def test_leaves_that_disagree_raise_naming_both(
 def test_dict_column_errors_name_the_column_place() -> None:
     with pytest.raises(LeafMismatchError, match=r"data\['a'\]\[1\] is ndarray of shape \(3,\)"):
         mixle.MemorySource({"a": [np.zeros(2), np.zeros(3)]})
-    with pytest.raises(LeafMismatchError, match=r"data\[1\]\[0\] is a Python int"):
-        mixle.MemorySource([(np.int64(1),), (2,)])
+    with pytest.raises(
+        LeafMismatchError,
+        match=r"data\[1\]\[0\] is a Python int \(of shape \(\) and dtype int64 in NumPy\), "
+        r"but data\[0\]\[0\] is int32",
+    ):
+        mixle.MemorySource([(np.int32(1),), (2,)])
     with pytest.raises(TypeError, match=r"data\['a'\] is a 0-d _ArrayLike"):
         mixle.MemorySource({"a": _ArrayLike(np.array(1.0))})
 

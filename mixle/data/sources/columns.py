@@ -320,11 +320,22 @@ def is_array_leaf(value: object) -> bool:
     )
 
 
+def _as_leaf(value: object) -> np.ndarray | None:
+    """``value`` as NumPy reads it; ``None`` for strings and what NumPy cannot convert."""
+    if isinstance(value, (str, bytes)):
+        return None
+    try:
+        return np.asarray(value)
+    except (ValueError, TypeError, OverflowError):  # ragged nested lists, odd objects
+        return None
+
+
 def _leaf_text(value: object) -> str:
-    if not is_array_leaf(value):
-        return f"a Python {type(value).__name__}"
-    array = np.asarray(value)
-    return f"{type(value).__name__} of shape {array.shape} and dtype {array.dtype}"
+    array = _as_leaf(value)
+    spec = "" if array is None else f"of shape {array.shape} and dtype {array.dtype}"
+    if is_array_leaf(value):
+        return f"{type(value).__name__} {spec}"
+    return f"a Python {type(value).__name__}" + (f" ({spec} in NumPy)" if spec else "")
 
 
 def stack_leaves(values: Sequence[Any], column: str, where: Callable[[int], str]) -> np.ndarray:
@@ -333,13 +344,14 @@ def stack_leaves(values: Sequence[Any], column: str, where: Callable[[int], str]
     Each leaf (a NumPy scalar or array, a JAX array, anything with ``__array__``, ``shape``
     and ``dtype``) becomes one row: ``n`` leaves of shape ``s`` and dtype ``d`` give an
     array of shape ``(n, *s)`` and dtype ``d`` (in native byte order, as ``np.stack``
-    gives it), never an upcast or an ``object`` column.
+    gives it), never an upcast or an ``object`` column. A plain Python value among them
+    must be what NumPy makes of it: ``2`` fits an ``int64`` column, not an ``int32`` one.
     ``None`` is ``NaN`` (``NaT``) in a column of float (datetime) scalars.
 
     Parameters
     ----------
     values
-        The leaves, one per record; at least one is not ``None``.
+        The leaves, one per record; at least one is an array leaf (:func:`is_array_leaf`).
     column
         The column's name, for error messages.
     where
@@ -348,12 +360,10 @@ def stack_leaves(values: Sequence[Any], column: str, where: Callable[[int], str]
     Raises
     ------
     LeafMismatchError
-        A leaf has another shape or dtype than the first one, is a plain Python value, or is
-        ``None`` where the column cannot hold a missing value; the message names both leaves.
+        A leaf has another shape or dtype than the first array leaf, or is ``None`` where
+        the column cannot hold a missing value; the message names both leaves.
     """
-    first = next(i for i, v in enumerate(values) if not _is_missing(v))
-    if not is_array_leaf(values[first]):
-        first = next(i for i, v in enumerate(values) if is_array_leaf(v))
+    first = next(i for i, v in enumerate(values) if is_array_leaf(v))
     model = np.asarray(values[first])
     dtype = _native(model.dtype)
     out = np.empty((len(values), *model.shape), dtype=dtype)
@@ -361,7 +371,7 @@ def stack_leaves(values: Sequence[Any], column: str, where: Callable[[int], str]
         if _is_missing(value) and not model.shape and dtype.kind in "fcMm":
             out[i] = np.datetime64("NaT") if dtype.kind in "Mm" else math.nan
             continue
-        array = np.asarray(value) if is_array_leaf(value) else None
+        array = None if _is_missing(value) else _as_leaf(value)
         if array is None or array.shape != model.shape or _native(array.dtype) != dtype:
             raise _mismatch(values, i, first, column, where, array)
         out[i] = array
@@ -389,7 +399,7 @@ def _mismatch(
             "object array (column = np.empty(n, object); column[:] = leaves)"
         )
     else:
-        fix = f"convert them first, e.g. np.asarray(leaf, dtype={str(model.dtype)!r})"
+        fix = f"convert them first, e.g. np.asarray(leaf, dtype={str(_native(model.dtype))!r})"
     return LeafMismatchError(
         f"{where(i)} is {shown}, but {where(first)} is {_leaf_text(values[first])}; the "
         f"leaves of column {column!r} must share one shape and dtype ({fix})",

@@ -151,6 +151,6 @@ def read_dataframe(df: Any, columns: Sequence[str] | None = None) -> MemorySourc
     ------
     LeafMismatchError
         (a ``ValueError``) The arrays of a pandas column differ in shape or dtype, or mix
-        with other values; the message names the column and both rows.
+        with values NumPy reads otherwise; the message names the column and both rows.
     """
     return MemorySource(dataframe_columns(df, columns))

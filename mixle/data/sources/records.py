@@ -312,8 +312,9 @@ class MemorySource(RecordSource):
         Columns of different lengths (the message lists every column's length), or records
         with different keys.
     LeafMismatchError
-        (a ``ValueError``) Array leaves of one key differ in shape or dtype, or mix with plain
-        Python values; the message names the key, both records, shapes and dtypes.
+        (a ``ValueError``) Array leaves of one key differ in shape or dtype (a plain Python
+        value among them counts as what NumPy makes of it); the message names the key, both
+        records, their shapes and dtypes.
 
     Notes
     -----

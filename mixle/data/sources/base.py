@@ -330,10 +330,10 @@ class ArraySource(SourceLifetime, abc.ABC):
         cache when it is there), straight into an output of the selection's shape.
         """
         extent = read_extent(key)
-        out = np.empty(extent, dtype=self.dtype)
-        if all(extent):
-            execute_plan(reader, plan_key(key, reader.chunks), out[np.newaxis])
-        return out[tuple(0 if isinstance(k, int) else slice(None) for k in key)]
+        out = np.empty([n for k, n in zip(key, extent) if not isinstance(k, int)], self.dtype)
+        if all(extent):  # integer axes as length 1 in a view, so that ``out`` owns its memory
+            execute_plan(reader, plan_key(key, reader.chunks), out.reshape(1, *extent))
+        return out
 
     def _read_into(self, handle: Any, key: tuple[int | slice, ...], out: np.ndarray) -> None:
         """Write a region into ``out``; backends that can skip the temporary override this."""

@@ -86,13 +86,27 @@ class ZarrPipelineReader:
         )
         try:
             return np.asarray(self._array[region])
-        except (OSError, CorruptChunkError):
-            raise  # I/O failures (missing files, remote errors) are not corruption
         except Exception as exc:
+            if isinstance(exc, (OSError, CorruptChunkError)) or _from_network_client(exc):
+                raise  # I/O failures (missing files, remote errors) are not corruption
+            label = (
+                f"chunk {key!r} (grid coordinates {coords})"
+                if self._per_object == (1,) * len(coords)
+                else f"shard {key!r}, inner chunk {coords},"
+            )
             raise CorruptChunkError(
-                f"chunk {key!r} (grid coordinates {coords}) of zarr array {self._where} is "
-                f"corrupt (zarr could not decode it: {type(exc).__name__}: {exc})"
+                f"{label} of zarr array {self._where} is corrupt (zarr could not decode it: "
+                f"{type(exc).__name__}: {exc})"
             ) from exc
+
+
+#: Top-level packages of network clients, whose errors are failed requests, not bad data.
+_NETWORK_CLIENTS = frozenset({"aiohttp", "aiobotocore", "botocore", "urllib3", "requests", "httpx"})
+
+
+def _from_network_client(exc: BaseException) -> bool:
+    """Whether ``exc`` is an error class of a network client (a request failed)."""
+    return any(cls.__module__.split(".")[0] in _NETWORK_CLIENTS for cls in type(exc).__mro__)
 
 
 def fill_chunk(array: Any, chunks: tuple[int, ...]) -> np.ndarray:
@@ -131,11 +145,10 @@ def refuse_directory(base: str, key: str, where: str, coords: tuple[int, ...]) -
         raise CorruptChunkError(_directory_message(key, where, coords, path))
 
 
-def _directory_message(key: str, where: str, coords: tuple[int, ...] | None, path: str) -> str:
-    at = "" if coords is None else f" (grid coordinates {coords})"
+def _directory_message(key: str, where: str, coords: tuple[int, ...], path: str) -> str:
     return (
-        f"chunk {key!r}{at} of zarr array {where} cannot be read: {path!r} is a directory, "
-        "not a stored chunk (a chunk never written has no file at all)"
+        f"chunk {key!r} (grid coordinates {coords}) of zarr array {where} cannot be read: "
+        f"{path!r} is a directory, not a stored chunk (a chunk never written has no file)"
     )
 
 
@@ -280,7 +293,10 @@ class StoreGetter:
         if raw is None and self._local is not None:
             path = os.path.join(self._local, *key.split("/"))
             if os.path.isdir(path):
-                raise CorruptChunkError(_directory_message(key, self._url, None, path))
+                raise CorruptChunkError(
+                    f"stored object {key!r} of zarr array {self._url!r} cannot be read: "
+                    f"{path!r} is a directory, not a stored chunk or shard"
+                )
         return raw
 
     def many(self, requests: Sequence[tuple[str, ByteRange]], sizes: Sequence[int]) -> list[Any]:

@@ -17,6 +17,7 @@ from mixle.data.sources.columns import (
     parse_dtypes,
     text_to_array,
 )
+from mixle.data.sources.memmap_check import FileSignature
 from mixle.data.sources.records import Batch, TableMeta
 from mixle.data.sources.text_source import TextHandle, TextRecordSource, text_args
 from mixle.data.spec import ArraySpec
@@ -138,12 +139,14 @@ class CSVSource(TextRecordSource):
         handle.extra = {"na": na, "positions": [names.index(n) for n in handle.selected]}
         return handle, TableMeta(specs)
 
-    def _rows_from(self, path: str, start: int) -> Iterator[tuple[list[str], int]]:
+    def _rows_from(
+        self, path: str, start: int, signature: FileSignature | None = None
+    ) -> Iterator[tuple[list[str], int]]:
         """Parsed rows from byte ``start`` on, each with the line it starts on.
 
         Opens its own file object, so streams never share a file position.
         """
-        with open(path, "rb") as raw:
+        with self._open_file(path, signature) as raw:
             raw.seek(start)
             stream = io.TextIOWrapper(raw, encoding="utf-8", newline="")
             reader = self._reader(stream)

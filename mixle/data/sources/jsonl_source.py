@@ -17,6 +17,7 @@ from mixle.data.sources.columns import (
     parse_dtypes,
     values_to_array,
 )
+from mixle.data.sources.memmap_check import FileSignature
 from mixle.data.sources.records import Batch, TableMeta
 from mixle.data.sources.text_source import TextHandle, TextRecordSource, text_args
 from mixle.data.spec import ArraySpec
@@ -74,9 +75,11 @@ class JSONLSource(TextRecordSource):
             specs[name] = ArraySpec(shape, dtype)
         return handle, TableMeta(specs)
 
-    def _rows_from(self, path: str, start: int) -> Iterator[tuple[dict[str, Any], int]]:
+    def _rows_from(
+        self, path: str, start: int, signature: FileSignature | None = None
+    ) -> Iterator[tuple[dict[str, Any], int]]:
         """Parsed objects from byte ``start`` on, each with its line number."""
-        with open(path, "rb") as raw:
+        with self._open_file(path, signature) as raw:
             raw.seek(start)
             for line, data in enumerate(raw, start=1):
                 if not data.strip():

@@ -3,17 +3,28 @@
 Touching a mapped page past the end of a truncated file kills the process with ``SIGBUS``.
 Sources that map files call :func:`check_mapped_file` before each read (one ``stat``,
 about a microsecond) and raise :class:`FileChangedError` instead.
+
+Sources that read a file through offsets computed earlier (the row index of a CSV or JSON
+lines file) compare its :func:`file_signature` with the one taken at open
+(:func:`check_file_unchanged`) and raise the same error.
 """
 
 from __future__ import annotations
 
 import os
 
-__all__ = ["FileChangedError", "check_mapped_file", "file_identity"]
+__all__ = [
+    "FileChangedError",
+    "FileSignature",
+    "check_file_unchanged",
+    "check_mapped_file",
+    "file_identity",
+    "file_signature",
+]
 
 
 class FileChangedError(OSError):
-    """A mapped file was truncated, replaced or deleted after the source opened it."""
+    """A file was truncated, replaced, rewritten or deleted after the source opened it."""
 
 
 def file_identity(path: str) -> tuple[int, int]:
@@ -55,3 +66,63 @@ def check_mapped_file(path: str, needed: int, identity: tuple[int, int] | None) 
             f"array needs {needed}; reading it would crash the process (SIGBUS), so mixle "
             "refuses: restore the file or open the source again"
         )
+
+
+#: ``(device, inode, size, mtime_ns, ctime_ns)`` of one version of a file.
+FileSignature = tuple[int, int, int, int, int]
+
+
+def file_signature(st: os.stat_result) -> FileSignature:
+    """What changes when a file is replaced or written: ``(device, inode, size, mtime, ctime)``.
+
+    The status-change time (``ctime``) moves on every write and cannot be set back (unlike
+    the modification time, which ``rsync -t`` or ``touch -d`` restore), so a rewrite of the
+    same size with the old modification time still changes the signature.
+    """
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def check_file_unchanged(
+    path: str, signature: FileSignature, now: FileSignature | None = None
+) -> None:
+    """Raise :class:`FileChangedError` unless ``path`` still has ``signature``.
+
+    Parameters
+    ----------
+    path
+        The file, named in the error.
+    signature
+        :func:`file_signature` when the file was opened.
+    now
+        The file's signature now, if the caller has it (e.g. from ``os.fstat`` of an open
+        descriptor); by default ``path`` is stat-ed.
+
+    Notes
+    -----
+    One ``stat``. Besides content changes it reports changes of permissions, owner or
+    links (they move ``ctime`` too). A write within the timestamp granularity of the
+    file system (a few milliseconds) of the moment the signature was taken, that keeps the
+    size, is not seen.
+    """
+    if now is None:
+        try:
+            now = file_signature(os.stat(path))
+        except FileNotFoundError:
+            raise FileChangedError(
+                f"path={path!r} was deleted after it was opened; open the source again"
+            ) from None
+    if now == signature:
+        return
+    if now[:2] != signature[:2]:
+        raise FileChangedError(
+            f"path={path!r} was replaced by another file after it was opened; open the "
+            "source again to read the new file"
+        )
+    if now[2] != signature[2]:
+        change = f"changed size from {signature[2]} to {now[2]} bytes"
+    else:
+        change = "was written (or its permissions, owner or links changed)"
+    raise FileChangedError(
+        f"path={path!r} {change} after it was opened; row offsets read before the change "
+        "would return wrong rows, so mixle refuses: open the source again"
+    )

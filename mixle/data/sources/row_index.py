@@ -12,9 +12,11 @@ inside an unquoted field (``5'11"``) is a literal character, not a field quote.
 
 Indexes are written to a user cache directory, never next to the data: ``$MIXLE_CACHE_DIR``,
 else ``$XDG_CACHE_HOME/mixle``, else ``~/.cache/mixle``; the file name is keyed by the real
-path, size, modification time and inode of the data file and by the format options, so a
-changed file gets a new index (and the old one is deleted). When the cache directory cannot
-be written the index lives in memory only.
+path, device, inode, size, modification and status-change times of the data file, a
+:func:`content_fingerprint` of it and the format options, so a changed file gets a new index
+(and the old one is deleted) even when it was rewritten in place at the same size with its
+old modification time restored (``rsync --inplace -t``). When the cache directory cannot be
+written the index lives in memory only.
 """
 
 from __future__ import annotations
@@ -29,12 +31,16 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import NDArray
 
+from mixle.data.sources.memmap_check import FileSignature, check_file_unchanged, file_signature
 from mixle.utils.progress import progress_bar
 
 __all__ = [
+    "FINGERPRINT_BLOCKS",
+    "FINGERPRINT_BLOCK_BYTES",
     "INDEX_BLOCK_BYTES",
     "RowIndex",
     "cache_dir",
+    "content_fingerprint",
     "line_number",
     "load_row_index",
     "scan_row_starts",
@@ -42,6 +48,10 @@ __all__ = [
 
 #: Bytes read per step while scanning a file for row boundaries.
 INDEX_BLOCK_BYTES = 8 * 2**20
+#: Bytes hashed at each place sampled for a file's content fingerprint.
+FINGERPRINT_BLOCK_BYTES = 64 * 2**10
+#: Places sampled for the fingerprint: the first and last blocks and evenly spaced ones.
+FINGERPRINT_BLOCKS = 8
 _NEWLINE, _CR = 10, 13
 #: Bytes that ``bytes.strip()`` removes: a JSON line of only these is blank.
 _WHITESPACE = np.zeros(256, dtype=bool)
@@ -267,10 +277,27 @@ class RowIndex:
         return len(self.starts) - 1
 
 
-def _keys(real: str, stat: os.stat_result, options: str) -> tuple[str, str]:
+def content_fingerprint(fd: int, size: int) -> str:
+    """A hash of the size and of :data:`FINGERPRINT_BLOCKS` evenly spaced blocks of a file.
+
+    The blocks include the first and the last; a file of at most ``FINGERPRINT_BLOCKS *
+    FINGERPRINT_BLOCK_BYTES`` bytes is hashed whole. The cost does not grow with the size.
+    """
+    digest = hashlib.blake2b(size.to_bytes(8, "little"), digest_size=16)
+    span = FINGERPRINT_BLOCK_BYTES
+    if size <= span * FINGERPRINT_BLOCKS:
+        places = range(0, size, span)
+    else:
+        places = np.linspace(0, size - span, FINGERPRINT_BLOCKS).astype(np.int64).tolist()
+    for place in places:
+        digest.update(os.pread(fd, span, place))
+    return digest.hexdigest()
+
+
+def _keys(real: str, signature: FileSignature, options: str, fingerprint: str) -> tuple[str, str]:
     file_key = hashlib.sha256(real.encode("utf-8", "surrogatepass")).hexdigest()[:24]
-    version = f"{stat.st_size}\0{stat.st_mtime_ns}\0{stat.st_ino}\0{options}\0v3"
-    return file_key, hashlib.sha256(version.encode()).hexdigest()[:24]
+    version = "\0".join([*map(str, signature), options, fingerprint, "v3"])
+    return file_key, hashlib.sha256(version.encode("utf-8", "surrogatepass")).hexdigest()[:24]
 
 
 def _read_cached(path: Path, size: int) -> NDArray[np.int64] | None:
@@ -297,6 +324,7 @@ def load_row_index(
     delimiter: int | None = None,
     blank_whitespace: bool = False,
     lone_cr: bool = False,
+    expected: FileSignature | None = None,
 ) -> RowIndex:
     """The row index of the open file ``fd``: from the cache when it is current, else built.
 
@@ -317,10 +345,28 @@ def load_row_index(
         (see :mod:`mixle.utils.progress`).
     delimiter, blank_whitespace, lone_cr
         As for :func:`scan_row_starts` (``options`` must name them).
+    expected
+        The file's :func:`~mixle.data.sources.memmap_check.file_signature` when the caller
+        read its header; by default not checked.
+
+    Raises
+    ------
+    FileChangedError
+        The file differs from ``expected``, or changed while it was scanned (then no index
+        is stored).
+
+    Notes
+    -----
+    A cached index is used only for the same path, device, inode, size, modification and
+    status-change times, content fingerprint and options; any other index of the same path
+    is deleted when a new one is stored.
     """
-    stat = os.fstat(fd)
-    size = stat.st_size
-    file_key, version = _keys(real_path, stat, options)
+    signature = file_signature(os.fstat(fd))
+    if expected is not None:
+        check_file_unchanged(real_path, expected, signature)
+    size = signature[2]
+    fingerprint = content_fingerprint(fd, size)
+    file_key, version = _keys(real_path, signature, options, fingerprint)
     folder = cache_dir() / "row-index"
     target = folder / f"{file_key}-{version}.i64"
     cached = _read_cached(target, size)
@@ -339,24 +385,39 @@ def load_row_index(
             lone_cr=lone_cr,
             advance=bar.update,
         )
-        return _store(parts, size, folder, target, file_key)
+
+        def unchanged() -> None:  # the file did not change while it was scanned
+            check_file_unchanged(real_path, signature, file_signature(os.fstat(fd)))
+
+        return _store(parts, size, folder, target, file_key, unchanged)
 
 
 def _store(
-    parts: Iterator[NDArray[np.int64]], size: int, folder: Path, target: Path, file_key: str
+    parts: Iterator[NDArray[np.int64]],
+    size: int,
+    folder: Path,
+    target: Path,
+    file_key: str,
+    unchanged: Callable[[], None],
 ) -> RowIndex:
-    """Write the scanned row starts to ``target`` (atomically), or keep them in memory."""
+    """Write the scanned row starts to ``target`` (atomically), or keep them in memory.
+
+    ``unchanged()`` runs after the scan, before the index is published (it raises if the
+    file changed meanwhile).
+    """
     try:
         folder.mkdir(parents=True, exist_ok=True)
         handle, tmp = tempfile.mkstemp(dir=folder, prefix=f".{file_key}-", suffix=".tmp")
     except OSError:  # no writable cache: keep the index in memory
         starts = np.concatenate([*parts, np.array([size], dtype=np.int64)])
+        unchanged()
         return RowIndex(starts.astype(np.int64), "built", None)
     try:
         with os.fdopen(handle, "wb") as out:
             for part in parts:
                 out.write(part.astype("<i8").tobytes())
             out.write(np.array([size], dtype="<i8").tobytes())
+        unchanged()
         os.replace(tmp, target)
     except BaseException:
         with contextlib.suppress(OSError):

@@ -6,6 +6,19 @@ first random access (``len``, ``[i]``, ``get_batch``) loads the file's byte-offs
 one pass. Rows are then read with ``os.pread`` (no shared file position, so reads are safe
 from several threads), each contiguous run of rows in one read. ``iter_batches()`` and
 ``records()`` read the file sequentially and never need the index.
+
+A file changed after it was opened is refused, never read through offsets of its old
+content: the file's signature (device, inode, size, modification and status-change times;
+:func:`~mixle.data.sources.memmap_check.file_signature`) is taken at open and compared, with
+one ``stat``, when the index is loaded, after the bytes of every random read, and before
+every block a stream yields. A file replaced, deleted, truncated, appended to or rewritten in
+place raises :class:`~mixle.data.sources.memmap_check.FileChangedError` naming it. A rewrite
+of the same size with the old modification time restored (``rsync --inplace -t``) is caught
+too: writing moves the status-change time, which cannot be set back. Changes of permissions,
+owner or links move it as well and raise the same error. Not seen: a rewrite of the same
+size within the file system's timestamp granularity (milliseconds) of the open. A cached row
+index is reused only for the same signature and content fingerprint
+(:mod:`mixle.data.sources.row_index`).
 """
 
 from __future__ import annotations
@@ -16,12 +29,13 @@ import itertools
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 from numpy.typing import NDArray
 
 from mixle.data.sources.columns import LineOf
+from mixle.data.sources.memmap_check import FileSignature, check_file_unchanged, file_signature
 from mixle.data.sources.records import Batch, RecordSource, TableMeta
 from mixle.data.sources.row_index import RowIndex, line_number, load_row_index
 from mixle.errors import MalformedRowError
@@ -98,6 +112,8 @@ class TextHandle:
     selected: list[str]
     index: RowIndex | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    #: :func:`~mixle.data.sources.memmap_check.file_signature` of the file when opened.
+    signature: FileSignature = (0, 0, 0, 0, 0)
 
 
 class TextRecordSource(RecordSource):
@@ -120,8 +136,13 @@ class TextRecordSource(RecordSource):
         """Read the header and a sample from ``fd`` (rows begin at byte ``start``)."""
 
     @abc.abstractmethod
-    def _rows_from(self, path: str, start: int) -> Iterator[tuple[Any, int]]:
-        """Parsed rows from byte ``start`` on, each with its line; opens its own file."""
+    def _rows_from(
+        self, path: str, start: int, signature: FileSignature | None = None
+    ) -> Iterator[tuple[Any, int]]:
+        """Parsed rows from byte ``start`` on, each with its line.
+
+        Opens its own file with :meth:`_open_file` (checked against ``signature``, if given).
+        """
 
     @abc.abstractmethod
     def _options_key(self) -> str:
@@ -145,16 +166,54 @@ class TextRecordSource(RecordSource):
     def _open(self) -> tuple[TextHandle, TableMeta]:
         fd, real = open_text_file(self._args["path"], self._format)
         try:
+            signature = file_signature(os.fstat(fd))
             start = len(BOM) if os.pread(fd, len(BOM), 0) == BOM else 0
-            return self._open_fd(fd, real, start)
+            handle, meta = self._open_fd(fd, real, start)
+            handle.signature = signature
+            check_file_unchanged(real, signature)  # the header and sample are of this version
+            return handle, meta
         except BaseException:
             os.close(fd)
             raise
 
+    @staticmethod
+    def _open_file(path: str, signature: FileSignature | None) -> BinaryIO:
+        """``path`` opened for reading; with ``signature``, checked to be that version of it.
+
+        Raises
+        ------
+        FileChangedError
+            The opened file does not have ``signature``.
+        """
+        try:
+            raw = open(path, "rb")  # noqa: SIM115 - the caller closes it (a with block)
+        except FileNotFoundError:
+            if signature is not None:
+                check_file_unchanged(path, signature)  # deleted since it was opened: say so
+            raise
+        if signature is not None:
+            try:
+                check_file_unchanged(path, signature, file_signature(os.fstat(raw.fileno())))
+            except BaseException:
+                raw.close()
+                raise
+        return raw
+
+    def _check_unchanged(self, handle: TextHandle) -> None:
+        """Raise :class:`FileChangedError` if the file changed since it was opened."""
+        check_file_unchanged(handle.real_path, handle.signature)
+
     def _stream(self, handle: TextHandle, block_rows: int) -> Iterator[Batch]:
+        try:
+            yield from self._stream_rows(handle, block_rows)
+        except MalformedRowError:  # a file changed meanwhile is the cause, not the row
+            self._check_unchanged(handle)
+            raise
+
+    def _stream_rows(self, handle: TextHandle, block_rows: int) -> Iterator[Batch]:
         rows: list[Any] = []
         lines: list[int] = []
-        parsed = self._rows_from(handle.real_path, handle.data_start)
+        parsed = self._rows_from(handle.real_path, handle.data_start, handle.signature)
         for row, line in itertools.islice(parsed, handle.skip_rows, None):
             problem = self._row_problem(handle, row)
             if problem is not None:
@@ -162,8 +221,10 @@ class TextRecordSource(RecordSource):
             rows.append(row)
             lines.append(line)
             if len(rows) == block_rows:
+                self._check_unchanged(handle)  # the rows read are of the version opened
                 yield self._to_columns(handle, rows, lines.__getitem__)
                 rows, lines = [], []
+        self._check_unchanged(handle)  # and the stream did not end early on a truncation
         if rows:
             yield self._to_columns(handle, rows, lines.__getitem__)
 
@@ -187,7 +248,9 @@ class TextRecordSource(RecordSource):
                         delimiter=self._delimiter,
                         blank_whitespace=self._blank_whitespace,
                         lone_cr=self._lone_cr,
+                        expected=handle.signature,
                     )
+                    self._check_unchanged(handle)  # not replaced since it was opened
         return handle.index
 
     def _count(self, handle: TextHandle) -> int:
@@ -197,11 +260,14 @@ class TextRecordSource(RecordSource):
         starts = self._index(handle).starts
         at = rows + handle.skip_rows
         breaks = np.flatnonzero(np.diff(at) != 1) + 1
+        runs = [(int(run[0]), int(run[-1]) + 1) for run in np.split(at, breaks)]
+        spans = [
+            os.pread(handle.fd, int(starts[hi] - starts[lo]), int(starts[lo])) for lo, hi in runs
+        ]
+        self._check_unchanged(handle)  # the bytes read are those the index describes
         parsed: list[Any] = []
-        for run in np.split(at, breaks):
-            lo, hi = int(run[0]), int(run[-1]) + 1
-            begin, end = int(starts[lo]), int(starts[hi])
-            got = self._parse_span(handle, begin, end)
+        for (lo, hi), data in zip(runs, spans):
+            got = self._parse_span(handle, data)
             if len(got) != hi - lo:
                 self._raise_bad_row(handle, lo, hi)
             parsed.extend(got)
@@ -212,8 +278,7 @@ class TextRecordSource(RecordSource):
                 raise self._malformed(lines(j), problem)
         return self._to_columns(handle, parsed, lines)
 
-    def _parse_span(self, handle: TextHandle, begin: int, end: int) -> list[Any]:
-        data = os.pread(handle.fd, end - begin, begin)
+    def _parse_span(self, handle: TextHandle, data: bytes) -> list[Any]:
         try:
             return self._parse_run(handle, data.decode("utf-8"))
         except (ValueError, MalformedRowError):  # decode or parse error: find the row
@@ -221,6 +286,12 @@ class TextRecordSource(RecordSource):
 
     def _raise_bad_row(self, handle: TextHandle, lo: int, hi: int) -> None:
         """Parse rows ``lo..hi`` one by one and raise for the first that fails."""
+        error = self._bad_row(handle, lo, hi)
+        self._check_unchanged(handle)  # a file changed meanwhile is the cause, not the row
+        raise error
+
+    def _bad_row(self, handle: TextHandle, lo: int, hi: int) -> MalformedRowError:
+        """The error of the first of rows ``lo..hi`` that does not parse as one row."""
         starts = self._index(handle).starts
         for r in range(lo, hi):
             begin, end = int(starts[r]), int(starts[r + 1])
@@ -229,13 +300,13 @@ class TextRecordSource(RecordSource):
             try:
                 got = self._parse_run(handle, data.decode("utf-8"))
             except UnicodeDecodeError as exc:
-                raise self._malformed(line, f"is not valid UTF-8 ({exc.reason})") from None
+                return self._malformed(line, f"is not valid UTF-8 ({exc.reason})")
             except (ValueError, MalformedRowError) as exc:
-                raise self._malformed(line, f"cannot be parsed: {exc}") from None
+                return self._malformed(line, f"cannot be parsed: {exc}")
             if len(got) != 1:
-                raise self._malformed(line, "does not hold exactly one row")
+                return self._malformed(line, "does not hold exactly one row")
         line = line_number(handle.fd, int(starts[lo]), lone_cr=self._lone_cr)
-        raise self._malformed(line, "cannot be parsed")
+        return self._malformed(line, "cannot be parsed")
 
     def _malformed(self, line: int, problem: str) -> MalformedRowError:
         """A :class:`MalformedRowError` naming this file and ``line``."""

@@ -246,6 +246,10 @@ def read_csv(
         ``path`` does not exist.
     TypeError
         ``progress`` is not ``True``, ``False`` or ``None``.
+    FileChangedError
+        Later, on a read: the file was replaced, deleted or written after it was opened
+        (:class:`mixle.data.sources.memmap_check.FileChangedError`; what is detected is in
+        :mod:`mixle.data.sources.text_source`). Open it again to read the new content.
     ColumnNotFoundError
         A name in ``columns`` or ``dtypes`` is not a column (the message lists them).
     MalformedRowError

@@ -223,17 +223,28 @@ def test_a_file_changed_while_open_raises_on_every_path(
         assert isinstance(info.value, OSError)
 
 
+@pytest.mark.parametrize("change", sorted([*CHANGES, "rewritten"]))
 @pytest.mark.parametrize("suffix", sorted(TEXTS))
-def test_a_file_changed_between_open_and_indexing_raises(tmp_path: Path, suffix: str) -> None:
+def test_a_file_changed_between_open_and_indexing_raises(
+    tmp_path: Path, suffix: str, change: str
+) -> None:
     # the header and the column types were read from the old content
     path = tmp_path / f"rows{suffix}"
     path.write_text(TEXTS[suffix](OLD))
     src = _open(path)
     assert src.row_index_origin is None
-    _rewrite_in_place(path, TEXTS[suffix](NEW))
-    with pytest.raises(FileChangedError, match="was written"):
-        len(src)
-    assert not list((cache_dir() / "row-index").glob("*.i64"))
+    if change == "rewritten":
+        _rewrite_in_place(path, TEXTS[suffix](NEW))
+        message = "was written"
+    else:
+        act, message = CHANGES[change]
+        act(path)
+    for _ in range(2):  # and again: nothing of the failed load is kept
+        with pytest.raises(FileChangedError, match=message):
+            len(src)
+    assert src.row_index_origin is None
+    if change != "replaced":  # (the replaced file's old inode is indexed, but never used)
+        assert not list((cache_dir() / "row-index").glob("*.i64"))
 
 
 @pytest.mark.parametrize("suffix", sorted(TEXTS))

@@ -94,8 +94,9 @@ def check_file_unchanged(
     signature
         :func:`file_signature` when the file was opened.
     now
-        The file's signature now, if the caller has it (e.g. from ``os.fstat`` of an open
-        descriptor); by default ``path`` is stat-ed.
+        The signature of the open file now, if the caller has it (``os.fstat`` of a
+        descriptor): when it equals ``signature`` nothing else is done; by default (or when
+        it differs, to say what changed) ``path`` is stat-ed.
 
     Notes
     -----
@@ -104,16 +105,19 @@ def check_file_unchanged(
     file system (a few milliseconds) of the moment the signature was taken, that keeps the
     size, is not seen.
     """
-    if now is None:
-        try:
-            now = file_signature(os.stat(path))
-        except FileNotFoundError:
-            raise FileChangedError(
-                f"path={path!r} was deleted after it was opened; open the source again"
-            ) from None
-    if now == signature:
+    if now is not None and now == signature:
         return
-    if now[:2] != signature[:2]:
+    try:  # the path is stat-ed in any case, to name the most telling change
+        named = file_signature(os.stat(path))
+    except FileNotFoundError:
+        raise FileChangedError(
+            f"path={path!r} was deleted after it was opened; open the source again"
+        ) from None
+    if now is None:
+        now = named
+        if now == signature:
+            return
+    if named[:2] != signature[:2]:
         raise FileChangedError(
             f"path={path!r} was replaced by another file after it was opened; open the "
             "source again to read the new file"

@@ -238,7 +238,7 @@ class TextRecordSource(RecordSource):
         if handle.index is None:
             with self._lock:
                 if handle.index is None:
-                    handle.index = load_row_index(
+                    index = load_row_index(
                         handle.fd,
                         handle.real_path,
                         handle.data_start,
@@ -251,6 +251,7 @@ class TextRecordSource(RecordSource):
                         expected=handle.signature,
                     )
                     self._check_unchanged(handle)  # not replaced since it was opened
+                    handle.index = index
         return handle.index
 
     def _count(self, handle: TextHandle) -> int:

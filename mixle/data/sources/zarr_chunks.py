@@ -57,9 +57,11 @@ Decoder = Callable[[bytes], np.ndarray]
 class ZarrPipelineReader:
     """Decoded chunks through zarr's own codec pipeline (``array[chunk region]``).
 
-    zarr's failure to decode a chunk is raised as :class:`CorruptChunkError` naming the
-    array and chunk; in a local directory store, a directory where the chunk's object
-    should be (which zarr reads as the fill value) raises it too.
+    The chunks a batch misses are all asked of zarr at once, on its event loop
+    (:meth:`fetch_each`), so zarr fetches and decodes them concurrently. zarr's failure to
+    decode a chunk is raised as :class:`CorruptChunkError` naming the array and chunk; in a
+    local directory store, a directory where the chunk's object should be (which zarr reads
+    as the fill value) raises it too.
     """
 
     def __init__(self, array: Any, where: str = "") -> None:
@@ -75,8 +77,11 @@ class ZarrPipelineReader:
             else tuple(s // c for s, c in zip(shards, self.chunks))
         )
         self._base = _local_dir(array)
+        itemsize = getattr(np.dtype(array.dtype), "itemsize", 0) or 8
+        self._nbytes = int(np.prod(self.chunks, dtype=np.int64)) * itemsize
 
-    def read_chunk(self, coords: tuple[int, ...]) -> np.ndarray:
+    async def _read(self, coords: tuple[int, ...]) -> np.ndarray:
+        """Chunk ``coords`` (clipped to the array), read and decoded by zarr."""
         stored = tuple(c // n for c, n in zip(coords, self._per_object))
         key = self._array.metadata.encode_chunk_key(stored)
         if self._base is not None:
@@ -85,7 +90,7 @@ class ZarrPipelineReader:
             slice(c * n, min((c + 1) * n, d)) for c, n, d in zip(coords, self.chunks, self._shape)
         )
         try:
-            return np.asarray(self._array[region])
+            return np.asarray(await self._array.async_array.getitem(region))
         except Exception as exc:
             if isinstance(exc, (OSError, CorruptChunkError)) or _from_network_client(exc):
                 raise  # I/O failures (missing files, remote errors) are not corruption
@@ -98,6 +103,29 @@ class ZarrPipelineReader:
                 f"{label} of zarr array {self._where} is corrupt (zarr could not decode it: "
                 f"{type(exc).__name__}: {exc})"
             ) from exc
+
+    def fetch_each(
+        self, coords: Sequence[tuple[int, ...]]
+    ) -> Generator[list[tuple[int, Any]], None, None]:
+        """Ask zarr for every chunk now; ``(k, decoded chunk)`` groups as they arrive."""
+        from zarr.core.sync import _get_loop  # zarr's I/O loop, which owns the store
+
+        calls = [(lambda c=c: self._read(c)) for c in coords]
+        return stream_bounded(_get_loop(), calls, [self._nbytes] * len(coords))
+
+    def fetch_many(self, coords: Sequence[tuple[int, ...]]) -> list[np.ndarray]:
+        """Chunks ``coords``, read and decoded by zarr concurrently, in order."""
+        from zarr.core.sync import sync
+
+        calls = [(lambda c=c: self._read(c)) for c in coords]
+        return list(sync(gather_bounded(calls, [self._nbytes] * len(coords))))
+
+    def decode(self, coords: tuple[int, ...], raw: np.ndarray) -> np.ndarray:
+        """The chunk as :meth:`fetch_each` gave it (zarr decoded it already)."""
+        return raw
+
+    def read_chunk(self, coords: tuple[int, ...]) -> np.ndarray:
+        return self.fetch_many([coords])[0]
 
 
 #: Top-level packages of network clients, whose errors are failed requests, not bad data.

@@ -145,12 +145,19 @@ def _check(got: dict[str, Any], truth: dict[str, list[Any]], rows: np.ndarray) -
     return None
 
 
-def _reader(src: Any, truth: dict[str, list[Any]], seed: int, out: list[str], started: Any) -> None:
-    """Read until the source is closed; append every wrong result or foreign error to ``out``."""
+def _reader(
+    src: Any, truth: dict[str, list[Any]], seed: int, out: list[str], started: Any, warmup: int
+) -> None:
+    """Read until the source is closed; append every wrong result or foreign error to ``out``.
+
+    ``started`` is released after ``warmup`` reads.
+    """
     rng = np.random.default_rng(seed)
     n = len(truth["a"])
     reads = 0
     while True:
+        if reads == warmup:
+            started.release()
         kind = reads % 3
         rows = rng.integers(-n, n, size=int(rng.integers(1, 9)))
         try:
@@ -172,17 +179,17 @@ def _reader(src: Any, truth: dict[str, list[Any]], seed: int, out: list[str], st
             out.append(problem)
             return
         reads += 1
-        if reads == 4:
-            started.release()
 
 
-def _race(src: Any, truth: dict[str, list[Any]], decoys: list[Path], threads: int = 4) -> None:
-    """Close ``src`` under ``threads`` readers, then open ``decoys`` to take its descriptors."""
+def _race(src: Any, truth: dict[str, list[Any]], decoys: list[Path], warmup: int) -> None:
+    """Close ``src`` under 4 readers once each has read ``warmup`` times (0: the first read,
+    which loads the row index, may race with the close), then open ``decoys`` to take its
+    descriptor numbers."""
     problems: list[str] = []
     started = threading.Semaphore(0)
     workers = [
-        threading.Thread(target=_reader, args=(src, truth, seed, problems, started))
-        for seed in range(threads)
+        threading.Thread(target=_reader, args=(src, truth, seed, problems, started, warmup))
+        for seed in range(4)
     ]
     for w in workers:
         w.start()
@@ -215,16 +222,16 @@ def test_threads_reading_while_a_file_source_closes(tmp_path: Path, kind: str) -
         decoys.append(decoy)
     truth = read_truth(path)
     assert read_truth(decoys[0]) != truth
-    for _ in range(12):  # each round closes at a different point of the readers' loops
-        _race(open_source(path), truth, decoys)
+    for k in range(16):  # each round closes at a different point of the readers' loops
+        _race(open_source(path), truth, decoys, warmup=k % 4)
 
 
 @pytest.mark.usefixtures("_fast_switches")
 @pytest.mark.parametrize("make", [_Memory.memory, _Memory.dataframe], ids=["memory", "dataframe"])
 def test_threads_reading_while_an_in_memory_source_closes(make: Callable[[], Any]) -> None:
-    for _ in range(12):
+    for k in range(16):
         src, truth = make()
-        _race(src, truth, [])
+        _race(src, truth, [], warmup=k % 4)
 
 
 @pytest.mark.parametrize("kind", sorted(FILES))

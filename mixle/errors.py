@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 __all__ = [
+    "UncheckpointedWALError",
+    "LeafMismatchError",
+    "FileChangedError",
     "ArrayNotFoundError",
     "BrokenEncodedDataError",
     "ColumnNotFoundError",
@@ -100,3 +103,32 @@ class EncodedDataClosedError(ValueError):
 
 class BrokenEncodedDataError(RuntimeError):
     """An encoded-data handle lost a worker or timed out earlier and cannot be used again."""
+
+
+class FileChangedError(OSError):
+    """A file was truncated, replaced, rewritten or deleted after the source opened it."""
+
+
+class LeafMismatchError(ValueError):
+    """Array leaves of one column differ in shape or dtype, or mix with plain Python values.
+
+    Attributes
+    ----------
+    column
+        The column (record key).
+    index
+        The record whose leaf differs from the first one.
+    """
+
+    def __init__(self, message: str, *, column: str, index: int) -> None:
+        super().__init__(message)
+        self.column = column
+        self.index = index
+
+
+class UncheckpointedWALError(OSError):
+    """A WAL-mode SQLite file has a write-ahead log with content but no ``-shm`` file.
+
+    SQLite can read such a database only by creating the ``-shm`` file beside it, and
+    opening it ``immutable`` would ignore the log's transactions (stale rows).
+    """

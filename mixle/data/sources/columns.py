@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from mixle.data.sources.base import listing
-from mixle.errors import ColumnNotFoundError, MalformedRowError
+from mixle.errors import ColumnNotFoundError, LeafMismatchError, MalformedRowError
 
 __all__ = [
     "DEFAULT_NA_VALUES",
@@ -51,23 +51,6 @@ _FALSE = frozenset({"false", "False", "FALSE"})
 _KINDS = "biufOM"
 #: Which kinds of Python values a column of each NumPy kind accepts (no silent casts).
 _ALLOWED_KINDS = {"b": "b", "i": "ib", "u": "ib", "f": "ibf", "M": "M"}
-
-
-class LeafMismatchError(ValueError):
-    """Array leaves of one column differ in shape or dtype, or mix with plain Python values.
-
-    Attributes
-    ----------
-    column
-        The column (record key).
-    index
-        The record whose leaf differs from the first one.
-    """
-
-    def __init__(self, message: str, *, column: str, index: int) -> None:
-        super().__init__(message)
-        self.column = column
-        self.index = index
 
 
 def check_columns(wanted: Sequence[str] | None, names: Sequence[str], what: str) -> list[str]:

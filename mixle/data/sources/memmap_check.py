@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import os
 
+from mixle.errors import FileChangedError
+
 __all__ = [
     "FileChangedError",
     "FileSignature",
@@ -21,10 +23,6 @@ __all__ = [
     "file_identity",
     "file_signature",
 ]
-
-
-class FileChangedError(OSError):
-    """A file was truncated, replaced, rewritten or deleted after the source opened it."""
 
 
 def file_identity(path: str) -> tuple[int, int]:

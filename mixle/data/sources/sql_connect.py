@@ -16,6 +16,7 @@ import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+from mixle.errors import UncheckpointedWALError
 from mixle.utils.optional_deps import require
 from mixle.utils.redact import display_path
 
@@ -42,14 +43,6 @@ Params = Mapping[str, Any] | Sequence[Any] | None
 _PART = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]*$")
 #: The first bytes of every SQLite database file; header bytes 18 and 19 are 2 in WAL mode.
 _SQLITE_MAGIC = b"SQLite format 3\x00"
-
-
-class UncheckpointedWALError(OSError):
-    """A WAL-mode SQLite file has a write-ahead log with content but no ``-shm`` file.
-
-    SQLite can read such a database only by creating the ``-shm`` file beside it, and
-    opening it ``immutable`` would ignore the log's transactions (stale rows).
-    """
 
 
 class SQLBackend(abc.ABC):

@@ -94,14 +94,11 @@ class ZarrPipelineReader:
         except Exception as exc:
             if isinstance(exc, (OSError, CorruptChunkError)) or _from_network_client(exc):
                 raise  # I/O failures (missing files, remote errors) are not corruption
-            label = (
-                f"chunk {key!r} (grid coordinates {coords})"
-                if self._per_object == (1,) * len(coords)
-                else f"shard {key!r}, inner chunk {coords},"
-            )
+            sharded = self._per_object != (1,) * len(coords)
+            what, inner = ("shard", "its inner chunk at ") if sharded else ("chunk", "")
             raise CorruptChunkError(
-                f"{label} of zarr array {self._where} is corrupt (zarr could not decode it: "
-                f"{type(exc).__name__}: {exc})"
+                f"{what} {key!r} of zarr array {self._where} ({inner}chunk grid coordinates "
+                f"{coords}) is corrupt (zarr could not decode it: {type(exc).__name__}: {exc})"
             ) from exc
 
     def fetch_each(
@@ -155,9 +152,9 @@ def decode_checked(
     try:
         return decode(raw)
     except Exception as exc:
-        at = "" if coords is None else f" (grid coordinates {coords})"
+        at = "" if coords is None else f" (chunk grid coordinates {coords})"
         raise CorruptChunkError(
-            f"chunk {key!r}{at} of zarr array {where} is corrupt ({len(raw)} stored bytes do "
+            f"chunk {key!r} of zarr array {where}{at} is corrupt ({len(raw)} stored bytes do "
             f"not decode to a chunk: {type(exc).__name__}: {exc})"
         ) from None
 
@@ -175,8 +172,8 @@ def refuse_directory(base: str, key: str, where: str, coords: tuple[int, ...]) -
 
 def _directory_message(key: str, where: str, coords: tuple[int, ...], path: str) -> str:
     return (
-        f"chunk {key!r} (grid coordinates {coords}) of zarr array {where} cannot be read: "
-        f"{path!r} is a directory, not a stored chunk (a chunk never written has no file)"
+        f"chunk {key!r} of zarr array {where} (chunk grid coordinates {coords}) cannot be "
+        f"read: {path!r} is a directory, not a stored chunk (a chunk never written has no file)"
     )
 
 

@@ -310,14 +310,22 @@ def _without_content_size(frame: bytes, size: int) -> bytes:
     return frame[:4] + rewritten + frame[header:]
 
 
-def _frames(raw: bytes, cuts: list[int], sized: list[bool], checksum: bool) -> bytes:
-    """``raw`` compressed as one zstd frame per piece between ``cuts``."""
+def _frames(
+    raw: bytes, cuts: list[int], sized: list[bool], checksum: bool, skippable: bool = False
+) -> bytes:
+    """``raw`` compressed as one zstd frame per piece between ``cuts``.
+
+    ``sized[k]``: frame ``k`` records its content size; ``skippable``: a skippable frame
+    (no content) follows the first one.
+    """
     codec = numcodecs.Zstd(level=1, checksum=checksum)
     bounds = [0, *sorted(cuts), len(raw)]
     out = b""
     for lo, hi, keep in zip(bounds, bounds[1:], sized):
         frame = bytes(codec.encode(raw[lo:hi]))
         out += frame if keep else _without_content_size(frame, hi - lo)
+        if skippable and lo == 0:
+            out += b"\x5a\x2a\x4d\x18" + (6).to_bytes(4, "little") + b"mixle!"
     return out
 
 
@@ -351,7 +359,7 @@ def test_multi_frame_zstd_chunks_read_like_zarr(tmp_path_factory, layout, data, 
     chunk = _filtered(layout, _inner_chunk_bytes(array))
     cuts = data.draw(st.lists(st.integers(1, len(chunk) - 1), min_size=1, max_size=4, unique=True))
     sized = data.draw(st.lists(st.booleans(), min_size=len(cuts) + 1, max_size=len(cuts) + 1))
-    frames = _frames(chunk, cuts, sized, checksum)
+    frames = _frames(chunk, cuts, sized, checksum, data.draw(st.booleans()))
     assert bytes(numcodecs.Zstd().decode(frames)) == chunk  # numcodecs reads the frames
     _rewrite(path, layout, frames)
     expected = np.asarray(zarr.open_array(str(path), mode="r")[...])  # zarr reads them too

@@ -1,8 +1,10 @@
 """Servers on 127.0.0.1 for testing remote reads: HTTP with Range requests, and S3 (moto).
 
 Both count the requests they answer and can fail on purpose (every k-th request a 503 or
-a dropped connection), so a pipeline's behaviour against flaky object stores can be
-tested without a network:
+a dropped connection), and can answer byte-range requests wrongly the way misbehaving
+servers and proxies do (a shifted range, a truncated body, an HTML error page served with
+``200``, the whole object instead of the range), so a pipeline's behaviour against flaky
+object stores can be tested without a network:
 
     with RangeHTTPServer(folder) as server:
         src = mixle.read_zarr(f"{server.url}/volume.zarr")
@@ -18,6 +20,7 @@ import contextlib
 import os
 import re
 import socket
+import sys
 import threading
 import time
 import urllib.request
@@ -27,9 +30,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-__all__ = ["FaultPlan", "MotoS3Server", "RangeHTTPServer"]
+__all__ = ["ERROR_PAGE", "FaultPlan", "MotoS3Server", "RangeHTTPServer", "shifted"]
 
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
+#: The total size in a served ``Content-Range`` (``bytes a-b/total``).
+_SERVED = re.compile(r"^bytes \d+-\d+/(\d+)$")
 
 
 class FaultPlan:
@@ -46,15 +51,49 @@ class FaultPlan:
     delay
         Seconds each served request is held before it is answered (a slow store), so
         that :attr:`peak_inflight` shows how many requests a client keeps in flight.
+    range_fault
+        How ranged ``GET`` requests are answered wrongly (``None``: never):
+        ``"shift"`` serves the range ``shift`` bytes later (earlier where it would pass the
+        end) with an honest ``Content-Range``; ``"truncate"`` sends half the body under a
+        ``Content-Range`` claiming all of it (a matching ``Content-Length``); ``"html"``
+        answers ``200`` with an HTML error page; ``"whole"`` ignores ``Range`` and sends the
+        whole object with ``200``.
+    range_rate
+        Fraction of ranged ``GET`` requests that get ``range_fault`` (``1.0``: all; ``0.25``:
+        every fourth, counted, not drawn at random).
+    range_once
+        Answer each distinct request (path and ``Range``) wrongly at most once: its retry
+        gets the right bytes, whatever the timing of other requests.
+    shift
+        Bytes a ``"shift"`` moves the range by.
+    unranged
+        Answer ``GET`` requests without ``Range`` with the ``"html"`` fault too (a whole
+        object fetched as a plain ``GET``); the other faults only apply to ranges.
     """
 
+    RANGE_FAULTS = ("shift", "truncate", "html", "whole")
+
     def __init__(
-        self, fail_every: int = 0, drop_every: int = 0, fail_status: int = 503, delay: float = 0.0
+        self,
+        fail_every: int = 0,
+        drop_every: int = 0,
+        fail_status: int = 503,
+        delay: float = 0.0,
+        range_fault: str | None = None,
+        range_rate: float = 1.0,
+        range_once: bool = False,
+        shift: int = 4,
+        unranged: bool = False,
     ) -> None:
         self._lock = threading.Lock()
         self.fail_every, self.drop_every, self.fail_status = fail_every, drop_every, fail_status
         self.delay = delay
         self.dead = False
+        self.range_fault, self.range_rate, self.range_once = range_fault, range_rate, range_once
+        self.shift, self.unranged = shift, unranged
+        self.range_faults = 0
+        self._ranged = 0
+        self._seen: set[tuple[str, str]] = set()
         self._count = 0
         self._inflight = 0
         self.peak_inflight = 0
@@ -83,6 +122,25 @@ class FaultPlan:
             time.sleep(self.delay)
         return None
 
+    def range_action(self, path: str, byte_range: str) -> str | None:
+        """For one ranged ``GET``: the fault to answer it with, or ``None`` (serve it right)."""
+        fault = self.range_fault
+        if fault is None:
+            return None
+        if fault not in self.RANGE_FAULTS:
+            raise ValueError(f"range_fault={fault!r} must be one of {self.RANGE_FAULTS} or None")
+        with self._lock:
+            self._ranged += 1
+            n = self._ranged
+            hit = int(n * self.range_rate) > int((n - 1) * self.range_rate)
+            if self.range_once:
+                first = (path, byte_range) not in self._seen
+                self._seen.add((path, byte_range))
+                hit = hit and first
+            if hit:
+                self.range_faults += 1
+        return fault if hit else None
+
     def finished(self) -> None:
         """One request recorded by :meth:`record` was answered (or dropped)."""
         with self._lock:
@@ -100,6 +158,9 @@ class FaultPlan:
             self.peak_inflight = self._inflight
             self.by_path.clear()
             self.log.clear()
+            self.range_faults = 0
+            self._ranged = 0
+            self._seen.clear()
 
 
 class _ClosingServer(ThreadingHTTPServer):
@@ -122,6 +183,12 @@ class _ClosingServer(ThreadingHTTPServer):
         with self.sockets_lock:
             self.open_sockets.discard(request)
         super().shutdown_request(request)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """Report a failed request, except a client that hung up (a cancelled request)."""
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return
+        super().handle_error(request, client_address)
 
     def end_connections(self) -> None:
         with self.sockets_lock:
@@ -206,8 +273,27 @@ class RangeHTTPServer(_Serving):
         self.stop()
 
 
+#: What a ``"html"`` range fault answers with ``200``: an error page, as proxies send.
+ERROR_PAGE = (
+    b"<!DOCTYPE html><html><head><title>503 Service Unavailable</title></head><body>"
+    b"<h1>Service Unavailable</h1><p>The server is temporarily unable to service your "
+    b"request. Please try again later.</p></body></html>\n"
+)
+
+
+def shifted(start: int, end: int, size: int, by: int) -> tuple[int, int]:
+    """``[start, end)`` moved ``by`` bytes later, or earlier where later passes ``size``."""
+    if end + by <= size:
+        return start + by, end + by
+    step = min(by, start) or 1  # a range that fills the object moves by one byte at least
+    return (start - step, end - step) if start >= step else (start + step, min(size, end + step))
+
+
 class _RangeHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # headers and body go out in separate writes: with Nagle's algorithm the body waits for
+    # the client's delayed ACK of the headers, 40 ms per request on loopback
+    disable_nagle_algorithm = True
     root: Path
     faults: FaultPlan
 
@@ -242,6 +328,9 @@ class _RangeHandler(BaseHTTPRequestHandler):
         size = len(data)
         spec = self.headers.get("Range")
         if spec is None:
+            plain = self.command == "GET" and self.faults.unranged
+            if plain and self.faults.range_fault == "html" and self.faults.range_action(path, ""):
+                return self._send(200, ERROR_PAGE, {"Content-Type": "text/html"}, body)
             return self._send(200, data, {"Accept-Ranges": "bytes"}, body)
         match = _RANGE.match(spec.strip())
         if match is None or match.group(1) == match.group(2) == "":
@@ -253,7 +342,21 @@ class _RangeHandler(BaseHTTPRequestHandler):
             start, end = int(first), size if last == "" else min(size, int(last) + 1)
         if start >= size or start >= end:
             return self._send(416, b"", {"Content-Range": f"bytes */{size}"}, body)
-        headers = {"Content-Range": f"bytes {start}-{end - 1}/{size}", "Accept-Ranges": "bytes"}
+        fault = self.faults.range_action(path, spec) if self.command == "GET" else None
+        if fault == "html":
+            return self._send(200, ERROR_PAGE, {"Content-Type": "text/html"}, body)
+        if fault == "whole":
+            return self._send(200, data, {"Accept-Ranges": "bytes"}, body)
+        claimed = (start, end)
+        if fault == "shift":
+            start, end = shifted(start, end, size, self.faults.shift)
+            claimed = (start, end)
+        elif fault == "truncate":
+            end = start + (end - start) // 2
+        headers = {
+            "Content-Range": f"bytes {claimed[0]}-{claimed[1] - 1}/{size}",
+            "Accept-Ranges": "bytes",
+        }
         self._send(206, data[start:end], headers, body)
 
     def _plain(self, status: int, text: bytes, body: bool) -> None:
@@ -363,7 +466,7 @@ class MotoS3Server(_Serving):
 
 
 class _FaultyApp:
-    """WSGI middleware: count requests, fail some with ``503 SlowDown``."""
+    """WSGI middleware: count requests, fail some with ``503 SlowDown``, botch ranges."""
 
     def __init__(self, app: Callable[..., Iterable[bytes]], faults: FaultPlan) -> None:
         self._app, self._faults = app, faults
@@ -383,6 +486,54 @@ class _FaultyApp:
                     [("Content-Type", "application/xml"), ("Content-Length", str(len(body)))],
                 )
                 return [body]
-            return self._app(environ, start_response)
+            spec = environ.get("HTTP_RANGE", "")
+            get = environ.get("REQUEST_METHOD") == "GET"
+            fault = self._faults.range_action(path, spec) if spec and get else None
+            if fault is None:
+                return self._app(environ, start_response)
+            return self._botch(fault, spec, environ, start_response)
         finally:
             self._faults.finished()
+
+    def _botch(
+        self, fault: str, spec: str, environ: dict[str, Any], start_response: Callable[..., Any]
+    ) -> Any:
+        """Answer one ranged GET wrongly, as :class:`FaultPlan` ``range_fault`` says."""
+        if fault == "html":
+            start_response(
+                "200 OK", [("Content-Type", "text/html"), ("Content-Length", str(len(ERROR_PAGE)))]
+            )
+            return [ERROR_PAGE]
+        environ = dict(environ)
+        match = _RANGE.match(spec.strip())
+        if fault == "whole" or match is None:
+            environ.pop("HTTP_RANGE", None)  # moto then sends the whole object with 200
+            return self._app(environ, start_response)
+        first, last = match.groups()
+        by = self._faults.shift
+        if fault == "shift":  # a suffix grows by ``by`` bytes: it starts that much earlier
+            if first == "":
+                environ["HTTP_RANGE"] = f"bytes=-{int(last) + by}"
+            else:
+                after = "" if last == "" else str(int(last) + by)
+                environ["HTTP_RANGE"] = f"bytes={int(first) + by}-{after}"
+            return self._app(environ, start_response)
+        # truncate: half the range under a Content-Range that claims all of it
+        if first == "":
+            environ["HTTP_RANGE"] = f"bytes=-{max(1, int(last) // 2)}"
+        elif last != "":
+            environ["HTTP_RANGE"] = f"bytes={first}-{int(first) + (int(last) - int(first)) // 2}"
+
+        def claim(status: str, headers: list[tuple[str, str]], *args: Any) -> Any:
+            fixed = []
+            for name, value in headers:
+                served = _SERVED.match(value) if name.lower() == "content-range" else None
+                if served is not None:
+                    total = int(served.group(1))
+                    a = total - int(last) if first == "" else int(first)
+                    b = total - 1 if first == "" or last == "" else int(last)
+                    value = f"bytes {max(0, a)}-{min(b, total - 1)}/{total}"
+                fixed.append((name, value))
+            return start_response(status, fixed, *args)
+
+        return self._app(environ, claim)

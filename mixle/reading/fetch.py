@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from mixle.reading.faults import RangeMismatchError, retry_async, retry_call
+from mixle.reading.faults import RangeMismatchError, RemoteReadError, retry_async, retry_call
 
 __all__ = [
     "COALESCE_GAP_BYTES",
@@ -401,10 +401,10 @@ def _is_http(fs: Any) -> bool:
 async def fetch_range(fs: Any, path: str, span: ByteSpan, *, size: int | None = None) -> bytes:
     """Bytes ``span`` of ``path`` on the async fsspec file system ``fs``, checked; one try.
 
-    Over HTTP the status, ``Content-Range`` and body length are checked (a ``200`` with the
-    whole object is sliced when its length is the object's size, learnt from a ``HEAD`` if
-    ``size`` is not given); other backends show no headers, so the body length is checked,
-    and a short body is accepted only when the object really ends there.
+    Over HTTP and S3 (s3fs) the status, ``Content-Range`` and body length are checked (a
+    ``200`` with the whole object is sliced when its length is the object's size, learnt
+    from a ``HEAD`` if ``size`` is not given); other backends show no headers, so the body
+    length is checked, and a short body is accepted only when the object really ends there.
 
     Raises
     ------
@@ -418,6 +418,8 @@ async def fetch_range(fs: Any, path: str, span: ByteSpan, *, size: int | None = 
         return b""
     if _is_http(fs):
         return await _fetch_http(fs, path, span, size)
+    if _is_s3(fs):
+        return await _fetch_s3(fs, path, span, size)
     body = bytes(await fs._cat_file(path, start=start, end=end))
     want = _resolve(span, size)
     if size is None and (want is None or len(body) < want[1] - want[0]):
@@ -454,6 +456,34 @@ async def _fetch_http(fs: Any, path: str, span: ByteSpan, size: int | None) -> b
     )
 
 
+def _is_s3(fs: Any) -> bool:
+    return type(fs).__module__.startswith("s3fs") and hasattr(fs, "_call_s3")
+
+
+async def _fetch_s3(fs: Any, path: str, span: ByteSpan, size: int | None) -> bytes:
+    """One ranged ``GetObject`` through s3fs (as its ``_cat_file`` sends it), checked."""
+    bucket, key, version = fs.split_path(path)
+    extra = {"VersionId": version} if version else {}
+    response = await fs._call_s3(
+        "get_object", Bucket=bucket, Key=key, Range=range_header(span), **extra
+    )
+    try:
+        body = await response["Body"].read()
+    finally:
+        response["Body"].close()
+    status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    if status == 200 and size is None:
+        size = await _object_size(fs, path)
+    return check_range(
+        body,
+        span,
+        size=size,
+        status=206 if status is None else int(status),
+        content_range=response.get("ContentRange"),
+        content_type=response.get("ContentType"),
+    )
+
+
 def read_range(
     fs: Any,
     path: str,
@@ -482,16 +512,17 @@ def read_range(
     if getattr(fs, "async_impl", False):
         from fsspec.asyn import sync  # type: ignore[import-untyped]
 
-        return bytes(
-            sync(
-                fs.loop,
-                retry_async,
-                lambda: fetch_range(fs, path, span, size=size),
-                url=url,
-                key=key,
-                secrets=secrets,
-            )
-        )
+        def fetch() -> Awaitable[bytes]:
+            return fetch_range(fs, path, span, size=size)
+
+        try:
+            return bytes(sync(fs.loop, retry_async, fetch, url=url, key=key, secrets=secrets))
+        except RemoteReadError as exc:
+            # fsspec's sync() re-raises from a frame that holds the exception, a reference
+            # cycle; raised on from the caller's frames (h5py's, holding h5py objects) it
+            # would leave them to the cycle collector, whose run on fsspec's I/O thread
+            # then deadlocks on h5py's lock (h5py issue 2019). A fresh error has no cycle.
+            raise RemoteReadError(str(exc)) from None
 
     def call() -> bytes:
         body = bytes(fs.cat_file(path, start=span[0], end=span[1]))

@@ -68,7 +68,9 @@ class CheckedRangeFile(io.RawIOBase):
     secrets
         Masked in error messages.
     block_size, blocks
-        Bytes per cached block and how many blocks are kept.
+        Bytes per cached block and how many blocks are kept (default
+        :data:`HDF5_REMOTE_BLOCK_BYTES` and :data:`HDF5_REMOTE_CACHE_BLOCKS`, read when
+        the file is opened).
 
     Raises
     ------
@@ -85,8 +87,8 @@ class CheckedRangeFile(io.RawIOBase):
         *,
         url: str,
         secrets: Any = None,
-        block_size: int = HDF5_REMOTE_BLOCK_BYTES,
-        blocks: int = HDF5_REMOTE_CACHE_BLOCKS,
+        block_size: int | None = None,
+        blocks: int | None = None,
     ) -> None:
         from fsspec.caching import BlockCache  # type: ignore[import-untyped]
 
@@ -97,7 +99,12 @@ class CheckedRangeFile(io.RawIOBase):
         self.size = int(size)
         self._fs, self._path, self._url, self._secrets = fs, path, url, secrets
         self._pos = 0
-        self._cache = BlockCache(block_size, self._fetch, self.size, maxblocks=blocks)
+        self._cache = BlockCache(
+            HDF5_REMOTE_BLOCK_BYTES if block_size is None else block_size,
+            self._fetch,
+            self.size,
+            maxblocks=HDF5_REMOTE_CACHE_BLOCKS if blocks is None else blocks,
+        )
 
     def _fetch(self, start: int, end: int) -> bytes:
         span = (start, min(end, self.size))

@@ -15,7 +15,7 @@ from mixle.data.sources.memmap_check import check_mapped_file
 from mixle.data.structure import EXCHANGEABLE, SampleStructure
 from mixle.errors import ArrayNotFoundError, NotAnArrayError
 from mixle.reading import read_strided
-from mixle.reading.faults import retry_call
+from mixle.reading.faults import RemoteReadError, retry_call
 from mixle.utils.optional_deps import require
 from mixle.utils.redact import display_path
 
@@ -181,6 +181,8 @@ class HDF5ArraySource(ArraySource):
         h5py = _h5py()
         try:
             file = h5py.File(target, **options)
+        except RemoteReadError:
+            raise  # the bytes could not be fetched: nothing is known of the file's format
         except OSError as exc:
             raise OSError(f"path={path!r} could not be opened as an HDF5 file: {exc}") from exc
         try:

@@ -75,6 +75,27 @@ def _zarr_partial(**kwargs: Any) -> Callable[[Path, np.ndarray], None]:
     return write
 
 
+def _zarr_multi_frame(path: Path, values: np.ndarray) -> None:
+    """zarr v2 + Zstd, every chunk then stored as two zstd frames (numcodecs reads those)."""
+    import numcodecs
+    import zarr
+
+    arr = zarr.create_array(
+        str(path),
+        shape=values.shape,
+        chunks=(8, 10, 7),
+        dtype=values.dtype,
+        zarr_format=2,
+        compressors=numcodecs.Zstd(),
+    )
+    arr[...] = values
+    codec = numcodecs.Zstd()
+    for chunk in path.glob("*.*.*"):
+        raw = bytes(codec.decode(chunk.read_bytes()))
+        half = len(raw) // 2
+        chunk.write_bytes(bytes(codec.encode(raw[:half])) + bytes(codec.encode(raw[half:])))
+
+
 def _zarr_read(path: Path) -> np.ndarray:
     import zarr
 
@@ -130,6 +151,7 @@ def _zarr_layouts() -> dict[str, Layout]:
             ),
             dtype="int32",
         ),
+        "zarr2-zstd-multi-frame": layout(_zarr_multi_frame, dtype="int32"),
         "zarr2-partial": layout(
             _zarr_partial(chunks=(4, 6, 5), zarr_format=2, compressors=numcodecs.Zstd()),
             dtype="int16",
@@ -194,7 +216,49 @@ def _h5_layouts() -> dict[str, Layout]:
             _h5_partial(chunks=(4, 10, 7), compression="gzip"), dtype="int16", partial=True
         ),
         "hdf5-partial-raw": layout(_h5_partial(chunks=(4, 10, 7)), partial=True),
+        "hdf5-int12": layout(_h5_lowlevel(precision=12), dtype="int16", partial=True),
+        "hdf5-uint12-offset4": layout(
+            _h5_lowlevel(precision=12, offset=4), dtype="uint16", partial=True
+        ),
+        "hdf5-int12-contiguous": layout(
+            _h5_lowlevel(precision=12, chunks=None), dtype="int16", partial=True
+        ),
+        "hdf5-fill-time-never": layout(_h5_lowlevel(fill_never=True), partial=True),
     }
+
+
+def _h5_lowlevel(
+    precision: int = 0, offset: int = 0, fill_never: bool = False, chunks: Any = (5, 9, 13)
+) -> Callable[[Path, np.ndarray], None]:
+    """A dataset made with h5py's low-level API: a reduced-precision / bit-offset integer
+    type (``precision``, ``offset``), or unwritten chunks under ``FILL_TIME_NEVER``."""
+
+    def write(path: Path, values: np.ndarray) -> None:
+        import h5py
+
+        tid = h5py.h5t.py_create(values.dtype).copy()
+        if precision:
+            tid.set_precision(precision)
+        if offset:
+            tid.set_offset(offset)
+        dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+        if chunks:
+            dcpl.set_chunk(chunks)
+            dcpl.set_deflate(1)
+        if fill_never:
+            dcpl.set_fill_value(np.array(7, dtype=values.dtype))
+            dcpl.set_fill_time(h5py.h5d.FILL_TIME_NEVER)
+        with h5py.File(path, "w") as f:
+            h5py.h5d.create(f.id, b"v", tid, h5py.h5s.create_simple(values.shape), dcpl=dcpl)
+            if fill_never:
+                f["v"][: values.shape[0] // 2] = values[: values.shape[0] // 2]
+            else:  # keep the values inside the stored precision
+                bits = precision - (1 if values.dtype.kind == "i" else 0)
+                f["v"][...] = np.clip(
+                    values, -(2**bits) if values.dtype.kind == "i" else 0, 2**bits - 1
+                )
+
+    return write
 
 
 def _h5_compact(path: Path, values: np.ndarray) -> None:
@@ -257,9 +321,29 @@ def _adopted_layouts() -> dict[str, Layout]:
     def h5py_object(path: Path) -> ArraySource:
         import h5py
 
-        return as_array_source(h5py.File(path, "r")["v"])
+        file = h5py.File(path, "r")
+        USER_HANDLES.append(file)
+        return as_array_source(file["v"])
+
+    def tiff_write(path: Path, values: np.ndarray) -> None:
+        import tifffile
+
+        tifffile.imwrite(path, values, tile=(16, 16), compression="zlib")
+
+    def tiff_read(path: Path) -> np.ndarray:
+        import tifffile
+
+        return np.asarray(tifffile.imread(path))
+
+    def tiff_store(path: Path) -> ArraySource:
+        import tifffile
+
+        store = tifffile.imread(path, aszarr=True)
+        USER_HANDLES.append(store)  # mixle never closes what the user opened
+        return mixle.read_zarr(store)
 
     return {
+        "adopted-tifffile-store": Layout(tiff_write, tiff_read, tiff_store, dtype="uint16"),
         "adopted-zarr3": Layout(
             _zarr_writer(chunks=(8, 10, 7), shards=(16, 20, 7)), _zarr_read, zarr_object
         ),
@@ -277,6 +361,9 @@ def _adopted_layouts() -> dict[str, Layout]:
         ),
     }
 
+
+#: stores and files the tests opened themselves, closed after the module's tests
+USER_HANDLES: list[Any] = []
 
 #: layouts served over HTTP by a loopback server (read as ``http://127.0.0.1:port/name``)
 REMOTE = {
@@ -309,7 +396,8 @@ def written(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[str]
 
     def write(name: str) -> tuple[Path, np.ndarray]:
         layout = LAYOUTS[name]
-        path = root / (name + (".npy" if "npy" in name or "ndarray" in name else ""))
+        suffix = ".npy" if "npy" in name or "ndarray" in name else ""
+        path = root / (name + (".tif" if "tifffile" in name else suffix))
         if not path.exists():
             values = _values(layout.shape, layout.dtype, seed=len(name))
             layout.write(path, values)
@@ -334,6 +422,8 @@ def written(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[str]
         yield get
         for w in opened.values():
             w.source.close()
+        while USER_HANDLES:
+            USER_HANDLES.pop().close()
 
 
 # -- strategies -----------------------------------------------------------------------------

@@ -349,3 +349,31 @@ def test_other_backends_get_the_length_checked_and_retried():
         read_range(fs, "x", (100, 300), url="mem://x", key="k")
     truncated = _FlakyMemory(data[:150], short=0)  # the object really ends early: no retry
     assert asyncio.run(fetch_range(truncated, "x", (100, 300))) == data[100:150]
+
+
+@pytest.mark.parametrize("dataset", ["chunked", "contiguous"])
+def test_hdf5_on_a_blocking_file_system_gets_short_answers_retried(
+    dataset, range_stores, monkeypatch
+):
+    import fsspec
+
+    root, truth = range_stores
+    fs = fsspec.filesystem("memory")
+    fs.pipe("/mixle-ranges/v.h5", (root / "v.h5").read_bytes())
+    real, calls = fs.cat_file, []
+
+    def some_short(path: str, start: int | None = None, end: int | None = None) -> bytes:
+        calls.append(1)  # the first answer and every fifth after it come back cut in half
+        body = real(path, start=start, end=end)
+        return body[: len(body) // 2] if len(calls) % 5 == 1 else body
+
+    monkeypatch.setattr(fs, "cat_file", some_short)
+    try:
+        src = mixle.read_hdf5("memory://mixle-ranges/v.h5", dataset)
+        for read in READS:
+            chunk_cache().clear()
+            np.testing.assert_array_equal(READS[read](src), _expected(truth[dataset], read))
+        src.close()
+    finally:
+        fs.rm("/mixle-ranges", recursive=True)
+    assert len(calls) > 5

@@ -330,7 +330,8 @@ def check_range(
     -------
     bytes
         ``body``, or the asked bytes sliced out of a ``200`` that carried the whole object
-        (accepted only when its length is ``size``).
+        (accepted only when its length is ``size``, or for ``span=(0, None)``, which asks
+        for the whole object).
 
     Raises
     ------
@@ -347,6 +348,8 @@ def check_range(
         return body
     if status == 206:
         return _check_partial(body, span, size, content_range, content_type)
+    if status == 200 and span == (0, None) and (size is None or len(body) == size):
+        return body  # the whole object was asked for, and came
     if status == 200 and size is not None and len(body) == size:
         first, end = _resolve(span, size) or (0, 0)
         return body[first:end]  # the server ignored Range and sent the whole object
@@ -444,7 +447,7 @@ async def _fetch_http(fs: Any, path: str, span: ByteSpan, size: int | None) -> b
         status = response.status
         content_range = response.headers.get("Content-Range")
         content_type = response.headers.get("Content-Type")
-    if status == 200 and size is None:
+    if status == 200 and size is None and span != (0, None):
         size = await _object_size(fs, path)  # a 200 is the whole object only if it is this long
     return check_range(
         body,
@@ -472,7 +475,7 @@ async def _fetch_s3(fs: Any, path: str, span: ByteSpan, size: int | None) -> byt
     finally:
         response["Body"].close()
     status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-    if status == 200 and size is None:
+    if status == 200 and size is None and span != (0, None):
         size = await _object_size(fs, path)
     return check_range(
         body,

@@ -424,10 +424,16 @@ async def fetch_range(fs: Any, path: str, span: ByteSpan, *, size: int | None = 
     if _is_s3(fs):
         return await _fetch_s3(fs, path, span, size)
     body = bytes(await fs._cat_file(path, start=start, end=end))
-    want = _resolve(span, size)
-    if size is None and (want is None or len(body) < want[1] - want[0]):
+    if size is None and _short(body, span):
         size = await _object_size(fs, path)  # only a short answer costs this probe
     return check_range(body, span, size=size)
+
+
+def _short(body: bytes, span: ByteSpan) -> bool:
+    """Whether ``body`` is shorter than ``span`` asks (ranges ending past the object are)."""
+    start, end = span
+    want = -start if start < 0 else (None if end is None else end - start)
+    return want is not None and len(body) < want
 
 
 async def _object_size(fs: Any, path: str) -> int | None:
@@ -529,10 +535,7 @@ def read_range(
 
     def call() -> bytes:
         body = bytes(fs.cat_file(path, start=span[0], end=span[1]))
-        known = size
-        want = _resolve(span, known)
-        if known is None and (want is None or len(body) < want[1] - want[0]):
-            known = fs.size(path)
+        known = fs.size(path) if size is None and _short(body, span) else size
         return check_range(body, span, size=known)
 
     return retry_call(call, url=url, key=key, secrets=secrets)

@@ -119,12 +119,15 @@ class CheckedRangeFile(io.RawIOBase):
         )
 
     def readable(self) -> bool:
+        """Always ``True``."""
         return True
 
     def seekable(self) -> bool:
+        """Always ``True``: every byte can be asked for."""
         return True
 
     def tell(self) -> int:
+        """The current position."""
         return self._pos
 
     def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:

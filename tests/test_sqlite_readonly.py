@@ -176,3 +176,30 @@ def test_odd_file_names_are_quoted_in_the_uri(tmp_path: Path) -> None:
     with mixle.read_sql("t", path) as src:
         assert len(src) == len(ROWS)
     assert _listing(path.parent) == before
+
+
+@pytest.mark.parametrize("scheme", ["sqlite", "sqlite+pysqlite"])
+def test_a_plain_sqlite_url_reads_without_creating_files(tmp_path: Path, scheme: str) -> None:
+    # SQLAlchemy opened such URLs read-write: -wal and -shm appeared beside a WAL database
+    path = _make(tmp_path / "a b")
+    with sqlite3.connect(path) as con:
+        want = _sqlite_rows(con)
+    con.close()
+    before = _listing(path.parent)
+    url = f"{scheme}:///{str(path).replace(' ', '%20')}"
+    with mixle.read_sql("t", url) as src:
+        assert _mixle_rows(src) == want
+        assert _listing(path.parent) == before  # no -wal/-shm while it is open either
+        assert "://" not in repr(src)  # read as the file, by mixle's own connection
+    assert _listing(path.parent) == before
+
+
+def test_sqlite_urls_with_options_or_in_memory_stay_with_sqlalchemy(tmp_path: Path) -> None:
+    from mixle.data.sources.sql_connect import connection_args, sqlite_url_path
+
+    assert sqlite_url_path("sqlite:////data/x.db") == "/data/x.db"
+    assert sqlite_url_path("sqlite:///rel/x%20y.db") == "rel/x y.db"
+    for url in ("sqlite://", "sqlite:///:memory:", "sqlite:///x.db?mode=ro", "postgresql:///x"):
+        assert sqlite_url_path(url) is None, url
+    with pytest.raises(FileNotFoundError, match=r"con='sqlite:///absent\.db'"):
+        connection_args("sqlite:///absent.db")

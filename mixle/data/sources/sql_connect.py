@@ -32,6 +32,7 @@ __all__ = [
     "show_connection",
     "split_identifier",
     "sqlite_read_uri",
+    "sqlite_url_path",
 ]
 
 #: What ``con=`` accepts: a SQLite file path, a ``sqlite3.Connection``, a SQLAlchemy URL
@@ -261,6 +262,23 @@ def _sqlite_path(con: sqlite3.Connection) -> str | None:
     return path or None
 
 
+#: SQLAlchemy URLs of a SQLite file that mixle opens itself (read-only, writing nothing).
+_SQLITE_URL = re.compile(r"^sqlite(\+pysqlite)?:///(?P<path>[^?]+)$")
+
+
+def sqlite_url_path(url: str) -> str | None:
+    """The file of a plain ``sqlite:///path`` URL (no query options), else ``None``.
+
+    SQLAlchemy would open such a file read-write (creating ``-wal``/``-shm`` beside a
+    WAL-mode database); mixle reads it with its own read-only connection instead. The
+    path is unquoted as SQLAlchemy unquotes it; ``sqlite:////abs/path`` is absolute.
+    """
+    match = _SQLITE_URL.match(url)
+    if match is None or match["path"] == ":memory:":
+        return None
+    return urllib.parse.unquote(match["path"])
+
+
 def connection_args(con: ConnectionLike) -> tuple[str, str, Any]:
     """Normalise ``con=``: ``(kind, reopenable reference, live object or None)``.
 
@@ -270,12 +288,15 @@ def connection_args(con: ConnectionLike) -> tuple[str, str, Any]:
     if isinstance(con, sqlite3.Connection):
         return "sqlite", _sqlite_path(con) or "", con
     if isinstance(con, (str, os.PathLike)):
-        text = os.fspath(con)
+        given = text = os.fspath(con)
         if "://" in text:
-            return "sqlalchemy", text, None
+            path = sqlite_url_path(text)
+            if path is None:
+                return "sqlalchemy", text, None
+            text = path
         if not os.path.isfile(text):
             raise FileNotFoundError(
-                f"con={text!r} is not a SQLite file (looked in {os.path.abspath(text)!r}); "
+                f"con={given!r} is not a SQLite file (looked in {os.path.abspath(text)!r}); "
                 "pass a SQLite path, a sqlite3.Connection, a SQLAlchemy URL such as "
                 "'postgresql+psycopg://user@host/db' or a SQLAlchemy Engine"
             )

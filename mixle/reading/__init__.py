@@ -22,6 +22,7 @@ from mixle.reading.executor import (
 )
 from mixle.reading.faults import (
     CorruptChunkError,
+    RangeMismatchError,
     RemoteReadError,
     RetryPolicy,
     retry_policy,
@@ -37,6 +38,7 @@ __all__ = [
     "ChunkPlan",
     "ChunkReader",
     "CorruptChunkError",
+    "RangeMismatchError",
     "RemoteReadError",
     "RetryPolicy",
     "SupportsFetchMany",

@@ -48,7 +48,8 @@ DEFAULT_RETRY_MAX_DELAY = 5.0
 #: HTTP statuses that say "try again": timeouts, throttling and server errors.
 _TRANSIENT_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
 #: Exception class names (anywhere in the MRO) of aiohttp, botocore and urllib3 that mean a
-#: dropped connection or a timeout; matched by name so that none of them must be installed.
+#: dropped connection, a timeout or a body damaged in transit (botocore's check of S3's
+#: checksum); matched by name so that none of them must be installed.
 _TRANSIENT_NAMES = frozenset(
     {
         "ClientConnectionError",
@@ -62,6 +63,7 @@ _TRANSIENT_NAMES = frozenset(
         "ResponseStreamingError",
         "IncompleteReadError",
         "ProtocolError",
+        "FlexibleChecksumError",
     }
 )
 _TRANSIENT_ERRNO = frozenset(
@@ -159,7 +161,8 @@ def _seconds(value: object, name: str) -> float:
 def is_transient(exc: BaseException) -> bool:
     """Whether ``exc`` is worth retrying: a 5xx/429/408, a dropped connection, a timeout.
 
-    A :class:`RangeMismatchError` (a response that is not the range asked) counts too.
+    A :class:`RangeMismatchError` (a response that is not the range asked) counts too, and
+    so does a body whose S3 checksum does not match (botocore's ``FlexibleChecksumError``).
     """
     if isinstance(exc, RemoteReadError):  # retried already: its retries are spent
         return False

@@ -330,8 +330,8 @@ def check_range(
     -------
     bytes
         ``body``, or the asked bytes sliced out of a ``200`` that carried the whole object
-        (accepted only when its length is ``size``, or for ``span=(0, None)``, which asks
-        for the whole object).
+        (accepted only when its length is ``size``; with ``size`` unknown, only for
+        ``span=(0, None)``, which asks for the whole object).
 
     Raises
     ------
@@ -406,8 +406,10 @@ async def fetch_range(fs: Any, path: str, span: ByteSpan, *, size: int | None = 
 
     Over HTTP and S3 (s3fs) the status, ``Content-Range`` and body length are checked (a
     ``200`` with the whole object is sliced when its length is the object's size, learnt
-    from a ``HEAD`` if ``size`` is not given); other backends show no headers, so the body
-    length is checked, and a short body is accepted only when the object really ends there.
+    from a ``HEAD`` if ``size`` is not given: an honest ``206`` costs no ``HEAD``, even for
+    ``span=(0, None)``); other backends show no headers, so the body length is checked, and
+    a short body is accepted only when the object really ends there. ``span=(0, None)`` of
+    an empty object (a ``416``) is ``b""``.
 
     Raises
     ------
@@ -419,14 +421,25 @@ async def fetch_range(fs: Any, path: str, span: ByteSpan, *, size: int | None = 
     start, end = span
     if start >= 0 and end is not None and end <= start:
         return b""
-    if _is_http(fs):
-        return await _fetch_http(fs, path, span, size)
-    if _is_s3(fs):
-        return await _fetch_s3(fs, path, span, size)
-    body = bytes(await fs._cat_file(path, start=start, end=end))
+    try:
+        if _is_http(fs):
+            return await _fetch_http(fs, path, span, size)
+        if _is_s3(fs):
+            return await _fetch_s3(fs, path, span, size)
+        body = bytes(await fs._cat_file(path, start=start, end=end))
+    except Exception as exc:
+        # "bytes=0-" of an empty object is unsatisfiable (416): the object is empty
+        if span == (0, None) and _unsatisfiable(exc) and await _object_size(fs, path) == 0:
+            return b""
+        raise
     if size is None and _short(body, span):
         size = await _object_size(fs, path)  # only a short answer costs this probe
     return check_range(body, span, size=size)
+
+
+def _unsatisfiable(exc: BaseException) -> bool:
+    """Whether ``exc`` is a ``416 Range Not Satisfiable`` (aiohttp's status, s3fs's text)."""
+    return getattr(exc, "status", None) == 416 or "not satisfiable" in str(exc)
 
 
 def _short(body: bytes, span: ByteSpan) -> bool:
@@ -453,7 +466,7 @@ async def _fetch_http(fs: Any, path: str, span: ByteSpan, size: int | None) -> b
         status = response.status
         content_range = response.headers.get("Content-Range")
         content_type = response.headers.get("Content-Type")
-    if status == 200 and size is None and span != (0, None):
+    if status == 200 and size is None:  # the whole object, or an error page served with 200
         size = await _object_size(fs, path)  # a 200 is the whole object only if it is this long
     return check_range(
         body,
@@ -481,7 +494,7 @@ async def _fetch_s3(fs: Any, path: str, span: ByteSpan, size: int | None) -> byt
     finally:
         response["Body"].close()
     status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-    if status == 200 and size is None and span != (0, None):
+    if status == 200 and size is None:  # the whole object, or an error page served with 200
         size = await _object_size(fs, path)
     return check_range(
         body,

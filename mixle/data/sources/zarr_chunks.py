@@ -14,6 +14,11 @@ Ways to get a decoded chunk:
 - :class:`ZarrPipelineReader` asks zarr for the chunk's region (``array[chunk]``), through
   zarr's own codec pipeline: every layout zarr handles, for codecs mixle does not know.
 
+Every read from an fsspec store (``http://``, ``s3://``...) goes through
+:class:`CheckedRangeStore`, whole objects too (asked as ``bytes=0-``): a response that is
+not the bytes asked (a shifted ``Content-Range``, a short body, an error page served with
+``200``) is retried, then raised as :class:`~mixle.reading.RemoteReadError`, never decoded.
+
 :func:`zarr_chunk_reader` picks the first that applies. Every reader answers alike: stored
 bytes that do not decode to a whole chunk, or a directory where a chunk's object should be,
 raise :class:`~mixle.reading.CorruptChunkError` naming the array and the chunk; a chunk
@@ -22,6 +27,7 @@ never written reads as the fill value, as zarr reads it.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Generator, Sequence
 from typing import Any, Literal
@@ -29,11 +35,19 @@ from typing import Any, Literal
 import numpy as np
 
 from mixle.reading import CorruptChunkError, new_token
-from mixle.reading.faults import retry_async
-from mixle.reading.fetch import gather_bounded, stream_bounded, widen_connection_pool
+from mixle.reading.faults import RangeMismatchError, is_transient, retry_async
+from mixle.reading.fetch import (
+    ByteSpan,
+    check_range,
+    fetch_range,
+    gather_bounded,
+    stream_bounded,
+    widen_connection_pool,
+)
 from mixle.utils.optional_deps import require
 
 __all__ = [
+    "CheckedRangeStore",
     "ZarrCodecReader",
     "ZarrPipelineReader",
     "ZarrStoreReader",
@@ -61,13 +75,27 @@ class ZarrPipelineReader:
     (:meth:`fetch_each`), so zarr fetches and decodes them concurrently. zarr's failure to
     decode a chunk is raised as :class:`CorruptChunkError` naming the array and chunk; in a
     local directory store, a directory where the chunk's object should be (which zarr reads
-    as the fill value) raises it too.
+    as the fill value) raises it too. On an fsspec store zarr reads through
+    :func:`checked_store`: each request checked and retried, a request that keeps failing
+    raised as :class:`~mixle.reading.RemoteReadError` naming ``url`` and the stored key.
+
+    Parameters
+    ----------
+    array
+        An open ``zarr.Array``.
+    where
+        How error messages name the array (never credentials).
+    url
+        Display-safe location of the array, used in errors with the stored key.
+    secrets
+        Values masked in error messages (the ``storage_options``).
     """
 
-    def __init__(self, array: Any, where: str = "") -> None:
+    def __init__(self, array: Any, where: str = "", url: str = "", secrets: Any = None) -> None:
         self.chunks: tuple[int, ...] = tuple(array.chunks)
         self.token = new_token()
         self._array = array
+        self._reads = _checked_async_array(array, url or where or repr(array.store), secrets)
         self._shape = tuple(array.shape)
         self._where = where or repr(array.store)
         shards = getattr(array, "shards", None)
@@ -90,7 +118,7 @@ class ZarrPipelineReader:
             slice(c * n, min((c + 1) * n, d)) for c, n, d in zip(coords, self.chunks, self._shape)
         )
         try:
-            return np.asarray(await self._array.async_array.getitem(region))
+            return np.asarray(await self._reads.getitem(region))
         except Exception as exc:
             if isinstance(exc, (OSError, CorruptChunkError)) or _from_network_client(exc):
                 raise  # I/O failures (missing files, remote errors) are not corruption
@@ -266,29 +294,158 @@ class ZarrStoreReader(_DecodedChunks):
 ByteRange = tuple[int, int | None] | None
 
 
-class StoreGetter:
-    """Concurrent, retried ``get`` calls on a zarr store, run on zarr's event loop.
+class CheckedRangeStore:
+    """A zarr store whose ``get`` answers are checked before they are returned (one try).
 
-    An s3fs store whose ``storage_options`` leave the connection pool at aiobotocore's
-    default of 10 is read through a copy with a wider pool
-    (:func:`~mixle.reading.fetch.widen_connection_pool`).
+    On an fsspec store over async fsspec (HTTP, S3...) every read is fetched with
+    :func:`~mixle.reading.fetch.fetch_range`: a range as asked, a whole object as
+    ``bytes=0-`` (so s3fs sends no ``HEAD`` first); over HTTP and S3 the status,
+    ``Content-Range`` and length are checked, elsewhere the length. On any other store
+    (local, memory, zip, tifffile's) the length of zarr's answer to a range is checked, and a
+    short one is accepted only when the object really ends there (``store.getsize``); whole
+    objects there are zarr's plain full-object request (tifffile's store refuses ranges).
+    A mismatch raises :class:`~mixle.reading.faults.RangeMismatchError`, which the caller's
+    retry retries; a missing key is ``None``, as zarr's stores answer it.
+    """
+
+    def __init__(self, store: Any) -> None:
+        from zarr.storage import FsspecStore
+
+        self.store = store
+        fs = getattr(store, "fs", None)
+        async_fs = isinstance(store, FsspecStore) and getattr(fs, "async_impl", False)
+        self._fs = fs if async_fs else None
+
+    async def get(self, key: str, prototype: Any, byte_range: Any = None) -> Any:
+        """``store.get(key, prototype, byte_range)``, the answer checked first."""
+        span = _span(byte_range)
+        if self._fs is not None:
+            root = self.store.path.rstrip("/")
+            try:
+                raw = await fetch_range(
+                    self._fs, f"{root}/{key}" if root else key, (0, None) if span is None else span
+                )
+            except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as exc:
+                if is_transient(exc):  # fsspec's "not found" raised from a 503
+                    raise
+                return None  # as zarr's FsspecStore answers a missing key
+            return prototype.buffer.from_bytes(raw)
+        buf = await self.store.get(key, prototype, byte_range)
+        if buf is None or span is None:
+            return buf
+        raw = buf.to_bytes()
+        try:
+            return prototype.buffer.from_bytes(check_range(raw, span))
+        except RangeMismatchError:  # short: fine only where the object ends (truncated shard)
+            size = await self.store.getsize(key)
+            return prototype.buffer.from_bytes(check_range(raw, span, size=size))
+
+
+def _span(byte_range: Any) -> ByteSpan | None:
+    """The :data:`~mixle.reading.fetch.ByteSpan` of a zarr byte request (``None``: whole)."""
+    from zarr.abc.store import OffsetByteRequest, RangeByteRequest, SuffixByteRequest
+
+    if isinstance(byte_range, RangeByteRequest):
+        return (byte_range.start, byte_range.end)
+    if isinstance(byte_range, SuffixByteRequest):
+        return (-byte_range.suffix, None)
+    if isinstance(byte_range, OffsetByteRequest):
+        return (byte_range.offset, None)
+    return None
+
+
+def checked_store(store: Any, url: str, secrets: Any = None, prefix: str = "") -> Any:
+    """``store`` for zarr's own reads: on an fsspec store, each ``get`` checked and retried.
+
+    Parameters
+    ----------
+    store
+        A zarr store; any store but a ``zarr.storage.FsspecStore`` is returned as it is.
+    url
+        Display-safe location of the array, used in errors with the stored key.
+    secrets
+        Values masked in error messages (the ``storage_options``).
+    prefix
+        The array's path inside the store (``"group/array/"``), left out of keys in errors.
+
+    Returns
+    -------
+    zarr.storage.WrapperStore or the store
+        A wrapper whose ``get`` is :meth:`CheckedRangeStore.get` under
+        :func:`~mixle.reading.faults.retry_async`: a response that keeps not matching the
+        bytes asked raises :class:`~mixle.reading.RemoteReadError`.
+    """
+    from zarr.storage import FsspecStore
+
+    if not isinstance(store, FsspecStore):
+        return store
+    return _retried_store_type()(store, url, secrets, prefix)
+
+
+@functools.cache
+def _retried_store_type() -> type:
+    """The :func:`checked_store` wrapper class (built once, when zarr is imported anyway)."""
+    from zarr.storage import WrapperStore
+
+    class RetriedCheckedStore(WrapperStore):  # type: ignore[type-arg,misc]
+        """A zarr store whose reads are :class:`CheckedRangeStore` reads, retried."""
+
+        def __init__(self, store: Any, url: str, secrets: Any = None, prefix: str = "") -> None:
+            super().__init__(store)
+            self._checked = CheckedRangeStore(store)
+            self._url, self._secrets, self._prefix = url.rstrip("/"), secrets, prefix
+
+        def _with_store(self, store: Any) -> Any:
+            return type(self)(store, self._url, self._secrets, self._prefix)
+
+        async def get(self, key: str, prototype: Any, byte_range: Any = None) -> Any:
+            name = key.removeprefix(self._prefix)
+            return await retry_async(
+                lambda: self._checked.get(key, prototype, byte_range),
+                url=f"{self._url}/{name}",
+                key=name,
+                secrets=self._secrets,
+            )
+
+        async def get_partial_values(self, prototype: Any, key_ranges: Any) -> list[Any]:
+            return [await self.get(key, prototype, request) for key, request in key_ranges]
+
+    return RetriedCheckedStore
+
+
+def _checked_async_array(array: Any, url: str, secrets: Any) -> Any:
+    """``array.async_array``, over :func:`checked_store` where its store is an fsspec one."""
+    path = array.path.strip("/")
+    store = checked_store(array.store, url, secrets, f"{path}/" if path else "")
+    if store is array.store:
+        return array.async_array
+    from zarr.core.array import AsyncArray
+    from zarr.storage import StorePath
+
+    reads = array.async_array
+    return AsyncArray(
+        metadata=reads.metadata, store_path=StorePath(store, path), config=reads.config
+    )
+
+
+class StoreGetter:
+    """Concurrent, retried, checked ``get`` calls on a zarr store, run on zarr's event loop.
+
+    Every answer comes through a :class:`CheckedRangeStore`. An s3fs store whose
+    ``storage_options`` leave the connection pool at aiobotocore's default of 10 is read
+    through a copy with a wider pool (:func:`~mixle.reading.fetch.widen_connection_pool`).
     """
 
     def __init__(self, array: Any, url: str, secrets: Any = None) -> None:
-        from zarr.abc.store import OffsetByteRequest
         from zarr.core.buffer import default_buffer_prototype
         from zarr.storage import FsspecStore
 
-        self._store = array.store
-        # a whole object: fsspec stores are asked for "bytes from 0" (s3fs sends a HEAD
-        # before a plain GET); other stores get zarr's plain full-object request, which
-        # every store answers (tifffile's refuses byte ranges)
-        self._whole: Any = None
-        if isinstance(self._store, FsspecStore):
-            self._whole = OffsetByteRequest(0)
-            wide = widen_connection_pool(self._store.fs)
-            if wide is not self._store.fs:
-                self._store = FsspecStore(wide, read_only=True, path=self._store.path)
+        store = array.store
+        if isinstance(store, FsspecStore):
+            wide = widen_connection_pool(store.fs)
+            if wide is not store.fs:
+                store = FsspecStore(wide, read_only=True, path=store.path)
+        self._store = CheckedRangeStore(store)
         path = array.path.strip("/")
         self._prefix = f"{path}/" if path else ""
         self._local = _local_dir(array)
@@ -304,7 +461,7 @@ class StoreGetter:
         """
         from zarr.abc.store import RangeByteRequest, SuffixByteRequest
 
-        request: Any = self._whole
+        request: Any = None  # a whole object (fsspec stores: bytes=0-, see CheckedRangeStore)
         if byte_range is not None:
             start, end = byte_range
             request = SuffixByteRequest(-start) if end is None else RangeByteRequest(start, end)
@@ -357,10 +514,10 @@ def zarr_chunk_reader(
 
     if getattr(array, "shards", None) is not None:
         sharded = ShardedZarrReader.for_array(array, where, url, secrets)
-        return ZarrPipelineReader(array, where) if sharded is None else sharded
+        return ZarrPipelineReader(array, where, url, secrets) if sharded is None else sharded
     decode = codec_chain(array)
     if decode is None:
-        return ZarrPipelineReader(array, where)
+        return ZarrPipelineReader(array, where, url, secrets)
     if isinstance(array.store, LocalStore):
         return ZarrCodecReader(array, decode, where)
     return ZarrStoreReader(array, decode, where, url, secrets)

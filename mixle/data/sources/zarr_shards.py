@@ -7,8 +7,9 @@ for every inner chunk and each inner chunk in its own request; :class:`ShardedZa
 keeps parsed indices (:data:`SHARD_INDEX_CACHE_ENTRIES` of them) and, for a batch, merges
 the byte ranges of the inner chunks it needs from one shard into one or a few requests
 (:func:`~mixle.reading.fetch.coalesce_ranges`). Every range answer is checked before its
-bytes are cut into chunks (:class:`CheckedRangeStore`): a shifted ``Content-Range``, a short
-body or an error page served as data is retried, then raised, never decoded.
+bytes are cut into chunks (:class:`~mixle.data.sources.zarr_chunks.CheckedRangeStore`,
+also importable from here): a shifted ``Content-Range``, a short body or an error page
+served as data is retried, then raised, never decoded.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from mixle.data.sources.zarr_chunks import (
+    CheckedRangeStore,
     Decoder,
     StoreGetter,
     decode_checked,
@@ -29,8 +31,7 @@ from mixle.data.sources.zarr_chunks import (
     v3_decoder,
 )
 from mixle.reading import CorruptChunkError, new_token
-from mixle.reading.faults import RangeMismatchError, is_transient
-from mixle.reading.fetch import ByteSpan, check_range, coalesce_ranges, fetch_range
+from mixle.reading.fetch import coalesce_ranges
 
 __all__ = ["SHARD_INDEX_CACHE_ENTRIES", "CheckedRangeStore", "ShardedZarrReader"]
 
@@ -40,69 +41,6 @@ SHARD_INDEX_CACHE_ENTRIES = 4096
 _EMPTY = np.uint64(2**64 - 1)
 #: Bytes of a crc32c checksum after the index.
 _CRC_BYTES = 4
-
-
-class CheckedRangeStore:
-    """A zarr store whose byte-range ``get`` answers are checked before they are returned.
-
-    On an fsspec store over async fsspec (HTTP, S3...) a range is fetched with
-    :func:`~mixle.reading.fetch.fetch_range` (status, ``Content-Range`` and length over
-    HTTP; length elsewhere); on any other store the length of zarr's answer is checked, and
-    a short one is accepted only when the object really ends there (``store.getsize``).
-    A mismatch raises :class:`~mixle.reading.faults.RangeMismatchError`, which the caller's
-    retry retries. Requests for whole objects pass through unchanged.
-    """
-
-    def __init__(self, store: Any) -> None:
-        from zarr.storage import FsspecStore
-
-        self.store = store
-        fs = getattr(store, "fs", None)
-        async_fs = isinstance(store, FsspecStore) and getattr(fs, "async_impl", False)
-        self._fs = fs if async_fs else None
-
-    async def get(self, key: str, prototype: Any, byte_range: Any = None) -> Any:
-        """``store.get(key, prototype, byte_range)``, a range answer checked first."""
-        span = _span(byte_range)
-        if span is None:
-            return await self.store.get(key, prototype, byte_range)
-        if self._fs is not None:
-            root = self.store.path.rstrip("/")
-            try:
-                raw = await fetch_range(self._fs, f"{root}/{key}" if root else key, span)
-            except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as exc:
-                if is_transient(exc):  # fsspec's "not found" raised from a 503
-                    raise
-                return None  # as zarr's FsspecStore answers a missing key
-            return prototype.buffer.from_bytes(raw)
-        buf = await self.store.get(key, prototype, byte_range)
-        if buf is None:
-            return None
-        raw = buf.to_bytes()
-        try:
-            return prototype.buffer.from_bytes(check_range(raw, span))
-        except RangeMismatchError:  # short: fine only where the object ends (truncated shard)
-            size = await self.store.getsize(key)
-            return prototype.buffer.from_bytes(check_range(raw, span, size=size))
-
-
-def _span(byte_range: Any) -> ByteSpan | None:
-    """The :data:`~mixle.reading.fetch.ByteSpan` of a zarr range or suffix request."""
-    from zarr.abc.store import RangeByteRequest, SuffixByteRequest
-
-    if isinstance(byte_range, RangeByteRequest):
-        return (byte_range.start, byte_range.end)
-    if isinstance(byte_range, SuffixByteRequest):
-        return (-byte_range.suffix, None)
-    return None
-
-
-class _CheckedGetter(StoreGetter):
-    """:class:`StoreGetter` whose ranged requests go through a :class:`CheckedRangeStore`."""
-
-    def __init__(self, array: Any, url: str, secrets: Any = None) -> None:
-        super().__init__(array, url, secrets)
-        self._store = CheckedRangeStore(self._store)
 
 
 class ShardedZarrReader:
@@ -135,7 +73,7 @@ class ShardedZarrReader:
         self._at_end = at_end
         self._index_bytes = 16 * int(np.prod(self._per_shard)) + (_CRC_BYTES if checksum else 0)
         self._where = where or repr(array.store)
-        self._get = _CheckedGetter(array, url or self._where, secrets)
+        self._get = StoreGetter(array, url or self._where, secrets)
         self._fill = fill_chunk(array, self.chunks)
         self._nbytes = self._fill.nbytes
         self._indices: OrderedDict[tuple[int, ...], np.ndarray | None] = OrderedDict()

@@ -194,7 +194,12 @@ def test_set_epoch_changes_the_fingerprint_and_the_state() -> None:
     assert sampler.fingerprint() == patch_sampler(epoch=3).fingerprint()
     with pytest.raises(LoaderStateError, match="another source or sampler configuration"):
         Loader(patch_sampler(), 2).load_state_dict(after)
+    with pytest.raises(LoaderStateError, match=r"call set_epoch\(\) with the epoch it had"):
+        Loader(patch_sampler(), 2).load_state_dict(after)
     Loader(patch_sampler(epoch=3), 2).load_state_dict(after)
+    resumed = patch_sampler()
+    resumed.set_epoch(3)
+    Loader(resumed, 2).load_state_dict(after)
 
 
 def test_values_that_do_not_change_records_give_the_same_fingerprint() -> None:

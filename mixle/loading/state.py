@@ -75,8 +75,13 @@ def check_state(state: Mapping[str, Any], expected: Mapping[str, Any]) -> None:
     ):
         for key in keys:
             if state[key] != expected[key]:
+                hint = (
+                    " (and, for a sampler, call set_epoch() with the epoch it had)"
+                    if key == "source"
+                    else ""
+                )
                 raise LoaderStateError(
                     f"cannot resume: state {key}={state[key]!r} but this loader has "
                     f"{key}={expected[key]!r} ({what}); build the Loader with the same "
-                    "source and arguments as the run that saved it"
+                    f"source and arguments as the run that saved it{hint}"
                 )

@@ -113,10 +113,15 @@ def s3(whole_stores) -> Iterator[tuple[MotoS3Server, str]]:
 
 
 @pytest.fixture(params=["http", "s3"])
-def served(request, http, s3) -> Iterator[tuple[FaultPlan, Callable[..., Any]]]:
-    """``(faults, open)``: ``open(name, secret_url=False)`` a source of the server's copy."""
+def served(request, http, s3) -> Iterator[tuple[FaultPlan, Callable[..., Any], str]]:
+    """``(faults, open, shown)`` for the HTTP server, then the S3 one.
+
+    ``open(name, secret_url=False)`` opens a source of the server's copy; ``shown`` is the
+    base URL an error shows for a source opened with ``secret_url``.
+    """
     if request.param == "http":
         plan = http.faults
+        shown = http.url.replace("://", "://***@")  # user info masked
 
         def open_http(name: str, secret_url: bool = False) -> Any:
             base = http.url.replace("://", "://user:pw-secret@") if secret_url else http.url
@@ -126,6 +131,7 @@ def served(request, http, s3) -> Iterator[tuple[FaultPlan, Callable[..., Any]]]:
     else:
         server, url = s3
         plan = server.faults
+        shown = url
         options = server.storage_options(config_kwargs={"retries": {"max_attempts": 1}})
 
         def open_s3(name: str, secret_url: bool = False) -> Any:
@@ -134,14 +140,14 @@ def served(request, http, s3) -> Iterator[tuple[FaultPlan, Callable[..., Any]]]:
         opener = open_s3
     plan.range_fault, plan.range_once = None, False
     plan.reset()
-    yield plan, opener
+    yield plan, opener, shown
     plan.range_fault, plan.range_once = None, False
     plan.reset()
 
 
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_each_layout_uses_the_reader_it_claims(name, served):
-    _, opener = served
+    _, opener, _ = served
     src = opener(name)
     assert type(src._reader_for(src.array)).__name__ == LAYOUTS[name][1]
     src.close()
@@ -150,7 +156,7 @@ def test_each_layout_uses_the_reader_it_claims(name, served):
 @pytest.mark.parametrize("fault", ["shift", "truncate", "html", "whole"])
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_transient_faults_are_retried_and_reads_equal_zarrs(name, fault, served, whole_stores):
-    plan, opener = served
+    plan, opener, _ = served
     src = opener(name)
     for read, how in READS.items():
         chunk_cache().clear()
@@ -166,7 +172,7 @@ def test_transient_faults_are_retried_and_reads_equal_zarrs(name, fault, served,
 @pytest.mark.parametrize("fault", ["shift", "truncate", "html"])
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_persistent_faults_raise_remote_read_error_naming_url_and_key(name, fault, served):
-    plan, opener = served
+    plan, opener, shown = served
     src = opener(name, secret_url=True)
     for read, how in READS.items():
         chunk_cache().clear()
@@ -176,7 +182,8 @@ def test_persistent_faults_raise_remote_read_error_naming_url_and_key(name, faul
         plan.range_fault = None
         message = str(info.value)
         key = LAYOUTS[name][2]
-        pattern = rf"{re.escape(name)}/(?P<key>{key}) \(chunk (?P=key)\) failed after 5 tries"
+        where = re.escape(f"reading {shown}/{name}/")
+        pattern = rf"{where}(?P<key>{key}) \(chunk (?P=key)\) failed after 5 tries"
         assert re.search(pattern, message), (read, message)
         # botocore checks a whole object's S3 checksum itself: a truncated body fails there
         checked = r"RangeMismatchError: asked bytes=|FlexibleChecksumError: Expected checksum"
@@ -189,7 +196,7 @@ def test_persistent_faults_raise_remote_read_error_naming_url_and_key(name, faul
 @pytest.mark.parametrize("name", ["v3_raw.zarr", "v3_sharded_transpose.zarr"])
 def test_a_server_that_always_ignores_range_gives_the_right_bytes(name, served, whole_stores):
     # every answer a 200 with the whole object: its length checked against the object's size
-    plan, opener = served
+    plan, opener, _ = served
     src = opener(name)
     plan.range_fault = "whole"
     got = src[...]
@@ -202,7 +209,7 @@ def test_a_server_that_always_ignores_range_gives_the_right_bytes(name, served, 
 @pytest.mark.parametrize("name", WHOLE_CHUNKS)
 def test_whole_chunks_are_one_get_each_with_no_head(name, served, whole_stores):
     # "bytes=0-": s3fs sends one GET (no HEAD first), and an honest 206 needs no size probe
-    plan, opener = served
+    plan, opener, _ = served
     src = opener(name)
     plan.reset()
     np.testing.assert_array_equal(src[...], whole_stores[1][name])

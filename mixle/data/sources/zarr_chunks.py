@@ -51,6 +51,7 @@ __all__ = [
     "ZarrCodecReader",
     "ZarrPipelineReader",
     "ZarrStoreReader",
+    "checked_store",
     "codec_chain",
     "decode_checked",
     "fill_chunk",

@@ -1,5 +1,8 @@
 """Reading SQLite files writes nothing beside them, WAL mode included; rows match sqlite3's read.
 
+Writers that commit and close between reads (checkpointing into a file opened ``immutable``)
+are seen; rows of two versions of the file are never returned.
+
 ``mode=ro`` alone creates ``-wal`` and ``-shm`` files next to a WAL-mode database (and fails
 in a read-only folder). Tests run as root, which ignores permission bits, so "writes
 nothing" is checked by listing the folder and comparing every file's bytes and mtime.
@@ -7,6 +10,7 @@ nothing" is checked by listing the folder and comparing every file's bytes and m
 
 from __future__ import annotations
 
+import itertools
 import os
 import pickle
 import shutil
@@ -19,7 +23,9 @@ import numpy as np
 import pytest
 
 import mixle
+from mixle.data.sources import sql_connect
 from mixle.data.sources.sql_connect import UncheckpointedWALError, sqlite_read_uri
+from mixle.errors import FileChangedError
 
 ROWS = [(i, f"name {i}", i / 4) for i in range(40)]
 MORE = [(i, f"late {i}", -i / 8) for i in range(40, 55)]
@@ -203,3 +209,215 @@ def test_sqlite_urls_with_options_or_in_memory_stay_with_sqlalchemy(tmp_path: Pa
         assert sqlite_url_path(url) is None, url
     with pytest.raises(FileNotFoundError, match=r"con='sqlite:///absent\.db'"):
         connection_args("sqlite:///absent.db")
+
+
+# -- an immutable connection watches the file: no stale rows, no rows of two versions ----------
+def _settle(path: Path) -> None:
+    """Set the file's modification time back, so that any later write moves it."""
+    os.utime(path, ns=(10**18, 10**18))
+
+
+def _write(path: Path, sql: str, params: tuple = ()) -> None:
+    """A writer that opens, commits and closes: the last connection checkpoints, deletes -wal."""
+    writer = sqlite3.connect(path)
+    writer.execute(sql, params)
+    writer.commit()
+    writer.close()
+    assert sorted(os.listdir(path.parent)) == ["data.db"]
+
+
+def _truth(path: Path) -> list[tuple]:
+    con = sqlite3.connect(path)
+    try:
+        return _sqlite_rows(con)
+    finally:
+        con.close()
+
+
+@pytest.fixture(params=["settled", "just written"])
+def watched(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Both ways a change is told: the file's signature only, or a reopen per statement."""
+    if request.param == "settled":  # every file counts as settled: the signature alone tells
+        monkeypatch.setattr(sql_connect, "TIMESTAMP_SLACK_NS", -(10**18))
+    return str(request.param)
+
+
+def test_immutable_open_sees_a_writer_that_committed_and_closed(tmp_path: Path) -> None:
+    # the immutable connection kept its cached pages and returned the old [1.0]
+    path = tmp_path / "db.sqlite"
+    con = sqlite3.connect(path)
+    con.execute("PRAGMA journal_mode=WAL")
+    con.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, v REAL)")
+    con.executemany("INSERT INTO t VALUES (?, ?)", [(i, float(i)) for i in range(5000)])
+    con.commit()
+    con.close()  # last connection: log checkpointed and deleted
+
+    src = mixle.read_sql("t", str(path))
+    assert src.get_batch([1])["v"].tolist() == [1.0]
+
+    writer = sqlite3.connect(path)
+    writer.execute("UPDATE t SET v = -v")
+    writer.commit()
+    writer.close()  # checkpoints and deletes the -wal again
+
+    got = src.get_batch([1])["v"].tolist()  # read before anything recreates a -wal
+    check = sqlite3.connect(path)
+    truth = check.execute("SELECT v FROM t WHERE id = 1").fetchall()
+    check.close()
+    assert truth == [(-1.0,)]
+    assert got == [-1.0]
+    assert os.listdir(tmp_path) == ["db.sqlite"]
+
+
+def test_writers_that_commit_and_close_between_reads_are_seen(tmp_path: Path, watched: str) -> None:
+    path = _make(tmp_path / "db")
+    _settle(path)
+    src = mixle.read_sql("t", path)
+    assert src.get_batch(np.arange(len(ROWS)))["b"].tolist() == [r[1] for r in ROWS]
+    steps = [
+        ("UPDATE t SET b = 'first', c = -c", ()),
+        ("UPDATE t SET b = ? WHERE a % 3 = 0", ("second",)),
+        ("UPDATE t SET c = c * 2 WHERE a < 7", ()),
+    ]
+    for sql, params in steps:
+        _write(path, sql, params)
+        want = _truth(path)
+        assert _mixle_rows(src) == want  # get_batch and records() both
+        assert src[5] == dict(zip("abc", want[5]))
+        assert sorted(os.listdir(path.parent)) == ["data.db"]
+    src.close()
+    assert sorted(os.listdir(path.parent)) == ["data.db"]
+
+
+def test_a_settled_file_keeps_its_connection_until_it_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sql_connect, "TIMESTAMP_SLACK_NS", -(10**18))
+    path = _make(tmp_path / "db")
+    _settle(path)
+    src = mixle.read_sql("t", path)
+    backend = src._live().backend
+    assert src[1]["b"] == "name 1"
+    first = backend._con
+    assert src[2]["b"] == "name 2" and backend._con is first  # its cached pages are reused
+    _write(path, "UPDATE t SET b = 'new'")
+    assert src[1]["b"] == "new" and backend._con is not first
+    src.close()
+
+
+def _drain(blocks: Iterator[dict], into: list[tuple]) -> None:
+    for block in blocks:
+        into.extend(zip(*(block[k].tolist() for k in "abc")))
+
+
+def test_a_checkpoint_between_stream_blocks_raises(tmp_path: Path, watched: str) -> None:
+    path = _make(tmp_path / "db")
+    _write(path, "INSERT INTO t SELECT a + 40, b, c FROM t")  # 80 rows
+    _settle(path)
+    old = _truth(path)
+    src = mixle.read_sql("t", path, chunk_size=10)
+    blocks = src.iter_batches(10)
+    seen: list[tuple] = []
+    _drain(itertools.islice(blocks, 1), seen)
+    assert seen == old[:10]
+    _write(path, "UPDATE t SET b = 'changed', c = -c")  # checkpointed into the open file
+    with pytest.raises(
+        FileChangedError, match=r"data\.db'.*changed while its rows were streamed"
+    ) as e:
+        _drain(blocks, seen)  # every block yielded is of the old version, none of the new
+    assert seen == old[: len(seen)]
+    assert isinstance(e.value, OSError)
+    # a stream that starts after the change reads the new version
+    assert [(r["a"], r["b"], r["c"]) for r in src.records()] == _truth(path)
+    src.close()
+    assert sorted(os.listdir(path.parent)) == ["data.db"]
+
+
+def _writing_after_execute(monkeypatch: pytest.MonkeyPatch, path: Path, times: int) -> list[int]:
+    """Make ``times`` statements each followed by a writer's commit-and-close (mid-statement)."""
+    calls: list[int] = []
+    real = sql_connect._execute
+
+    def execute(con: sqlite3.Connection, sql: str, params: object) -> sqlite3.Cursor:
+        cursor = real(con, sql, params)
+        calls.append(1)
+        if len(calls) <= times:
+            _write(path, "UPDATE t SET c = c + 1")  # between the first row and the rest
+        return cursor
+
+    monkeypatch.setattr(sql_connect, "_execute", execute)
+    return calls
+
+
+def test_a_statement_that_overlaps_a_checkpoint_is_run_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, watched: str
+) -> None:
+    path = _make(tmp_path / "db")
+    _settle(path)
+    src = mixle.read_sql("t", path)
+    assert len(src) == len(ROWS)
+    calls = _writing_after_execute(monkeypatch, path, times=2)
+    batch = src.get_batch(np.arange(len(ROWS)))
+    assert len(calls) == 3  # two runs overlapped a change and were discarded
+    want = _truth(path)
+    assert list(zip(*(batch[k].tolist() for k in "abc"))) == want
+    assert [r[2] for r in want] == [r[2] + 2 for r in ROWS]
+    assert sorted(os.listdir(path.parent)) == ["data.db"]
+    src.close()
+
+
+def test_a_file_that_changes_during_every_run_raises(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = _make(tmp_path / "db")
+    src = mixle.read_sql("t", path)
+    assert len(src) == len(ROWS)
+    calls = _writing_after_execute(monkeypatch, path, times=10**6)
+    with pytest.raises(FileChangedError, match=r"data\.db'.*during each of 5 reads"):
+        src.get_batch([0, 1])
+    assert len(calls) == sql_connect.SQLITE_READ_TRIES == 5
+    src.close()
+
+
+def test_a_stream_that_sees_a_change_before_its_first_block_restarts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = _make(tmp_path / "db")
+    src = mixle.read_sql("t", path)
+    calls = _writing_after_execute(monkeypatch, path, times=1)
+    streamed = [(r["a"], r["b"], r["c"]) for r in src.records()]
+    assert len(calls) == 2
+    assert streamed == _truth(path)
+    assert [r[2] for r in streamed] == [r[2] + 1 for r in ROWS]
+    src.close()
+
+
+def test_a_log_left_for_a_moment_without_its_shm_is_looked_at_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a writer closing deletes -shm, then the -wal it has checkpointed: in between the files
+    # look like an uncheckpointed log, which used to be refused
+    live = _make(tmp_path / "live")
+    writer = sqlite3.connect(live)
+    writer.execute("PRAGMA wal_autocheckpoint=0")
+    writer.executemany("INSERT INTO t VALUES (?, ?, ?)", MORE)
+    writer.commit()
+    busy, log, done = writer.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+    assert busy == 0 and log == done > 0  # every frame is in the main file, the log remains
+    want = _sqlite_rows(writer)
+    closing = tmp_path / "closing"
+    closing.mkdir()
+    shutil.copy(live, closing / "data.db")
+    shutil.copy(str(live) + "-wal", closing / "data.db-wal")
+    writer.close()
+    pauses: list[int] = []
+
+    def pause(attempt: int) -> None:
+        pauses.append(attempt)
+        (closing / "data.db-wal").unlink()  # the writer finishes closing
+
+    monkeypatch.setattr(sql_connect, "_pause", pause)
+    with mixle.read_sql("t", closing / "data.db") as src:
+        assert _mixle_rows(src) == want
+    assert pauses == [1]
+    assert sorted(os.listdir(closing)) == ["data.db"]

@@ -11,12 +11,15 @@ import os
 import re
 import sqlite3
 import threading
+import time
 import urllib.parse
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from mixle.errors import UncheckpointedWALError
+from mixle.data.sources.memmap_check import FileSignature, file_signature
+from mixle.errors import FileChangedError, UncheckpointedWALError
 from mixle.utils.optional_deps import require
 from mixle.utils.redact import display_path
 
@@ -25,7 +28,9 @@ __all__ = [
     "Params",
     "SQLAlchemyBackend",
     "SQLBackend",
+    "SQLITE_READ_TRIES",
     "SQLiteBackend",
+    "TIMESTAMP_SLACK_NS",
     "UncheckpointedWALError",
     "connection_args",
     "open_backend",
@@ -44,6 +49,12 @@ Params = Mapping[str, Any] | Sequence[Any] | None
 _PART = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]*$")
 #: The first bytes of every SQLite database file; header bytes 18 and 19 are 2 in WAL mode.
 _SQLITE_MAGIC = b"SQLite format 3\x00"
+#: Runs of one statement on an ``immutable`` SQLite connection (each discarded when the file
+#: changed while it ran) before :class:`FileChangedError` is raised.
+SQLITE_READ_TRIES = 5
+#: A SQLite file changed less than this long (ns) before its signature was taken may change
+#: again within the same coarse timestamp; until it is older, statements reopen the file.
+TIMESTAMP_SLACK_NS = 2_000_000_000
 
 
 class SQLBackend(abc.ABC):
@@ -117,8 +128,8 @@ def sqlite_read_uri(path: str) -> tuple[str, bool]:
       its read marks in that existing ``-shm``, and creates no file;
     - WAL mode with no ``-wal`` (or an empty one) and so no live writer:
       ``mode=ro&immutable=1``. With no log there is no transaction to miss, but SQLite
-      then takes no locks and does not see later writers (:class:`SQLiteBackend` reopens
-      ``mode=ro`` once a ``-wal`` appears);
+      then takes no locks and never looks at the file again before reusing the pages it
+      cached: :class:`SQLiteBackend` watches the file itself;
     - WAL mode with a ``-wal`` holding data but no ``-shm``: refused, since ``mode=ro``
       would create the ``-shm`` and ``immutable`` would ignore the log's transactions.
     """
@@ -140,16 +151,127 @@ def sqlite_read_uri(path: str) -> tuple[str, bool]:
     return base + "?mode=ro&immutable=1", True
 
 
+def _main_signature(path: str) -> tuple[FileSignature, bool]:
+    """``path``'s :func:`file_signature`, and whether it is settled (see ``TIMESTAMP_SLACK_NS``).
+
+    Raises
+    ------
+    FileChangedError
+        ``path`` no longer exists.
+    """
+    now = time.time_ns()
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise FileChangedError(
+            f"con={path!r}: the SQLite file was deleted or moved after it was opened; open "
+            "the source again"
+        ) from None
+    return file_signature(st), max(st.st_mtime_ns, st.st_ctime_ns) < now - TIMESTAMP_SLACK_NS
+
+
+@dataclass
+class _ReadConnection:
+    """A read-only connection to a SQLite file, with what is needed to tell if it went stale."""
+
+    con: sqlite3.Connection
+    path: str
+    #: The file's signature taken before the connection read anything, for an ``immutable``
+    #: connection; ``None`` for ``mode=ro``, which SQLite's own locks keep consistent.
+    signature: FileSignature | None
+    #: Whether the file was last changed at least ``TIMESTAMP_SLACK_NS`` before ``signature``.
+    settled: bool
+    #: Whether a statement has run (and so may have cached pages).
+    used: bool = False
+
+    @property
+    def immutable(self) -> bool:
+        return self.signature is not None
+
+    def changed(self) -> bool:
+        """Whether the file's signature differs from the one this immutable connection took."""
+        return self.signature is not None and _main_signature(self.path)[0] != self.signature
+
+    def stale(self) -> bool:
+        """Whether it may miss data: a change, a new ``-wal``, pages cached of an unsettled file."""
+        if self.signature is None:
+            return False
+        unsure = self.used and not self.settled
+        return unsure or os.path.exists(self.path + "-wal") or self.changed()
+
+
+def _open_read(path: str) -> _ReadConnection:
+    """``path`` opened with :func:`sqlite_read_uri`, its signature taken first.
+
+    A ``-wal`` left for a moment without its ``-shm`` (a writer closing deletes the ``-shm``
+    first, then the ``-wal`` it has checkpointed) is looked at again before it is refused.
+    """
+    for attempt in range(1, SQLITE_READ_TRIES + 1):
+        signature, settled = _main_signature(path)
+        try:
+            uri, immutable = sqlite_read_uri(path)
+        except UncheckpointedWALError:
+            if attempt == SQLITE_READ_TRIES:
+                raise
+            _pause(attempt)
+            continue
+        con = sqlite3.connect(uri, uri=True, check_same_thread=False)
+        return _ReadConnection(con, path, signature if immutable else None, settled)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _pause(attempt: int) -> None:
+    """Wait a little before looking at a SQLite file's log again."""
+    time.sleep(0.001 * attempt)
+
+
+def _execute(con: sqlite3.Connection, sql: str, params: Any) -> sqlite3.Cursor:
+    """``con.execute``: one seam for every statement mixle runs on SQLite."""
+    return con.execute(sql, params)
+
+
+def _fetch_all(con: sqlite3.Connection, sql: str, params: Any) -> tuple[list[str], list]:
+    cursor = _execute(con, sql, params)
+    try:
+        return [d[0] for d in cursor.description or ()], cursor.fetchall()
+    finally:
+        cursor.close()
+
+
+def _changed_error(path: str, doing: str) -> FileChangedError:
+    return FileChangedError(
+        f"con={path!r}: the SQLite file changed {doing} (a writer checkpointed into it, with "
+        "no -wal file open to coordinate through); mixle never returns rows that mix two "
+        "versions of the file. Read again, or keep a writer connection open while reading "
+        "so that reads go through its -wal"
+    )
+
+
 class SQLiteBackend(SQLBackend):
     """A SQLite database, read-only, through the standard library's ``sqlite3``.
 
     Notes
     -----
     A database file is opened with :func:`sqlite_read_uri`, so reading writes nothing
-    beside it, in a read-only folder too. When that open is ``immutable`` (a WAL-mode
-    file with no log), each statement first checks whether a writer has since created a
-    ``-wal`` and, if so, reopens ``mode=ro`` to see its transactions; a writer that starts
-    and checkpoints while one statement runs is not seen by that statement.
+    beside it, in a read-only folder too. A ``mode=ro`` connection is kept consistent by
+    SQLite's own locks. An ``immutable`` one (a WAL-mode file with no log) takes no locks
+    and reuses its cached pages without looking at the file, so mixle watches the file:
+
+    - its signature (device, inode, size, modification and status-change times; the header's
+      change counter is not bumped by WAL checkpoints) is taken before the connection reads.
+      Before each statement the connection is reopened if the signature changed (a writer
+      committed and closed, checkpointing into the file) or a ``-wal`` appeared (a writer
+      is open: ``mode=ro`` through its log from then on);
+    - a file changed less than ``TIMESTAMP_SLACK_NS`` before its signature was taken can
+      change again without a new timestamp, so until it settles every statement reopens;
+    - a statement run while the file changed is discarded and run again, up to
+      ``SQLITE_READ_TRIES`` times, then :class:`~mixle.errors.FileChangedError`;
+    - a stream (:meth:`stream`) checks the signature before and after each block it
+      fetches; a change before the first block restarts it, a later one raises
+      :class:`~mixle.errors.FileChangedError` (the blocks yielded were of one version).
+
+    Not seen: a change that keeps the size and lands within the file system's timestamp
+    granularity of the previous change while a statement runs.
     """
 
     positional = True
@@ -157,53 +279,87 @@ class SQLiteBackend(SQLBackend):
     def __init__(self, path: str | None, connection: sqlite3.Connection | None = None) -> None:
         self._path = path
         self._lock = threading.Lock()
-        self._immutable = False
+        self._read: _ReadConnection | None = None
         if connection is not None:
             self._con, self._own = connection, False
         else:
             assert path is not None
-            (self._con, self._immutable), self._own = self._connect(path), True
+            self._read = _open_read(path)
+            self._con, self._own = self._read.con, True
 
-    @staticmethod
-    def _connect(path: str) -> tuple[sqlite3.Connection, bool]:
-        uri, immutable = sqlite_read_uri(path)
-        return sqlite3.connect(uri, uri=True, check_same_thread=False), immutable
-
-    def _connection(self) -> sqlite3.Connection:
-        """The shared connection, reopened ``mode=ro`` once a writer made a log (under lock)."""
-        if self._immutable and self._path and os.path.exists(self._path + "-wal"):
-            con, immutable = self._connect(self._path)
-            if immutable:
-                con.close()
+    def _connection(self) -> _ReadConnection | None:
+        """The shared connection, reopened first if it may be stale (under lock)."""
+        read = self._read
+        if read is not None and read.stale():
+            fresh = _open_read(read.path)
+            if fresh.immutable and read.settled and fresh.signature == read.signature:
+                fresh.con.close()  # an empty -wal without a -shm: the cached pages are good
             else:
-                self._con.close()
-                self._con, self._immutable = con, False
-        return self._con
+                read.con.close()
+                self._read, self._con = fresh, fresh.con
+        return self._read
 
     def fetch(self, sql: str, params: Any) -> tuple[list[str], list[tuple[Any, ...]]]:
         with self._lock:
-            cursor = self._connection().execute(sql, params)
-            try:
-                names = [d[0] for d in cursor.description or ()]
-                return names, cursor.fetchall()
-            finally:
-                cursor.close()
+            if self._read is None:
+                return _fetch_all(self._con, sql, params)
+            for _ in range(SQLITE_READ_TRIES):
+                read = self._connection()
+                assert read is not None
+                read.used = True
+                try:
+                    result = _fetch_all(read.con, sql, params)
+                except sqlite3.DatabaseError:
+                    if not read.changed():
+                        raise
+                    continue  # pages of two versions can look corrupt: read again
+                if not read.changed():
+                    return result
+            raise _changed_error(self._path or "", f"during each of {SQLITE_READ_TRIES} reads")
 
     def stream(self, sql: str, params: Any, chunk: int) -> Iterator[list[tuple[Any, ...]]]:
-        con = self._connect(self._path)[0] if self._path else self._con
-        lock = threading.Lock() if self._path else self._lock
-        try:
-            with lock:
-                cursor = con.execute(sql, params)
-            while True:
-                with lock:
-                    rows = cursor.fetchmany(chunk)
-                if not rows:
-                    return
-                yield rows
-        finally:
-            if con is not self._con:
-                con.close()
+        if self._path is None:
+            return self._stream_shared(sql, params, chunk)
+        return self._stream_file(self._path, sql, params, chunk)
+
+    def _stream_shared(self, sql: str, params: Any, chunk: int) -> Iterator[list[tuple[Any, ...]]]:
+        """Stream through the caller's connection, one fetch at a time under the lock."""
+        with self._lock:
+            cursor = _execute(self._con, sql, params)
+        while True:
+            with self._lock:
+                rows = cursor.fetchmany(chunk)
+            if not rows:
+                return
+            yield rows
+
+    def _stream_file(
+        self, path: str, sql: str, params: Any, chunk: int
+    ) -> Iterator[list[tuple[Any, ...]]]:
+        """Stream through a connection of its own, checked around each block when immutable."""
+        for attempt in range(1, SQLITE_READ_TRIES + 1):
+            read = _open_read(path)
+            yielded = False
+            try:
+                try:
+                    cursor = _execute(read.con, sql, params)
+                    while True:
+                        if read.changed():
+                            break
+                        rows = cursor.fetchmany(chunk)
+                        if read.changed():
+                            break
+                        if not rows:
+                            return
+                        yielded = True
+                        yield rows
+                except sqlite3.DatabaseError:
+                    if not read.changed():
+                        raise
+                if yielded or attempt == SQLITE_READ_TRIES:
+                    raise _changed_error(path, "while its rows were streamed")
+            finally:
+                read.con.close()
 
     def quote(self, identifier: str) -> str:
         return _standard_quote(identifier)

@@ -466,7 +466,12 @@ async def _fetch_http(fs: Any, path: str, span: ByteSpan, size: int | None) -> b
         status = response.status
         content_range = response.headers.get("Content-Range")
         content_type = response.headers.get("Content-Type")
-    if status == 200 and size is None:  # the whole object, or an error page served with 200
+        declared = response.headers.get("Content-Length")
+    if (
+        status == 200
+        and size is None
+        and not _whole_as_declared(span, body, content_type, declared)
+    ):
         size = await _object_size(fs, path)  # a 200 is the whole object only if it is this long
     return check_range(
         body,
@@ -476,6 +481,24 @@ async def _fetch_http(fs: Any, path: str, span: ByteSpan, size: int | None) -> b
         content_range=content_range,
         content_type=content_type,
     )
+
+
+def _whole_as_declared(
+    span: ByteSpan, body: bytes, content_type: str | None, declared: object
+) -> bool:
+    """Whether a ``200`` for ``bytes=0-`` is the whole object without asking its size.
+
+    It is when the body is as long as its declared ``Content-Length`` and is not text (an
+    error page served with ``200`` is ``text/html``; chunks are binary). Otherwise the
+    caller probes the object's size, so servers that ignore ``Range`` cost no extra
+    request per chunk.
+    """
+    if span != (0, None) or declared is None or (content_type or "").startswith("text/"):
+        return False
+    try:
+        return int(str(declared)) == len(body)
+    except ValueError:
+        return False
 
 
 def _is_s3(fs: Any) -> bool:
@@ -494,7 +517,13 @@ async def _fetch_s3(fs: Any, path: str, span: ByteSpan, size: int | None) -> byt
     finally:
         response["Body"].close()
     status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-    if status == 200 and size is None:  # the whole object, or an error page served with 200
+    declared = response.get("ContentLength")
+    content_type = response.get("ContentType")
+    if (
+        status == 200
+        and size is None
+        and not _whole_as_declared(span, body, content_type, declared)
+    ):
         size = await _object_size(fs, path)
     return check_range(
         body,
@@ -502,7 +531,7 @@ async def _fetch_s3(fs: Any, path: str, span: ByteSpan, size: int | None) -> byt
         size=size,
         status=206 if status is None else int(status),
         content_range=response.get("ContentRange"),
-        content_type=response.get("ContentType"),
+        content_type=content_type,
     )
 
 

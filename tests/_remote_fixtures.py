@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import h5py
 import numcodecs
@@ -70,3 +73,31 @@ def expected_boxes(values: np.ndarray, starts: np.ndarray) -> np.ndarray:
     return np.stack(
         [values[tuple(slice(a, a + p) for a, p in zip(row, PATCH))] for row in starts.tolist()]
     )
+
+
+@dataclass(frozen=True)
+class ReadPaths:
+    """The read paths remote tests compare with the writer: ``src[...]``, ``read_boxes`` of
+    ``patch`` at ``starts`` and ``get_batch(rows)``."""
+
+    starts: np.ndarray
+    patch: tuple[int, ...]
+    rows: list[int]
+
+    def reads(self) -> dict[str, Callable[[Any], np.ndarray]]:
+        """``name -> read`` of each path."""
+        return {
+            "getitem": lambda src: src[...],
+            "read_boxes": lambda src: src.read_boxes(self.starts, self.patch),
+            "get_batch": lambda src: src.get_batch(self.rows),
+        }
+
+    def expected(self, values: np.ndarray, read: str) -> np.ndarray:
+        """What path ``read`` gives for the writer's ``values``."""
+        if read == "getitem":
+            return values
+        if read == "get_batch":
+            return values[self.rows]
+        return np.stack(
+            [values[tuple(slice(a, a + p) for a, p in zip(s, self.patch))] for s in self.starts]
+        )

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ import h5py
 import numpy as np
 import pytest
 import zarr
+from _remote_fixtures import ReadPaths
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -95,19 +96,9 @@ def _truth(truth: dict[str, np.ndarray], name: str, dataset: str | None) -> np.n
 
 STARTS = np.array([[0, 0, 0], [19, 17, 14], [7, 11, 3], [12, 0, 9]])
 ROWS = [0, 23, 5, 11]
-READS: dict[str, Callable[[Any], np.ndarray]] = {
-    "getitem": lambda src: src[...],
-    "read_boxes": lambda src: src.read_boxes(STARTS, PATCH),
-    "get_batch": lambda src: src.get_batch(ROWS),
-}
-
-
-def _expected(values: np.ndarray, read: str) -> np.ndarray:
-    if read == "getitem":
-        return values
-    if read == "get_batch":
-        return values[ROWS]
-    return np.stack([values[tuple(slice(a, a + p) for a, p in zip(s, PATCH))] for s in STARTS])
+PATHS = ReadPaths(STARTS, PATCH, ROWS)
+READS = PATHS.reads()
+_expected = PATHS.expected
 
 
 @pytest.mark.parametrize("read", list(READS))

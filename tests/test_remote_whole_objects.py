@@ -20,6 +20,7 @@ import numcodecs
 import numpy as np
 import pytest
 import zarr
+from _remote_fixtures import ReadPaths
 from zarr.codecs import TransposeCodec, ZstdCodec
 
 import mixle
@@ -69,19 +70,9 @@ WHOLE_CHUNKS = ["v2_raw.zarr", "v2_zlib.zarr", "v3_raw.zarr", "v3_zstd.zarr", "v
 STARTS = np.array([[0, 0, 0], [17, 15, 13], [7, 11, 3], [12, 2, 9]])
 PATCH = (7, 9, 7)
 ROWS = [0, 23, 5, 16, 11]
-READS: dict[str, Callable[[Any], np.ndarray]] = {
-    "getitem": lambda src: src[...],
-    "read_boxes": lambda src: src.read_boxes(STARTS, PATCH),
-    "get_batch": lambda src: src.get_batch(ROWS),
-}
-
-
-def _expected(values: np.ndarray, read: str) -> np.ndarray:
-    if read == "getitem":
-        return values
-    if read == "get_batch":
-        return values[ROWS]
-    return np.stack([values[tuple(slice(a, a + p) for a, p in zip(s, PATCH))] for s in STARTS])
+PATHS = ReadPaths(STARTS, PATCH, ROWS)
+READS = PATHS.reads()
+_expected = PATHS.expected
 
 
 @pytest.fixture(scope="module")

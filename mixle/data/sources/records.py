@@ -132,9 +132,13 @@ class RecordSource(SourceLifetime, abc.ABC):
     # -- reading ------------------------------------------------------------------------
     def __len__(self) -> int:
         if self._length is None:
-            with self._reading() as handle, self._lock:
-                if self._length is None:
-                    self._length = int(self._count(handle))
+            handle = self._begin_read()
+            try:
+                with self._lock:
+                    if self._length is None:
+                        self._length = int(self._count(handle))
+            finally:
+                self._end_read()
         else:
             self._live()  # raises once closed
         return self._length
@@ -144,12 +148,16 @@ class RecordSource(SourceLifetime, abc.ABC):
 
         Each distinct row is read once; rows come back in the order asked for.
         """
-        with self._reading() as handle:  # close() defers the release until this ends
-            idx = parse_indices(indices, len(self))
+        handle = self._begin_read()
+        try:  # close() defers the release until _end_read
+            n = self._length
+            idx = parse_indices(indices, len(self) if n is None else n)
             unique = np.unique(idx)
             if not unique.size:
                 return self._empty()
             block = self._read_rows(handle, unique)
+        finally:
+            self._end_read()
         if unique.size == idx.size and (unique == idx).all():
             return block
         position = np.searchsorted(unique, idx)

@@ -42,7 +42,14 @@ from mixle.errors import MalformedRowError
 from mixle.utils.progress import parse_progress
 from mixle.utils.redact import display_path
 
-__all__ = ["BOM", "LineLookup", "TextHandle", "TextRecordSource", "open_text_file"]
+__all__ = [
+    "BOM",
+    "LineLookup",
+    "TextHandle",
+    "TextRecordSource",
+    "consecutive_runs",
+    "open_text_file",
+]
 
 #: The UTF-8 byte-order mark, skipped at the start of a file.
 BOM = b"\xef\xbb\xbf"
@@ -258,16 +265,17 @@ class TextRecordSource(RecordSource):
         return max(0, len(self._index(handle)) - handle.skip_rows)
 
     def _read_rows(self, handle: TextHandle, rows: NDArray[np.int64]) -> Batch:
-        starts = self._index(handle).starts
+        # a plain view: indexing a np.memmap goes through Python-level __getitem__
+        starts = self._index(handle).starts.view(np.ndarray)
         at = rows + handle.skip_rows
-        breaks = np.flatnonzero(np.diff(at) != 1) + 1
-        runs = [(int(run[0]), int(run[-1]) + 1) for run in np.split(at, breaks)]
+        firsts, ends = consecutive_runs(at)
         spans = [
-            os.pread(handle.fd, int(starts[hi] - starts[lo]), int(starts[lo])) for lo, hi in runs
+            os.pread(handle.fd, end - begin, begin)
+            for begin, end in zip(starts[firsts].tolist(), starts[ends].tolist())
         ]
         self._check_unchanged(handle)  # the bytes read are those the index describes
         parsed: list[Any] = []
-        for (lo, hi), data in zip(runs, spans):
+        for lo, hi, data in zip(firsts.tolist(), ends.tolist(), spans):
             got = self._parse_span(handle, data)
             if len(got) != hi - lo:
                 self._raise_bad_row(handle, lo, hi)
@@ -323,6 +331,22 @@ class TextRecordSource(RecordSource):
         # The child opens its own descriptor. Closing the inherited copy leaves the parent's
         # descriptor open (each process has its own table) and leaks nothing per fork.
         self._release(handle)
+
+
+def consecutive_runs(values: NDArray[np.int64]) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """Runs of consecutive integers in sorted, unique, non-empty ``values``.
+
+    Returns
+    -------
+    tuple
+        The first value of each run and the value after its last: ``[3, 4, 5, 9]`` gives
+        ``([3, 9], [6, 10])``.
+    """
+    if values.size == 1:  # one row: skip NumPy's per-call costs (the common single read)
+        return values, values + 1
+    cut = np.flatnonzero(np.diff(values) != 1)
+    firsts = np.concatenate((values[:1], values[cut + 1]))
+    return firsts, np.concatenate((values[cut], values[-1:])) + 1
 
 
 class LineLookup:

@@ -1,4 +1,4 @@
-"""The ``mixle`` command line: ``mixle demo`` and ``mixle inspect``.
+"""The ``mixle`` command line: ``mixle demo``, ``mixle inspect`` and ``mixle --version``.
 
 Each command lives in its own module with a ``register(subparsers)`` function that adds its
 parser and sets ``run``: a callable taking the parsed arguments and the command's own
@@ -16,6 +16,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from types import FrameType
 
+import mixle
 from mixle.cli import demo, inspect
 
 __all__ = ["main"]
@@ -36,6 +37,12 @@ class _Terminated(BaseException):
 def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     parser = argparse.ArgumentParser(
         prog="mixle", description="Lazy patches and batches from data that does not fit in memory."
+    )
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"mixle {mixle.__version__}",
+        help="print the version",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command in COMMANDS:

@@ -96,7 +96,9 @@ class PatchSampler:
     labels, label_probabilities
         A label volume (array, source or name) and ``{label value: probability}``: each
         patch picks a class with that probability and is centred on a voxel of that class,
-        uniformly among them.
+        uniformly among them. Probabilities must be finite, ``>= 0`` and not all zero;
+        they are divided by their sum (``{0: 1, 1: 3}`` means ``{0: 0.25, 1: 0.75}``;
+        ``sampler.weighted.label_probabilities`` shows the values used).
     scales
         For a dict: ``{name: factor}`` to state scale factors instead of inferring them.
     structure
@@ -144,7 +146,15 @@ class PatchSampler:
     ``[corner // f, (corner + patch_size) // f)``.
 
     Weighted and label sampling build a per-block index of the map once, at construction,
-    reading it one block at a time; it is pickled with the sampler.
+    reading it one block at a time; it is pickled with the sampler. Without padding a
+    map voxel can centre a patch only where the patch fits inside the volume, so a class
+    (or weight) found only near the edge is an error that suggests ``padding=``.
+
+    Pickling (to worker processes, Dask, :class:`~mixle.MPEncodedData`) carries a map
+    given as an in-memory ndarray whole, as it carries an in-memory ``array``: a
+    ``(300, 300, 200)`` float32 map adds 72 MB to every pickle. Save it once and pass a
+    source that pickles by reference (path and options, a few KB), e.g.
+    ``labels=mixle.read_npy("labels.npy")`` or ``mixle.read_zarr(...)``.
 
     :meth:`fingerprint` (kept in a Loader's resume state) covers every argument that
     changes which patch an index means; ``structure``, ``schema`` and ``progress`` do not.

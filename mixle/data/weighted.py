@@ -12,7 +12,7 @@ import hashlib
 import math
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -44,6 +44,10 @@ INDEX_BLOCK_VOXELS = 1 << 18
 #: Byte budget of the per-block detail (cumulative weights or class positions) kept.
 BLOCK_CACHE_BYTES = 64 * 1024 * 1024
 _TWO53 = 2.0**-53
+_HANG_OVER = (
+    "With padding='none' a patch must fit inside the volume; pass padding='constant' (or "
+    "'reflect' or 'edge') to let patches hang over the edge, or use a smaller patch_size"
+)
 
 
 def index_block_shape(shape: Sequence[int], chunks: Sequence[int] | None) -> tuple[int, ...]:
@@ -61,7 +65,12 @@ def index_block_shape(shape: Sequence[int], chunks: Sequence[int] | None) -> tup
 
 
 def parse_label_probabilities(probabilities: object) -> tuple[list[int], NDArray[np.float64]]:
-    """Validate ``{class: probability}``: int classes, finite non-negative, not all zero."""
+    """Validate ``{class: probability}`` and divide the probabilities by their sum.
+
+    Classes must be ints and probabilities finite, ``>= 0`` and not all zero; they are
+    relative weights (``{0: 1, 1: 3}`` means ``{0: 0.25, 1: 0.75}``), so any positive sum
+    is accepted. Returns the classes and the normalised probabilities.
+    """
     if not isinstance(probabilities, Mapping) or not probabilities:
         raise ValueError(
             f"label_probabilities={probabilities!r} must be a non-empty dict of "
@@ -195,21 +204,52 @@ class BlockIndex:
 
     def _check(self, required: Sequence[bool] | None) -> None:
         sums = self.totals.sum(axis=1)
+        where = f"voxels {self._lo} to {tuple(h - 1 for h in self._hi)} of the map"
         if self._classes is None and not sums[0] > 0:
+            outside = self._find_outside_box(lambda block: block > 0)
+            if outside is not None:
+                raise ValueError(
+                    f"weights are zero everywhere a patch can be centred ({where}); the map "
+                    f"has positive weights (e.g. at {outside}) only near the edge, where no "
+                    f"patch can be centred. {_HANG_OVER}"
+                )
             raise ValueError(
-                "weights are zero everywhere a patch can be centred "
-                f"(voxels {self._lo} to {tuple(h - 1 for h in self._hi)} of the map); give "
+                f"weights are zero everywhere a patch can be centred ({where}); give "
                 "some voxel a positive weight"
             )
         classes = self._classes or []
         needed = [True] * len(classes) if required is None else list(required)
         for c, n, need in zip(classes, sums.tolist(), needed):
             if n == 0 and need:
+                outside = self._find_outside_box(lambda block, c=c: block == c)
+                if outside is not None:
+                    raise ValueError(
+                        f"label_probabilities asks for class {c}: the {self._name} have it "
+                        f"(e.g. at {outside}), but only near the edge, where no patch can be "
+                        f"centred (only {where} can centre one). {_HANG_OVER}"
+                    )
                 raise ValueError(
                     f"label_probabilities asks for class {c}, but no voxel where a patch can be "
                     f"centred has that label; choose classes present in the {self._name} or "
                     "give this one probability 0 (or leave it out)"
                 )
+
+    def _find_outside_box(self, hit: Callable[[np.ndarray], np.ndarray]) -> tuple[int, ...] | None:
+        """The first map voxel outside the drawable box where ``hit`` holds, or ``None``.
+
+        Only called on the way to an error: it reads the map's blocks again, whole.
+        """
+        shape = self._source.shape
+        if self._lo == (0,) * len(shape) and self._hi == tuple(shape):
+            return None  # the box is the whole map: nothing lies outside it
+        for b in range(math.prod(self._grid)):
+            pos = np.unravel_index(b, self._grid)
+            start = [int(p) * blk for p, blk in zip(pos, self._block)]
+            size = [min(blk, d - s) for blk, d, s in zip(self._block, shape, start)]
+            found = np.argwhere(hit(self._source.read_box(start, size)))
+            if found.size:
+                return tuple(s + int(i) for s, i in zip(start, found[0]))
+        return None
 
     def _detail(self, b: int) -> Any:
         """Cumulative weights (weights) or ``[positions of each class]`` (labels) of ``b``."""

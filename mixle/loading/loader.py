@@ -67,7 +67,10 @@ class Loader(ActiveRun):
         Read each epoch in its own seeded order (:func:`mixle.data.permutation.permute`).
     seed
         Any int; with ``epoch`` and the record index it keys every shuffle and
-        ``record_transform``'s randomness.
+        ``record_transform``'s randomness. The default ``0`` is fixed on purpose: every run
+        shuffles alike (reproducible runs, resumable state). For a new order per run pass
+        a fresh seed and record it, e.g. ``seed=int.from_bytes(os.urandom(8), "little")``
+        or a hash of the run's id.
     num_epochs
         Epochs to run (``>= 1``), or ``None`` for an endless stream.
     drop_last

@@ -9,7 +9,7 @@ from mixle.cli._demo_runs import MIB, RunStats
 from mixle.cli._demo_volume import AXIAL_SLICE, CORONAL_SLICE
 from mixle.data.grid import GridSampler
 from mixle.data.patch_sampler import PatchSampler
-from mixle.inspection.formatting import format_bytes
+from mixle.inspection.formatting import count_text, format_bytes, shape_text
 from mixle.utils.optional_deps import require
 
 __all__ = [
@@ -18,6 +18,7 @@ __all__ = [
     "PICTURE_PATCHES",
     "REPORT_WIDTH",
     "format_table",
+    "layout_text",
     "mib_text",
     "report_lines",
     "save_picture",
@@ -35,6 +36,15 @@ REPORT_WIDTH = 88
 def mib_text(mib: float) -> str:
     """A size given in MiB as text in binary units (``"256 MiB"``, ``"512 KiB"``)."""
     return format_bytes(mib * MIB)
+
+
+def layout_text(backend: str, chunks: tuple[int, ...]) -> str:
+    """How the demo volume is laid out on disk: ``"chunks (64, 64, 64)"``, ``"unchunked (raw)"``.
+
+    A memmap volume is one raw file with no chunks (``chunks`` is then only the slab depth
+    it was written in).
+    """
+    return "unchunked (raw)" if backend == "memmap" else f"chunks {shape_text(chunks)}"
 
 
 def format_table(runs: list[RunStats]) -> list[str]:
@@ -87,9 +97,11 @@ def report_lines(
     if "grid" in by_name:
         grid = by_name["grid"]
         verdict = "equals" if grid.facts["checksum_ok"] else "DIFFERS FROM"
+        tiles = int(grid.facts["tiles"])
         lines.extend(
             textwrap.wrap(
-                f"grid: {grid.facts['tiles']} tiles cover the volume; their voxel checksum "
+                f"grid: {count_text(tiles, 'tile')} {'covers' if tiles == 1 else 'cover'} the "
+                f"volume; {'its' if tiles == 1 else 'their'} voxel checksum "
                 f"{verdict} the written volume's (the grid row's time includes computing it "
                 "for every tile)",
                 REPORT_WIDTH,

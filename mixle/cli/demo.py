@@ -25,6 +25,7 @@ from mixle.cli._demo_options import check_options, choose_png
 from mixle.cli._demo_report import (
     DEFAULT_PNG,
     format_table,
+    layout_text,
     mib_text,
     report_lines,
     save_picture,
@@ -233,7 +234,8 @@ def run_demo(
         write_s = time.perf_counter() - t0
         disk = _disk_mib(volume.path)
         say(
-            f"  {volume.path.name}: {mib_text(disk)} on disk, chunks {volume.chunks}, "
+            f"  {volume.path.name}: {mib_text(disk)} on disk, "
+            f"{layout_text(volume.backend, volume.chunks)}, "
             f"{write_s:.1f} s"
         )
         say(f"reading with {decode_threads()} decode threads and a {cache_mib} MiB chunk cache")

@@ -18,7 +18,7 @@ from mixle.inspection import (
     inspect_store,
     parse_patch,
 )
-from mixle.inspection.formatting import shape_text, times_text
+from mixle.inspection.formatting import count_text, fill_text, shape_text, times_text
 
 __all__ = ["parse_storage_option", "register", "render_report"]
 
@@ -55,7 +55,7 @@ def render_report(report: StoreReport, *, width: int | None = None, ascii: bool 
 
 def _title(node: GroupReport | ArrayReport) -> str:
     if isinstance(node, GroupReport):
-        return f"{node.format} group, {_count(node.attributes, 'attribute')}"
+        return f"{node.format} group, {count_text(node.attributes, 'attribute')}"
     return f"{node.format} array {shape_text(node.shape)} {node.dtype}"
 
 
@@ -81,7 +81,9 @@ def _array_lines(
         rows.append(
             ("shards", f"{shape_text(a.shards)}; {_stored_of(a.shards_stored, a.shards_in_grid)}")
         )
-    if a.chunks is None:
+    if a.chunks is None and a.layout == "virtual":
+        rows.append(("chunks", "none here (virtual: read from its source datasets)"))
+    elif a.chunks is None:
         rows.append(("chunks", f"none ({a.layout}, read without decoding)"))
     else:
         size = "" if a.chunk_nbytes is None else f" = {format_bytes(a.chunk_nbytes)} decoded"
@@ -94,28 +96,20 @@ def _array_lines(
     rows.append(("codecs", marks["then"].join(a.codecs) if a.codecs else "none (raw bytes)"))
     if a.inner_codecs:
         rows.append(("inner", marks["then"].join(a.inner_codecs)))
-    fill = "none" if a.fill_value is None else repr(a.fill_value)
-    rows.append(("fill", f"{fill}; order {a.order}; {_count(a.attributes, 'attribute')}"))
-    if a.stored_bytes is None:
-        stored = "unknown"
-    else:
-        stored = f"{format_bytes(a.stored_bytes)}"
-        if a.decoded_bytes is not None:
-            stored += f" for {format_bytes(a.decoded_bytes)} decoded"
-        ratio = a.compression_ratio
-        if ratio is not None:
-            stored += f" (ratio {times_text(ratio)})"
+    fill = fill_text(a.fill_value, a.dtype)
+    rows.append(("fill", f"{fill}; order {a.order}; {count_text(a.attributes, 'attribute')}"))
     whole = "variable size" if a.nbytes is None else f"{format_bytes(a.nbytes)} decoded"
-    rows.append(("stored", f"{stored}; whole array {whole}"))
+    rows.append(("stored", f"{_stored_text(a)}; whole array {whole}"))
     cost = a.patch_cost
     if cost is not None:
         edge = "x".join(map(str, cost.patch))
         if cost.chunks_touched is None:
             text = f"reads its {format_bytes(cost.patch_bytes)} directly, nothing to decode"
         else:
-            shards = "" if cost.shards_touched is None else f"{cost.shards_touched:.3g} shards, "
+            touched = cost.shards_touched
+            shards = "" if touched is None else f"{count_text(touched, 'shard')}, "
             text = (
-                f"touches {cost.chunks_touched:.3g} chunks, {shards}decodes "
+                f"touches {count_text(cost.chunks_touched, 'chunk')}, {shards}decodes "
                 f"{format_bytes(cost.decoded_bytes)} per {format_bytes(cost.patch_bytes)} patch "
                 f"(read amplification {cost.read_amplification:.3g}x)"
             )
@@ -125,6 +119,23 @@ def _array_lines(
         lines.extend(_wrapped(f"{label:<{_LABEL}}", text, indent, width))
     lines.extend(_finding_lines(a.findings, indent, width))
     return lines
+
+
+def _stored_text(a: ArrayReport) -> str:
+    """Stored bytes, the data they hold, and the compression ratio (data bytes / stored)."""
+    if a.virtual_sources:
+        return f"nothing here (virtual: {count_text(len(a.virtual_sources), 'source dataset')})"
+    if a.stored_bytes is None:
+        return "unknown"
+    text = format_bytes(a.stored_bytes)
+    if a.data_bytes is not None:
+        text += f" for {format_bytes(a.data_bytes)} of data"
+    if a.decoded_bytes is not None and a.decoded_bytes != a.data_bytes:
+        text += f" ({format_bytes(a.decoded_bytes)} decoded with the edge chunks' padding)"
+    ratio = a.compression_ratio
+    if ratio is not None:
+        text += f" (ratio {times_text(ratio)} = data / stored)"
+    return text
 
 
 def _finding_lines(findings: Sequence[Any], indent: str, width: int | None) -> list[str]:
@@ -153,10 +164,6 @@ def _stored_of(stored: int | None, grid: int | None) -> str:
     if grid is None:
         return "not counted"
     return f"{grid} in the grid, {'?' if stored is None else stored} stored"
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 # -- the command ---------------------------------------------------------------------------

@@ -9,7 +9,14 @@ import math
 from collections.abc import Sequence
 from dataclasses import replace
 
-from mixle.inspection.formatting import format_bytes, patch_text, shape_text, times_text
+from mixle.inspection.formatting import (
+    count_text,
+    fill_text,
+    format_bytes,
+    patch_text,
+    shape_text,
+    times_text,
+)
 from mixle.inspection.patches import fit_patch, patch_cost, suggest_chunks
 from mixle.inspection.report import ArrayReport, LayoutFinding, PatchCost
 from mixle.reading.cache import DEFAULT_CHUNK_CACHE_BYTES
@@ -63,7 +70,8 @@ def with_findings(
             cost = default
     elif patch is not None and report.layout != "virtual":
         cost = patch_cost(report.shape, None, itemsize, fitted)
-    found.extend(_storage_findings(report))
+    ignored = any(f.code == "nested-chunks-ignored" for f in extra)
+    found.extend(_storage_findings(report, ignored))
     found.extend(extra)
     return replace(report, findings=tuple(found), patch_cost=cost)
 
@@ -75,12 +83,13 @@ def _chunk_findings(
     assert a.itemsize is not None and a.nbytes is not None
     found: list[LayoutFinding] = []
     shape, chunks, size, itemsize = a.shape, a.chunks, a.chunk_nbytes, a.itemsize
-    unit = "inner chunks" if a.shards is not None else "chunks"
+    one = "inner chunk" if a.shards is not None else "chunk"
+    unit = f"{one}s"
     what = f"{unit} {shape_text(chunks)} {a.dtype} = {format_bytes(size)} decoded"
     which = "a" if explicit else "e.g. a"
     costs = (
         f"{which} {patch_text(cost.patch)} patch ({format_bytes(cost.patch_bytes)}) touches "
-        f"{cost.chunks_touched:.3g} {unit} and decodes {format_bytes(cost.decoded_bytes)} "
+        f"{count_text(cost.chunks_touched, one)} and decodes {format_bytes(cost.decoded_bytes)} "
         f"(read amplification {times_text(cost.read_amplification)})"
     )
     better = suggest_chunks(shape, itemsize)
@@ -152,7 +161,7 @@ def _chunk_findings(
                     "warning",
                     f"{unit} {shape_text(chunks)} are slabs (edge {chunks[thin]} along axis "
                     f"{thin} vs {longest}): {which} {patch_text(cost.patch)} patch touches "
-                    f"{cost.chunks_per_axis[thin]:.3g} {unit} along axis {thin} alone and "
+                    f"{count_text(cost.chunks_per_axis[thin], one)} along axis {thin} alone and "
                     f"{cost.chunks_touched:.3g} in all, decoding "
                     f"{format_bytes(cost.decoded_bytes)} for "
                     f"{format_bytes(cost.patch_bytes)} (read amplification "
@@ -186,26 +195,28 @@ def _chunk_findings(
     return found
 
 
-def _storage_findings(a: ArrayReport) -> list[LayoutFinding]:
+def _storage_findings(a: ArrayReport, nested_ignored: bool = False) -> list[LayoutFinding]:
+    """Missing chunks and poor compression; ``nested_ignored``: chunk files exist unread."""
     found: list[LayoutFinding] = []
     missing = a.chunks_missing
-    if missing and a.chunks_in_grid:
-        unit = "inner chunks" if a.shards is not None else "chunks"
+    fill = fill_text(a.fill_value, a.dtype)
+    if missing and a.chunks_in_grid and not nested_ignored:
+        one = "inner chunk" if a.shards is not None else "chunk"
         found.append(
             LayoutFinding(
                 "missing-chunks",
                 "info",
-                f"{missing} of {a.chunks_in_grid} {unit} never written "
+                f"{missing} of {count_text(a.chunks_in_grid, one)} never written "
                 f"({100 * missing / a.chunks_in_grid:.0f}%): they read as the fill value "
-                f"{a.fill_value!r} without any I/O",
+                f"{fill} without any I/O",
             )
         )
-    if a.chunks is None and a.stored_bytes == 0 and a.nbytes:
+    if a.chunks is None and a.stored_bytes == 0 and a.nbytes and a.layout != "virtual":
         found.append(
             LayoutFinding(
                 "missing-chunks",
                 "info",
-                f"never written (no storage allocated): reads as the fill value {a.fill_value!r}",
+                f"never written (no storage allocated): reads as the fill value {fill}",
             )
         )
     ratio = a.compression_ratio
@@ -215,7 +226,8 @@ def _storage_findings(a: ArrayReport) -> list[LayoutFinding]:
             LayoutFinding(
                 "poor-compression",
                 "info",
-                f"compression saves little (ratio {ratio:.3g}x < {POOR_COMPRESSION_RATIO:g}x): "
+                f"compression saves little (ratio {ratio:.3g}x of data bytes to stored bytes "
+                f"< {POOR_COMPRESSION_RATIO:g}x): "
                 "every chunk pays a decode for almost no space; store it uncompressed or try "
                 "a shuffle filter before the compressor",
             )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -10,6 +11,9 @@ import numpy as np
 
 __all__ = [
     "BLOSC_SHUFFLE",
+    "count_text",
+    "fill_text",
+    "filter_label",
     "format_bytes",
     "patch_text",
     "plain_value",
@@ -64,6 +68,51 @@ def plain_value(value: Any) -> Any:
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     return str(value)
+
+
+def count_text(n: float, noun: str, plural: str | None = None) -> str:
+    """``n`` and ``noun`` in agreement: ``"1 chunk"``, ``"4.08 chunks"``, ``"0 chunks"``.
+
+    Non-integral counts are shown to three significant digits; only a count that reads as
+    exactly ``1`` takes the singular.
+    """
+    number = f"{n:,}" if isinstance(n, int) else f"{n:.3g}"
+    if number == "1":
+        return f"1 {noun}"
+    return f"{number} {plural if plural is not None else noun + 's'}"
+
+
+def fill_text(value: Any, dtype: str) -> str:
+    """A report's fill value as NumPy prints it: ``nan``, ``-inf``, ``0.0``, ``(nan+1j)``.
+
+    Reports keep non-finite floats JSON-able (``"NaN"``, ``"Infinity"``, see
+    :func:`plain_value`); for float and complex dtypes these are turned back into numbers.
+    """
+    if value is None:
+        return "none"
+    try:
+        kind = np.dtype(dtype).kind
+    except TypeError:
+        kind = ""
+    if kind and kind in "fc":
+        numbers = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+        if isinstance(value, list) and len(value) == 2:
+            real, imag = (numbers.get(v, v) if isinstance(v, str) else v for v in value)
+            return repr(complex(real, imag))
+        if isinstance(value, str) and value in numbers:
+            return repr(numbers[value])
+    return repr(value)
+
+
+def filter_label(name: bytes) -> str:
+    """An HDF5 filter's registered name without the URL its authors appended.
+
+    Plugins register names such as ``"bitshuffle; see https://github.com/kiyo-masui/bitshuffle"``
+    or ``"blosc (http://blosc.org)"``; the report shows ``"bitshuffle"``, ``"blosc"``.
+    """
+    text = name.decode("ascii", "replace").strip("\x00 ")
+    text = re.split(r";|\(?\s*\b(?:https?://|www\.)|\bsee\s", text, maxsplit=1)[0]
+    return text.strip(" ,:-(") or "filter"
 
 
 def spell_codec(name: str, config: dict[str, Any]) -> str:

@@ -12,8 +12,14 @@ from mixle.data.sources.hdf5_chunks import (
     unwritten_chunk_value,
 )
 from mixle.inspection.findings import with_findings
-from mixle.inspection.formatting import BLOSC_SHUFFLE, plain_value
+from mixle.inspection.formatting import (
+    BLOSC_SHUFFLE,
+    count_text,
+    filter_label,
+    plain_value,
+)
 from mixle.inspection.locations import is_remote
+from mixle.inspection.patches import chunk_data_elements
 from mixle.inspection.report import ArrayReport, GroupReport, LayoutFinding, UnsupportedStoreError
 from mixle.utils.redact import display_path
 
@@ -21,6 +27,8 @@ __all__ = ["inspect_hdf5"]
 
 #: HDF5 filter id of ``H5Z_FILTER_FLETCHER32`` (a checksum).
 _FILTER_FLETCHER32 = 3
+#: HDF5 filter id of the Bitshuffle plugin (``hdf5plugin.Bitshuffle``, bitshuffle's h5 filter).
+_FILTER_BITSHUFFLE = 32008
 #: HDF5 filter ids that only check or rearrange bytes (everything else compresses).
 _HDF5_NOT_COMPRESSING = frozenset({FILTER_SHUFFLE, _FILTER_FLETCHER32})
 
@@ -57,6 +65,7 @@ def _hdf5_group(
 ) -> GroupReport:
     children: list[GroupReport | ArrayReport] = []
     notes: list[LayoutFinding] = []
+    dimensions: list[str] = []
     for name in group:
         link = group.get(name, getlink=True)
         child_path = f"{path.rstrip('/')}/{name}"
@@ -80,9 +89,34 @@ def _hdf5_group(
                         "no-dataspace", "info", f"dataset {name!r} is empty (no dataspace)"
                     )
                 )
+            elif _dimension_only(h5py, node):
+                dimensions.append(f"{name} ({'x'.join(map(str, node.shape))})")
             else:
                 children.append(_hdf5_dataset(h5py, node, child_path, patch, remote))
+    if dimensions:
+        notes.append(
+            LayoutFinding(
+                "dimension-scales",
+                "info",
+                f"{count_text(len(dimensions), 'dimension')} without values, not listed as "
+                f"arrays: {', '.join(dimensions)} (dimension scales that hold no data, such "
+                "as netCDF-4 dimensions without a coordinate variable; the datasets attached "
+                "to them are listed)",
+            )
+        )
     return GroupReport(path, "hdf5", len(group.attrs), tuple(children), tuple(notes))
+
+
+def _dimension_only(h5py: Any, dataset: Any) -> bool:
+    """Whether ``dataset`` is a dimension scale with no data: a dimension, not an array.
+
+    netCDF-4 writes one for every dimension without a coordinate variable (its ``NAME``
+    says "This is a netCDF dimension but not a netCDF variable"); h5py's
+    ``make_scale`` on a dataset never written makes the same thing.
+    """
+    if dataset.id.get_storage_size() or not h5py.h5ds.is_scale(dataset.id):
+        return False
+    return dataset.id.get_create_plist().get_layout() != h5py.h5d.VIRTUAL
 
 
 def _hdf5_dataset(
@@ -99,22 +133,28 @@ def _hdf5_dataset(
         layout = "external"
     filters = [dcpl.get_filter(i) for i in range(dcpl.get_nfilters())]
     codecs = tuple(_hdf5_filter(code, values, name) for code, _flags, values, name in filters)
-    compressed = any(code not in _HDF5_NOT_COMPRESSING for code, *_ in filters)
+    compressed = any(_compresses(code, values) for code, _flags, values, _name in filters)
     dtype = dataset.dtype
     shape = tuple(int(s) for s in dataset.shape)
     chunks = None if dataset.chunks is None else tuple(int(c) for c in dataset.chunks)
     itemsize = None if dtype.hasobject else dtype.itemsize  # variable-length: no fixed size
     nbytes = None if itemsize is None else math.prod(shape) * itemsize
-    stored = int(dataset.id.get_storage_size())
+    stored: int | None = int(dataset.id.get_storage_size())
+    data: int | None
     if chunks is not None:
         grid = math.prod(math.ceil(d / c) for d, c in zip(shape, chunks))
         n_stored = int(dataset.id.get_num_chunks())
         chunk_nbytes = None if itemsize is None else math.prod(chunks) * itemsize
         decoded = None if chunk_nbytes is None else n_stored * chunk_nbytes
+        data = None if itemsize is None else _chunk_data_bytes(dataset, n_stored, grid, itemsize)
     else:
         grid = n_stored = None  # type: ignore[assignment]
         chunk_nbytes = None
-        decoded = nbytes if stored or nbytes is None else 0
+        decoded = data = nbytes if stored or nbytes is None else 0
+    sources: tuple[str, ...] = ()
+    if layout == "virtual":
+        sources = tuple(f"{m.file_name}:{m.dset_name}" for m in dataset.virtual_sources())
+        stored = decoded = data = None  # the data lives in the sources
     notes: list[LayoutFinding] = []
     if chunks is not None and filters and chunk_filters(dataset) is None:
         names = ", ".join(c.split("(")[0] for c in codecs)
@@ -150,8 +190,42 @@ def _hdf5_dataset(
         shards_stored=None,
         stored_bytes=stored,
         decoded_bytes=decoded,
+        data_bytes=data,
+        virtual_sources=sources,
     )
+    if sources:
+        notes.append(
+            LayoutFinding(
+                "virtual",
+                "info",
+                f"a virtual dataset: it stores no data itself and reads from "
+                f"{count_text(len(sources), 'source dataset')} ({', '.join(sources)}; "
+                "'.' is this file); regions no source maps read as the fill value",
+            )
+        )
     return with_findings(report, patch, remote, notes)
+
+
+def _chunk_data_bytes(dataset: Any, n_stored: int, grid: int, itemsize: int) -> int:
+    """Bytes of array data in the stored chunks of ``dataset``, edge padding left out."""
+    shape, chunks = dataset.shape, dataset.chunks
+    if n_stored == grid:
+        return math.prod(shape) * itemsize
+    offsets: list[tuple[int, ...]] = []
+    dsid = dataset.id
+    if hasattr(dsid, "chunk_iter"):
+        dsid.chunk_iter(lambda info: offsets.append(info.chunk_offset))
+    else:
+        offsets = [dsid.get_chunk_info(i).chunk_offset for i in range(n_stored)]
+    coords = [tuple(o // c for o, c in zip(off, chunks)) for off in offsets]
+    return chunk_data_elements(shape, chunks, coords) * itemsize
+
+
+def _compresses(code: int, values: tuple[int, ...]) -> bool:
+    """Whether HDF5 filter ``code`` with client ``values`` compresses (Bitshuffle may not)."""
+    if code == _FILTER_BITSHUFFLE:
+        return len(values) < 5 or values[4] != 0
+    return code not in _HDF5_NOT_COMPRESSING
 
 
 def _hdf5_filter(code: int, values: tuple[int, ...], name: bytes) -> str:
@@ -180,5 +254,8 @@ def _hdf5_filter(code: int, values: tuple[int, ...], name: bytes) -> str:
         )
     if code == 32015:
         return f"zstd(level={values[0] if values else 3})"
-    label = name.decode("ascii", "replace") if name else "filter"
-    return f"{label}(id={code}, values={list(values)})"
+    if code == _FILTER_BITSHUFFLE and len(values) >= 5:
+        coder = {0: "none", 2: "lz4", 3: "zstd"}.get(values[4], str(values[4]))
+        level = f", level={values[5]}" if values[4] == 3 and len(values) >= 6 else ""
+        return f"bitshuffle(block_size={values[3]}, compression={coder}{level})"
+    return f"{filter_label(name)}(id={code}, values={list(values)})"

@@ -73,6 +73,7 @@ def inspect_npy(
         shards_stored=None,
         stored_bytes=stored,
         decoded_bytes=None if nbytes is None else min(stored, nbytes),
+        data_bytes=None if nbytes is None else min(stored, nbytes),
     )
     return with_findings(report, patch, is_remote(location), notes)
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import numpy as np
+
 from mixle.inspection.formatting import shape_text
 from mixle.inspection.report import PatchCost
 from mixle.utils.validation import parse_int
@@ -13,6 +15,7 @@ __all__ = [
     "DEFAULT_PATCH_EDGE",
     "TARGET_CHUNK_BYTES",
     "PatchLike",
+    "chunk_data_elements",
     "expected_chunks_along_axis",
     "fit_patch",
     "parse_patch",
@@ -26,6 +29,25 @@ TARGET_CHUNK_BYTES = 1024 * 1024
 DEFAULT_PATCH_EDGE = 32
 
 PatchLike = int | Sequence[int]
+
+
+def chunk_data_elements(
+    shape: Sequence[int], chunks: Sequence[int], coords: Sequence[Sequence[int]] | np.ndarray
+) -> int:
+    """Array elements the chunks at grid ``coords`` hold, edge chunks without their padding.
+
+    A chunk at grid position ``i`` along an axis of length ``d`` chunked by ``c`` holds
+    ``min(c, d - i * c)`` elements along it (0 for a position past the end).
+    """
+    if not shape:
+        return len(coords)  # a 0-d array: its one chunk holds its one element
+    grid = np.asarray(coords, dtype=np.int64).reshape(-1, len(shape))
+    if not grid.size:
+        return 0
+    sizes = np.asarray(shape, dtype=np.int64)
+    edges = np.asarray(chunks, dtype=np.int64)
+    held = np.clip(np.minimum(edges, sizes - grid * edges), 0, None)
+    return int(np.prod(held, axis=1, dtype=np.int64).sum())
 
 
 def parse_patch(patch: PatchLike | None, name: str = "patch") -> tuple[int, ...] | None:

@@ -33,10 +33,11 @@ class LayoutFinding:
     code
         Stable identifier for scripts: ``"small-chunks"``, ``"large-chunks"``,
         ``"whole-array-chunk"``, ``"slab-chunks"``, ``"read-amplification"``,
-        ``"missing-chunks"``, ``"poor-compression"``, ``"serial-decode"``,
+        ``"missing-chunks"``, ``"poor-compression"``, ``"serial-decode"``, ``"virtual"``,
+        ``"stale-consolidated-metadata"``, ``"nested-chunks-ignored"``,
         ``"sizes-unknown"``, ``"truncated"``, ``"patch-not-costed"`` or (groups)
         ``"members-unlisted"``,
-        ``"link-not-followed"``, ``"no-dataspace"``.
+        ``"link-not-followed"``, ``"no-dataspace"``, ``"dimension-scales"``.
     severity
         ``"warning"`` (patch reads are slower than they need to be) or ``"info"``.
     message
@@ -143,7 +144,15 @@ class ArrayReport:
         Bytes the array occupies in storage (chunk or shard objects; HDF5's storage size;
         the data part of a ``.npy``); ``None`` when the store could not tell.
     decoded_bytes
-        Bytes the stored chunks decode to (``chunks_stored * chunk_nbytes``).
+        Bytes the stored chunks decode to (``chunks_stored * chunk_nbytes``; edge chunks
+        count whole, padding included, as that is what decoding them costs).
+    data_bytes
+        Bytes of array data the stored chunks hold: :attr:`decoded_bytes` without the
+        padding of edge chunks that hang over the array's end (``nbytes`` when every chunk
+        is stored); ``None`` when unknown.
+    virtual_sources
+        For an HDF5 virtual dataset, its sources as ``"file:dataset"`` (``"."`` is the
+        file itself); else ``()``.
     findings
         Warnings and notes about the layout, each saying why.
     patch_cost
@@ -172,6 +181,8 @@ class ArrayReport:
     shards_stored: int | None
     stored_bytes: int | None
     decoded_bytes: int | None
+    data_bytes: int | None = None
+    virtual_sources: tuple[str, ...] = ()
     findings: tuple[LayoutFinding, ...] = ()
     patch_cost: PatchCost | None = None
 
@@ -182,10 +193,14 @@ class ArrayReport:
 
     @property
     def compression_ratio(self) -> float | None:
-        """``decoded_bytes / stored_bytes``: how many times smaller the stored chunks are."""
-        if not self.stored_bytes or self.decoded_bytes is None:
+        """``data_bytes / stored_bytes``: the array data the stored chunks hold per stored byte.
+
+        Counted over the real data (edge chunks without their padding), so the same data
+        gives about the same ratio whatever its chunk shape; ``None`` when either is unknown.
+        """
+        if not self.stored_bytes or self.data_bytes is None:
             return None
-        return self.decoded_bytes / self.stored_bytes
+        return self.data_bytes / self.stored_bytes
 
     @property
     def chunks_missing(self) -> int | None:
@@ -227,6 +242,8 @@ class ArrayReport:
             "shards_stored": self.shards_stored,
             "stored_bytes": self.stored_bytes,
             "decoded_bytes": self.decoded_bytes,
+            "data_bytes": self.data_bytes,
+            "virtual_sources": list(self.virtual_sources),
             "compression_ratio": self.compression_ratio,
             "findings": [f.to_dict() for f in self.findings],
             "patch_cost": None if self.patch_cost is None else self.patch_cost.to_dict(),

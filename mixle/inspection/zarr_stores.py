@@ -17,6 +17,7 @@ from mixle.inspection.formatting import (
     spell_value,
 )
 from mixle.inspection.locations import ZARR_METADATA, is_remote
+from mixle.inspection.patches import chunk_data_elements
 from mixle.inspection.report import ArrayReport, GroupReport, LayoutFinding, UnsupportedStoreError
 from mixle.utils.redact import display_path
 
@@ -56,7 +57,7 @@ def inspect_zarr(
         ) from None
     remote = is_remote(location)
     where = display_path(location)
-    return _zarr_node(zarr, node, "/", patch, remote, where, storage_options)
+    return _zarr_node(zarr, node, "/", patch, remote, where, storage_options, False)
 
 
 def _zarr_node(
@@ -67,17 +68,30 @@ def _zarr_node(
     remote: bool,
     where: str,
     secrets: Any,
+    from_consolidated: bool,
 ) -> GroupReport | ArrayReport:
     fmt = f"zarr v{node.metadata.zarr_format}"
     if isinstance(node, zarr.Array):
-        return _zarr_array(node, path, fmt, patch, remote, where, secrets)
+        stale: list[LayoutFinding] = []
+        if from_consolidated:
+            node, stale = _own_metadata(zarr, node)
+        return _zarr_array(node, path, fmt, patch, remote, where, secrets, stale)
+    consolidated = getattr(node.metadata, "consolidated_metadata", None) is not None
     members = sorted(node.members(), key=lambda m: m[0])
     children = tuple(
-        _zarr_node(zarr, child, f"{path.rstrip('/')}/{name}", patch, remote, where, secrets)
+        _zarr_node(
+            zarr,
+            child,
+            f"{path.rstrip('/')}/{name}",
+            patch,
+            remote,
+            where,
+            secrets,
+            from_consolidated or consolidated,
+        )
         for name, child in members
     )
     notes: list[LayoutFinding] = []
-    consolidated = getattr(node.metadata, "consolidated_metadata", None) is not None
     if not members and not consolidated and _cannot_list(node.store):
         notes.append(
             LayoutFinding(
@@ -91,6 +105,55 @@ def _zarr_node(
     return GroupReport(path, fmt, len(node.attrs), children, tuple(notes))
 
 
+def _own_metadata(zarr: Any, array: Any) -> tuple[Any, list[LayoutFinding]]:
+    """``array`` reopened from its own metadata, and a warning if consolidated metadata differs.
+
+    zarr opens a group's members from its consolidated metadata (``.zmetadata``, or
+    ``consolidated_metadata`` in ``zarr.json``), which nothing updates when an array is
+    changed later (resized, say); :func:`~mixle.data.sources.array_source.read_zarr` and
+    ``zarr.open_array`` read the array's own metadata.
+    """
+    shown = f"{array.path!r}"
+    try:
+        own = zarr.open_array(store=array.store, path=array.path, mode="r")
+    except (FileNotFoundError, KeyError, ValueError) as exc:
+        return array, [
+            LayoutFinding(
+                "stale-consolidated-metadata",
+                "warning",
+                f"the consolidated metadata lists array {shown}, but its own metadata cannot "
+                f"be read ({type(exc).__name__}: {exc}); shown as the consolidated metadata "
+                "describes it; rerun zarr.consolidate_metadata on the store",
+            )
+        ]
+    said, real = array.metadata.to_dict(), own.metadata.to_dict()
+    differ = [k for k in sorted(set(said) | set(real)) if said.get(k) != real.get(k)]
+    if not differ:
+        return own, []
+    what = "; ".join(
+        f"{k} {_short(said.get(k))} there, {_short(real.get(k))} in its own metadata"
+        for k in differ
+    )
+    return own, [
+        LayoutFinding(
+            "stale-consolidated-metadata",
+            "warning",
+            f"the store's consolidated metadata is stale for this array ({what}): shown is "
+            "the array's own metadata, which read_zarr and zarr.open_array read, while "
+            "zarr.open_group and zarr.open on the store still see the old one; fix: run "
+            "zarr.consolidate_metadata on the store",
+        )
+    ]
+
+
+def _short(value: Any) -> str:
+    """A metadata value for a message: shapes as ``(20,)``, long values cut."""
+    if isinstance(value, (list, tuple)) and all(isinstance(v, int) for v in value):
+        return shape_text(value)
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 def _zarr_array(
     array: Any,
     path: str,
@@ -99,6 +162,7 @@ def _zarr_array(
     remote: bool,
     where: str,
     secrets: Any,
+    found: list[LayoutFinding],
 ) -> ArrayReport:
     from mixle.data.sources.zarr_chunks import codec_chain
 
@@ -111,17 +175,22 @@ def _zarr_array(
     codecs, inner, order, compressed = _zarr_codecs(meta)
     grid = tuple(math.ceil(d / c) for d, c in zip(shape, shards or chunks))
     inner_grid = tuple(math.ceil(d / c) for d, c in zip(shape, chunks))
-    notes: list[LayoutFinding] = []
-    sizes, why = _zarr_object_sizes(array, grid, remote)
+    notes = list(found)
+    sizes, why, nested = _zarr_object_sizes(array, grid, remote)
     stored_bytes = None if sizes is None else sum(sizes.values())
     objects_stored = None if sizes is None else len(sizes)
     chunks_stored: int | None = objects_stored
+    elements: int | None = None
     if sizes is None:
         notes.append(LayoutFinding("sizes-unknown", "info", f"stored sizes unknown: {why}"))
     elif shards is not None:
-        chunks_stored, why = _count_inner_chunks(array, sorted(sizes), where, secrets)
+        chunks_stored, elements, why = _count_inner_chunks(array, sorted(sizes), where, secrets)
         if chunks_stored is None:
             notes.append(LayoutFinding("sizes-unknown", "info", f"inner chunks not counted: {why}"))
+    else:
+        elements = chunk_data_elements(shape, chunks, sorted(sizes))
+    if nested:
+        notes.append(_nested_finding(nested, math.prod(inner_grid)))
     chunk_nbytes = None if itemsize is None else math.prod(chunks) * itemsize
     decoded = None
     if chunk_nbytes is not None and chunks_stored is not None:
@@ -158,8 +227,21 @@ def _zarr_array(
         shards_stored=None if shards is None else objects_stored,
         stored_bytes=stored_bytes,
         decoded_bytes=decoded,
+        data_bytes=None if itemsize is None or elements is None else elements * itemsize,
     )
     return with_findings(report, patch, remote, notes)
+
+
+def _nested_finding(nested: int, grid: int) -> LayoutFinding:
+    """The warning for chunk files stored nested (``0/0/0``) that the metadata does not name."""
+    return LayoutFinding(
+        "nested-chunks-ignored",
+        "warning",
+        f"{nested} of {grid} chunks are stored as nested files (such as 0/0/0, written by "
+        'zarr 2\'s NestedDirectoryStore) but .zarray has no "dimension_separator": "/", so '
+        "zarr looks for 0.0.0 and reads every one of them as the fill value (so does "
+        'read_zarr); fix: add "dimension_separator": "/" to .zarray',
+    )
 
 
 def _zarr_codecs(meta: Any) -> tuple[tuple[str, ...], tuple[str, ...], str, bool]:
@@ -227,8 +309,12 @@ def _key_parser(meta: Any, ndim: int) -> Any:
 
 def _zarr_object_sizes(
     array: Any, grid: tuple[int, ...], remote: bool
-) -> tuple[dict[tuple[int, ...], int] | None, str]:
-    """Size of each stored chunk (or shard) object by grid coords; ``None`` and why if unknown."""
+) -> tuple[dict[tuple[int, ...], int] | None, str, int]:
+    """Size of each stored chunk (or shard) object by grid coords; ``None`` and why if unknown.
+
+    The third value counts chunk files stored nested (``0/0``) that a zarr v2 array whose
+    metadata says ``dimension_separator`` ``"."`` (or nothing) never reads.
+    """
     from zarr.storage import FsspecStore, LocalStore
 
     from mixle.data.sources.zarr_chunks import local_chunk_dir
@@ -246,14 +332,30 @@ def _zarr_object_sizes(
             coords = parse(key)
             if coords is not None and all(c < g for c, g in zip(coords, grid)):
                 sizes[coords] = size
-        return sizes, ""
+        return sizes, "", _nested_unread(array.metadata, listed, grid)
     count = math.prod(grid)
     if count > MAX_PROBED_OBJECTS:
-        return None, (
-            f"the store cannot list its objects and the grid has {count} of them, more than "
-            f"MAX_PROBED_OBJECTS={MAX_PROBED_OBJECTS} to ask for one by one"
+        return (
+            None,
+            (
+                f"the store cannot list its objects and the grid has {count} of them, more than "
+                f"MAX_PROBED_OBJECTS={MAX_PROBED_OBJECTS} to ask for one by one"
+            ),
+            0,
         )
-    return _probe_sizes(array, grid), ""
+    return _probe_sizes(array, grid), "", 0
+
+
+def _nested_unread(meta: Any, listed: dict[str, int], grid: tuple[int, ...]) -> int:
+    """Stored keys of a ``"."``-separated zarr v2 array that are nested chunk keys (``0/0``)."""
+    if meta.zarr_format != 2 or (meta.dimension_separator or ".") != "." or len(grid) < 2:
+        return 0
+    found = 0
+    for key in listed:
+        parts = key.split("/")
+        if len(parts) == len(grid) and all(p.isdigit() for p in parts):
+            found += all(int(p) < g for p, g in zip(parts, grid))
+    return found
 
 
 def _walk_sizes(base: str) -> dict[str, int]:
@@ -320,19 +422,34 @@ def _probe_sizes(array: Any, grid: tuple[int, ...]) -> dict[tuple[int, ...], int
 
 def _count_inner_chunks(
     array: Any, shards: list[tuple[int, ...]], where: str, secrets: Any
-) -> tuple[int | None, str]:
-    """Inner chunks written in the stored ``shards``, counted from their shard indices."""
-    from mixle.data.sources.zarr_shards import ShardedZarrReader
+) -> tuple[int | None, int | None, str]:
+    """``(inner chunks, array elements they hold, why not)`` for the stored ``shards``.
+
+    Both are counted from the shard indices (edge chunks without their padding).
+    """
+    from mixle.data.sources.zarr_shards import _EMPTY, ShardedZarrReader
 
     reader = ShardedZarrReader.for_array(array, where, where, secrets)
     if reader is None:
-        return None, "codecs around the shards that mixle does not read itself"
+        return None, None, "codecs around the shards that mixle does not read itself"
     if len(shards) > MAX_PROBED_OBJECTS:
-        return None, (
-            f"{len(shards)} shards stored, more than MAX_PROBED_OBJECTS={MAX_PROBED_OBJECTS} "
-            "indices to read"
+        return (
+            None,
+            None,
+            (
+                f"{len(shards)} shards stored, more than MAX_PROBED_OBJECTS={MAX_PROBED_OBJECTS} "
+                "indices to read"
+            ),
         )
-    return reader.inner_chunks_written(shards), ""
+    chunks = tuple(int(c) for c in array.chunks)
+    per_shard = np.asarray([s // c for s, c in zip(array.shards, chunks)], dtype=np.int64)
+    written: list[np.ndarray] = []
+    for shard, index in reader.shard_indices(shards).items():
+        if index is not None:
+            local = np.argwhere((index[..., 0] != _EMPTY) | (index[..., 1] != _EMPTY))
+            written.append(local + np.asarray(shard, dtype=np.int64) * per_shard)
+    coords = np.concatenate(written) if written else np.zeros((0, len(chunks)), np.int64)
+    return len(coords), chunk_data_elements(array.shape, chunks, coords), ""
 
 
 def _cannot_list(store: Any) -> bool:

@@ -225,7 +225,7 @@ def test_source_read_errors(stores):
     with pytest.raises(IndexError, match="too many indices"):
         src[0, 0, 0, 0]
     with pytest.raises(TypeError, match="only integers, slices"):
-        src[[0, 1]]
+        src[:, [0, 1]]
     with pytest.raises(TypeError, match="only integers, slices"):
         src[None]
     with pytest.raises(IndexError, match="indices contains 17"):

@@ -3,8 +3,9 @@
 A backend subclass says how to open its store (:meth:`ArraySource._open`), which
 constructor arguments reopen it (:attr:`ArraySource._args`), and how to describe it. This
 base class gives every backend the same contract: metadata-only opening, N-D basic
-indexing with NumPy's semantics, rows along axis 0 as records, multi-row batch reads,
-pickling by reference, reopening after ``fork``, and a clear error after ``close()``.
+indexing with NumPy's semantics (plus an integer array or mask on axis 0), rows along
+axis 0 as records, multi-row batch reads, pickling by reference, reopening after
+``fork``, and a clear error after ``close()``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,14 @@ from typing import Any, TypeGuard
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from mixle.data.indexing import KeyLike, parse_key, plan_key, read_extent
+from mixle.data.indexing import (
+    KeyLike,
+    RowsKey,
+    consecutive_runs,
+    parse_key,
+    plan_key,
+    read_extent,
+)
 from mixle.data.schema import Schema, parse_schema
 from mixle.data.sources.lifetime import SourceLifetime
 from mixle.data.spec import ArraySpec
@@ -228,10 +236,18 @@ class ArraySource(SourceLifetime, abc.ABC):
         return shape[0]
 
     def __getitem__(self, key: KeyLike) -> Any:
-        """Read ``key`` (ints, negative ints, slices with any step, ``...``, tuples)."""
+        """Read ``key`` with NumPy's semantics for the keys :func:`parse_key` takes.
+
+        Ints, negative ints, slices with any step, ``...`` and tuples of those, plus one 1-D
+        integer array (or list) or boolean mask on axis 0: ``src[[3, 1], 2:5]``. Rows asked
+        for by an array are each read once, like :meth:`get_batch`. ``None``, arrays on
+        other axes and multidimensional arrays raise ``TypeError`` naming what to use.
+        """
         handle = self._live()
         parsed = parse_key(key, self.shape)
         try:
+            if isinstance(parsed, RowsKey):
+                return _owned(parsed.finish(self._read_rows(handle, parsed)))
             block = parsed.finish(self._read(handle, parsed.read))
         except Exception as exc:
             self._raise_if_closed(exc)
@@ -239,6 +255,28 @@ class ArraySource(SourceLifetime, abc.ABC):
         if parsed.scalar:
             return block[()]
         return _owned(block)
+
+    def _read_rows(self, handle: Any, key: RowsKey) -> np.ndarray:
+        """The distinct rows of ``key`` with its basic key on the other axes, unflipped.
+
+        Chunked stores read them through the read planner (each chunk once); others read
+        each run of consecutive rows in one :meth:`_read`.
+        """
+        rest = key.rest.read
+        extent = read_extent(key.read)
+        out = np.empty([n for k, n in zip(key.read, extent) if not isinstance(k, int)], self.dtype)
+        if not all(extent):
+            return out
+        reader = self._reader_for(handle)
+        if reader is not None:
+            execute_plan(reader, plan_key(key.read, reader.chunks), out.reshape(1, *extent))
+            return out
+        firsts, ends = consecutive_runs(key.unique)
+        at = 0
+        for lo, hi in zip(firsts.tolist(), ends.tolist()):
+            out[at : at + hi - lo] = self._read(handle, (slice(lo, hi), *rest))
+            at += hi - lo
+        return out
 
     def read_box(self, start: ArrayLike, size: ArrayLike) -> np.ndarray:
         """Read the box ``[start, start + size)``; it must lie inside the array."""

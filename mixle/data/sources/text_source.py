@@ -34,6 +34,7 @@ from typing import Any, BinaryIO
 import numpy as np
 from numpy.typing import NDArray
 
+from mixle.data.indexing import consecutive_runs
 from mixle.data.sources.columns import LineOf
 from mixle.data.sources.memmap_check import FileSignature, check_file_unchanged, file_signature
 from mixle.data.sources.records import Batch, RecordSource, TableMeta
@@ -331,22 +332,6 @@ class TextRecordSource(RecordSource):
         # The child opens its own descriptor. Closing the inherited copy leaves the parent's
         # descriptor open (each process has its own table) and leaks nothing per fork.
         self._release(handle)
-
-
-def consecutive_runs(values: NDArray[np.int64]) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
-    """Runs of consecutive integers in sorted, unique, non-empty ``values``.
-
-    Returns
-    -------
-    tuple
-        The first value of each run and the value after its last: ``[3, 4, 5, 9]`` gives
-        ``([3, 9], [6, 10])``.
-    """
-    if values.size == 1:  # one row: skip NumPy's per-call costs (the common single read)
-        return values, values + 1
-    cut = np.flatnonzero(np.diff(values) != 1)
-    firsts = np.concatenate((values[:1], values[cut + 1]))
-    return firsts, np.concatenate((values[cut], values[-1:])) + 1
 
 
 class LineLookup:

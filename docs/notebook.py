@@ -23,8 +23,11 @@
 # step. CI runs it top to bottom in a fresh kernel (`tests/test_notebook.py`), so every
 # cell works as shown.
 #
-# It needs `pip install "mixle[zarr,plot,jax]"`. Everything is written to a temporary
-# folder that the last cell removes. `docs/notebook.py` is the same notebook as a
+# It needs mixle with its zarr, plot and jax extras, installed from a clone of the
+# repository: `python3 -m pip install -e ".[zarr,plot,jax]"` in the clone's root folder (the
+# name `mixle` on the package index belongs to an unrelated project, so installing `mixle`
+# by name fetches a different library). Everything is written to a temporary folder that
+# the last cell removes. `docs/notebook.py` is the same notebook as a
 # jupytext script (edit either, then `jupytext --sync docs/notebook.py`).
 
 # %%

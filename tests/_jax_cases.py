@@ -435,7 +435,7 @@ def test_import_error_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "jax", None)
     for name in [m for m in sys.modules if m == "mixle.jax" or m.startswith("mixle.jax.")]:
         monkeypatch.delitem(sys.modules, name)
-    with pytest.raises(ImportError, match=r'mixle.jax needs jax.*pip install "mixle\[jax\]"'):
+    with pytest.raises(ImportError, match=r'mixle.jax needs jax.*pip install -e "\.\[jax\]"'):
         importlib.import_module("mixle.jax")
 
 

@@ -338,8 +338,8 @@ def test_cli_without_matplotlib_or_jax_says_what_to_install(own_tmp, capsys, mon
     monkeypatch.setattr(demo_module, "HAS_JAX", False)
     assert main(["demo", *SMALL]) == 0
     text = capsys.readouterr().out
-    assert 'no picture: pip install "mixle[plot]" for one' in text
-    assert 'jax: not installed (pip install "mixle[jax]")' in text
+    assert 'no picture: pip install -e ".[plot]" for one' in text
+    assert 'jax: not installed (pip install -e ".[jax]")' in text
     assert list(Path.cwd().iterdir()) == []
     with pytest.raises(SystemExit) as info:
         main(["demo", *SMALL, "--png", "p.png"])

@@ -1,8 +1,10 @@
 """Every python block in README.md and docs/**/*.md runs, so the docs cannot drift from the code.
 
 One test per page: its blocks run in order in one namespace, in a fresh interpreter (JAX may
-start there, never in this process), in an empty temporary working directory. The rules
-(skips, hidden set-up) are in tests/_doc_blocks.py.
+start there, never in this process), in an empty temporary working directory; then the page
+runs a second time, in a fresh interpreter in the same directory, and must pass again (a
+reader runs an example twice: a page that creates a zarr array without ``overwrite=True``
+fails there). The rules (skips, hidden set-up) are in tests/_doc_blocks.py.
 """
 
 from __future__ import annotations
@@ -55,6 +57,10 @@ def _parse(name: str) -> Page:
     return parse_page((ROOT / name).read_text(encoding="utf-8"), name)
 
 
+# The runs of each page, in one folder: the second finds what the first left behind.
+RUNS = ("first run", "second run in the same folder")
+
+
 @pytest.mark.parametrize("name", PAGES)
 def test_page_examples_run(name: str, tmp_path: Path) -> None:
     page = _parse(name)
@@ -62,15 +68,20 @@ def test_page_examples_run(name: str, tmp_path: Path) -> None:
         # nothing to run: test_every_page_has_an_example_or_is_allowed_none checks the list
         assert name in _allowed(), f"{name} has no executed python block"
         return
-    result = _run(ROOT / name, name, tmp_path)
+    for run in RUNS:
+        _check_run(_run(ROOT / name, name, tmp_path), name, len(page.executed), run)
+
+
+def _check_run(result: subprocess.CompletedProcess[str], name: str, blocks: int, run: str) -> None:
+    """Fail the test, naming the page and which run it was, unless the run completed."""
     if result.returncode != 0:
         pytest.fail(
-            f"{name}: an example failed (exit status {result.returncode})\n"
+            f"{name}: an example failed on its {run} (exit status {result.returncode})\n"
             f"{result.stderr}\n--- stdout ---\n{result.stdout[-4000:]}",
             pytrace=False,
         )
-    assert _completed(result, name, len(page.executed)), (
-        f"{name}: the page's run ended with status 0 before its last block\n{result.stderr}"
+    assert _completed(result, name, blocks), (
+        f"{name}: the page's {run} ended with status 0 before its last block\n{result.stderr}"
     )
 
 
@@ -214,3 +225,13 @@ def test_runner_reports_a_failing_doctest(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert "docs/page.md: the pycon block at line 1 failed" in result.stderr
     assert "Expected:\n    3\nGot:\n    2" in result.stderr
+
+
+def test_a_page_that_fails_only_on_its_second_run_fails(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text("```python\nwith open('made.txt', 'x') as f:\n    f.write('once')\n```\n")
+    work = tmp_path / "work"
+    work.mkdir()
+    _check_run(_run(page, "docs/page.md", work), "docs/page.md", 1, RUNS[0])
+    with pytest.raises(pytest.fail.Exception, match="failed on its second run in the same folder"):
+        _check_run(_run(page, "docs/page.md", work), "docs/page.md", 1, RUNS[1])

@@ -48,5 +48,7 @@ def test_anchor_import_paths():
 
 
 def test_require_names_the_extra_for_a_missing_module():
-    with pytest.raises(ImportError, match=r'not installed: pip install "mixle\[tabular\]"'):
+    with pytest.raises(
+        ImportError, match=r'not installed: pip install -e "\.\[tabular\]" in a clone'
+    ):
         mixle.utils.optional_deps.require("pyarrow_surely_missing", "tabular")

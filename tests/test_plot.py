@@ -69,9 +69,9 @@ def test_mixle_plot_is_a_lazy_attribute_of_mixle():
 
 def test_missing_matplotlib_names_the_extra(monkeypatch, volume):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
-    with pytest.raises(ImportError, match=r'pip install "mixle\[plot\]"'):
+    with pytest.raises(ImportError, match=r'pip install -e "\.\[plot\]"'):
         plot_patches(volume, np.zeros((1, 3), dtype=np.int64), 4)
-    with pytest.raises(ImportError, match=r"mixle\[plot\]"):
+    with pytest.raises(ImportError, match=r'"\.\[plot\]"'):
         plot_chunk_grid(volume)
 
 
@@ -85,7 +85,7 @@ def test_missing_matplotlib_in_a_fresh_interpreter():
         "    print(exc)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert 'mixle.plot needs matplotlib, which is not installed: pip install "mixle[plot]"' in (
+    assert 'mixle.plot needs matplotlib, which is not installed: pip install -e ".[plot]"' in (
         out.stdout
     )
 

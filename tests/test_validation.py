@@ -201,10 +201,10 @@ def test_structure_validation():
 
 def test_missing_optional_dependency_names_the_extra(stores, monkeypatch):
     monkeypatch.setitem(sys.modules, "zarr", None)
-    with pytest.raises(ImportError, match=r'pip install "mixle\[zarr\]"'):
+    with pytest.raises(ImportError, match=r'pip install -e "\.\[zarr\]" in a clone of the mixle'):
         mixle.read_zarr(stores.path("v3.zarr"))
     monkeypatch.setitem(sys.modules, "h5py", None)
-    with pytest.raises(ImportError, match=r'pip install "mixle\[hdf5\]"'):
+    with pytest.raises(ImportError, match=r'pip install -e "\.\[hdf5\]" in a clone of the mixle'):
         mixle.read_hdf5(stores.path("volumes.h5"), "gzip")
 
 

@@ -71,7 +71,7 @@ def choose_png(
         path = Path(args.png)
         if not HAS_MATPLOTLIB:
             parser.error(
-                f'--png={args.png}: the picture needs matplotlib: pip install "mixle[plot]"'
+                f'--png={args.png}: the picture needs matplotlib: pip install -e ".[plot]"'
             )
         if path.suffix.lower() != ".png":
             parser.error(f"--png={args.png} must end in .png")
@@ -81,7 +81,7 @@ def choose_png(
             parser.error(f"--png={args.png}: the directory {path.parent} does not exist")
         return path, ""
     if not HAS_MATPLOTLIB:
-        return None, 'no picture: pip install "mixle[plot]" for one'
+        return None, 'no picture: pip install -e ".[plot]" for one'
     here = Path.cwd()
     if not os.access(here, os.W_OK):
         parser.error(f"the current directory {here} is not writable; pass --png PATH or --no-png")

@@ -86,9 +86,9 @@ def resolve_backend(backend: str) -> str:
     if backend == "auto":
         return "zarr" if HAS_ZARR else "memmap"
     if backend == "zarr" and not HAS_ZARR:
-        raise ImportError('backend="zarr" needs zarr: pip install "mixle[zarr]"')
+        raise ImportError('backend="zarr" needs zarr: pip install -e ".[zarr]"')
     if backend == "hdf5" and not HAS_H5PY:
-        raise ImportError('backend="hdf5" needs h5py: pip install "mixle[hdf5]"')
+        raise ImportError('backend="hdf5" needs h5py: pip install -e ".[hdf5]"')
     return backend
 
 

@@ -205,11 +205,11 @@ def run_demo(
     png_path = None if png is None else Path(png)
     if png_path is not None:
         if not HAS_MATPLOTLIB:
-            raise ImportError('png= needs matplotlib: pip install "mixle[plot]"')
+            raise ImportError('png= needs matplotlib: pip install -e ".[plot]"')
         if png_path.exists() and not overwrite_png:
             raise FileExistsError(f"png={str(png_path)!r} exists; pass overwrite_png=True")
     if use_jax and not HAS_JAX:
-        raise ImportError('use_jax=True needs jax: pip install "mixle[jax]"')
+        raise ImportError('use_jax=True needs jax: pip install -e ".[jax]"')
     jax_run = HAS_JAX if use_jax is None else bool(use_jax)
     stream = sys.stdout if out is None else out
 
@@ -263,7 +263,7 @@ def run_demo(
                 jax_note = ""
             else:
                 jax_note = (
-                    "skipped (--no-jax)" if HAS_JAX else 'not installed (pip install "mixle[jax]")'
+                    "skipped (--no-jax)" if HAS_JAX else 'not installed (pip install -e ".[jax]")'
                 )
             for line in report_lines(
                 runs, volume_mib=volume_mib, cache_mib=cache_mib, backend=backend, jax_note=jax_note

@@ -1,6 +1,6 @@
 """JAX backend: batches as ``jax.Array`` pytrees on devices, sharded, prefetched, jit-ready.
 
-Importing this module imports jax (``pip install "mixle[jax]"``); ``import mixle`` does not.
+Importing this module imports jax (``pip install -e ".[jax]"``); ``import mixle`` does not.
 Nothing here changes JAX's global configuration: 64-bit leaves follow an explicit
 ``dtype_policy`` while ``jax_enable_x64`` is off (see :mod:`mixle.jax.convert`).
 

@@ -1,6 +1,6 @@
 """Pictures of what mixle does: patch footprints, the chunk grid, sampling density.
 
-Needs matplotlib (``pip install "mixle[plot]"``), imported on the first call, never at
+Needs matplotlib (``pip install -e ".[plot]"``), imported on the first call, never at
 ``import mixle.plot``. Every function draws with matplotlib's object-oriented API into a new
 ``Figure`` (or the ``ax`` given) without touching pyplot, and returns the Axes; save with
 ``ax.figure.savefig("patches.png")``.

@@ -64,7 +64,7 @@ def plot_chunk_grid(
     Raises
     ------
     ImportError
-        matplotlib is missing (``pip install "mixle[plot]"``).
+        matplotlib is missing (``pip install -e ".[plot]"``).
     ValueError, TypeError, IndexError
         A bad argument, named with its value.
     """

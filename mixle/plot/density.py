@@ -65,7 +65,7 @@ def plot_sampling_density(
     Raises
     ------
     ImportError
-        matplotlib is missing (``pip install "mixle[plot]"``).
+        matplotlib is missing (``pip install -e ".[plot]"``).
     TypeError, ValueError
         A bad argument, named with its value.
     """

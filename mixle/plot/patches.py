@@ -89,7 +89,7 @@ def plot_patches(
     Raises
     ------
     ImportError
-        matplotlib is missing (``pip install "mixle[plot]"``).
+        matplotlib is missing (``pip install -e ".[plot]"``).
     ValueError, TypeError, IndexError
         A bad argument, named with its value.
     """

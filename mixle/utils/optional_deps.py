@@ -81,12 +81,16 @@ def require(name: str, extra: str | None = None, *, feature: str | None = None) 
     Raises
     ------
     ImportError
-        When the module is missing; the message names the ``pip install "mixle[extra]"``
-        command that fixes it.
+        When the module is missing; the message names the command that fixes it,
+        ``pip install -e ".[extra]"`` in a clone of the mixle repository (the name ``mixle``
+        on the package index belongs to an unrelated project).
     """
     try:
         return importlib.import_module(name)
     except ImportError as exc:
         extra = extra or EXTRAS.get(name.split(".")[0], "all")
         what = f"{feature} needs {name}" if feature else f"{name} is required"
-        raise ImportError(f'{what}, which is not installed: pip install "mixle[{extra}]"') from exc
+        raise ImportError(
+            f'{what}, which is not installed: pip install -e ".[{extra}]" in a clone of the mixle '
+            "repository (the name mixle on the package index belongs to an unrelated project)"
+        ) from exc

@@ -18,7 +18,7 @@ Bars show only in the main process: a multiprocessing worker (``MPEncodedData``'
 ``multiprocessing.Pool``'s, a PyTorch ``DataLoader``'s) never draws one, whatever the
 setting, so N workers never print N interleaved bars.
 
-Bars need tqdm (``pip install "mixle[progress]"``); without it every bar is a silent no-op.
+Bars need tqdm (``pip install -e ".[progress]"``); without it every bar is a silent no-op.
 tqdm is imported only when a bar may show, never by ``import mixle``.
 """
 

@@ -74,7 +74,7 @@ class HDF5ArraySource(ArraySource):
     Raises
     ------
     ImportError
-        When h5py is missing: ``pip install "mixle[hdf5]"``.
+        When h5py is missing: ``pip install -e ".[hdf5]"``.
     FileNotFoundError
         When ``path`` does not exist.
     ArrayNotFoundError

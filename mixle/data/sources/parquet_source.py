@@ -283,7 +283,7 @@ def read_parquet(
     Raises
     ------
     ImportError
-        pyarrow is missing (``pip install "mixle[tabular]"``).
+        pyarrow is missing (``pip install -e ".[tabular]"``).
     FileNotFoundError
         Nothing at ``path_or_url``, or a directory without Parquet files.
     ColumnNotFoundError

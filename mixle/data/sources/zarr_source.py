@@ -57,7 +57,7 @@ class ZarrArraySource(ArraySource):
     Raises
     ------
     ImportError
-        When zarr is missing: ``pip install "mixle[zarr]"``.
+        When zarr is missing: ``pip install -e ".[zarr]"``.
     FileNotFoundError
         When nothing exists at ``path``.
     NotAnArrayError

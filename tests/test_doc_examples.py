@@ -101,6 +101,15 @@ def test_every_page_has_an_example_or_is_allowed_none() -> None:
     assert "README.md" in PAGES and "docs/loader.md" in PAGES
 
 
+def test_readme_quick_look_hides_no_setup() -> None:
+    """The README's examples stand on their own: what they read, a visible block writes."""
+    readme = _parse("README.md")
+    hidden = [b.line for b in readme.blocks if b.setup]
+    assert not hidden, f"README.md: python blocks at lines {hidden} rely on hidden set-up"
+    first = readme.executed[0].code
+    assert "scan.zarr" in first and "create_array" in first  # the Quick look writes its volume
+
+
 def test_skips_are_rare() -> None:
     pages = [_parse(name) for name in PAGES]
     executed = sum(len(p.executed) for p in pages)

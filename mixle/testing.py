@@ -60,6 +60,8 @@ def _sample_keys(shape: tuple[int, ...]) -> list[Any]:
     n = shape[0]
     if n:
         keys += [0, -1, n // 2, (-1, Ellipsis)]
+        keys += [[n - 1, 0, n // 2, 0], (np.array([-1, 0]), Ellipsis, slice(None, None, -1))]
+    keys += [[], np.arange(n) % 3 == 1]  # no rows; a boolean mask on axis 0
     keys += [
         slice(None),
         slice(None, None, -1),
@@ -74,6 +76,7 @@ def _sample_keys(shape: tuple[int, ...]) -> list[Any]:
             tuple(-1 for _ in shape),
             (slice(None, None, 3), *(s - 1 for s in shape[1:])),
             tuple(slice(s // 3, None, -1) for s in shape),
+            ([n - 1, 0], *(s - 1 for s in shape[1:])),
         ]
     return keys
 
@@ -83,9 +86,10 @@ def check_array_source(
 ) -> None:
     """Check the source contract of ``source`` against the NumPy array ``expected``.
 
-    Covers metadata, indexing with NumPy semantics, box and batch reads, records,
-    ``element_spec``, pickling by reference (small, lazy, rereads equal), the context
-    manager and errors after close. Closes ``source`` at the end.
+    Covers metadata, indexing with NumPy semantics (an integer array and a boolean mask on
+    axis 0 included), box and batch reads, records, ``element_spec``, pickling by
+    reference (small, lazy, rereads equal), the context manager and errors after close.
+    Closes ``source`` at the end.
     """
     assert isinstance(source, ArraySource), type(source)
     for protocol in (SupportsRecords, SupportsBatchRead, SupportsArrayRead):

@@ -346,9 +346,9 @@ def test_cli_without_matplotlib_or_jax_says_what_to_install(own_tmp, capsys, mon
     assert info.value.code == 2 and "--png=p.png: the picture needs matplotlib" in (
         capsys.readouterr().err
     )
-    with pytest.raises(ImportError, match=r"mixle\[plot\]"):
+    with pytest.raises(ImportError, match=r'pip install -e "\.\[plot\]"'):
         run_demo(size=32, png="p.png", out=io.StringIO())
-    with pytest.raises(ImportError, match=r"mixle\[jax\]"):
+    with pytest.raises(ImportError, match=r'pip install -e "\.\[jax\]"'):
         run_demo(size=32, use_jax=True, out=io.StringIO())
 
 

@@ -23,7 +23,7 @@ CASES = Path(__file__).with_name("_jax_cases.py")
 TIMEOUT_S = 300
 
 
-@pytest.mark.skipif(not HAS_JAX, reason='needs jax: pip install "mixle[jax]"')
+@pytest.mark.skipif(not HAS_JAX, reason='needs jax: pip install -e ".[jax]"')
 def test_jax_cases_pass_in_a_fresh_interpreter() -> None:
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(CASES)]
     env = {**os.environ, "MIXLE_TEST_JAX_CHILD": "1"}

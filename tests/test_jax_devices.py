@@ -19,7 +19,7 @@ import pytest
 
 from mixle.utils.optional_deps import HAS_JAX
 
-pytestmark = pytest.mark.skipif(not HAS_JAX, reason='needs jax: pip install "mixle[jax]"')
+pytestmark = pytest.mark.skipif(not HAS_JAX, reason='needs jax: pip install -e ".[jax]"')
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 240

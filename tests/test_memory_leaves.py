@@ -235,7 +235,7 @@ JAX_CHILD = textwrap.dedent(
 )
 
 
-@pytest.mark.skipif(not HAS_JAX, reason='needs jax: pip install "mixle[jax]"')
+@pytest.mark.skipif(not HAS_JAX, reason='needs jax: pip install -e ".[jax]"')
 def test_jax_array_leaves_through_memory_source_and_jax_loader() -> None:
     # JAX runs in a child: a started JAX backend breaks the suite's fork tests
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "MIXLE_TEST_JAX_CHILD": "1"}

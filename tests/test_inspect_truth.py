@@ -338,7 +338,7 @@ def test_counts_agree_with_their_nouns(tmp_path):
     path = tmp_path / "one.zarr"
     zarr.create_array(str(path), shape=(8, 8), chunks=(8, 8), dtype="uint8", fill_value=0)
     text = render_report(inspect_store(path, patch=4))
-    assert "touches 1 chunk," in text and "1 of 1 chunk never written" in text
+    assert "touches 1 chunk," in text and "1 of 1 chunk never written (100%): it reads" in text
     assert "1 chunks" not in text
     runs = [RunStats("grid", 8, 1, 8, 1.0, 1, 1, 100.0, {"tiles": 1, "checksum_ok": True})]
     lines = " ".join(report_lines(runs, volume_mib=1, cache_mib=64, backend="zarr"))

@@ -207,7 +207,8 @@ def _storage_findings(a: ArrayReport, nested_ignored: bool = False) -> list[Layo
                 "missing-chunks",
                 "info",
                 f"{missing} of {count_text(a.chunks_in_grid, one)} never written "
-                f"({100 * missing / a.chunks_in_grid:.0f}%): they read as the fill value "
+                f"({100 * missing / a.chunks_in_grid:.0f}%): "
+                f"{'it reads' if missing == 1 else 'they read'} as the fill value "
                 f"{fill} without any I/O",
             )
         )

@@ -93,7 +93,8 @@ def _array_lines(
         rows.append(
             (unit if a.shards is not None else "chunks", f"{shape_text(a.chunks)}{size}; {grid}")
         )
-    rows.append(("codecs", marks["then"].join(a.codecs) if a.codecs else "none (raw bytes)"))
+    raw = "those of its sources" if a.layout == "virtual" else "none (raw bytes)"
+    rows.append(("codecs", marks["then"].join(a.codecs) if a.codecs else raw))
     if a.inner_codecs:
         rows.append(("inner", marks["then"].join(a.inner_codecs)))
     fill = fill_text(a.fill_value, a.dtype)

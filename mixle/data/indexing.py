@@ -25,6 +25,7 @@ from mixle.reading.plan import ChunkPlan
 __all__ = [
     "BasicKey",
     "KeyLike",
+    "ReadItem",
     "RowsKey",
     "consecutive_runs",
     "parse_key",

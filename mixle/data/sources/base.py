@@ -20,6 +20,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from mixle.data.indexing import (
     KeyLike,
+    ReadItem,
     RowsKey,
     consecutive_runs,
     parse_key,
@@ -262,19 +263,17 @@ class ArraySource(SourceLifetime, abc.ABC):
         Chunked stores read them through the read planner (each chunk once); others read
         each run of consecutive rows in one :meth:`_read`.
         """
-        rest = key.rest.read
+        reader = self._reader_for(handle)
+        if reader is not None:
+            return self._read_chunks(reader, key.read)
         extent = read_extent(key.read)
         out = np.empty([n for k, n in zip(key.read, extent) if not isinstance(k, int)], self.dtype)
         if not all(extent):
             return out
-        reader = self._reader_for(handle)
-        if reader is not None:
-            execute_plan(reader, plan_key(key.read, reader.chunks), out.reshape(1, *extent))
-            return out
         firsts, ends = consecutive_runs(key.unique)
         at = 0
         for lo, hi in zip(firsts.tolist(), ends.tolist()):
-            out[at : at + hi - lo] = self._read(handle, (slice(lo, hi), *rest))
+            out[at : at + hi - lo] = self._read(handle, (slice(lo, hi), *key.rest.read))
             at += hi - lo
         return out
 
@@ -361,11 +360,13 @@ class ArraySource(SourceLifetime, abc.ABC):
             return None
         return self._read_chunks(reader, key)
 
-    def _read_chunks(self, reader: ChunkReader, key: tuple[int | slice, ...]) -> np.ndarray:
-        """Read ``key`` (ints, positive-step slices) chunk by chunk, as ``read_boxes`` does.
+    def _read_chunks(self, reader: ChunkReader, key: tuple[ReadItem, ...]) -> np.ndarray:
+        """Read ``key`` chunk by chunk, as ``read_boxes`` does.
 
-        Only the chunks holding selected elements are read, each once (from the shared
-        cache when it is there), straight into an output of the selection's shape.
+        ``key`` is a ``BasicKey.read`` (ints, positive-step slices) or a ``RowsKey.read``
+        (sorted distinct rows on axis 0, then those). Only the chunks holding selected
+        elements are read, each once (from the shared cache when it is there), straight into
+        an output of the selection's shape.
         """
         extent = read_extent(key)
         out = np.empty([n for k, n in zip(key, extent) if not isinstance(k, int)], self.dtype)

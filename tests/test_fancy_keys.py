@@ -81,7 +81,7 @@ def _basic_item(draw: st.DrawFn, dim: int) -> Any:
     if dim and draw(st.booleans()):
         return draw(st.integers(-dim, dim - 1))
     bound = st.none() | st.integers(-dim - 2, dim + 2)
-    step = st.none() | st.integers(-3, 3).filter(bool)
+    step = st.none() | st.sampled_from([-3, -2, -1, 1, 2, 3])
     return slice(draw(bound), draw(bound), draw(step))
 
 
@@ -113,7 +113,13 @@ def test_rows_and_masks_equal_numpy(sources, data, kind, name):
     src, expected = sources[kind, name]
     key = data.draw(rows_keys(expected.shape), label="key")
     chunk_cache().clear()
-    got, want = src[key], expected[key]
+    try:
+        want = expected[key]
+    except IndexError:  # an item moved by '...' onto a shorter axis: NumPy refuses, so must we
+        with pytest.raises(IndexError):
+            src[key]
+        return
+    got = src[key]
     assert type(got) is np.ndarray and got.dtype == want.dtype
     assert got.shape == want.shape, (key, got.shape, want.shape)
     np.testing.assert_array_equal(got, want)
@@ -126,7 +132,12 @@ def test_plan_key_reads_each_chunk_once_for_rows(data, chunks):
     shape = tuple(data.draw(st.integers(1, 9)) for _ in chunks)
     key = data.draw(rows_keys(shape), label="key")
     arr = np.arange(math.prod(shape), dtype=np.int64).reshape(shape)
-    parsed = parse_key(key, shape)
+    try:
+        parsed = parse_key(key, shape)
+    except IndexError:
+        with pytest.raises(IndexError):
+            arr[key]
+        return
     assert isinstance(parsed, RowsKey)
     plan = plan_key(parsed.read, chunks)
     extent = read_extent(parsed.read)

@@ -164,14 +164,17 @@ def parse_key(key: KeyLike, shape: Sequence[int]) -> BasicKey | RowsKey:
     the result is ``(len(rows), *shape of the basic key on the other axes)``.
     """
     items = key if isinstance(key, tuple) else (key,)
-    if any(item is None for item in items):
+    other = [item for item in items if type(item) not in _PLAIN]  # usually none: fast path
+    if not other:
+        return _parse_basic(key, _expand(key, items, len(shape)), shape, 0, True)
+    if any(item is None for item in other):
         raise TypeError(
             f"key={key!r}: None (np.newaxis) is not supported; {VALID_KEYS}. Read without it "
             "and add the axis in NumPy: src[...][np.newaxis] or np.expand_dims(src[...], axis)"
         )
-    scalar = not any(item is Ellipsis for item in items)
+    scalar = not any(item is Ellipsis for item in other)
     items = _expand(key, items, len(shape))
-    arrays = [axis for axis, item in enumerate(items) if _is_array(item)]
+    arrays = [i for i, item in enumerate(items) if type(item) not in _PLAIN and _is_array(item)]
     if not arrays:
         return _parse_basic(key, items, shape, 0, scalar)
     if len(arrays) > 1 or arrays[0] != 0:
@@ -199,6 +202,10 @@ def _expand(key: KeyLike, items: tuple[Any, ...], ndim: int) -> tuple[Any, ...]:
         at = next(i for i, item in enumerate(items) if item is Ellipsis)
         items = items[:at] + (slice(None),) * (ndim - n_real) + items[at + 1 :]
     return items + (slice(None),) * (ndim - len(items))
+
+
+#: Key items that are never an array, ``None`` or ``...``.
+_PLAIN = (int, slice)
 
 
 def _is_array(item: object) -> bool:

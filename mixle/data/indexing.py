@@ -34,6 +34,7 @@ __all__ = [
 ]
 
 KeyLike: TypeAlias = Any  # int | slice | Ellipsis | 1-D int array or mask on axis 0 | tuple
+BasicItem: TypeAlias = int | slice
 #: What a normalised key reads on one axis; an array (sorted, distinct rows) only on axis 0.
 ReadItem: TypeAlias = int | slice | NDArray[np.int64]
 
@@ -57,7 +58,7 @@ class BasicKey:
     is indexed by an integer and the key has no ``...``.
     """
 
-    read: tuple[ReadItem, ...]
+    read: tuple[BasicItem, ...]
     flip: tuple[int, ...]
     shape: tuple[int, ...]
     scalar: bool = False
@@ -224,10 +225,17 @@ def _parse_rows(key: KeyLike, item: Any, dim: int) -> NDArray[np.int64]:
     if arr.size == 0 and isinstance(item, (list, tuple, range)):
         arr = arr.astype(np.int64)  # NumPy reads an empty list as no rows
     if arr.ndim != 1:
-        kind = "boolean masks" if arr.dtype == np.bool_ else "integer index arrays"
+        if arr.dtype == np.bool_:
+            kind, fix = "boolean masks", INSTEAD
+        else:
+            kind = "integer index arrays"
+            fix = (
+                "read them flat and reshape: "
+                "r = src[idx.ravel()]; r.reshape(*idx.shape, *r.shape[1:])"
+            )
         raise TypeError(
             f"key={key!r}: {kind} must be 1-D over axis 0 here, got shape {arr.shape}; "
-            f"{VALID_KEYS}. Instead, {INSTEAD}"
+            f"{VALID_KEYS}. Instead, {fix}"
         )
     if arr.dtype == np.bool_:
         if arr.size != dim:
@@ -258,7 +266,7 @@ def _parse_basic(
     key: KeyLike, items: tuple[Any, ...], shape: Sequence[int], first_axis: int, scalar: bool
 ) -> BasicKey:
     """Parse ``items`` (one per axis of ``shape``, the first being ``first_axis``)."""
-    read: list[ReadItem] = []
+    read: list[BasicItem] = []
     flip: list[int] = []
     out_shape: list[int] = []
     for axis, (item, dim) in enumerate(zip(items, shape), start=first_axis):

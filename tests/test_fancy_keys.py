@@ -237,3 +237,10 @@ def test_conformance_suite_with_fancy_keys(tmp_path, kind):
     data = np.arange(math.prod(shape), dtype=np.int32).reshape(shape)
     expected = _write(kind, tmp_path, data, chunks)
     check_array_source(_open(kind, tmp_path, expected), expected)
+
+
+def test_a_long_key_is_cut_in_the_error(sources):
+    src, _ = sources["in-memory", "3d"]
+    with pytest.raises(IndexError, match="index 99999 is out of bounds") as info:
+        src[list(range(100_000))]
+    assert len(str(info.value)) < 400

@@ -125,6 +125,16 @@ def consecutive_runs(values: NDArray[np.int64]) -> tuple[NDArray[np.int64], NDAr
     return firsts, np.concatenate((values[cut], values[-1:])) + 1
 
 
+#: How many characters of a key an error message shows (a long list of rows is cut).
+SHOWN_KEY_CHARS = 200
+
+
+def _shown(key: KeyLike) -> str:
+    """``repr(key)`` for an error message, cut after :data:`SHOWN_KEY_CHARS` characters."""
+    text = repr(key)
+    return text if len(text) <= SHOWN_KEY_CHARS else f"{text[:SHOWN_KEY_CHARS]}..."
+
+
 def _as_int(item: object) -> int | None:
     if isinstance(item, (bool, np.bool_)):
         return None
@@ -170,7 +180,7 @@ def parse_key(key: KeyLike, shape: Sequence[int]) -> BasicKey | RowsKey:
         return _parse_basic(key, _expand(key, items, len(shape)), shape, 0, True)
     if any(item is None for item in other):
         raise TypeError(
-            f"key={key!r}: None (np.newaxis) is not supported; {VALID_KEYS}. Read without it "
+            f"key={_shown(key)}: None (np.newaxis) is not supported; {VALID_KEYS}. Read without it "
             "and add the axis in NumPy: src[...][np.newaxis] or np.expand_dims(src[...], axis)"
         )
     scalar = not any(item is Ellipsis for item in other)
@@ -181,7 +191,7 @@ def parse_key(key: KeyLike, shape: Sequence[int]) -> BasicKey | RowsKey:
     if len(arrays) > 1 or arrays[0] != 0:
         where = f"axes {arrays}" if len(arrays) > 1 else f"axis {arrays[0]}"
         raise TypeError(
-            f"key={key!r}: an integer array or boolean mask on {where} is not supported; "
+            f"key={_shown(key)}: an integer array or boolean mask on {where} is not supported; "
             f"{VALID_KEYS}. Instead, {INSTEAD}"
         )
     rows = _parse_rows(key, items[0], shape[0])
@@ -195,10 +205,10 @@ def _expand(key: KeyLike, items: tuple[Any, ...], ndim: int) -> tuple[Any, ...]:
     """``items`` with ``...`` replaced by full slices and the missing trailing axes added."""
     n_ellipsis = sum(item is Ellipsis for item in items)
     if n_ellipsis > 1:
-        raise IndexError(f"key={key!r}: an index can only have a single ellipsis ('...')")
+        raise IndexError(f"key={_shown(key)}: an index can only have a single ellipsis ('...')")
     n_real = len(items) - n_ellipsis
     if n_real > ndim:
-        raise IndexError(f"key={key!r}: too many indices for an array of {ndim} dimension(s)")
+        raise IndexError(f"key={_shown(key)}: too many indices for an array of {ndim} dimension(s)")
     if n_ellipsis:
         at = next(i for i, item in enumerate(items) if item is Ellipsis)
         items = items[:at] + (slice(None),) * (ndim - n_real) + items[at + 1 :]
@@ -221,7 +231,9 @@ def _parse_rows(key: KeyLike, item: Any, dim: int) -> NDArray[np.int64]:
     try:
         arr = np.asarray(item)
     except (TypeError, ValueError) as exc:  # ragged lists
-        raise IndexError(f"key={key!r}: the index on axis 0 is not an array ({exc})") from None
+        raise IndexError(
+            f"key={_shown(key)}: the index on axis 0 is not an array ({exc})"
+        ) from None
     if arr.size == 0 and isinstance(item, (list, tuple, range)):
         arr = arr.astype(np.int64)  # NumPy reads an empty list as no rows
     if arr.ndim != 1:
@@ -234,19 +246,19 @@ def _parse_rows(key: KeyLike, item: Any, dim: int) -> NDArray[np.int64]:
                 "r = src[idx.ravel()]; r.reshape(*idx.shape, *r.shape[1:])"
             )
         raise TypeError(
-            f"key={key!r}: {kind} must be 1-D over axis 0 here, got shape {arr.shape}; "
+            f"key={_shown(key)}: {kind} must be 1-D over axis 0 here, got shape {arr.shape}; "
             f"{VALID_KEYS}. Instead, {fix}"
         )
     if arr.dtype == np.bool_:
         if arr.size != dim:
             raise IndexError(
-                f"key={key!r}: boolean index did not match indexed array along axis 0; size "
+                f"key={_shown(key)}: boolean index did not match indexed array along axis 0; size "
                 f"of axis is {dim} but size of corresponding boolean axis is {arr.size}"
             )
         return np.flatnonzero(arr).astype(np.int64, copy=False)
     if arr.dtype.kind not in "iu":
         raise IndexError(
-            f"key={key!r}: arrays used as indices must be of integer (or boolean) type, "
+            f"key={_shown(key)}: arrays used as indices must be of integer (or boolean) type, "
             f"got dtype {arr.dtype}"
         )
     if arr.size:
@@ -254,7 +266,7 @@ def _parse_rows(key: KeyLike, item: Any, dim: int) -> NDArray[np.int64]:
         if hi >= dim or lo < -dim:
             bad = int(hi) if hi >= dim else int(lo)
             raise IndexError(
-                f"key={key!r}: index {bad} is out of bounds for axis 0 with size {dim}"
+                f"key={_shown(key)}: index {bad} is out of bounds for axis 0 with size {dim}"
             )
     rows = arr.astype(np.int64)
     if rows.size and rows.min() < 0:
@@ -285,10 +297,12 @@ def _parse_basic(
             continue
         index = _as_int(item)
         if index is None:
-            raise TypeError(f"key={key!r}: {VALID_KEYS} (got {type(item).__name__} on axis {axis})")
+            raise TypeError(
+                f"key={_shown(key)}: {VALID_KEYS} (got {type(item).__name__} on axis {axis})"
+            )
         if not -dim <= index < dim:
             raise IndexError(
-                f"key={key!r}: index {index} is out of bounds for axis {axis} with size {dim}"
+                f"key={_shown(key)}: index {index} is out of bounds for axis {axis} with size {dim}"
             )
         read.append(index + dim if index < 0 else index)
     return BasicKey(tuple(read), tuple(flip), tuple(out_shape), scalar and not out_shape)

@@ -221,7 +221,7 @@ def test_unsupported_advanced_keys_say_what_to_use(sources, kind, key, match):
     with pytest.raises(TypeError, match=match) as info:
         src[key]
     message = str(info.value)
-    assert message.startswith(f"key={key!r}"), message
+    assert message.startswith(f"key={key!r}"[:100]), message
     assert "Instead" in message or "add the axis in NumPy" in message, message
 
 

@@ -232,6 +232,8 @@ def test_source_read_errors(stores):
         src.get_batch([0, 17])
     with pytest.raises(TypeError, match="indices must be integers"):
         src.get_batch([0.5])
+    with pytest.raises(IndexError, match="indices contains 18446744073709551615"):
+        src.get_batch(np.array([2**64 - 1], dtype=np.uint64))  # as int64 it is -1: the last row
     with pytest.raises(IndexError, match="outside the array"):
         src.read_box((15, 0, 0), (4, 6, 5))
     with pytest.raises(

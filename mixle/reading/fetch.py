@@ -348,6 +348,8 @@ def check_range(
         return body
     if status == 206:
         return _check_partial(body, span, size, content_range, content_type)
+    if status == 200 and span == (0, None) and size is None and _is_text(content_type):
+        raise _mismatch(span, _answer(body, status, content_range, content_type), size)
     if status == 200 and span == (0, None) and (size is None or len(body) == size):
         return body  # the whole object was asked for, and came
     if status == 200 and size is not None and len(body) == size:
@@ -404,12 +406,15 @@ def _is_http(fs: Any) -> bool:
 async def fetch_range(fs: Any, path: str, span: ByteSpan, *, size: int | None = None) -> bytes:
     """Bytes ``span`` of ``path`` on the async fsspec file system ``fs``, checked; one try.
 
-    Over HTTP and S3 (s3fs) the status, ``Content-Range`` and body length are checked (a
-    ``200`` with the whole object is sliced when its length is the object's size, learnt
-    from a ``HEAD`` if ``size`` is not given: an honest ``206`` costs no ``HEAD``, even for
-    ``span=(0, None)``); other backends show no headers, so the body length is checked, and
-    a short body is accepted only when the object really ends there. ``span=(0, None)`` of
-    an empty object (a ``416``) is ``b""``.
+    Over HTTP and S3 (s3fs) the status, ``Content-Range`` and body length are checked. A
+    ``200`` is taken as the whole object (a server that ignores ``Range``) when its length
+    is the object's size, learnt from a ``HEAD`` if ``size`` is not given, with one
+    exception that costs no ``HEAD``: for ``span=(0, None)`` a binary (not ``text/...``)
+    body exactly as long as its ``Content-Length``. A text ``200`` for ``span=(0, None)``
+    whose size cannot be learnt is refused. An honest ``206`` costs no ``HEAD``. Other
+    backends show no headers, so the body length is checked, and a short body is accepted
+    only when the object really ends there. ``span=(0, None)`` of an empty object (a
+    ``416``) is ``b""``.
 
     Raises
     ------
@@ -493,12 +498,17 @@ def _whole_as_declared(
     caller probes the object's size, so servers that ignore ``Range`` cost no extra
     request per chunk.
     """
-    if span != (0, None) or declared is None or (content_type or "").startswith("text/"):
+    if span != (0, None) or declared is None or _is_text(content_type):
         return False
     try:
         return int(str(declared)) == len(body)
     except ValueError:
         return False
+
+
+def _is_text(content_type: str | None) -> bool:
+    """Whether a response says it is text: an error page, never a stored chunk."""
+    return (content_type or "").strip().lower().startswith("text/")
 
 
 def _is_s3(fs: Any) -> bool:

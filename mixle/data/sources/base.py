@@ -73,6 +73,9 @@ def parse_indices(indices: ArrayLike, length: int, *, name: str = "indices") -> 
     idx = np.asarray(indices)
     if idx.dtype == np.bool_ or (idx.size and idx.dtype.kind not in "iu"):
         raise TypeError(f"{name} must be integers, got dtype {idx.dtype}")
+    if idx.dtype.kind == "u" and idx.size and int(idx.max()) >= length:
+        # checked before the cast: 2**64 - 1 as int64 is -1, the last row
+        raise IndexError(f"{name} contains {int(idx.max())}, out of range for length {length}")
     idx = idx.astype(np.int64, copy=False).reshape(-1)
     if idx.size:
         lo, hi = int(idx.min()), int(idx.max())

@@ -16,8 +16,11 @@ Ways to get a decoded chunk:
 
 Every read from an fsspec store (``http://``, ``s3://``...) goes through
 :class:`CheckedRangeStore`, whole objects too (asked as ``bytes=0-``): a response that is
-not the bytes asked (a shifted ``Content-Range``, a short body, an error page served with
-``200``) is retried, then raised as :class:`~mixle.reading.RemoteReadError`, never decoded.
+not the bytes asked (a shifted ``Content-Range``, a body shorter than its headers say, a
+text error page served with ``200``) is retried, then raised as
+:class:`~mixle.reading.RemoteReadError`, never decoded. A binary ``200`` as long as its
+``Content-Length`` is taken as the whole chunk; if it is not the chunk, decoding it raises
+:class:`~mixle.reading.CorruptChunkError`.
 
 :func:`zarr_chunk_reader` picks the first that applies. Every reader answers alike: stored
 bytes that do not decode to a whole chunk, or a directory where a chunk's object should be,

@@ -15,7 +15,7 @@ import os
 import pickle
 import shutil
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -421,3 +421,151 @@ def test_a_log_left_for_a_moment_without_its_shm_is_looked_at_again(
         assert _mixle_rows(src) == want
     assert pauses == [1]
     assert sorted(os.listdir(closing)) == ["data.db"]
+
+
+# -- one get_batch reads one version of the file, however many statements it runs -------------
+BATCH_ROWS = np.arange(0, 2000, 2)[:600]  # 600 single rows: two IN lists (IN_LIST_MAX = 500)
+
+
+def _versions_db(path: Path, wal: bool) -> None:
+    con = sqlite3.connect(path)
+    if wal:
+        con.execute("pragma journal_mode=wal")
+    con.execute("create table t(id integer primary key, v integer)")
+    con.executemany("insert into t values (?, 0)", [(i,) for i in range(2000)])
+    con.commit()
+    con.close()
+
+
+def _read_v(path: Path) -> list[int]:
+    """sqlite3's own read of ``v`` at ``BATCH_ROWS``'s ids."""
+    con = sqlite3.connect(path)
+    try:
+        by_id = dict(con.execute("select id, v from t").fetchall())
+    finally:
+        con.close()
+    return [by_id[int(i)] for i in BATCH_ROWS]
+
+
+def _between_statements(
+    monkeypatch: pytest.MonkeyPatch, action: Callable[[], None], at: int = 2
+) -> list[str]:
+    """Run ``action()`` just before the batch's statement number ``at`` (the seam's calls)."""
+    real = sql_connect._execute
+    calls: list[str] = []
+
+    def execute(con: sqlite3.Connection, sql: str, params: object) -> sqlite3.Cursor:
+        calls.append(sql)
+        if len(calls) == at:
+            action()
+        return real(con, sql, params)
+
+    monkeypatch.setattr(sql_connect, "_execute", execute)
+    return calls
+
+
+def test_one_batch_one_version(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # immutable: each statement was checked on its own, giving v = [0] * 500 + [1] * 100
+    path = tmp_path / "t.db"
+    _versions_db(path, wal=True)
+    src = mixle.read_sql("t", str(path), key="id")
+    rows = BATCH_ROWS
+    assert (src.get_batch(rows)["v"] == 0).all()
+    assert sqlite_read_uri(str(path))[1]  # no log: the file is read immutable
+
+    def write() -> None:  # a writer commits and closes between the batch's statements
+        w = sqlite3.connect(path)
+        w.execute("update t set v = 1")
+        w.commit()
+        w.close()
+
+    calls = _between_statements(monkeypatch, write)
+    v = src.get_batch(rows)["v"]
+    assert len(calls) >= 2
+    assert len(np.unique(v)) == 1, f"one batch mixes versions: {np.unique(v, return_counts=True)}"
+    assert v.tolist() == _read_v(path) == [1] * rows.size  # the whole batch was run again
+    assert sorted(os.listdir(tmp_path)) == ["t.db"]
+    src.close()
+
+
+def test_a_live_writer_committing_inside_a_batch_is_not_seen_by_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # mode=ro through a live writer's -wal: the batch's second IN list saw the new version
+    path = tmp_path / "t.db"
+    _versions_db(path, wal=True)
+    writer = sqlite3.connect(path, timeout=0)
+    try:
+        writer.execute("pragma wal_autocheckpoint=0")
+        writer.execute("update t set v = id % 7 + 10")
+        writer.commit()
+        old = _read_v(path)
+        src = mixle.read_sql("t", path, key="id")
+        assert not sqlite_read_uri(str(path))[1]  # -wal and -shm present: mode=ro
+        assert src.get_batch(BATCH_ROWS)["v"].tolist() == old
+
+        def write() -> None:  # WAL: the writer commits while the batch holds its snapshot
+            writer.execute("update t set v = -v")
+            writer.commit()
+
+        calls = _between_statements(monkeypatch, write)
+        v = src.get_batch(BATCH_ROWS)["v"].tolist()
+        assert len(calls) == 2
+        new = _read_v(path)
+        assert new == [-x for x in old] and new != old
+        assert v == old  # all of the version its first statement saw
+        assert src.get_batch(BATCH_ROWS)["v"].tolist() == new  # the next batch: the new one
+        # the read transaction ended with the batch: a full checkpoint waits for no reader
+        assert writer.execute("pragma wal_checkpoint(TRUNCATE)").fetchone()[0] == 0
+        assert sorted(os.listdir(tmp_path)) == ["t.db", "t.db-shm", "t.db-wal"]
+        src.close()
+    finally:
+        writer.close()
+
+
+def test_a_rollback_journal_writer_waits_for_the_batch_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # mode=ro on a rollback-journal file: the writer committed between two statements
+    path = tmp_path / "t.db"
+    _versions_db(path, wal=False)
+    src = mixle.read_sql("t", path, key="id")
+    assert len(src) == 2000  # counted: the batch below runs only its two IN lists
+    old = _read_v(path)
+    writer = sqlite3.connect(path, timeout=0)
+    refused: list[str] = []
+
+    def write() -> None:
+        writer.execute("update t set v = 5")
+        try:
+            writer.commit()
+        except sqlite3.OperationalError as exc:
+            refused.append(str(exc))  # the batch's shared lock: the commit must wait
+
+    try:
+        _between_statements(monkeypatch, write)
+        assert src.get_batch(BATCH_ROWS)["v"].tolist() == old
+        assert refused == ["database is locked"]
+        writer.commit()  # the batch is over: nothing holds the lock now
+        new = _read_v(path)
+        assert new == [5] * BATCH_ROWS.size
+        assert src.get_batch(BATCH_ROWS)["v"].tolist() == new
+    finally:
+        writer.close()
+        src.close()
+    assert sorted(os.listdir(tmp_path)) == ["t.db"]
+
+
+def test_a_sqlalchemy_batch_runs_on_one_connection(tmp_path: Path) -> None:
+    sqlalchemy = pytest.importorskip("sqlalchemy")
+    path = tmp_path / "t.db"
+    _versions_db(path, wal=False)
+    engine = sqlalchemy.create_engine(f"sqlite:///{path}")
+    checkouts: list[int] = []
+    sqlalchemy.event.listen(engine, "checkout", lambda *args: checkouts.append(1))
+    with mixle.read_sql("t", engine, key="id") as src:
+        assert len(src) == 2000
+        checkouts.clear()
+        assert src.get_batch(BATCH_ROWS)["v"].tolist() == _read_v(path)
+        assert len(checkouts) == 1  # one connection (one transaction) for both IN lists
+    engine.dispose()

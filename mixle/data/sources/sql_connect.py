@@ -14,9 +14,9 @@ import threading
 import time
 import urllib.parse
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from mixle.data.sources.memmap_check import FileSignature, file_signature
 from mixle.errors import FileChangedError, UncheckpointedWALError
@@ -45,12 +45,13 @@ __all__ = [
 ConnectionLike = Any
 #: Query parameters: a dict for ``:name`` placeholders, a sequence for ``?`` (SQLite only).
 Params = Mapping[str, Any] | Sequence[Any] | None
+_T = TypeVar("_T")
 
 _PART = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]*$")
 #: The first bytes of every SQLite database file; header bytes 18 and 19 are 2 in WAL mode.
 _SQLITE_MAGIC = b"SQLite format 3\x00"
-#: Runs of one statement on an ``immutable`` SQLite connection (each discarded when the file
-#: changed while it ran) before :class:`FileChangedError` is raised.
+#: Runs of one batch (or lone statement) on an ``immutable`` SQLite connection (each discarded
+#: when the file changed while it ran) before :class:`FileChangedError` is raised.
 SQLITE_READ_TRIES = 5
 #: A SQLite file changed less than this long (ns) before its signature was taken may change
 #: again within the same coarse timestamp; until it is older, statements reopen the file.
@@ -66,6 +67,15 @@ class SQLBackend(abc.ABC):
     @abc.abstractmethod
     def fetch(self, sql: str, params: Any) -> tuple[list[str], list[tuple[Any, ...]]]:
         """Run ``sql`` with bound ``params``; return column names and all rows."""
+
+    def snapshot(self, read: Callable[[], _T]) -> _T:
+        """Run ``read()``, whose :meth:`fetch` calls form one batch, on one version of the data.
+
+        ``read`` may be run more than once (a backend that can only tell afterwards that the
+        data changed runs it again), so it must build its result afresh each time. This base
+        runs it as it is: each statement sees whatever version is current.
+        """
+        return read()
 
     @abc.abstractmethod
     def stream(self, sql: str, params: Any, chunk: int) -> Iterator[list[tuple[Any, ...]]]:
@@ -226,7 +236,7 @@ def _pause(attempt: int) -> None:
 
 
 def _execute(con: sqlite3.Connection, sql: str, params: Any) -> sqlite3.Cursor:
-    """``con.execute``: one seam for every statement mixle runs on SQLite."""
+    """``con.execute``: one seam for every query mixle runs on SQLite (not BEGIN/ROLLBACK)."""
     return con.execute(sql, params)
 
 
@@ -238,12 +248,16 @@ def _fetch_all(con: sqlite3.Connection, sql: str, params: Any) -> tuple[list[str
         cursor.close()
 
 
+class _BatchChanged(Exception):
+    """A statement of a batch failed while its immutable file changed: run the batch again."""
+
+
 def _changed_error(path: str, doing: str) -> FileChangedError:
     return FileChangedError(
         f"con={path!r}: the SQLite file changed {doing} (a writer checkpointed into it, with "
-        "no -wal file open to coordinate through); mixle never returns rows that mix two "
-        "versions of the file. Read again, or keep a writer connection open while reading "
-        "so that reads go through its -wal"
+        "no -wal file open to coordinate through); mixle never returns a batch whose rows "
+        "mix two versions of the file. Read again, or keep a writer connection open while "
+        "reading so that reads go through its -wal"
     )
 
 
@@ -253,33 +267,44 @@ class SQLiteBackend(SQLBackend):
     Notes
     -----
     A database file is opened with :func:`sqlite_read_uri`, so reading writes nothing
-    beside it, in a read-only folder too. A ``mode=ro`` connection is kept consistent by
-    SQLite's own locks. An ``immutable`` one (a WAL-mode file with no log) takes no locks
-    and reuses its cached pages without looking at the file, so mixle watches the file:
+    beside it, in a read-only folder too. The statements of one batch (:meth:`snapshot`)
+    read one version of the file:
 
-    - its signature (device, inode, size, modification and status-change times; the header's
-      change counter is not bumped by WAL checkpoints) is taken before the connection reads.
-      Before each statement the connection is reopened if the signature changed (a writer
-      committed and closed, checkpointing into the file) or a ``-wal`` appeared (a writer
-      is open: ``mode=ro`` through its log from then on);
-    - a file changed less than ``TIMESTAMP_SLACK_NS`` before its signature was taken can
-      change again without a new timestamp, so until it settles every statement reopens;
-    - a statement run while the file changed is discarded and run again, up to
-      ``SQLITE_READ_TRIES`` times, then :class:`~mixle.errors.FileChangedError`;
+    - a ``mode=ro`` connection runs them in one read transaction (``BEGIN`` ... ``ROLLBACK``):
+      a WAL-mode reader sees the snapshot its first statement took; in a rollback-journal
+      database the shared lock makes a writer wait (its busy timeout) until the batch ends.
+      Nothing is held between batches;
+    - an ``immutable`` one (a WAL-mode file with no log) takes no locks and reuses its cached
+      pages without looking at the file, so mixle watches the file's signature (device,
+      inode, size, modification and status-change times; the header's change counter is not
+      bumped by WAL checkpoints), taken before the connection reads. Before a batch the
+      connection is reopened if the signature changed (a writer committed and closed,
+      checkpointing into the file) or a ``-wal`` appeared (a writer is open: ``mode=ro``
+      through its log from then on); a file changed less than ``TIMESTAMP_SLACK_NS`` before
+      its signature was taken can change again without a new timestamp, so until it settles
+      every batch reopens. A batch during which the file changed is discarded and run
+      again, whole, up to ``SQLITE_READ_TRIES`` times, then
+      :class:`~mixle.errors.FileChangedError`;
     - a stream (:meth:`stream`) checks the signature before and after each block it
       fetches; a change before the first block restarts it, a later one raises
-      :class:`~mixle.errors.FileChangedError` (the blocks yielded were of one version).
+      :class:`~mixle.errors.FileChangedError` (the blocks yielded were of one version);
+    - an in-memory database read through the caller's connection: a batch runs under one
+      lock, so mixle's own threads do not interleave, but writes made through that same
+      connection are seen at once.
 
-    Not seen: a change that keeps the size and lands within the file system's timestamp
-    granularity of the previous change while a statement runs.
+    A :meth:`fetch` outside a batch is a batch of one statement. Not seen: a change that
+    keeps the size and lands within the file system's timestamp granularity of the previous
+    change while a batch runs.
     """
 
     positional = True
 
     def __init__(self, path: str | None, connection: sqlite3.Connection | None = None) -> None:
         self._path = path
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # held for a whole batch; its fetch calls reenter
         self._read: _ReadConnection | None = None
+        #: The connection of the batch running (set and read under ``_lock``).
+        self._batch: sqlite3.Connection | None = None
         if connection is not None:
             self._con, self._own = connection, False
         else:
@@ -301,21 +326,56 @@ class SQLiteBackend(SQLBackend):
 
     def fetch(self, sql: str, params: Any) -> tuple[list[str], list[tuple[Any, ...]]]:
         with self._lock:
+            con = self._batch
+            if con is None:
+                return self.snapshot(lambda: self.fetch(sql, params))
+            try:
+                return _fetch_all(con, sql, params)
+            except sqlite3.DatabaseError:
+                if self._read is not None and self._read.changed():
+                    raise _BatchChanged from None  # pages of two versions can look corrupt
+                raise
+
+    def snapshot(self, read: Callable[[], _T]) -> _T:
+        """Run ``read()``, whose :meth:`fetch` calls form one batch, on one version of the file.
+
+        Raises
+        ------
+        FileChangedError
+            An ``immutable`` file changed during each of ``SQLITE_READ_TRIES`` runs.
+        """
+        with self._lock:
+            if self._batch is not None:  # already inside a batch of this thread
+                return read()
             if self._read is None:
-                return _fetch_all(self._con, sql, params)
+                return self._run(self._con, read, transaction=False)
             for _ in range(SQLITE_READ_TRIES):
-                read = self._connection()
-                assert read is not None
-                read.used = True
+                conn = self._connection()
+                assert conn is not None
+                conn.used = True
+                if not conn.immutable:
+                    return self._run(conn.con, read, transaction=True)
                 try:
-                    result = _fetch_all(read.con, sql, params)
-                except sqlite3.DatabaseError:
-                    if not read.changed():
-                        raise
-                    continue  # pages of two versions can look corrupt: read again
-                if not read.changed():
+                    result = self._run(conn.con, read, transaction=False)
+                except _BatchChanged:
+                    continue
+                if not conn.changed():
                     return result
             raise _changed_error(self._path or "", f"during each of {SQLITE_READ_TRIES} reads")
+
+    def _run(self, con: sqlite3.Connection, read: Callable[[], _T], transaction: bool) -> _T:
+        """``read()`` with its statements on ``con``, in one read transaction if asked."""
+        self._batch = con
+        try:
+            if transaction:
+                con.execute("BEGIN")  # deferred: the first statement takes the snapshot
+            try:
+                return read()
+            finally:
+                if transaction:
+                    con.rollback()  # reads only; a no-op if SQLite already ended it
+        finally:
+            self._batch = None
 
     def stream(self, sql: str, params: Any, chunk: int) -> Iterator[list[tuple[Any, ...]]]:
         if self._path is None:
@@ -370,20 +430,52 @@ class SQLiteBackend(SQLBackend):
                 self._con.close()
 
 
+#: SQLAlchemy dialects whose batches run at ``REPEATABLE READ``: one snapshot per transaction,
+#: no locks taken, set with the transaction's ``BEGIN`` by the usual drivers.
+_SNAPSHOT_DIALECTS = frozenset({"postgresql"})
+
+
 class SQLAlchemyBackend(SQLBackend):
-    """Any database SQLAlchemy reaches (PostgreSQL, MySQL...), by URL or ``Engine``."""
+    """Any database SQLAlchemy reaches (PostgreSQL, MySQL...), by URL or ``Engine``.
+
+    Notes
+    -----
+    The statements of one batch (:meth:`snapshot`) run on one connection, in one transaction
+    that is rolled back at the end. On PostgreSQL it runs at ``REPEATABLE READ``, so the batch
+    reads one snapshot. Elsewhere it runs at the engine's isolation level: one snapshot where
+    that level gives one (MySQL/InnoDB's default ``REPEATABLE READ``), but under ``READ
+    COMMITTED`` a writer committing between two statements of a batch is seen by the second.
+    A SQLite ``Engine`` starts no transaction for ``SELECT`` (the ``sqlite3`` driver's
+    default), so its statements each see their own version: pass the path instead.
+    """
 
     def __init__(self, engine: Any, own: bool) -> None:
         self._sa = require("sqlalchemy", "sql", feature="read_sql with a database URL")
         self._engine, self._own = engine, own
         self._preparer = engine.dialect.identifier_preparer
+        self._batch = threading.local()  # .conn: the connection of this thread's batch
         # an engine mixle made is disposed when its source is collected without close()
         self._finalizer = weakref.finalize(self, engine.dispose) if own else None
 
     def fetch(self, sql: str, params: Any) -> tuple[list[str], list[tuple[Any, ...]]]:
-        with self._engine.connect() as conn:
-            result = conn.execute(self._sa.text(sql), params or {})
-            return list(result.keys()), [tuple(row) for row in result]
+        conn = getattr(self._batch, "conn", None)
+        if conn is None:
+            return self.snapshot(lambda: self.fetch(sql, params))
+        result = conn.execute(self._sa.text(sql), params or {})
+        return list(result.keys()), [tuple(row) for row in result]
+
+    def snapshot(self, read: Callable[[], _T]) -> _T:
+        """Run ``read()``, whose :meth:`fetch` calls form one batch, in one transaction."""
+        if getattr(self._batch, "conn", None) is not None:
+            return read()
+        with self._engine.connect() as conn:  # rolled back (and its level reset) on return
+            if self._engine.dialect.name in _SNAPSHOT_DIALECTS:
+                conn.execution_options(isolation_level="REPEATABLE READ")
+            self._batch.conn = conn
+            try:
+                return read()
+            finally:
+                self._batch.conn = None
 
     def stream(self, sql: str, params: Any, chunk: int) -> Iterator[list[tuple[Any, ...]]]:
         with self._engine.connect() as conn:
@@ -406,6 +498,7 @@ class SQLAlchemyBackend(SQLBackend):
             self._finalizer()
 
     def forget(self) -> None:
+        self._batch = threading.local()
         if self._finalizer is not None:
             self._finalizer.detach()
         self._engine.dispose(close=False)

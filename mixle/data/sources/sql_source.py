@@ -243,10 +243,12 @@ class SQLSource(RecordSource):
         return handle.keys[rows].tolist()  # type: ignore[no-any-return]
 
     def _read_rows(self, handle: _SQLHandle, rows: NDArray[np.int64]) -> Batch:
+        """Read ``rows`` with one or more statements that all see one version of the data."""
         if handle.key_expr is None:
-            fetched = self._read_by_offset(handle, rows)
+            fetched = handle.backend.snapshot(lambda: self._read_by_offset(handle, rows))
         else:
-            fetched = self._read_by_key(handle, rows)
+            keys = self._keys_at(handle, rows)  # the key index is read before the batch
+            fetched = handle.backend.snapshot(lambda: self._read_by_key(handle, rows, keys))
         return self._to_columns(fetched, [int(r) + 1 for r in rows])
 
     def _read_by_offset(self, handle: _SQLHandle, rows: NDArray[np.int64]) -> list[tuple]:
@@ -262,8 +264,10 @@ class SQLSource(RecordSource):
             raise RuntimeError(f"{self._location()} returned fewer rows than it counted")
         return out
 
-    def _read_by_key(self, handle: _SQLHandle, rows: NDArray[np.int64]) -> list[tuple]:
-        keys = self._keys_at(handle, rows)
+    def _read_by_key(
+        self, handle: _SQLHandle, rows: NDArray[np.int64], keys: list[Any]
+    ) -> list[tuple]:
+        """The rows at sorted positions ``rows`` (whose keys are ``keys``), built afresh."""
         by_key: dict[Any, tuple] = {}
         singles: list[Any] = []
         for run in np.split(np.arange(rows.size), np.flatnonzero(np.diff(rows) != 1) + 1):

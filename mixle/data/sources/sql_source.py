@@ -358,8 +358,11 @@ def read_sql(
     query_or_table
         A table name (``"labels"``, ``"schema.labels"``) or a ``SELECT`` query.
     con
-        A SQLite file path (opened read-only), a ``sqlite3.Connection``, a SQLAlchemy URL
-        (``"postgresql+psycopg://user@127.0.0.1/db"``) or a SQLAlchemy ``Engine``.
+        A SQLite file path or ``"sqlite:///path"`` URL string (opened read-only), a
+        ``sqlite3.Connection``, a SQLAlchemy URL (``"postgresql+psycopg://user@127.0.0.1/db"``)
+        or a SQLAlchemy ``Engine``. A SQLite ``Engine`` (``create_engine("sqlite:///x.db")``)
+        is used as SQLAlchemy opens it, read-write: it creates ``-wal``/``-shm`` files beside
+        a WAL-mode database. Pass the path or the URL string instead.
     params
         Values for the query's placeholders, always bound, never written into SQL: a dict
         for ``:name`` placeholders, or (SQLite) a list for ``?``.
@@ -399,6 +402,14 @@ def read_sql(
       OFFSET i`` per run of consecutive rows, which makes the server produce and skip ``i``
       rows, so a shuffled epoch costs O(rows^2 / batch) on the server. Positions are stable
       only if the query has an ``ORDER BY`` on unique columns; give a ``key`` instead.
+
+    One ``get_batch`` reads one version of the data, however many statements it runs. A
+    SQLite file: one read transaction (a live writer's commits during the batch are not
+    seen; a rollback-journal writer waits for the batch), or, for a WAL-mode file opened
+    ``immutable``, the whole batch is run again if the file changed while it ran (then
+    :class:`~mixle.FileChangedError`). PostgreSQL: one ``REPEATABLE READ`` transaction.
+    Other SQLAlchemy databases: one transaction at the engine's isolation level, which
+    under ``READ COMMITTED`` may mix versions; so may a SQLite ``Engine``.
 
     ``records()`` and ``iter_batches()`` stream with ``fetchmany`` (a server-side cursor on
     PostgreSQL), in key order when rows are keyed. Pickling keeps the query, the parameters

@@ -2,6 +2,18 @@
 
 This module is the stable import path for the array family; the implementations live in
 one module per backend beside it.
+
+Notes
+-----
+Every connector constructs even where its library is not installed: without zarr (h5py)
+:func:`read_zarr` (:func:`read_hdf5`) stores its arguments, does no I/O, says
+``(not opened: zarr is not installed here)`` in its repr and pickles by reference, so a
+driver can build sources for Dask or ``MPEncodedData`` workers that have the library. The
+first use (``shape``, ``len``, a read, ``element_spec``...) then raises the ``ImportError``
+of :func:`mixle.utils.optional_deps.require`, naming the ``pip install -e ".[extra]"``
+command. Argument checks that need no library (types, modes, ``storage_options``) always
+run at construction; where the library is installed, the metadata is read at construction
+too, so a missing file or array fails there. Memmap and ``.npy`` sources need no extra.
 """
 
 from __future__ import annotations
@@ -45,7 +57,7 @@ def read_zarr(
     structure: SampleStructure = EXCHANGEABLE,
     schema: Schema | None = None,
 ) -> ZarrArraySource:
-    """Open a zarr array lazily; see :class:`ZarrArraySource` (needs ``mixle[zarr]``)."""
+    """Open a zarr array lazily; see :class:`ZarrArraySource` (needs ``mixle[zarr]`` to read)."""
     return ZarrArraySource(
         path, component, storage_options=storage_options, structure=structure, schema=schema
     )
@@ -59,7 +71,7 @@ def read_hdf5(
     schema: Schema | None = None,
     **h5py_options: Any,
 ) -> HDF5ArraySource:
-    """Open an HDF5 dataset lazily; see :class:`HDF5ArraySource` (needs ``mixle[hdf5]``)."""
+    """Open an HDF5 dataset lazily; see :class:`HDF5ArraySource` (needs ``mixle[hdf5]`` to read)."""
     return HDF5ArraySource(path, dataset, structure=structure, schema=schema, **h5py_options)
 
 

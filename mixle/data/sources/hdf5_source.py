@@ -16,6 +16,7 @@ from mixle.data.structure import EXCHANGEABLE, SampleStructure
 from mixle.errors import ArrayNotFoundError, NotAnArrayError
 from mixle.reading import read_strided
 from mixle.reading.faults import RemoteReadError, retry_call
+from mixle.utils import optional_deps
 from mixle.utils.optional_deps import require
 from mixle.utils.redact import display_path
 
@@ -33,6 +34,7 @@ HDF5_CHUNK_CACHE_BYTES = 64 * 1024 * 1024
 #: number of chunks that fit.
 HDF5_CHUNK_CACHE_SLOTS = 100_003
 _MODES = ("r", "r+")
+_MISSING = "h5py is not installed here"
 
 
 def _h5py() -> Any:
@@ -73,8 +75,14 @@ class HDF5ArraySource(ArraySource):
 
     Raises
     ------
+    TypeError, ValueError
+        When an argument has the wrong type, ``mode`` could create or truncate the file, or
+        ``storage_options`` is given for a path that is not a URL (always at construction).
     ImportError
-        When h5py is missing: ``pip install -e ".[hdf5]"``.
+        At first use (``shape``, ``len``, a read, ``element_spec``...) when h5py is not
+        installed here: ``pip install -e ".[hdf5]"``. Construction from a path or URL
+        succeeds without I/O, so a process without h5py can build a source and pickle it
+        to workers that have it (a file-like ``path`` is opened at construction).
     FileNotFoundError
         When ``path`` does not exist.
     ArrayNotFoundError
@@ -84,6 +92,10 @@ class HDF5ArraySource(ArraySource):
 
     Notes
     -----
+    ``FileNotFoundError``, ``ArrayNotFoundError`` and ``NotAnArrayError`` are raised at
+    construction when h5py is installed (the metadata is read eagerly), at first use when it
+    is not (the repr then says so).
+
     HDF5 keeps one chunk cache per dataset per process, sized by whichever handle opened
     the dataset first; close other handles to the same dataset for ``rdcc_*`` to apply.
     The file stays open while anything derived from the source is alive: ``.array`` of a
@@ -112,7 +124,8 @@ class HDF5ArraySource(ArraySource):
             return
         args = _hdf5_args(path, dataset, h5py_options, storage_options)
         self._init_state(args, structure, schema)
-        self._live()
+        if optional_deps.HAS_H5PY:  # else checked at first use, where h5py is installed
+            self._live()
 
     @classmethod
     def from_dataset(
@@ -137,6 +150,11 @@ class HDF5ArraySource(ArraySource):
         obj._adopt(dataset)
         return obj
 
+    def __repr__(self) -> str:
+        if self._meta is None and not self._closed and not optional_deps.HAS_H5PY:
+            return f"<{type(self).__name__} {self._location()} (not opened: {_MISSING})>"
+        return super().__repr__()
+
     def _location(self) -> str:
         if self._args is None:
             file_like = getattr(self, "_file_like", None)
@@ -152,6 +170,7 @@ class HDF5ArraySource(ArraySource):
 
     def _open(self) -> Any:
         assert self._args is not None
+        _h5py()  # a missing h5py is the first thing to say, before any file check
         path, name, options = self._args["path"], self._args["dataset"], self._args["options"]
         if _is_url(path):
             secrets = self._args.get("storage_options")

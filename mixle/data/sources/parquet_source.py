@@ -22,6 +22,7 @@ from numpy.typing import NDArray
 from mixle.data.sources.columns import OBJECT, check_columns
 from mixle.data.sources.records import Batch, RecordSource, TableMeta
 from mixle.data.spec import ArraySpec
+from mixle.utils import optional_deps
 from mixle.utils.optional_deps import require
 from mixle.utils.redact import display_path
 
@@ -38,6 +39,7 @@ __all__ = [
 ROW_GROUP_CACHE_BYTES = 64 * 2**20
 #: Read buffer of a streaming Parquet reader.
 STREAM_BUFFER_BYTES = 2**20
+_MISSING = "pyarrow is not installed here"
 
 
 def arrow_spec(arrow_type: Any, nullable_values: bool) -> ArraySpec:
@@ -128,7 +130,13 @@ class ParquetSource(RecordSource):
                 "columns": None if columns is None else list(columns),
             }
         )
-        self._live()  # fail early: missing file, unknown column
+        if optional_deps.HAS_PYARROW:  # fail early: missing file, unknown column
+            self._live()  # (without pyarrow: at first use, where pyarrow is installed)
+
+    def __repr__(self) -> str:
+        if self._meta is None and not self._closed and not optional_deps.HAS_PYARROW:
+            return f"<{type(self).__name__} {self._location()} (not opened: {_MISSING})>"
+        return super().__repr__()
 
     def _location(self) -> str:
         return display_path(self._args["path"])
@@ -282,8 +290,13 @@ def read_parquet(
 
     Raises
     ------
+    TypeError
+        ``path_or_url`` is not a path or URL string (always at construction).
     ImportError
-        pyarrow is missing (``pip install -e ".[tabular]"``).
+        At first use (``len``, a read, ``columns``, ``element_spec``...) when pyarrow is not
+        installed here (``pip install -e ".[tabular]"``). Construction itself succeeds
+        without I/O, so a process without pyarrow can build a source and pickle it to
+        workers that have it.
     FileNotFoundError
         Nothing at ``path_or_url``, or a directory without Parquet files.
     ColumnNotFoundError
@@ -291,6 +304,10 @@ def read_parquet(
 
     Notes
     -----
+    ``FileNotFoundError`` and ``ColumnNotFoundError`` are raised here when pyarrow is
+    installed (the footers are read eagerly), at first use when it is not (the repr then
+    says so).
+
     Column dtypes come from the Arrow schema; integer columns whose row-group statistics
     report nulls (or none) are ``float64`` with ``NaN``, strings and nested lists ``object``,
     fixed-size lists of numbers array columns. Streaming holds about one decoded row group

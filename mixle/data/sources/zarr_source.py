@@ -14,10 +14,14 @@ from mixle.data.sources.zarr_chunks import zarr_chunk_reader
 from mixle.data.structure import EXCHANGEABLE, SampleStructure
 from mixle.errors import ArrayNotFoundError, NotAnArrayError
 from mixle.reading.faults import retry_call
+from mixle.utils import optional_deps
 from mixle.utils.optional_deps import require
 from mixle.utils.redact import display_path
 
 __all__ = ["ZarrArraySource", "list_zarr_arrays"]
+
+
+_MISSING = "zarr is not installed here"
 
 
 def _zarr() -> Any:
@@ -56,14 +60,25 @@ class ZarrArraySource(ArraySource):
 
     Raises
     ------
+    TypeError, ValueError
+        When an argument has the wrong type, or ``storage_options`` is given for a path
+        that is not a URL (always at construction).
     ImportError
-        When zarr is missing: ``pip install -e ".[zarr]"``.
+        At first use (``shape``, ``len``, a read, ``element_spec``...) when zarr is not
+        installed here: ``pip install -e ".[zarr]"``. Construction itself succeeds without
+        I/O, so a process without zarr can build a source and pickle it to workers that
+        have it.
     FileNotFoundError
         When nothing exists at ``path``.
     NotAnArrayError
         When ``path``/``component`` is a group; the message lists the arrays inside it.
     ArrayNotFoundError
         When ``component`` does not exist; the message lists the arrays that do.
+
+    Notes
+    -----
+    The last three are raised at construction when zarr is installed (the metadata is
+    read eagerly), at first use when it is not (the repr then says so).
     """
 
     _zero_d_chunk = True  # a 0-d zarr array is one stored chunk, read like any other
@@ -88,7 +103,8 @@ class ZarrArraySource(ArraySource):
             self._adopt(path)
             return
         self._init_state(_zarr_args(path, component, storage_options), structure, schema)
-        self._live()
+        if optional_deps.HAS_ZARR:  # else checked at first use, where zarr is installed
+            self._live()
 
     @classmethod
     def from_array(
@@ -96,6 +112,11 @@ class ZarrArraySource(ArraySource):
     ) -> ZarrArraySource:
         """Wrap an open ``zarr.Array``; pickling reopens it from its store, read-only."""
         return cls(array, structure=structure, schema=schema)
+
+    def __repr__(self) -> str:
+        if self._meta is None and not self._closed and not optional_deps.HAS_ZARR:
+            return f"<{type(self).__name__} {self._location()} (not opened: {_MISSING})>"
+        return super().__repr__()
 
     def _location(self) -> str:
         args = self._args or {}

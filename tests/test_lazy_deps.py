@@ -1,0 +1,220 @@
+"""Sources construct where their library is missing and raise require()'s ImportError at first use.
+
+The missing library is simulated honestly: a child process whose ``sys.meta_path`` refuses to
+import it (so ``find_spec`` and ``import`` both fail, as on a machine without it). The store
+is written here by the library itself; a second child that has the library unpickles the
+source built without it and reads it, and the values must equal the writer's own read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import zarr
+
+import mixle
+from mixle.errors import ArrayNotFoundError
+
+REPO = Path(__file__).resolve().parents[1]
+
+#: Installed before mixle is imported: ``name`` and its submodules cannot be found.
+BLOCKER = """
+import sys
+
+class _Blocked:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in BLOCKED:
+            raise ImportError(f"{name} is blocked in this test process")
+        return None
+
+sys.meta_path.insert(0, _Blocked())
+"""
+
+#: Runs where the library is blocked: build, check repr and eager checks, pickle, first use.
+BLOCKED_SCRIPT = """
+import json, pickle, re, sys
+import mixle
+from mixle.utils import optional_deps
+
+spec = json.loads(sys.argv[1])
+out = {"has_flag": getattr(optional_deps, spec["flag"])}
+src = eval(spec["open"], {"mixle": mixle})
+out["repr"] = repr(src)
+blob = pickle.dumps(src)
+out["pickle_bytes"] = len(blob)
+with open(spec["pickle_path"], "wb") as f:
+    f.write(blob)
+errors = {}
+for use in spec["uses"]:
+    try:
+        eval(use, {"src": src})
+    except ImportError as exc:
+        errors[use] = str(exc)
+    else:
+        errors[use] = None
+out["errors"] = errors
+eager = {}
+for bad in spec["bad"]:
+    try:
+        eval(bad, {"mixle": mixle})
+    except (TypeError, ValueError) as exc:
+        eager[bad] = type(exc).__name__
+    else:
+        eager[bad] = None
+out["eager"] = eager
+out["imported"] = sorted(m for m in sys.modules if m.split(".")[0] in BLOCKED)
+print(json.dumps(out))
+"""
+
+#: Runs where the library is installed: unpickle and read everything.
+READER_SCRIPT = """
+import pickle, sys
+import numpy as np
+with open(sys.argv[1], "rb") as f:
+    src = pickle.load(f)
+if hasattr(src, "dtype"):
+    np.save(sys.argv[2], src[...])
+else:
+    np.savez(sys.argv[2], **src.get_batch(np.arange(len(src))))
+"""
+
+
+def _run(code: str, *args: str) -> str:
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    done = subprocess.run(
+        [sys.executable, "-W", "error", "-c", code, *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def _write_zarr(tmp: Path) -> np.ndarray:
+    data = np.arange(6 * 7 * 5, dtype=np.float32).reshape(6, 7, 5) / 3
+    arr = zarr.create_array(str(tmp / "v.zarr"), shape=data.shape, chunks=(4, 3, 5), dtype="f4")
+    arr[...] = data
+    return np.asarray(zarr.open_array(str(tmp / "v.zarr"), mode="r")[...])
+
+
+def _write_hdf5(tmp: Path) -> np.ndarray:
+    data = np.arange(5 * 9, dtype=np.int16).reshape(5, 9) - 7
+    with h5py.File(tmp / "v.h5", "w") as f:
+        f.create_dataset("scans/ct", data=data, chunks=(2, 4), compression="gzip")
+    with h5py.File(tmp / "v.h5", "r") as f:
+        return f["scans/ct"][...]
+
+
+def _write_parquet(tmp: Path) -> dict[str, np.ndarray]:
+    table = pa.table({"x": np.arange(11, dtype=np.int64) * 3, "y": np.linspace(0, 1, 11)})
+    pq.write_table(table, tmp / "t.parquet", row_group_size=4)
+    read = pq.read_table(tmp / "t.parquet")
+    return {name: read.column(name).to_numpy() for name in read.column_names}
+
+
+CASES = {
+    "zarr": {
+        "flag": "HAS_ZARR",
+        "extra": "zarr",
+        "write": _write_zarr,
+        "open": "mixle.read_zarr({store!r})",
+        "uses": ["src.shape", "len(src)", "src[0]", "src.element_spec()", "src.get_batch([1])"],
+        "bad": [
+            "mixle.read_zarr({store!r}, storage_options={{'anon': True}})",
+            "mixle.read_zarr({store!r}, component=3)",
+            "mixle.read_zarr(3)",
+        ],
+        "store": "v.zarr",
+    },
+    "h5py": {
+        "flag": "HAS_H5PY",
+        "extra": "hdf5",
+        "write": _write_hdf5,
+        "open": "mixle.read_hdf5({store!r}, 'scans/ct')",
+        "uses": ["src.shape", "len(src)", "src[0]", "src.element_spec()", "src.dtype"],
+        "bad": [
+            "mixle.read_hdf5({store!r}, 'scans/ct', mode='w')",
+            "mixle.read_hdf5({store!r}, '')",
+            "mixle.read_hdf5({store!r}, 'scans/ct', storage_options={{'anon': True}})",
+        ],
+        "store": "v.h5",
+    },
+    "pyarrow": {
+        "flag": "HAS_PYARROW",
+        "extra": "tabular",
+        "write": _write_parquet,
+        "open": "mixle.read_parquet({store!r}, columns=['x', 'y'])",
+        "uses": ["len(src)", "src[0]", "src.columns", "src.element_spec()", "list(src)"],
+        "bad": ["mixle.read_parquet(3)"],
+        "store": "t.parquet",
+    },
+}
+
+
+@pytest.mark.parametrize("missing", sorted(CASES))
+def test_source_without_its_library_builds_pickles_and_fails_at_first_use(tmp_path, missing):
+    case = CASES[missing]
+    expected = case["write"](tmp_path)
+    store = str(tmp_path / case["store"])
+    spec = {
+        "flag": case["flag"],
+        "open": case["open"].format(store=store),
+        "uses": case["uses"],
+        "bad": [bad.format(store=store) for bad in case["bad"]],
+        "pickle_path": str(tmp_path / "src.pkl"),
+    }
+    blocked = f"BLOCKED = {{{missing!r}}}\n{BLOCKER}{BLOCKED_SCRIPT}"
+    out = json.loads(_run(blocked, json.dumps(spec)).splitlines()[-1])
+
+    assert out["has_flag"] is False  # the blocker is seen as "not installed"
+    assert out["imported"] == []  # nothing of the library was imported, even partly
+    assert f"(not opened: {missing} is not installed here)" in out["repr"]
+    assert store in out["repr"]
+    assert out["pickle_bytes"] < 1000  # by reference: the path and options, no data
+    pattern = rf'needs {missing}\b.*pip install -e "\.\[{case["extra"]}\]" in a clone of the mixle'
+    for use, message in out["errors"].items():
+        assert message is not None, f"{use} did not raise ImportError without {missing}"
+        assert re.search(pattern, message), (use, message)
+    for bad, raised in out["eager"].items():
+        assert raised is not None, f"{bad} was not refused at construction without {missing}"
+
+    result = tmp_path / "read.npz"
+    _run(READER_SCRIPT, spec["pickle_path"], str(tmp_path / "read"))
+    if isinstance(expected, dict):
+        with np.load(result, allow_pickle=False) as got:
+            assert sorted(got.files) == sorted(expected)
+            for name, values in expected.items():
+                np.testing.assert_array_equal(got[name], values)
+                assert got[name].dtype == values.dtype
+    else:
+        got = np.load(tmp_path / "read.npy")
+        np.testing.assert_array_equal(got, expected)
+        assert got.dtype == expected.dtype
+
+
+def test_installed_library_still_validates_at_construction(tmp_path):
+    _write_zarr(tmp_path)
+    _write_hdf5(tmp_path)
+    with pytest.raises(FileNotFoundError):
+        mixle.read_zarr(str(tmp_path / "nothing.zarr"))
+    with pytest.raises(ArrayNotFoundError):
+        mixle.read_hdf5(str(tmp_path / "v.h5"), "nope")
+    with pytest.raises(FileNotFoundError):
+        mixle.read_parquet(str(tmp_path / "nothing.parquet"))
+    src = mixle.read_zarr(str(tmp_path / "v.zarr"))
+    assert "not installed" not in repr(src) and "shape=(6, 7, 5)" in repr(src)
+    assert pickle.loads(pickle.dumps(src)).shape == (6, 7, 5)

@@ -27,7 +27,8 @@ __all__ = [
 ]
 
 #: Accepted ``window=`` values: ``"mean"`` weighs every voxel of a tile alike,
-#: ``"gaussian"`` weighs tile centres more (smooth seams, as MONAI's sliding window does).
+#: ``"gaussian"`` weighs tile centres more (smooth seams; not MONAI's or TorchIO's exact
+#: weights: see docs/migration.md).
 WINDOWS = ("mean", "gaussian")
 #: Standard deviation of the gaussian window as a fraction of the tile extent.
 GAUSSIAN_SIGMA_SCALE = 0.125

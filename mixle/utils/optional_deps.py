@@ -25,6 +25,7 @@ __all__ = [
     "HAS_TQDM",
     "HAS_ZARR",
     "has",
+    "not_opened_note",
     "require",
 ]
 
@@ -94,3 +95,14 @@ def require(name: str, extra: str | None = None, *, feature: str | None = None) 
             f'{what}, which is not installed: pip install -e ".[{extra}]" in a clone of the mixle '
             "repository (the name mixle on the package index belongs to an unrelated project)"
         ) from exc
+
+
+def not_opened_note(library: str | None) -> str:
+    """How a repr says a source is not opened yet, and why when ``library`` is missing here.
+
+    ``library`` is the module a backend needs (``"zarr"``, ``"h5py"``...); its ``HAS_*``
+    flag decides.
+    """
+    if library is not None and not globals().get(f"HAS_{library.upper()}", True):
+        return f"not opened: {library} is not installed here"
+    return "not opened yet"

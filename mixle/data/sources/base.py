@@ -34,6 +34,7 @@ from mixle.data.structure import SampleStructure, parse_structure
 from mixle.errors import SourceClosedError
 from mixle.reading import ChunkReader, read_chunked
 from mixle.reading.executor import execute_plan
+from mixle.utils.optional_deps import not_opened_note
 
 __all__ = [
     "LISTED_NAMES",
@@ -99,6 +100,9 @@ class ArraySource(SourceLifetime, abc.ABC):
       first use. A source used in a forked child reopens its handles there.
     - Reads are safe from several threads.
     """
+
+    #: The optional module a backend needs, named in its repr when missing.
+    _library: str | None = None
 
     _args: dict[str, Any] | None
     _structure: SampleStructure
@@ -460,7 +464,7 @@ class ArraySource(SourceLifetime, abc.ABC):
             return f"<{name} {self._location()} (closed)>"
         meta = self._meta
         if meta is None:
-            return f"<{name} {self._location()} (not opened yet)>"
+            return f"<{name} {self._location()} ({not_opened_note(self._library)})>"
         parts = [self._location(), f"shape={meta.shape}", f"dtype={meta.dtype}"]
         if meta.chunks is not None:
             parts.append(f"chunks={meta.chunks}")

@@ -34,7 +34,6 @@ HDF5_CHUNK_CACHE_BYTES = 64 * 1024 * 1024
 #: number of chunks that fit.
 HDF5_CHUNK_CACHE_SLOTS = 100_003
 _MODES = ("r", "r+")
-_MISSING = "h5py is not installed here"
 
 
 def _h5py() -> Any:
@@ -102,6 +101,8 @@ class HDF5ArraySource(ArraySource):
     discarded source keeps working. :meth:`close` closes the file explicitly.
     """
 
+    _library = "h5py"  # the module it needs (repr says when it is missing)
+
     _h5file: Any = None
     _remote: tuple[Any, str, Any] | None = None
     _mapped: tuple[Any, np.memmap | None] | None = None
@@ -149,11 +150,6 @@ class HDF5ArraySource(ArraySource):
         )
         obj._adopt(dataset)
         return obj
-
-    def __repr__(self) -> str:
-        if self._meta is None and not self._closed and not optional_deps.HAS_H5PY:
-            return f"<{type(self).__name__} {self._location()} (not opened: {_MISSING})>"
-        return super().__repr__()
 
     def _location(self) -> str:
         if self._args is None:

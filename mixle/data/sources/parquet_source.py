@@ -39,7 +39,6 @@ __all__ = [
 ROW_GROUP_CACHE_BYTES = 64 * 2**20
 #: Read buffer of a streaming Parquet reader.
 STREAM_BUFFER_BYTES = 2**20
-_MISSING = "pyarrow is not installed here"
 
 
 def arrow_spec(arrow_type: Any, nullable_values: bool) -> ArraySpec:
@@ -119,6 +118,8 @@ def _list_files(fs: Any, path: str, pafs: Any) -> list[str]:
 class ParquetSource(RecordSource):
     """A Parquet file or a directory of Parquet files; see :func:`read_parquet`."""
 
+    _library = "pyarrow"  # the module it needs (repr says when it is missing)
+
     def __init__(
         self, path_or_url: str | os.PathLike[str], columns: Sequence[str] | None = None
     ) -> None:
@@ -132,11 +133,6 @@ class ParquetSource(RecordSource):
         )
         if optional_deps.HAS_PYARROW:  # fail early: missing file, unknown column
             self._live()  # (without pyarrow: at first use, where pyarrow is installed)
-
-    def __repr__(self) -> str:
-        if self._meta is None and not self._closed and not optional_deps.HAS_PYARROW:
-            return f"<{type(self).__name__} {self._location()} (not opened: {_MISSING})>"
-        return super().__repr__()
 
     def _location(self) -> str:
         return display_path(self._args["path"])

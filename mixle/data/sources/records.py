@@ -29,6 +29,7 @@ from mixle.data.sources.columns import (
 from mixle.data.sources.lifetime import SourceLifetime
 from mixle.data.spec import ArraySpec
 from mixle.errors import ColumnNotFoundError
+from mixle.utils.optional_deps import not_opened_note
 
 __all__ = ["STREAM_ROWS", "Batch", "MemorySource", "Record", "RecordSource", "TableMeta"]
 
@@ -62,6 +63,9 @@ class RecordSource(SourceLifetime, abc.ABC):
       finishes on the open handle (which the last such read then releases), a read or the
       next block of a stream asked for after ``close()`` raises :class:`SourceClosedError`.
     """
+
+    #: The optional module a backend needs, named in its repr when missing.
+    _library: str | None = None
 
     _args: dict[str, Any]
     _meta: TableMeta | None
@@ -228,7 +232,7 @@ class RecordSource(SourceLifetime, abc.ABC):
         if self._closed:
             return f"<{name} {self._location()} (closed)>"
         if self._meta is None:
-            return f"<{name} {self._location()} (not opened yet)>"
+            return f"<{name} {self._location()} ({not_opened_note(self._library)})>"
         rows = "" if self._length is None else f", rows={self._length}"
         return f"{name}({self._location()}, columns={list(self._meta.columns)}{rows})"
 

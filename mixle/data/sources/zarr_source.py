@@ -21,9 +21,6 @@ from mixle.utils.redact import display_path
 __all__ = ["ZarrArraySource", "list_zarr_arrays"]
 
 
-_MISSING = "zarr is not installed here"
-
-
 def _zarr() -> Any:
     return require("zarr", "zarr", feature="ZarrArraySource")
 
@@ -81,6 +78,8 @@ class ZarrArraySource(ArraySource):
     read eagerly), at first use when it is not (the repr then says so).
     """
 
+    _library = "zarr"  # the module it needs (repr says when it is missing)
+
     _zero_d_chunk = True  # a 0-d zarr array is one stored chunk, read like any other
 
     def __init__(
@@ -112,11 +111,6 @@ class ZarrArraySource(ArraySource):
     ) -> ZarrArraySource:
         """Wrap an open ``zarr.Array``; pickling reopens it from its store, read-only."""
         return cls(array, structure=structure, schema=schema)
-
-    def __repr__(self) -> str:
-        if self._meta is None and not self._closed and not optional_deps.HAS_ZARR:
-            return f"<{type(self).__name__} {self._location()} (not opened: {_MISSING})>"
-        return super().__repr__()
 
     def _location(self) -> str:
         args = self._args or {}

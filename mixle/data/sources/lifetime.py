@@ -18,6 +18,19 @@ __all__ = ["SourceLifetime"]
 
 S = TypeVar("S", bound="SourceLifetime")
 
+#: Serialises the one reset of each source in a forked child (:meth:`SourceLifetime._own`).
+_fork_lock = threading.RLock()
+
+
+def _new_fork_lock() -> None:
+    """Give a forked child its own reset lock: a parent thread may hold the inherited one."""
+    global _fork_lock
+    _fork_lock = threading.RLock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_fork_lock)
+
 
 class SourceLifetime:
     """The live handle (:meth:`_live`), ``close()``, context manager, the closed-source error.
@@ -34,6 +47,10 @@ class SourceLifetime:
     manager on a path taken once per row): ``close()`` then leaves the handle open until the
     last such read has ended, so no read ever goes through a descriptor whose number another
     file may have taken; reads that start after ``close()`` raise :class:`SourceClosedError`.
+
+    In a forked child the first read or ``close()`` makes the source the child's
+    (:meth:`_own`) exactly once, however many threads arrive at once; no thread gets a
+    handle, or takes the source's lock, before that reset has finished.
     """
 
     _closed: bool
@@ -66,14 +83,8 @@ class SourceLifetime:
         """The open handle, opened on first use and reopened after a fork."""
         if self._closed:
             raise self._closed_error()
-        pid = os.getpid()
-        if self._pid != pid:  # forked: the parent's lock and handle are not this process's
-            self._pid, self._lock = pid, threading.RLock()
-            self._readers = 0  # the parent's reading threads do not exist here
-            if self._unreleased is not None:
-                self._unreleased = self._forked(self._unreleased)
-            if self._handle is not None:
-                self._handle = self._forked(self._handle)
+        if self._pid != os.getpid():
+            self._own()
         handle = self._handle
         if handle is None:
             with self._lock:
@@ -84,6 +95,27 @@ class SourceLifetime:
                     self._handle = opened  # published after its metadata
                 handle = self._handle
         return handle
+
+    def _own(self) -> None:
+        """Make a source inherited through ``fork`` this process's, once.
+
+        The parent's lock, read count, derived readers and handles are not this process's:
+        a new lock, no reads, nothing derived, and the handles through :meth:`_forked`.
+        Threads of the child that arrive at once wait here for the first to finish; the pid
+        is stored last, so a thread that sees this process's pid sees the whole reset.
+        """
+        with _fork_lock:
+            pid = os.getpid()
+            if self._pid == pid:  # another thread of this process made the reset
+                return
+            self._lock = threading.RLock()
+            self._readers = 0  # the parent's reading threads do not exist here
+            self._drop_derived()  # chunk readers hold the parent's descriptors and locks
+            if self._unreleased is not None:
+                self._unreleased = self._forked(self._unreleased)
+            if self._handle is not None:
+                self._handle = self._forked(self._handle)
+            self._pid = pid
 
     def _begin_read(self) -> Any:
         """Count a read in and return the open handle, kept open until :meth:`_end_read`.
@@ -120,7 +152,7 @@ class SourceLifetime:
         """Close OS resources held by ``handle`` (called by :meth:`close`)."""
 
     def _drop_derived(self) -> None:
-        """Forget what was built from the handle (called by :meth:`close`, under the lock)."""
+        """Forget what was built from the handle (by :meth:`close` under the lock; after fork)."""
 
     def _closed_error(self, doing: str = "read it") -> SourceClosedError:
         return SourceClosedError(
@@ -140,6 +172,8 @@ class SourceLifetime:
         """
         if self._closed:
             return
+        if self._pid != os.getpid():  # the inherited lock may be held by a parent thread
+            self._own()
         with self._lock:  # nothing is stored on the source once close() has taken it
             self._closed = True
             handle, self._handle = self._handle, None

@@ -515,3 +515,18 @@ def test_strided_key_skips_chunks_between_its_steps(tmp_path):
     chunk_cache().clear()
     np.testing.assert_array_equal(src[1::10], np.arange(40)[1::10])
     assert chunk_cache().stats().entries == 4  # chunks 0, 5, 10 and 15 of 20
+
+
+def test_planning_a_long_slice_allocates_nothing_per_element():
+    # a 10**9-element slab of a 1-D array used to plan through np.arange: 8 GB of indices
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        plan = plan_key([slice(0, 10**9, 1)], [2**20])
+        wide = plan_key([slice(5, 10**9, 3 * 2**20)], [2**20])  # a step past whole chunks
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert len(plan.chunks) == -(-(10**9) // 2**20) and len(wide.chunks) == 318
+    assert peak < 16 * 2**20, peak

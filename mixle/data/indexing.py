@@ -12,7 +12,7 @@ read planner.
 from __future__ import annotations
 
 import operator
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import product
 from typing import Any, TypeAlias
@@ -358,15 +358,38 @@ def plan_key(read: Sequence[ReadItem], chunks: Sequence[int]) -> ChunkPlan:
     return ChunkPlan(coords, pieces)
 
 
+def _slice_pieces(item: slice, chunk: int) -> list[tuple[int, list[tuple[slice, slice]]]]:
+    """:func:`_axis_pieces` of a positive-step slice, by arithmetic: no per-element array.
+
+    Each touched chunk ``k`` holds selected elements ``i0..i1`` (positions in the output);
+    the loop runs once per touched chunk (per element when the step skips whole chunks).
+    """
+    start, step = item.start, item.step
+    count = len(range(start, item.stop, step))
+    if not count:
+        return []
+    last = start + (count - 1) * step
+    out: list[tuple[int, list[tuple[slice, slice]]]] = []
+    chunks: Iterable[int] = (
+        ((start + i * step) // chunk for i in range(count))
+        if step >= chunk  # one element per chunk at most: visit only the chunks it lands in
+        else range(start // chunk, last // chunk + 1)  # every chunk between is touched
+    )
+    for k in chunks:
+        i0 = -(-(max(start, k * chunk) - start) // step)  # first selected index in chunk k
+        i1 = (min(last, (k + 1) * chunk - 1) - start) // step  # and the last
+        lo, hi = start + i0 * step - k * chunk, start + i1 * step - k * chunk + 1
+        out.append((k, [(slice(i0, i1 + 1), slice(lo, hi, step))]))
+    return out
+
+
 def _axis_pieces(item: ReadItem, chunk: int) -> list[tuple[int, list[tuple[slice, slice]]]]:
     """``(chunk index, [(region in the output, region in the chunk), ...])`` along one axis."""
     if isinstance(item, int):
         return [(item // chunk, [(slice(0, 1), slice(item % chunk, item % chunk + 1))])]
     if isinstance(item, slice):
-        selected = np.arange(item.start, item.stop, item.step, dtype=np.int64)
-        step = item.step
-    else:
-        selected, step = item, 1
+        return _slice_pieces(item, chunk)
+    selected = item
     if not selected.size:
         return []
     which = selected // chunk
@@ -375,10 +398,6 @@ def _axis_pieces(item: ReadItem, chunk: int) -> list[tuple[int, list[tuple[slice
     out: list[tuple[int, list[tuple[slice, slice]]]] = []
     for head, tail in zip(heads, tails):
         k = int(which[head])
-        if isinstance(item, slice):
-            lo, hi = int(selected[head]) - k * chunk, int(selected[tail - 1]) - k * chunk + 1
-            out.append((k, [(slice(head, tail), slice(lo, hi, step))]))
-            continue
         firsts, ends = consecutive_runs(selected[head:tail] - k * chunk)
         runs, at = [], head
         for lo, hi in zip(firsts.tolist(), ends.tolist()):

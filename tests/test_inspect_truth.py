@@ -297,10 +297,8 @@ def test_dimension_scales_without_values_are_listed_as_dimensions(tmp_path):
     path = tmp_path / "nc4.h5"
     with h5py.File(path, "w") as f:  # what netCDF-4 writes for dimensions x (no values), t
         x = f.create_dataset("x", shape=(6,), dtype="float32")
-        x.attrs["NAME"] = np.bytes_(
-            b"This is a netCDF dimension but not a netCDF variable.         6"
-        )
-        x.make_scale()
+        # netCDF-C: H5DSset_scale(id, "%s%10d" % (DIM_WITHOUT_VARIABLE, len)) sets this NAME
+        x.make_scale("This is a netCDF dimension but not a netCDF variable.         6")
         t = f.create_dataset("t", data=np.arange(3, dtype="float64"))
         t.make_scale("t")  # a coordinate variable: it has values
         temp = f.create_dataset("temp", data=np.ones((3, 6), dtype="float32"))
@@ -343,3 +341,62 @@ def test_counts_agree_with_their_nouns(tmp_path):
     runs = [RunStats("grid", 8, 1, 8, 1.0, 1, 1, 100.0, {"tiles": 1, "checksum_ok": True})]
     lines = " ".join(report_lines(runs, volume_mib=1, cache_mib=64, backend="zarr"))
     assert "1 tile covers the volume; its voxel checksum" in lines and "1 tiles" not in lines
+
+
+# -- arrays stored after the metadata was consolidated -------------------------------------
+@pytest.mark.parametrize("zarr_format", [2, 3])
+def test_arrays_added_after_consolidation_are_reported_and_warned(tmp_path, zarr_format):
+    path = tmp_path / "g.zarr"
+    group = zarr.open_group(str(path), mode="w", zarr_format=zarr_format)
+    group.create_array("a", shape=(4,), chunks=(4,), dtype="int8")[:] = 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # zarr warns that v2/v3 consolidation is not in spec
+        zarr.consolidate_metadata(str(path))
+        later = zarr.open_group(str(path), mode="a", use_consolidated=False)
+        later.create_array("b", shape=(6,), chunks=(3,), dtype="int8")[:] = 2
+        assert "b" not in zarr.open_group(str(path), mode="r")  # zarr: the stale listing
+    truth = zarr.open_array(str(path / "b"), mode="r")
+    assert (truth[:] == 2).all()
+    report = inspect_store(path)
+    assert [a.path for a in report.arrays()] == ["/a", "/b"]
+    b = report["/b"]
+    assert isinstance(b, ArrayReport) and b.shape == truth.shape and b.chunks == truth.chunks
+    assert b.chunks_stored == 2 and b.dtype == str(truth.dtype)
+    assert isinstance(report.root, GroupReport)
+    (stale,) = [f for f in report.root.findings if f.code == "stale-consolidated-metadata"]
+    assert stale.severity == "warning"
+    assert "not in the consolidated metadata: b" in stale.message
+    assert "zarr.consolidate_metadata" in stale.message
+    assert "not in the consolidated metadata: b" in render_report(report)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        zarr.consolidate_metadata(str(path))  # the fix it names
+    fixed = inspect_store(path)
+    assert [a.path for a in fixed.arrays()] == ["/a", "/b"]
+    assert isinstance(fixed.root, GroupReport) and fixed.root.findings == ()
+
+
+# -- dimension scales that do hold values --------------------------------------------------
+def test_scales_without_the_netcdf_marker_are_listed_as_arrays(tmp_path):
+    path = tmp_path / "scales.h5"
+    with h5py.File(path, "w") as f:
+        lat = f.create_dataset("lat", shape=(3,), dtype="float32", fillvalue=7.5)
+        lat.make_scale("lat")  # never written: reads as its fill value
+        time = f.create_dataset("time", shape=(0,), maxshape=(None,), dtype="float64")
+        time.make_scale("time")  # a real coordinate variable, empty for now
+        v = f.create_dataset("v", data=np.zeros((0, 3), dtype="float32"), maxshape=(None, 3))
+        v.dims[0].attach_scale(time)
+        v.dims[1].attach_scale(lat)
+    with h5py.File(path, "r") as f:
+        assert (f["lat"][...] == 7.5).all() and f["lat"].id.get_storage_size() == 0
+        assert f["time"].shape == (0,) and h5py.h5ds.is_scale(f["time"].id)
+    report = inspect_store(path)
+    assert [a.path for a in report.arrays()] == ["/lat", "/time", "/v"]
+    lat_report = report["/lat"]
+    assert isinstance(lat_report, ArrayReport) and lat_report.shape == (3,)
+    assert lat_report.fill_value == 7.5
+    time_report = report["/time"]
+    assert isinstance(time_report, ArrayReport) and time_report.shape == (0,)
+    assert isinstance(report.root, GroupReport)
+    assert "dimension-scales" not in codes(report.root)
+    assert "without values" not in render_report(report)

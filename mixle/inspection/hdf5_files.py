@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
+
 from mixle.data.sources.hdf5_chunks import (
     FILTER_DEFLATE,
     FILTER_SHUFFLE,
@@ -31,6 +33,8 @@ _FILTER_FLETCHER32 = 3
 _FILTER_BITSHUFFLE = 32008
 #: HDF5 filter ids that only check or rearrange bytes (everything else compresses).
 _HDF5_NOT_COMPRESSING = frozenset({FILTER_SHUFFLE, _FILTER_FLETCHER32})
+#: How netCDF-4 begins the ``NAME`` of a dimension that has no coordinate variable.
+_NETCDF_DIMENSION_MARKER = "This is a netCDF dimension but not a netCDF variable"
 
 
 def inspect_hdf5(
@@ -108,13 +112,21 @@ def _hdf5_group(
 
 
 def _dimension_only(h5py: Any, dataset: Any) -> bool:
-    """Whether ``dataset`` is a dimension scale with no data: a dimension, not an array.
+    """Whether ``dataset`` is a netCDF-4 dimension with no data: a dimension, not an array.
 
-    netCDF-4 writes one for every dimension without a coordinate variable (its ``NAME``
-    says "This is a netCDF dimension but not a netCDF variable"); h5py's
-    ``make_scale`` on a dataset never written makes the same thing.
+    netCDF-4 writes one for every dimension without a coordinate variable, a dimension scale
+    never written whose ``NAME`` is "This is a netCDF dimension but not a netCDF variable."
+    and the length. Any other scale, a never-written one with a fill value or an empty
+    coordinate variable, reads as values and is listed as an array.
     """
     if dataset.id.get_storage_size() or not h5py.h5ds.is_scale(dataset.id):
+        return False
+    name = dataset.attrs.get("NAME")
+    if isinstance(name, np.ndarray) and name.shape in ((), (1,)):
+        name = name.reshape(()).item()
+    if isinstance(name, bytes):
+        name = name.decode("latin-1")
+    if not isinstance(name, str) or not name.startswith(_NETCDF_DIMENSION_MARKER):
         return False
     return dataset.id.get_create_plist().get_layout() != h5py.h5d.VIRTUAL
 

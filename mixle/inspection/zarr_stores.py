@@ -78,6 +78,9 @@ def _zarr_node(
         return _zarr_array(node, path, fmt, patch, remote, where, secrets, stale)
     consolidated = getattr(node.metadata, "consolidated_metadata", None) is not None
     members = sorted(node.members(), key=lambda m: m[0])
+    unlisted: list[tuple[str, Any]] = []
+    if from_consolidated or consolidated:
+        unlisted = _unconsolidated_members(zarr, node, {name for name, _ in members})
     children = tuple(
         _zarr_node(
             zarr,
@@ -87,11 +90,16 @@ def _zarr_node(
             remote,
             where,
             secrets,
-            from_consolidated or consolidated,
+            (from_consolidated or consolidated) and not own,
         )
-        for name, child in members
+        for name, child, own in sorted(
+            [(n, c, False) for n, c in members] + [(n, c, True) for n, c in unlisted],
+            key=lambda m: m[0],
+        )
     )
     notes: list[LayoutFinding] = []
+    if unlisted:
+        notes.append(_unlisted_finding([name for name, _ in unlisted]))
     if not members and not consolidated and _cannot_list(node.store):
         notes.append(
             LayoutFinding(
@@ -103,6 +111,39 @@ def _zarr_node(
             )
         )
     return GroupReport(path, fmt, len(node.attrs), children, tuple(notes))
+
+
+def _unconsolidated_members(zarr: Any, group: Any, known: set[str]) -> list[tuple[str, Any]]:
+    """Members of ``group`` stored in the store but not in its consolidated metadata.
+
+    Only for stores that can list (local folders, fsspec stores other than plain HTTP); the
+    members come from their own metadata, as ``zarr.open_group(..., use_consolidated=False)``
+    sees them.
+    """
+    from zarr.storage import FsspecStore, LocalStore
+
+    store = group.store
+    if not isinstance(store, (LocalStore, FsspecStore)) or _cannot_list(store):
+        return []
+    try:
+        listed = zarr.open_group(store=store, path=group.path, mode="r", use_consolidated=False)
+        found = listed.members()
+    except (FileNotFoundError, KeyError, ValueError):
+        return []
+    return sorted(((n, c) for n, c in found if n not in known), key=lambda m: m[0])
+
+
+def _unlisted_finding(names: list[str]) -> LayoutFinding:
+    """The warning for members stored after the group's metadata was consolidated."""
+    return LayoutFinding(
+        "stale-consolidated-metadata",
+        "warning",
+        "the store's consolidated metadata is stale for this group, "
+        f"not in the consolidated metadata: {', '.join(names)} (shown from their own "
+        "metadata, which read_zarr and zarr.open_array read, while zarr.open_group and "
+        "zarr.open on the store do not see them); fix: run zarr.consolidate_metadata on "
+        "the store",
+    )
 
 
 def _own_metadata(zarr: Any, array: Any) -> tuple[Any, list[LayoutFinding]]:

@@ -400,3 +400,52 @@ def test_scales_without_the_netcdf_marker_are_listed_as_arrays(tmp_path):
     assert isinstance(report.root, GroupReport)
     assert "dimension-scales" not in codes(report.root)
     assert "without values" not in render_report(report)
+
+
+@pytest.mark.parametrize("spelled", [False, True])
+def test_nested_chunk_warning_names_keys_of_the_arrays_rank_and_the_right_fix(tmp_path, spelled):
+    path = tmp_path / "nested.zarr"
+    _legacy_nested(path)  # 2-D: chunk files 0/0 ... 1/1
+    if spelled:  # zarr 3 writes the separator out: "dimension_separator": "."
+        meta = json.loads((path / ".zarray").read_text())
+        meta["dimension_separator"] = "."
+        (path / ".zarray").write_text(json.dumps(meta))
+    assert not zarr.open_array(str(path), mode="r")[:].any()  # zarr reads only fill values
+    a = inspect_store(path).root
+    assert isinstance(a, ArrayReport)
+    (nested,) = [f for f in a.findings if f.code == "nested-chunks-ignored"]
+    assert "such as 0/0," in nested.message and "looks for 0.0 " in nested.message
+    assert "0/0/0" not in nested.message and "0.0.0" not in nested.message
+    if spelled:
+        assert 'says "dimension_separator": "."' in nested.message
+        assert 'set "dimension_separator" to "/"' in nested.message
+        assert "has no" not in nested.message and "add " not in nested.message
+    else:
+        assert 'add "dimension_separator": "/" to .zarray' in nested.message
+    meta = json.loads((path / ".zarray").read_text())
+    meta["dimension_separator"] = "/"  # the fix it names, either way
+    (path / ".zarray").write_text(json.dumps(meta))
+    assert (zarr.open_array(str(path), mode="r")[:] == 7).all()
+
+
+@pytest.mark.parametrize("zarr_format", [2, 3])
+def test_members_added_after_consolidation_are_found_in_subgroups_too(tmp_path, zarr_format):
+    path = tmp_path / "g.zarr"
+    group = zarr.open_group(str(path), mode="w", zarr_format=zarr_format)
+    group.create_group("s").create_array("a", shape=(2,), dtype="int8")[:] = 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # zarr warns that v2/v3 consolidation is not in spec
+        zarr.consolidate_metadata(str(path))
+        later = zarr.open_group(str(path), mode="a", use_consolidated=False)
+        later["s"].create_array("b", shape=(3,), dtype="int8")[:] = 2
+        later.create_group("t").create_array("c", shape=(5,), dtype="int8")[:] = 3
+    assert zarr.open_array(str(path / "t" / "c"), mode="r").shape == (5,)
+    report = inspect_store(path)
+    assert [a.path for a in report.arrays()] == ["/s/a", "/s/b", "/t/c"]
+    c = report["/t/c"]
+    assert isinstance(c, ArrayReport) and c.shape == (5,) and c.chunks_stored == 1
+    for where, name in (("/", "t"), ("/s", "b")):
+        node = report[where] if where != "/" else report.root
+        assert isinstance(node, GroupReport)
+        (stale,) = [f for f in node.findings if f.code == "stale-consolidated-metadata"]
+        assert f"not in the consolidated metadata: {name} " in stale.message

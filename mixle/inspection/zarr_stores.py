@@ -231,7 +231,9 @@ def _zarr_array(
     else:
         elements = chunk_data_elements(shape, chunks, sorted(sizes))
     if nested:
-        notes.append(_nested_finding(nested, math.prod(inner_grid)))
+        notes.append(
+            _nested_finding(nested, math.prod(inner_grid), len(shape), _separator_spelled(array))
+        )
     chunk_nbytes = None if itemsize is None else math.prod(chunks) * itemsize
     decoded = None
     if chunk_nbytes is not None and chunks_stored is not None:
@@ -273,16 +275,43 @@ def _zarr_array(
     return with_findings(report, patch, remote, notes)
 
 
-def _nested_finding(nested: int, grid: int) -> LayoutFinding:
-    """The warning for chunk files stored nested (``0/0/0``) that the metadata does not name."""
+def _nested_finding(nested: int, grid: int, ndim: int, separator_set: bool) -> LayoutFinding:
+    """The warning for chunk files stored nested (``0/0/0``) that the metadata does not name.
+
+    ``separator_set`` says whether ``.zarray`` spells ``"dimension_separator": "."`` (zarr 3
+    writes it) rather than leaving it out (zarr 2's ``NestedDirectoryStore``).
+    """
+    nested_key, flat_key = "/".join("0" * ndim), ".".join("0" * ndim)
+    said = (
+        'says "dimension_separator": "."' if separator_set else 'has no "dimension_separator": "/"'
+    )
+    fix = (
+        'set "dimension_separator" to "/" in .zarray'
+        if separator_set
+        else 'add "dimension_separator": "/" to .zarray'
+    )
     return LayoutFinding(
         "nested-chunks-ignored",
         "warning",
-        f"{nested} of {grid} chunks are stored as nested files (such as 0/0/0, written by "
-        'zarr 2\'s NestedDirectoryStore) but .zarray has no "dimension_separator": "/", so '
-        "zarr looks for 0.0.0 and reads every one of them as the fill value (so does "
-        'read_zarr); fix: add "dimension_separator": "/" to .zarray',
+        f"{nested} of {grid} chunks are stored as nested files (such as {nested_key}, written "
+        f"by zarr 2's NestedDirectoryStore) but .zarray {said}, so zarr looks for {flat_key} "
+        f"and reads every one of them as the fill value (so does read_zarr); fix: {fix}",
     )
+
+
+def _separator_spelled(array: Any) -> bool:
+    """Whether the array's own ``.zarray`` names a ``dimension_separator`` at all."""
+    import json
+
+    from zarr.core.buffer import default_buffer_prototype
+    from zarr.core.sync import sync
+
+    key = "/".join(p for p in (array.path.strip("/"), ".zarray") if p)
+    try:
+        raw = sync(array.store.get(key, prototype=default_buffer_prototype()))
+        return raw is not None and "dimension_separator" in json.loads(raw.to_bytes())
+    except (OSError, ValueError):
+        return False
 
 
 def _zarr_codecs(meta: Any) -> tuple[tuple[str, ...], tuple[str, ...], str, bool]:

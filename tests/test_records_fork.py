@@ -137,25 +137,36 @@ def _decoys(tmp_path: Path, write: Callable[[Path], None], suffix: str) -> list[
     return [str(p) for p in paths]
 
 
+def _race(
+    src: Any, reset: str, reader: str, decoys: list[str], read: Callable[[int, list[str]], None]
+) -> list[str]:
+    """In a child: threads run ``read(k, problems)`` at once while decoys take descriptors.
+
+    ``reset`` is the fork-reset method slowed down so the threads meet in it; ``reader`` the
+    method whose handle argument must never be the parent's.
+    """
+    parents = src._handle
+    _slow_reset(src, reset)
+    used = _handles_used(src, reader)
+    problems: list[str] = []
+    with _opening_files(decoys):
+        problems += _at_once(lambda k: read(k, problems))
+    if any(h is parents for h in used):
+        problems.append("a read in the child went through the parent's handle")
+    return problems
+
+
 def _read_csv_rows(src: Any, truth: list[dict[str, str]], decoys: list[str]) -> list[str]:
     """In a child: threads read rows of ``src`` at once; rows unlike ``truth`` are problems."""
-    parents = src._handle
-    _slow_reset(src, "_forget")
-    used = _handles_used(src, "_read_rows")
-    problems: list[str] = []
 
-    def read(k: int) -> None:
+    def read(k: int, problems: list[str]) -> None:
         for j in range(30):
             i = k * 7 + j
             batch = src.get_batch([i])
             if (str(batch["a"][0]), str(batch["c"][0])) != (truth[i]["a"], truth[i]["c"]):
                 problems.append(f"row {i} read as {batch['a'][0]} {batch['c'][0]}")
 
-    with _opening_files(decoys):
-        problems += _at_once(read)
-    if any(h is parents for h in used):
-        problems.append("a read in the child went through the parent's handle")
-    return problems
+    return _race(src, "_forget", "_read_rows", decoys, read)
 
 
 def test_threads_first_read_after_fork(tmp_path):
@@ -202,12 +213,8 @@ def _write_h5(path: Path, data: np.ndarray) -> None:
 
 def _read_hdf5_rows(src: Any, truth: np.ndarray, decoys: list[str]) -> list[str]:
     """In a child: threads read rows and boxes of ``src`` at once, compared with ``truth``."""
-    parents = src._handle
-    _slow_reset(src, "_forked")
-    used = _handles_used(src, "_get_rows")
-    problems: list[str] = []
 
-    def read(k: int) -> None:
+    def read(k: int, problems: list[str]) -> None:
         for j in range(10):
             rows = [(k * 5 + j) % 40, (k * 5 + j + 17) % 40]
             if not np.array_equal(src.get_batch(rows), truth[rows]):
@@ -216,11 +223,7 @@ def _read_hdf5_rows(src: Any, truth: np.ndarray, decoys: list[str]) -> list[str]
             if not np.array_equal(box, truth[k : k + 8, j % 5 : j % 5 + 5]):
                 problems.append(f"the box at ({k}, {j % 5}, 0) differs from h5py's")
 
-    with _opening_files(decoys):
-        problems += _at_once(read)
-    if any(h is parents for h in used):
-        problems.append("a read in the child went through the parent's handle")
-    return problems
+    return _race(src, "_forked", "_get_rows", decoys, read)
 
 
 def test_hdf5_threads_first_read_after_fork(tmp_path):

@@ -247,15 +247,7 @@ def test_a_read_in_flight_keeps_its_descriptor_until_it_ends(
     truth = read_truth(path)
     src = open_source(path)
     assert len(src) == ROWS  # the index (or the count) is loaded before the race
-    inside, resume = threading.Event(), threading.Event()
-    original = type(src)._read_rows
-
-    def paused(self: Any, handle: Any, rows: np.ndarray) -> Any:
-        inside.set()
-        resume.wait(30)
-        return original(self, handle, rows)
-
-    monkeypatch.setattr(type(src), "_read_rows", paused)
+    inside, resume = _pause_reads(src, monkeypatch)
     result: list[Any] = []
     rows = np.array([5, 1, 40, 41, 42], dtype=np.int64)
     reader = threading.Thread(target=lambda: result.append(_try(lambda: src.get_batch(rows))))
@@ -276,6 +268,23 @@ def test_a_read_in_flight_keeps_its_descriptor_until_it_ends(
     assert _check(got, truth, rows) is None
 
 
+def _pause_reads(
+    src: Any, monkeypatch: pytest.MonkeyPatch
+) -> tuple[threading.Event, threading.Event]:
+    """Hold every ``_read_rows`` of ``src``'s class: ``inside`` is set when one starts, and it
+    goes on when ``resume`` is."""
+    inside, resume = threading.Event(), threading.Event()
+    original = type(src)._read_rows
+
+    def paused(self: Any, handle: Any, rows: np.ndarray) -> Any:
+        inside.set()
+        resume.wait(30)
+        return original(self, handle, rows)
+
+    monkeypatch.setattr(type(src), "_read_rows", paused)
+    return inside, resume
+
+
 def _try(call: Callable[[], Any]) -> Any:
     try:
         return call()
@@ -293,15 +302,7 @@ def test_the_last_read_in_flight_closes_the_descriptor(
     src = open_source(path)
     assert len(src) == ROWS
     fd = src._handle.fd
-    inside, resume = threading.Event(), threading.Event()
-    original = type(src)._read_rows
-
-    def paused(self: Any, handle: Any, rows: np.ndarray) -> Any:
-        inside.set()
-        resume.wait(30)
-        return original(self, handle, rows)
-
-    monkeypatch.setattr(type(src), "_read_rows", paused)
+    inside, resume = _pause_reads(src, monkeypatch)
     reader = threading.Thread(target=lambda: src.get_batch([1, 2]))
     reader.start()
     assert inside.wait(30)

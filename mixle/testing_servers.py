@@ -69,9 +69,19 @@ class FaultPlan:
     unranged
         Answer ``GET`` requests without ``Range`` with the ``"html"`` fault too (a whole
         object fetched as a plain ``GET``); the other faults only apply to ranges.
+    stall
+        How matching ``GET`` requests stall (``None``: never): ``"headers"`` holds the
+        request before anything is sent; ``"body"`` sends the headers and half the body,
+        then holds. A held request waits ``stall_for`` seconds or until :meth:`release`
+        (or the server stops), then finishes its answer.
+    stall_match
+        Only ``GET`` requests whose path contains this text stall (``""``: every one).
+    stall_for
+        Seconds a stalled request is held at most.
     """
 
     RANGE_FAULTS = ("shift", "truncate", "html", "whole")
+    STALLS = ("headers", "body")
 
     def __init__(
         self,
@@ -84,8 +94,16 @@ class FaultPlan:
         range_once: bool = False,
         shift: int = 4,
         unranged: bool = False,
+        stall: str | None = None,
+        stall_match: str = "",
+        stall_for: float = 60.0,
     ) -> None:
+        if stall is not None and stall not in self.STALLS:
+            raise ValueError(f"stall={stall!r} must be one of {self.STALLS} or None")
         self._lock = threading.Lock()
+        self.stall, self.stall_match, self.stall_for = stall, stall_match, stall_for
+        self.stalled = 0
+        self._released = threading.Event()
         self.fail_every, self.drop_every, self.fail_status = fail_every, drop_every, fail_status
         self.delay = delay
         self.dead = False
@@ -140,6 +158,22 @@ class FaultPlan:
             if hit:
                 self.range_faults += 1
         return fault if hit else None
+
+    def stall_action(self, method: str, path: str) -> str | None:
+        """For one request: ``"headers"``, ``"body"`` (stall there) or ``None``."""
+        if self.stall is None or method != "GET" or self.stall_match not in path:
+            return None
+        with self._lock:
+            self.stalled += 1
+        return self.stall
+
+    def hold(self) -> None:
+        """Hold a stalled request: ``stall_for`` seconds or until :meth:`release`."""
+        self._released.wait(self.stall_for)
+
+    def release(self) -> None:
+        """Let every held request (and every later stalled one) finish at once."""
+        self._released.set()
 
     def finished(self) -> None:
         """One request recorded by :meth:`record` was answered (or dropped)."""
@@ -264,6 +298,7 @@ class RangeHTTPServer(_Serving):
 
     def stop(self) -> None:
         """Stop serving, end open connections and join the threads."""
+        self.faults.release()
         self._halt()
 
     def __enter__(self) -> RangeHTTPServer:
@@ -309,6 +344,9 @@ class _RangeHandler(BaseHTTPRequestHandler):
     def _answer(self, body: bool) -> None:
         path = self.path.split("?", 1)[0]
         action = self.faults.record(self.command, path, self.headers.get("Range", ""))
+        self._stall = self.faults.stall_action(self.command, path)
+        if self._stall == "headers":
+            self.faults.hold()
         try:
             self._serve_file(path, action, body)
         finally:
@@ -368,8 +406,14 @@ class _RangeHandler(BaseHTTPRequestHandler):
             self.send_header(name, value)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
-        if body:
-            self.wfile.write(data)
+        if not body:
+            return
+        if getattr(self, "_stall", None) == "body" and len(data) > 1:
+            self.wfile.write(data[: len(data) // 2])
+            self.wfile.flush()
+            self.faults.hold()
+            data = data[len(data) // 2 :]
+        self.wfile.write(data)
 
 
 class MotoS3Server(_Serving):

@@ -14,6 +14,7 @@ __all__ = [
     "NotAnArrayError",
     "SchemaMismatchError",
     "SourceClosedError",
+    "SpecialFileError",
     "WorkerDiedError",
     "WorkerError",
     "WorkerTimeoutError",
@@ -132,3 +133,7 @@ class UncheckpointedWALError(OSError):
     SQLite can read such a database only by creating the ``-shm`` file beside it, and
     opening it ``immutable`` would ignore the log's transactions (stale rows).
     """
+
+
+class SpecialFileError(OSError):
+    """A path that must be a regular file is a FIFO, device, socket or directory."""

@@ -1,0 +1,93 @@
+"""Regular files only: FIFOs, devices, sockets and directories are refused before any read.
+
+A FIFO blocks a read for ever and ``/dev/zero`` never ends, so every reader that opens a
+path a user (or a store's metadata) named goes through :func:`open_regular_file` or
+:func:`read_regular_file`. Both open without blocking, check the opened file with
+``fstat`` (so a path swapped between a check and the open cannot slip through) and follow
+symlinks: a link to ``/dev/zero`` is refused as the character device it points to.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from typing import BinaryIO
+
+from mixle.errors import SpecialFileError
+
+__all__ = ["file_kind", "open_regular_file", "read_regular_file", "require_regular_file"]
+
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def file_kind(mode: int) -> str:
+    """What a ``st_mode`` describes, in words ("a regular file", "a FIFO (named pipe)", ...)."""
+    for test, words in _KINDS:
+        if test(mode):
+            return words
+    return "a regular file" if stat.S_ISREG(mode) else "a special file"
+
+
+def _refuse(path: str | os.PathLike[str], mode: int, what: str) -> SpecialFileError:
+    return SpecialFileError(
+        f"{what} {os.fspath(path)!r} is {file_kind(mode)}, not a regular file: "
+        "mixle reads regular files only (a read from it could block or never end)"
+    )
+
+
+def require_regular_file(path: str | os.PathLike[str], what: str = "file") -> os.stat_result:
+    """``os.stat(path)`` (following symlinks), or :class:`SpecialFileError` if not regular.
+
+    ``what`` names the path in the message ("chunk", "zarr metadata", "path").
+    ``FileNotFoundError`` and other ``OSError`` pass through.
+    """
+    info = os.stat(path)
+    if not stat.S_ISREG(info.st_mode):
+        raise _refuse(path, info.st_mode, what)
+    return info
+
+
+def open_regular_file(path: str | os.PathLike[str], what: str = "file") -> BinaryIO:
+    """Open ``path`` for binary reading, refusing anything but a regular file.
+
+    The open itself does not block on a FIFO (``O_NONBLOCK``), and the check is made on
+    the opened descriptor; the returned file reads in normal, blocking mode.
+    """
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
+    fd = os.open(path, flags)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise _refuse(path, mode, what)
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_regular_file(
+    path: str | os.PathLike[str], what: str = "file", *, limit: int | None = None
+) -> bytes:
+    """The bytes of the regular file ``path``; at most ``limit`` bytes or ``ValueError``.
+
+    With ``limit``, no more than ``limit + 1`` bytes are ever read, so a huge or growing
+    file costs no more memory than the cap.
+    """
+    with open_regular_file(path, what) as file:
+        if limit is None:
+            return file.read()
+        data = file.read(limit + 1)
+    if len(data) > limit:
+        raise ValueError(
+            f"{what} {os.fspath(path)!r} is larger than {limit:,} bytes, the most mixle "
+            "reads for it: it is not what it claims to be"
+        )
+    return data

@@ -114,7 +114,9 @@ def test_write_volume_holds_the_slabs(tmp_path, backend):
 
 
 def test_ctrl_c_during_a_store_write_is_held_until_the_write_ends():
-    before = signal.getsignal(signal.SIGINT)
+    # Python's own handler, set here: pytest started in the background (``... &``) inherits
+    # SIGINT ignored, and an ignored Ctrl-C is (rightly) dropped, not raised
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
     reached = []
 
     def write() -> None:
@@ -122,9 +124,12 @@ def test_ctrl_c_during_a_store_write_is_held_until_the_write_ends():
             os.kill(os.getpid(), signal.SIGINT)
             reached.append("the rest of the write ran")
 
-    with pytest.raises(KeyboardInterrupt):
-        write()
-    assert reached and signal.getsignal(signal.SIGINT) is before
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            write()
+        assert reached and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_DFL if inherited is None else inherited)
 
 
 def test_sigterm_during_a_store_write_is_held_until_the_write_ends():
@@ -441,9 +446,17 @@ def test_closed_stdout_pipe_ends_quietly(tmp_path):
     assert list(tmp_path.iterdir()) == []  # the temporary folder is gone
 
 
+#: A child running ``mixle`` with Python's SIGINT handler set explicitly: started from a
+#: background pytest (``nohup python3 -m pytest ... &``) it would inherit SIGINT ignored.
+WITH_CTRL_C = (
+    "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "from mixle.cli import main; raise SystemExit(main(sys.argv[1:]))"
+)
+
+
 def test_ctrl_c_cleans_up(tmp_path):
     with subprocess.Popen(
-        [sys.executable, "-m", "mixle.cli", "demo", "--size", "256", "--no-jax", "--no-png"],
+        [sys.executable, "-c", WITH_CTRL_C, "demo", "--size", "256", "--no-jax", "--no-png"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         cwd=tmp_path,

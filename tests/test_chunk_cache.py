@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
+import textwrap
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -183,3 +188,81 @@ def test_nested_runs_inside_the_pool_do_not_deadlock():
     run_all([outer(k) for k in range(2 * default_decode_threads() + 1)])
     assert sorted(results) == sorted(10 * k + i for k in range(2 * default_decode_threads() + 1)
                                      for i in range(4))  # fmt: skip
+
+
+STUCK = textwrap.dedent(
+    """
+    import signal, sys, threading
+    from mixle.reading import set_decode_threads
+    from mixle.reading.pool import run_all
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    set_decode_threads(3)
+    started = threading.Semaphore(0)
+    never = threading.Event()
+
+    def stuck():  # a decode thread stuck in a read that never returns
+        started.release()
+        never.wait()
+
+    def caller():
+        for _ in range(2):
+            started.acquire()
+        if sys.argv[1] == "raise":
+            raise KeyboardInterrupt
+        print("ready", flush=True)
+        never.wait()  # the caller's own task is stuck too: Ctrl-C arrives here
+
+    try:
+        run_all([caller, stuck, stuck, stuck])
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+        if sys.argv[1] == "sigint":
+            raise
+    """
+)
+
+
+@pytest.mark.parametrize("how", ["sigint", "raise"])
+def test_ctrl_c_leaves_run_all_at_once_and_stuck_threads_do_not_block_exit(how):
+    child = subprocess.Popen(
+        [sys.executable, "-c", STUCK, how],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None
+        if how == "sigint":
+            assert child.stdout.readline() == "ready\n"
+            child.send_signal(signal.SIGINT)
+        out, err = child.communicate(timeout=5)
+    finally:
+        child.kill()
+        child.wait()
+    assert "interrupted" in out, err
+    assert child.returncode == (0 if how == "raise" else -signal.SIGINT), err
+
+
+def test_run_all_cancels_tasks_not_started_when_interrupted():
+    ran: list[int] = []
+    try:
+        set_decode_threads(2)
+        release = threading.Event()
+
+        def blocker():
+            release.wait(timeout=10)
+
+        def caller():
+            raise KeyboardInterrupt
+
+        def slow_append(i):
+            ran.append(i)
+            time.sleep(0.05)
+
+        with pytest.raises(KeyboardInterrupt):
+            run_all([caller, blocker, *[lambda i=i: slow_append(i) for i in range(20)]])
+        release.set()
+        run_all([lambda: None, lambda: None])  # the pool still works afterwards
+    finally:
+        set_decode_threads(None)
+    assert len(ran) < 20  # the one free thread got to at most a few before the cancel

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
@@ -23,6 +24,8 @@ __all__ = [
     "CacheStats",
     "ChunkCache",
     "chunk_cache",
+    "drop_cached_chunks",
+    "drop_chunks_when_collected",
     "set_chunk_cache_bytes",
 ]
 
@@ -67,6 +70,7 @@ class ChunkCache:
     def __init__(self, budget: int = DEFAULT_CHUNK_CACHE_BYTES) -> None:
         self._lock = threading.Lock()
         self._entries: OrderedDict[Hashable, np.ndarray] = OrderedDict()
+        self._by_token: dict[Hashable, set[Hashable]] = {}  # token -> keys ``(token, ...)``
         self._budget = _parse_budget(budget)
         self._bytes = 0
         self._hits = self._misses = self._evictions = 0
@@ -107,6 +111,9 @@ class ChunkCache:
             self._evict_to(self._budget - size)
             self._entries[key] = chunk
             self._bytes += size
+            token = _token_of(key)
+            if token is not None:
+                self._by_token.setdefault(token, set()).add(key)
         return chunk
 
     def get_or_load(self, key: Hashable, load: Callable[[], np.ndarray]) -> np.ndarray:
@@ -120,16 +127,39 @@ class ChunkCache:
             return found
         return self.put(key, load())
 
+    def drop_token(self, token: Hashable) -> int:
+        """Drop every chunk kept under a key ``(token, ...)``; return how many were dropped.
+
+        Sources call this when they close or are collected: chunks of a store handle that
+        is gone can never be asked for again, and would only evict live ones. Dropped
+        chunks are not counted as evictions.
+        """
+        with self._lock:
+            keys = self._by_token.pop(token, ())
+            for key in keys:
+                self._bytes -= self._entries.pop(key).nbytes
+            return len(keys)
+
     def _evict_to(self, limit: int) -> None:
         while self._entries and self._bytes > limit:
-            _, dropped = self._entries.popitem(last=False)
+            key, dropped = self._entries.popitem(last=False)
             self._bytes -= dropped.nbytes
             self._evictions += 1
+            self._unindex(key)
+
+    def _unindex(self, key: Hashable) -> None:
+        token = _token_of(key)
+        keys = self._by_token.get(token) if token is not None else None
+        if keys is not None:
+            keys.discard(key)
+            if not keys:
+                del self._by_token[token]
 
     def clear(self) -> None:
         """Drop every chunk and reset the counters."""
         with self._lock:
             self._entries.clear()
+            self._by_token.clear()
             self._bytes = 0
             self._hits = self._misses = self._evictions = 0
 
@@ -156,6 +186,13 @@ class ChunkCache:
         )
 
 
+def _token_of(key: Hashable) -> Hashable | None:
+    """The token of a ``(token, coords)`` key, ``None`` for keys of another form."""
+    if type(key) is tuple and len(key) == 2:
+        return key[0]  # type: ignore[no-any-return]
+    return None
+
+
 def _parse_budget(value: object) -> int:
     budget = parse_int(value, "budget")
     if budget < 0:
@@ -178,6 +215,23 @@ def chunk_cache() -> ChunkCache:
 def set_chunk_cache_bytes(budget: int) -> None:
     """Set the process-wide cache budget in bytes (``0`` disables caching)."""
     _cache.budget = budget
+
+
+def drop_cached_chunks(token: Hashable) -> None:
+    """Drop the chunks of store handle ``token`` from this process's cache (see ``drop_token``)."""
+    _cache.drop_token(token)
+
+
+def drop_chunks_when_collected(reader: object) -> None:
+    """Drop a chunk reader's chunks from the process-wide cache once it is garbage.
+
+    ``reader`` is anything with a ``token`` (a :class:`~mixle.reading.ChunkReader`). The
+    chunks go when the last reference to the reader goes, so a read still in flight (which
+    holds the reader) cannot leave chunks behind. In a forked child the child's own cache is
+    the one cleaned.
+    """
+    done = weakref.finalize(reader, drop_cached_chunks, reader.token)  # type: ignore[attr-defined]
+    done.atexit = False  # nothing to clean at exit: the cache goes with the process
 
 
 def _reset_after_fork() -> None:

@@ -4,18 +4,26 @@ Chunk decoders that release the GIL (zstd, blosc, lz4, zlib) decode in parallel 
 NumPy copies into the output release it too. The pool starts on first use, is rebuilt in a
 forked child, and is never entered twice by one thread: work submitted from inside a pool
 thread runs inline, so nested reads cannot deadlock.
+
+Its threads are daemon threads, unlike :class:`concurrent.futures.ThreadPoolExecutor`'s,
+which the interpreter joins at exit: a decode thread stuck in a read (a stalled remote
+store) never keeps the process alive after Ctrl-C or the end of the program.
 """
 
 from __future__ import annotations
 
 import os
+import queue
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 
 from mixle.utils.validation import parse_int
 
 __all__ = ["decode_threads", "default_decode_threads", "run_all", "set_decode_threads"]
+
+#: Name prefix of the decode threads (``mixle-decode_0``, ...), as seen by ``threading``.
+THREAD_NAME_PREFIX = "mixle-decode"
 
 
 def default_decode_threads() -> int:
@@ -25,9 +33,61 @@ def default_decode_threads() -> int:
     return max(1, os.cpu_count() or 1)
 
 
+_Job = tuple[Future, Callable[[], None]]  # type: ignore[type-arg]
+
+
+class _DaemonPool:
+    """A fixed number of daemon threads taking ``(future, task)`` jobs from one queue."""
+
+    def __init__(self, size: int) -> None:
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._shut = False
+        self._size = size
+        self._threads: list[threading.Thread] = []
+
+    def submit(self, task: Callable[[], None]) -> Future[None]:
+        """Queue ``task``; raises ``RuntimeError`` once the pool is shut down."""
+        future: Future[None] = Future()
+        with self._lock:
+            if self._shut:
+                raise RuntimeError("the decode pool was shut down (resized)")
+            if len(self._threads) < self._size:  # threads start as work first needs them
+                thread = threading.Thread(
+                    target=self._work,
+                    name=f"{THREAD_NAME_PREFIX}_{len(self._threads)}",
+                    daemon=True,
+                )
+                thread.start()
+                self._threads.append(thread)
+            self._jobs.put((future, task))
+        return future
+
+    def shutdown(self) -> None:
+        """Let every thread finish the job it has and the queued ones, then end."""
+        with self._lock:
+            self._shut = True
+            for _ in self._threads:
+                self._jobs.put(None)
+
+    def _work(self) -> None:
+        _inside.active = True
+        while (job := self._jobs.get()) is not None:
+            future, task = job
+            if not future.set_running_or_notify_cancel():
+                continue  # cancelled by run_all before it started
+            try:
+                task()
+            except BaseException as exc:
+                future.set_exception(exc)
+            else:
+                future.set_result(None)
+            del job, future, task  # nothing of the task outlives it in an idle thread
+
+
 _lock = threading.Lock()
 _size = default_decode_threads()
-_executor: ThreadPoolExecutor | None = None
+_executor: _DaemonPool | None = None
 _inside = threading.local()
 
 
@@ -48,20 +108,14 @@ def set_decode_threads(threads: int | None) -> None:
     with _lock:
         old, _executor, _size = _executor, None, size
     if old is not None:
-        old.shutdown(wait=False)
+        old.shutdown()
 
 
-def _mark_inside() -> None:
-    _inside.active = True
-
-
-def _pool() -> ThreadPoolExecutor:
+def _pool() -> _DaemonPool:
     global _executor
     with _lock:
         if _executor is None:
-            _executor = ThreadPoolExecutor(
-                max_workers=_size, thread_name_prefix="mixle-decode", initializer=_mark_inside
-            )
+            _executor = _DaemonPool(_size)
         return _executor
 
 
@@ -71,6 +125,10 @@ def run_all(tasks: Sequence[Callable[[], None]]) -> None:
     The caller runs one task itself while the pool runs the rest. The first exception
     raised by a task is re-raised here after every task has finished, so no task is still
     writing into an output when the caller sees the error.
+
+    A ``KeyboardInterrupt`` (or another exception that is not an ``Exception``, such as
+    ``SystemExit``) in the calling thread is re-raised at once: tasks not yet started are
+    cancelled, running ones are left to finish on their own, and the output is abandoned.
     """
     if len(tasks) <= 1 or _size <= 1 or getattr(_inside, "active", False):
         for task in tasks:
@@ -79,23 +137,28 @@ def run_all(tasks: Sequence[Callable[[], None]]) -> None:
     pool = _pool()
     futures: list[Future[None]] = []
     inline = [tasks[0]]
-    for i, task in enumerate(tasks[1:], start=1):
-        try:
-            futures.append(pool.submit(task))
-        except RuntimeError:  # the pool was resized under us: finish here
-            inline.extend(tasks[i:])
-            break
-    error: BaseException | None = None
-    for task in inline:
-        try:
-            task()
-        except BaseException as exc:
-            error = error or exc
-    for future in futures:
-        try:
-            future.result()
-        except BaseException as exc:
-            error = error or exc
+    try:
+        for i, task in enumerate(tasks[1:], start=1):
+            try:
+                futures.append(pool.submit(task))
+            except RuntimeError:  # the pool was resized under us: finish here
+                inline.extend(tasks[i:])
+                break
+        error: BaseException | None = None
+        for task in inline:
+            try:
+                task()
+            except Exception as exc:
+                error = error or exc
+        for future in futures:
+            try:
+                future.result()
+            except Exception as exc:
+                error = error or exc
+    except BaseException:  # Ctrl-C while waiting: stop what has not started, do not wait
+        for future in futures:
+            future.cancel()
+        raise
     if error is not None:
         raise error
 

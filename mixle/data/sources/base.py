@@ -33,6 +33,7 @@ from mixle.data.spec import ArraySpec
 from mixle.data.structure import SampleStructure, parse_structure
 from mixle.errors import SourceClosedError
 from mixle.reading import ChunkReader, read_chunked
+from mixle.reading.cache import drop_cached_chunks, drop_chunks_when_collected
 from mixle.reading.executor import execute_plan
 from mixle.utils.optional_deps import not_opened_note
 
@@ -134,7 +135,10 @@ class ArraySource(SourceLifetime, abc.ABC):
         """Where the data lives, safe to show (no credentials)."""
 
     def _drop_derived(self) -> None:
-        self._reader = None
+        state, self._reader = self._reader, None
+        reader = None if state is None else state[1]
+        if reader is not None:  # its chunks can never be asked for again: free them now
+            drop_cached_chunks(reader.token)
 
     def _chunk_reader(self, handle: Any) -> ChunkReader | None:
         """A reader of whole decoded chunks for the read planner, or ``None`` (no chunks)."""
@@ -352,6 +356,8 @@ class ArraySource(SourceLifetime, abc.ABC):
                 state = self._reader
                 if state is None or state[0] is not handle:
                     state = (handle, self._chunk_reader(handle) if chunked else None)
+                    if state[1] is not None:
+                        drop_chunks_when_collected(state[1])
                     if not self._closed:  # a reader made after close() is not kept
                         self._reader = state
         return state[1]

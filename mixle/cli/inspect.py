@@ -238,12 +238,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     options = dict(args.storage_options) or None
-    try:
-        report = inspect_store(args.path, storage_options=options, patch=args.patch)
-    except (OSError, ValueError, KeyError, ImportError) as exc:
-        message = str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc)
-        print(f"mixle inspect: {message}", file=sys.stderr)
-        return 1
+    # errors end the command in mixle.cli.main: status 1 and one line naming the path
+    report = inspect_store(args.path, storage_options=options, patch=args.patch)
     out: TextIO = sys.stdout
     if args.json:
         print(json.dumps(report.to_dict(), indent=2), file=out)

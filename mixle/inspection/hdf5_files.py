@@ -23,6 +23,7 @@ from mixle.inspection.formatting import (
 from mixle.inspection.locations import is_remote
 from mixle.inspection.patches import chunk_data_elements
 from mixle.inspection.report import ArrayReport, GroupReport, LayoutFinding, UnsupportedStoreError
+from mixle.utils.files import require_regular_file
 from mixle.utils.redact import display_path
 
 __all__ = ["inspect_hdf5"]
@@ -45,6 +46,8 @@ def inspect_hdf5(
 
     h5py = require("h5py", "hdf5", feature="mixle inspect")
     remote = is_remote(location)
+    if not remote:
+        require_regular_file(location, "path")  # a FIFO or a device: refused, nothing read
     handle = None
     if remote:
         from mixle.data.sources.hdf5_remote import open_remote_file
@@ -58,15 +61,49 @@ def inspect_hdf5(
                 f"{display_path(location)!r} looks like an HDF5 file but h5py cannot open it: {exc}"
             ) from None
         with file:
-            return _hdf5_group(h5py, file, "/", patch, remote)
+            return _hdf5_group(h5py, file, "/", patch, remote, {_object_key(h5py, file): "/"})
     finally:
         if handle is not None:
             handle.close()
 
 
+def _object_key(h5py: Any, node: Any) -> tuple[int, int]:
+    """``(file number, object address)``: the same for every hard link to one object."""
+    info = h5py.h5o.get_info(node.id)
+    return int(info.fileno), int(info.addr)
+
+
+def _seen_finding(name: str, kind: str, path: str, first: str) -> LayoutFinding:
+    """The finding for a hard link to an object already shown at ``first``."""
+    if path == first or path.startswith(first.rstrip("/") + "/"):
+        return LayoutFinding(
+            "hard-link-cycle",
+            "warning",
+            f"{kind} {name!r} is a hard link back to {first!r}, which contains it: a cycle "
+            "in the file's tree, not descended (tools that walk the file recursively loop "
+            "for ever on it)",
+        )
+    return LayoutFinding(
+        "hard-link-repeat",
+        "info",
+        f"{kind} {name!r} is a hard link to the {kind} shown at {first!r}: listed there only",
+    )
+
+
 def _hdf5_group(
-    h5py: Any, group: Any, path: str, patch: tuple[int, ...] | None, remote: bool
+    h5py: Any,
+    group: Any,
+    path: str,
+    patch: tuple[int, ...] | None,
+    remote: bool,
+    seen: dict[tuple[int, int], str],
 ) -> GroupReport:
+    """The group at ``path`` and what it holds; ``seen`` maps objects shown to their path.
+
+    Each object is described once, at the first path that reaches it: a hard link to an
+    object already shown (a second name for a dataset, or a group linked into itself) is
+    a finding, so a cycle of hard links ends the walk instead of recursing for ever.
+    """
     children: list[GroupReport | ArrayReport] = []
     notes: list[LayoutFinding] = []
     dimensions: list[str] = []
@@ -84,8 +121,15 @@ def _hdf5_group(
             )
             continue
         node = group.get(name)
+        if isinstance(node, (h5py.Group, h5py.Dataset)):
+            key = _object_key(h5py, node)
+            if key in seen:
+                kind = "group" if isinstance(node, h5py.Group) else "dataset"
+                notes.append(_seen_finding(name, kind, child_path, seen[key]))
+                continue
+            seen[key] = child_path
         if isinstance(node, h5py.Group):
-            children.append(_hdf5_group(h5py, node, child_path, patch, remote))
+            children.append(_hdf5_group(h5py, node, child_path, patch, remote, seen))
         elif isinstance(node, h5py.Dataset):
             if node.shape is None:
                 notes.append(

@@ -12,11 +12,22 @@ import numpy as np
 
 from mixle.inspection.findings import with_findings
 from mixle.inspection.formatting import format_bytes
-from mixle.inspection.locations import is_remote, open_head, url_fs
+from mixle.inspection.locations import NPY_MAGIC, is_remote, open_head, url_fs
 from mixle.inspection.report import ArrayReport, LayoutFinding, UnsupportedStoreError
+from mixle.utils.files import open_regular_file
 from mixle.utils.redact import display_path
 
-__all__ = ["inspect_npy"]
+__all__ = ["MAX_NPY_HEADER_BYTES", "NpyHeaderTooLargeError", "inspect_npy"]
+
+#: Longest ``.npy`` header read (NumPy's ``max_header_size`` default: ``np.load`` refuses
+#: longer ones too). A hostile file can claim up to 4 GiB.
+MAX_NPY_HEADER_BYTES = 10_000
+#: ``struct`` format of the header length, by format version.
+_LENGTH_FORMATS = {(1, 0): "<H", (2, 0): "<I", (3, 0): "<I"}
+
+
+class NpyHeaderTooLargeError(UnsupportedStoreError):
+    """A ``.npy`` file claims a header longer than :data:`MAX_NPY_HEADER_BYTES`."""
 
 
 def inspect_npy(
@@ -29,8 +40,8 @@ def inspect_npy(
             size = int(fh.size)
             header = _npy_header(fh, location)
     else:
-        size = os.path.getsize(location)
-        with open(location, "rb") as fh:
+        with open_regular_file(location, "path") as fh:
+            size = os.fstat(fh.fileno()).st_size
             header = _npy_header(fh, location)
     shape, fortran, dtype, offset = header
     itemsize = None if dtype.hasobject else dtype.itemsize
@@ -79,29 +90,55 @@ def inspect_npy(
 
 
 def _npy_header(fh: Any, location: str) -> tuple[tuple[int, ...], bool, np.dtype, int]:
-    """``(shape, fortran_order, dtype, data offset)`` from a ``.npy`` header (format 1, 2 or 3)."""
-    fmt = np.lib.format
+    """``(shape, fortran_order, dtype, data offset)`` from a ``.npy`` header (format 1, 2 or 3).
+
+    The header's length is checked against :data:`MAX_NPY_HEADER_BYTES` before it is read,
+    so a file that claims a huge header costs no memory.
+    """
+    shown = display_path(location)
     try:
-        version = fmt.read_magic(fh)
-        if version == (1, 0):
-            shape, fortran, dtype = fmt.read_array_header_1_0(fh)
-        elif version == (2, 0):
-            shape, fortran, dtype = fmt.read_array_header_2_0(fh)
-        elif version == (3, 0):
-            shape, fortran, dtype = _npy_header_3_0(fh)
-        else:
+        magic = fh.read(len(NPY_MAGIC) + 2)
+        if len(magic) < len(NPY_MAGIC) + 2 or not magic.startswith(NPY_MAGIC):
+            raise ValueError("the file ends inside the magic string")
+        version = (magic[-2], magic[-1])
+        if version not in _LENGTH_FORMATS:
             raise ValueError(f"format version {version} is not 1.0, 2.0 or 3.0")
-    except (ValueError, SyntaxError, KeyError, struct.error) as exc:
-        raise UnsupportedStoreError(
-            f"{display_path(location)!r} has a broken .npy header: {exc}"
-        ) from None
-    return tuple(int(s) for s in shape), bool(fortran), np.dtype(dtype), int(fh.tell())
-
-
-def _npy_header_3_0(fh: Any) -> tuple[Any, Any, np.dtype]:
-    """A format 3.0 header: format 2.0 with UTF-8 text (numpy reads it as latin-1)."""
-    (length,) = struct.unpack("<I", fh.read(4))
-    header = ast.literal_eval(fh.read(length).decode("utf-8"))
-    if not isinstance(header, dict):
-        raise ValueError(f"the header is not a dict: {header!r}")
-    return header["shape"], header["fortran_order"], np.lib.format.descr_to_dtype(header["descr"])
+        length_format = _LENGTH_FORMATS[version]
+        raw_length = fh.read(struct.calcsize(length_format))
+        (length,) = struct.unpack(length_format, raw_length)
+        if length > MAX_NPY_HEADER_BYTES:
+            raise NpyHeaderTooLargeError(
+                f"{shown!r} claims a .npy header of {length:,} bytes, more than "
+                f"MAX_NPY_HEADER_BYTES={MAX_NPY_HEADER_BYTES:,} (NumPy's own limit): not read"
+            )
+        text = fh.read(length)
+        if len(text) < length:
+            raise ValueError(f"the file ends inside the {length:,}-byte header")
+        encoding = "utf-8" if version == (3, 0) else "latin-1"
+        header = ast.literal_eval(text.decode(encoding))
+        if not isinstance(header, dict) or set(header) != {"descr", "fortran_order", "shape"}:
+            raise ValueError("the header is not a dict of descr, fortran_order and shape")
+        shape, fortran = header["shape"], header["fortran_order"]
+        if not isinstance(shape, tuple) or not all(isinstance(s, int) and s >= 0 for s in shape):
+            raise ValueError(f"shape {shape!r} is not a tuple of ints >= 0")
+        if not isinstance(fortran, bool):
+            raise ValueError(f"fortran_order {fortran!r} is not a bool")
+        dtype = np.lib.format.descr_to_dtype(header["descr"])
+    except NpyHeaderTooLargeError:
+        raise
+    except (
+        ValueError,
+        SyntaxError,
+        KeyError,
+        TypeError,
+        struct.error,
+        RecursionError,
+        MemoryError,
+    ) as exc:
+        raise UnsupportedStoreError(f"{shown!r} has a broken .npy header: {exc}") from None
+    return (
+        tuple(int(s) for s in shape),
+        bool(fortran),
+        np.dtype(dtype),
+        len(magic) + len(raw_length) + length,
+    )

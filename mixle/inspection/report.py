@@ -37,7 +37,8 @@ class LayoutFinding:
         ``"stale-consolidated-metadata"``, ``"nested-chunks-ignored"``,
         ``"sizes-unknown"``, ``"truncated"``, ``"patch-not-costed"`` or (groups)
         ``"members-unlisted"``,
-        ``"link-not-followed"``, ``"no-dataspace"``, ``"dimension-scales"``.
+        ``"link-not-followed"``, ``"no-dataspace"``, ``"dimension-scales"``,
+        ``"hard-link-cycle"``, ``"hard-link-repeat"``.
     severity
         ``"warning"`` (patch reads are slower than they need to be) or ``"info"``.
     message

@@ -18,6 +18,7 @@ from mixle.inspection.npy_files import inspect_npy
 from mixle.inspection.patches import PatchLike, parse_patch
 from mixle.inspection.report import StoreReport, UnsupportedStoreError
 from mixle.inspection.zarr_stores import inspect_zarr
+from mixle.utils.files import open_regular_file, require_regular_file
 from mixle.utils.redact import display_path
 
 __all__ = ["inspect_store"]
@@ -100,12 +101,15 @@ def _detect(location: str, storage_options: dict[str, Any] | None) -> str:
         if not os.path.exists(location):
             raise FileNotFoundError(f"{shown!r} does not exist")
         if os.path.isdir(location):
-            if any(os.path.isfile(os.path.join(location, m)) for m in ZARR_METADATA):
+            # lexists: metadata that is a FIFO or a link to /dev/zero is still zarr's, and
+            # refused as such when the store is checked (a plain "not a store" would mislead)
+            if any(os.path.lexists(os.path.join(location, m)) for m in ZARR_METADATA):
                 return "zarr"
             raise UnsupportedStoreError(
                 f"{shown!r} {expected} (a folder with no zarr.json, .zarray or .zgroup)"
             )
-        with open(location, "rb") as fh:
+        require_regular_file(location, "path")  # a FIFO or /dev/zero: refused, nothing read
+        with open_regular_file(location, "path") as fh:
             head = fh.read(8)
         if head.startswith(NPY_MAGIC):
             return "npy"

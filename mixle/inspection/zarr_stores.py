@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from typing import Any
 
 import numpy as np
@@ -16,6 +17,7 @@ from mixle.inspection.formatting import (
     spell_codec,
     spell_value,
 )
+from mixle.inspection.limits import MetadataLimitError, check_local_zarr_store
 from mixle.inspection.locations import ZARR_METADATA, is_remote
 from mixle.inspection.patches import chunk_data_elements
 from mixle.inspection.report import ArrayReport, GroupReport, LayoutFinding, UnsupportedStoreError
@@ -43,6 +45,8 @@ def inspect_zarr(
     kwargs: dict[str, Any] = {"mode": "r"}
     if storage_options:
         kwargs["storage_options"] = storage_options
+    if not is_remote(location):
+        check_local_zarr_store(location)  # special files, huge or too deep metadata
     try:
         node = retry_call(
             lambda: zarr.open(store=location, **kwargs),
@@ -50,6 +54,11 @@ def inspect_zarr(
             key="(metadata)",
             secrets=storage_options,
         )
+    except RecursionError:
+        raise MetadataLimitError(
+            f"{display_path(location)!r} holds zarr metadata nested too deep to parse "
+            f"(more than Python's recursion limit of {sys.getrecursionlimit()})"
+        ) from None
     except (FileNotFoundError, ValueError) as exc:
         raise UnsupportedStoreError(
             f"{display_path(location)!r} holds zarr metadata but zarr cannot open it: "

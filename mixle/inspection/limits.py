@@ -1,0 +1,124 @@
+"""Bounds on what ``mixle inspect`` reads from a local store before anything parses it.
+
+A zarr store is a folder a user (or a hostile archive) made: its metadata files may be
+FIFOs (a read blocks for ever), links to ``/dev/zero`` (a read never ends), gigabytes
+long, or JSON nested so deep that the parser raises ``RecursionError``. Before zarr opens
+a local store, :func:`check_local_zarr_store` walks it once: every entry must be a regular
+file (checked with ``stat``, before any read), and every metadata file must be at most
+:data:`MAX_METADATA_BYTES` long and nested at most :data:`MAX_METADATA_DEPTH` deep.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import numpy as np
+
+from mixle.inspection.locations import ZARR_METADATA
+from mixle.utils.files import read_regular_file, require_regular_file
+
+__all__ = [
+    "MAX_METADATA_BYTES",
+    "MAX_METADATA_DEPTH",
+    "MetadataLimitError",
+    "check_local_zarr_store",
+    "check_metadata_file",
+    "json_depth",
+]
+
+#: Largest zarr metadata file (``zarr.json``, ``.zarray``, ``.zattrs``, ``.zmetadata``, ...)
+#: inspect reads; consolidated metadata of stores with thousands of arrays stays well below.
+MAX_METADATA_BYTES = 64 * 1024 * 1024
+#: Deepest nesting of lists and objects allowed in a zarr metadata file (Python's JSON
+#: parser recurses once per level and fails near 1,000; real attributes nest a few deep).
+MAX_METADATA_DEPTH = 128
+#: Bytes of metadata scanned at once when measuring its nesting depth.
+_DEPTH_BLOCK_BYTES = 1 << 20
+#: A JSON string, escapes included (its brackets are not nesting).
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+
+
+class MetadataLimitError(ValueError):
+    """A metadata file is larger or nested deeper than inspect parses."""
+
+
+def json_depth(data: bytes) -> int:
+    """How deep lists and objects nest in the JSON text ``data``, without recursing.
+
+    Brackets inside strings do not count. Works on any bytes (not only valid JSON), in
+    blocks of :data:`_DEPTH_BLOCK_BYTES`, so memory stays a small multiple of ``data``.
+    """
+    text = _JSON_STRING.sub(b'""', data)
+    deepest = depth = 0
+    for start in range(0, len(text), _DEPTH_BLOCK_BYTES):
+        block = np.frombuffer(text, np.uint8, min(_DEPTH_BLOCK_BYTES, len(text) - start), start)
+        steps = np.zeros(block.shape, np.int32)
+        steps[(block == ord("[")) | (block == ord("{"))] = 1
+        steps[(block == ord("]")) | (block == ord("}"))] = -1
+        running = np.cumsum(steps, dtype=np.int64)
+        if running.size:
+            deepest = max(deepest, depth + int(running.max()))
+            depth += int(running[-1])
+    return deepest
+
+
+def check_metadata_file(path: str) -> None:
+    """Refuse the zarr metadata file ``path`` if it is special, too large or too deep.
+
+    Raises
+    ------
+    SpecialFileError
+        It is a FIFO, a device, a socket or a directory (found by ``stat``, nothing read).
+    MetadataLimitError
+        It is longer than :data:`MAX_METADATA_BYTES` or nests deeper than
+        :data:`MAX_METADATA_DEPTH` (at most that many bytes, plus one, are read).
+    """
+    try:
+        data = read_regular_file(path, "zarr metadata", limit=MAX_METADATA_BYTES)
+    except ValueError:
+        raise MetadataLimitError(
+            f"zarr metadata {path!r} is larger than MAX_METADATA_BYTES="
+            f"{MAX_METADATA_BYTES:,} bytes: not read (zarr metadata is JSON of a few KiB)"
+        ) from None
+    depth = json_depth(data)
+    if depth > MAX_METADATA_DEPTH:
+        raise MetadataLimitError(
+            f"zarr metadata {path!r} nests lists or objects {depth:,} deep, deeper than "
+            f"MAX_METADATA_DEPTH={MAX_METADATA_DEPTH}: not parsed (flatten its attributes)"
+        )
+
+
+def check_local_zarr_store(root: str) -> None:
+    """Walk the local zarr store at ``root`` and refuse it if any entry is hostile.
+
+    Every entry below ``root`` must be a folder or a regular file (a chunk that is a
+    FIFO, a socket or a link to ``/dev/zero`` is refused by ``stat`` before anything reads
+    it), and every metadata file passes :func:`check_metadata_file`. Folders are not
+    followed through symlinks (as zarr's listing does not), and each is visited once.
+
+    Raises
+    ------
+    SpecialFileError, MetadataLimitError
+        Naming the entry.
+    """
+    pending = [root]
+    while pending:
+        folder = pending.pop()
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    pending.append(entry.path)
+                    continue
+                what = "zarr metadata" if entry.name in ZARR_METADATA else "zarr chunk"
+                if entry.is_symlink():
+                    if entry.is_dir():  # a linked folder: zarr does not list it either
+                        continue
+                    try:
+                        require_regular_file(entry.path, what)
+                    except FileNotFoundError:  # a dangling link: zarr reads it as missing
+                        continue
+                elif not entry.is_file(follow_symlinks=False):
+                    require_regular_file(entry.path, what)  # raises: not a regular file
+                if entry.name in ZARR_METADATA:
+                    check_metadata_file(entry.path)

@@ -17,6 +17,7 @@ __all__ = [
     "HAS_DASK",
     "HAS_FSSPEC",
     "HAS_H5PY",
+    "HAS_HDF5PLUGIN",
     "HAS_JAX",
     "HAS_MATPLOTLIB",
     "HAS_NUMCODECS",
@@ -34,6 +35,7 @@ EXTRAS: dict[str, str] = {
     "zarr": "zarr",
     "numcodecs": "zarr",
     "h5py": "hdf5",
+    "hdf5plugin": "hdf5plugin",
     "fsspec": "remote",
     "aiohttp": "remote",
     "jax": "jax",
@@ -57,6 +59,7 @@ def has(name: str) -> bool:
 HAS_ZARR = has("zarr")
 HAS_NUMCODECS = has("numcodecs")
 HAS_H5PY = has("h5py")
+HAS_HDF5PLUGIN = has("hdf5plugin")
 HAS_FSSPEC = has("fsspec")
 HAS_AIOHTTP = has("aiohttp")
 HAS_JAX = has("jax")

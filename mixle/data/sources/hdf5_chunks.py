@@ -17,10 +17,16 @@ raise :class:`~mixle.reading.CorruptChunkError`. Anything else (HDF5 types NumPy
 match for, such as 12-bit integers or integers at a bit offset; other filters such as lzf,
 szip or fletcher32; an undefined fill value; external or virtual storage; in-memory files;
 files opened for writing) is read through h5py, which converts exactly as HDF5 does.
+
+A dataset whose filters HDF5 cannot load here (:func:`require_filters`) is refused when it
+is opened: h5py's own reads of it would fail, chunk after chunk, with HDF5's "can't open
+directory" message. When ``hdf5plugin`` is installed it is imported (once) to register its
+filters first.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import threading
 import weakref
@@ -34,11 +40,15 @@ from mixle.utils.optional_deps import require
 
 __all__ = [
     "FILTER_DEFLATE",
+    "FILTER_NAMES",
     "FILTER_SHUFFLE",
+    "FilterUnavailableError",
     "HDF5ChunkReader",
     "chunk_filters",
     "contiguous_memmap",
     "decodable_filters",
+    "missing_filters",
+    "require_filters",
     "stores_numpy_bits",
     "unwritten_chunk_value",
 ]
@@ -46,6 +56,30 @@ __all__ = [
 #: HDF5 filter ids mixle decodes itself (``H5Z_FILTER_DEFLATE``, ``H5Z_FILTER_SHUFFLE``).
 FILTER_DEFLATE = 1
 FILTER_SHUFFLE = 2
+#: Names of HDF5 filter ids, built in and registered with the HDF Group, for error messages.
+FILTER_NAMES: dict[int, str] = {
+    1: "deflate",
+    2: "shuffle",
+    3: "fletcher32",
+    4: "szip",
+    5: "nbit",
+    6: "scaleoffset",
+    307: "bzip2",
+    32000: "lzf",
+    32001: "blosc",
+    32003: "snappy",
+    32004: "lz4",
+    32008: "bitshuffle",
+    32013: "zfp",
+    32014: "fpzip",
+    32015: "zstd",
+    32017: "sz",
+    32018: "fcidecomp",
+    32024: "sz3",
+    32026: "blosc2",
+    32028: "sperr",
+    32033: "htj2k",
+}
 #: File drivers whose addresses are byte offsets in one ordinary file.
 _PLAIN_DRIVERS = ("sec2", "stdio")
 
@@ -266,6 +300,74 @@ def chunk_filters(dataset: Any) -> list[tuple[int, tuple[int, ...]]] | None:
             return None
         filters.append((int(code), tuple(int(v) for v in values)))
     return filters
+
+
+class FilterUnavailableError(ImportError):
+    """An HDF5 dataset needs a filter plugin that HDF5 cannot load in this process."""
+
+
+def missing_filters(dataset: Any) -> list[tuple[int, str]]:
+    """``(filter id, name)`` of every filter on ``dataset`` that HDF5 cannot load here.
+
+    ``h5z.filter_avail`` also looks in ``HDF5_PLUGIN_PATH``, so a plugin found there counts
+    as available. The name comes from :data:`FILTER_NAMES`, else from the file.
+    """
+    h5z = _h5py().h5z
+    dcpl = dataset.id.get_create_plist()
+    missing = []
+    for i in range(dcpl.get_nfilters()):
+        code, _flags, _values, stored = dcpl.get_filter(i)
+        if not h5z.filter_avail(code):
+            name = FILTER_NAMES.get(int(code)) or _stored_name(stored)
+            missing.append((int(code), name))
+    return missing
+
+
+def _stored_name(stored: bytes) -> str:
+    """A filter name as written in the file, shortened (a hostile file may write anything)."""
+    text = stored.decode("utf-8", "replace").split(";")[0].strip()
+    return (text[:60] + "...") if len(text) > 60 else (text or "an unregistered filter")
+
+
+def require_filters(dataset: Any, where: str) -> None:
+    """Make sure HDF5 can apply every filter of ``dataset``, importing ``hdf5plugin`` if needed.
+
+    ``where`` names the dataset and its file in the message.
+
+    Raises
+    ------
+    FilterUnavailableError
+        When a filter is still unavailable: the message names each filter (id and name)
+        and how to get it (``pip install hdf5plugin``, or ``HDF5_PLUGIN_PATH``).
+    """
+    missing = missing_filters(dataset)
+    if not missing:
+        return
+    try:  # registers its filters with HDF5; Python imports it once per process
+        plugin: Any = importlib.import_module("hdf5plugin")
+    except ImportError:
+        plugin = None
+    else:
+        missing = missing_filters(dataset)
+        if not missing:
+            return
+    needs = ", ".join(f"{code} ({name})" for code, name in missing)
+    if plugin is None:
+        fix = (
+            'pip install hdf5plugin (pip install -e ".[hdf5plugin]" in a clone of the mixle '
+            "repository), which mixle then loads by itself, or set HDF5_PLUGIN_PATH to a folder "
+            "holding the plugin before starting Python"
+        )
+    else:
+        fix = (
+            f"hdf5plugin {getattr(plugin, 'version', '')} is loaded but does not provide it: "
+            "install the filter's HDF5 plugin and set HDF5_PLUGIN_PATH to its folder before "
+            "starting Python"
+        )
+    raise FilterUnavailableError(
+        f"HDF5 dataset {where} is stored with the filter{'s' if len(missing) > 1 else ''} "
+        f"{needs}, which HDF5 cannot load here, so none of its chunks can be read: {fix}"
+    )
 
 
 def _unshuffle(data: bytes | np.ndarray, itemsize: int) -> np.ndarray:

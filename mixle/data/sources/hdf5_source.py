@@ -9,7 +9,7 @@ import numpy as np
 
 from mixle.data.schema import Schema
 from mixle.data.sources.base import ArrayMeta, ArraySource, listing
-from mixle.data.sources.hdf5_chunks import HDF5ChunkReader, contiguous_memmap
+from mixle.data.sources.hdf5_chunks import HDF5ChunkReader, contiguous_memmap, require_filters
 from mixle.data.sources.hdf5_remote import RemoteHDF5ChunkReader, open_remote_file
 from mixle.data.sources.memmap_check import check_mapped_file
 from mixle.data.structure import EXCHANGEABLE, SampleStructure
@@ -17,8 +17,9 @@ from mixle.errors import ArrayNotFoundError, NotAnArrayError
 from mixle.reading import read_strided
 from mixle.reading.faults import RemoteReadError, retry_call
 from mixle.utils import optional_deps
+from mixle.utils.files import require_regular_file
 from mixle.utils.optional_deps import require
-from mixle.utils.redact import display_path
+from mixle.utils.redact import display_path, redact_text
 
 __all__ = [
     "HDF5_CHUNK_CACHE_BYTES",
@@ -34,6 +35,10 @@ HDF5_CHUNK_CACHE_BYTES = 64 * 1024 * 1024
 #: number of chunks that fit.
 HDF5_CHUNK_CACHE_SLOTS = 100_003
 _MODES = ("r", "r+")
+#: Dataset-access options, applied through HDF5's dataset access property list.
+_ACCESS = ("efile_prefix", "virtual_prefix")
+#: How HDF5 names the prefix of an HDF5 file's own folder in ``efile_prefix``.
+_ORIGIN = "${ORIGIN}"
 
 
 def _h5py() -> Any:
@@ -65,6 +70,13 @@ class HDF5ArraySource(ArraySource):
         Name of the dataset inside the file (e.g. ``"volume"`` or ``"/scans/ct"``).
     storage_options
         Passed to fsspec for URLs (credentials, endpoints). Never shown in reprs or errors.
+    efile_prefix
+        The folder where relative names of external raw-data files (datasets made with
+        h5py's ``external=``) are looked up; ``"${ORIGIN}"`` (optionally followed by
+        ``/sub/folder``) means the HDF5 file's own folder. Default: HDF5's, the current
+        directory (or the ``HDF5_EXTFILE_PREFIX`` environment variable, which wins).
+    virtual_prefix
+        The same for the source files of virtual datasets (``HDF5_VDS_PREFIX`` wins).
     structure, schema
         See :mod:`mixle.data.structure` and :class:`mixle.data.schema.Schema`.
     **h5py_options
@@ -88,6 +100,15 @@ class HDF5ArraySource(ArraySource):
         When ``dataset`` does not exist; the message lists the datasets that do.
     NotAnArrayError
         When ``dataset`` names a group; the message lists the datasets inside it.
+    SpecialFileError
+        When ``path`` or an external raw-data file is a FIFO, a device or a directory.
+    FileNotFoundError
+        When an external raw-data file of the dataset is missing: the message names each
+        one and the ``efile_prefix`` that would find them.
+    ~mixle.data.sources.hdf5_chunks.FilterUnavailableError
+        An ``ImportError``: the dataset uses a filter HDF5 cannot load (such as blosc or
+        zstd) and ``hdf5plugin`` is not installed, or does not provide it. Where it is
+        installed, ``hdf5plugin`` is imported to register its filters before this check.
 
     Notes
     -----
@@ -114,16 +135,19 @@ class HDF5ArraySource(ArraySource):
         dataset: str,
         *,
         storage_options: dict[str, Any] | None = None,
+        efile_prefix: str | os.PathLike[str] | None = None,
+        virtual_prefix: str | os.PathLike[str] | None = None,
         structure: SampleStructure = EXCHANGEABLE,
         schema: Schema | None = None,
         **h5py_options: Any,
     ) -> None:
+        access = {"efile_prefix": efile_prefix, "virtual_prefix": virtual_prefix}
         if _is_file_like(path):
             self._init_state(None, structure, schema)
-            self._file_like = (path, _hdf5_args("<file-like>", dataset, h5py_options))
+            self._file_like = (path, _hdf5_args("<file-like>", dataset, h5py_options, None, access))
             self._adopt(self._open_file_like())
             return
-        args = _hdf5_args(path, dataset, h5py_options, storage_options)
+        args = _hdf5_args(path, dataset, h5py_options, storage_options, access)
         self._init_state(args, structure, schema)
         if optional_deps.HAS_H5PY:  # else checked at first use, where h5py is installed
             self._live()
@@ -148,6 +172,9 @@ class HDF5ArraySource(ArraySource):
             structure,
             schema,
         )
+        where = f"{dataset.name!r} in {display_path(file.filename)!r}"
+        require_filters(dataset, where)
+        _check_external(dataset, file.filename if reopenable else None, where)
         obj._adopt(dataset)
         return obj
 
@@ -162,44 +189,75 @@ class HDF5ArraySource(ArraySource):
 
     def _open_file_like(self) -> Any:
         fileobj, args = self._file_like
-        return self._open_in(fileobj, "<file-like>", args["dataset"], args["options"])
+        return self._open_in(fileobj, "<file-like>", args)
 
     def _open(self) -> Any:
         assert self._args is not None
         _h5py()  # a missing h5py is the first thing to say, before any file check
-        path, name, options = self._args["path"], self._args["dataset"], self._args["options"]
+        args = self._args
+        path = args["path"]
         if _is_url(path):
-            secrets = self._args.get("storage_options")
-
-            def attempt() -> Any:
-                # h5py reads the superblock and object headers through the remote file while
-                # opening: a transient failure there retries the whole open, file included
-                remote = open_remote_file(path, secrets)
-                try:
-                    handle = self._open_in(remote[2], display_path(path), name, options)
-                except BaseException:
-                    remote[2].close()
-                    raise
-                self._remote = remote
-                return handle
-
-            return retry_call(attempt, url=display_path(path), key="(file)", secrets=secrets)
-        if not os.path.exists(path):
-            raise FileNotFoundError(f"path={path!r}: no such file")
-        handle = self._open_in(path, path, name, options)
+            return self._open_remote(path, args)
+        try:  # a FIFO would block h5py's open for ever, a device never ends
+            require_regular_file(path, "HDF5 file")
+        except FileNotFoundError:
+            raise FileNotFoundError(f"path={path!r}: no such file") from None
+        handle = self._open_in(path, path, args)
         st = os.stat(path)
         self._stat = (st.st_dev, st.st_ino)
         return handle
 
-    def _open_in(self, target: Any, path: str, name: str, options: dict[str, Any]) -> Any:
-        """Open dataset ``name`` of the HDF5 file ``target`` (a path or a file object)."""
+    def _open_remote(self, url: str, args: dict[str, Any]) -> Any:
+        """Open the dataset of the HDF5 file at ``url``; no error carries a secret.
+
+        fsspec's and aiohttp's errors hold the URL (password, ``?token=``) and the request
+        headers: they are replaced by a redacted error of the same builtin type, raised
+        outside the ``except`` block so that neither ``__cause__`` nor ``__context__``
+        keeps them.
+        """
+        secrets = args.get("storage_options")
+        shown = display_path(url)
+
+        def attempt() -> Any:
+            # h5py reads the superblock and object headers through the remote file while
+            # opening: a transient failure there retries the whole open, file included
+            remote = open_remote_file(url, secrets)
+            try:
+                handle = self._open_in(remote[2], shown, args)
+            except BaseException:
+                remote[2].close()
+                raise
+            self._remote = remote
+            return handle
+
+        failure: BaseException
+        try:
+            return retry_call(attempt, url=shown, key="(file)", secrets=secrets)
+        except RemoteReadError as exc:  # its message is redacted; what it chains may not be
+            exc.__cause__ = exc.__context__ = None
+            failure = exc
+        except FileNotFoundError:
+            failure = FileNotFoundError(f"path={shown!r}: no such file")
+        except OSError as exc:
+            kind = PermissionError if isinstance(exc, PermissionError) else OSError
+            failure = kind(f"path={shown!r} could not be opened: {redact_text(str(exc), secrets)}")
+        raise failure
+
+    def _open_in(self, target: Any, path: str, args: dict[str, Any]) -> Any:
+        """Open the dataset of ``args`` in the HDF5 file ``target`` (a path or a file object)."""
         h5py = _h5py()
+        name, options = args["dataset"], args["options"]
         try:
             file = h5py.File(target, **options)
         except RemoteReadError:
             raise  # the bytes could not be fetched: nothing is known of the file's format
         except OSError as exc:
             raise OSError(f"path={path!r} could not be opened as an HDF5 file: {exc}") from exc
+        except TypeError as exc:
+            raise TypeError(
+                f"path={path!r}: h5py.File refused the options {sorted(options)} ({exc}); "
+                f"dataset options are {', '.join(_ACCESS)}, rdcc_nbytes, rdcc_nslots, rdcc_w0"
+            ) from None
         try:
             kind = file.get(name, getclass=True)
             if kind is None:
@@ -213,7 +271,10 @@ class HDF5ArraySource(ArraySource):
                     f"dataset={name!r} in {path!r} is a group, not a dataset; pass one of "
                     f"its {listing(inside, 'datasets')}"
                 )
-            node = _open_with_chunk_cache(h5py, file, name, options)
+            node = _open_with_access(h5py, file, name, options, args.get("access", {}))
+            where = f"{name!r} in {path!r}"
+            require_filters(node, where)
+            _check_external(node, file.filename if isinstance(target, str) else None, where)
         except BaseException:
             file.close()
             raise
@@ -277,19 +338,76 @@ class HDF5ArraySource(ArraySource):
             remote[2].close()
 
 
-def _open_with_chunk_cache(h5py: Any, file: Any, name: str, options: dict[str, Any]) -> Any:
-    """Open dataset ``name`` with this source's chunk cache.
+def _open_with_access(
+    h5py: Any, file: Any, name: str, options: dict[str, Any], access: dict[str, str]
+) -> Any:
+    """Open dataset ``name`` with this source's chunk cache and ``access`` prefixes.
 
     HDF5 keeps one chunk cache per open dataset in a process, set by whoever opens it first:
-    a dataset already open elsewhere in the process keeps that opener's cache.
+    a dataset already open elsewhere in the process keeps that opener's cache (and refuses
+    another ``efile_prefix`` or ``virtual_prefix``).
     """
     dapl = h5py.h5p.create(h5py.h5p.DATASET_ACCESS)
     dapl.set_chunk_cache(
         options["rdcc_nslots"], options["rdcc_nbytes"], options.get("rdcc_w0", 0.75)
     )
-    dsid = h5py.h5d.open(file.id, name.encode(), dapl=dapl)
+    if "efile_prefix" in access:
+        dapl.set_efile_prefix(os.fsencode(access["efile_prefix"]))
+    if "virtual_prefix" in access:
+        dapl.set_virtual_prefix(os.fsencode(access["virtual_prefix"]))
+    try:
+        dsid = h5py.h5d.open(file.id, name.encode(), dapl=dapl)
+    except KeyError as exc:
+        if "prefix" not in str(exc):
+            raise
+        raise ValueError(
+            f"dataset={name!r} is already open in this process with another "
+            f"{' or '.join(_ACCESS)} ({exc}); close the other handle first"
+        ) from None
     # readonly lets h5py cache shape/dtype lookups, as File.__getitem__ does: 3x faster reads
     return h5py.Dataset(dsid, readonly=file.mode == "r")
+
+
+def _check_external(dataset: Any, file_path: str | None, where: str) -> None:
+    """Refuse a dataset whose external raw-data files are missing or special files.
+
+    Names are resolved as HDF5 resolves them (``HDF5_EXTFILE_PREFIX``, else the dataset's
+    ``efile_prefix``, else the current directory); ``file_path`` is the HDF5 file's path
+    (``None``: not a local file, so ``${ORIGIN}`` cannot be resolved and nothing is checked).
+    HDF5 reads these files itself: a FIFO among them would block the read for ever.
+    """
+    slots = dataset.external
+    if not slots:
+        return
+    prefix = os.environ.get("HDF5_EXTFILE_PREFIX") or os.fsdecode(
+        dataset.id.get_access_plist().get_efile_prefix()
+    )
+    origin = None if file_path is None else os.path.dirname(os.path.abspath(file_path))
+    if prefix.startswith(_ORIGIN):
+        if origin is None:
+            return
+        prefix = origin + prefix[len(_ORIGIN) :]
+    base = None if prefix in ("", ".") else prefix
+    missing = []
+    for name in dict.fromkeys(os.fsdecode(slot[0]) for slot in slots):
+        full = name if base is None or os.path.isabs(name) else os.path.join(base, name)
+        try:
+            require_regular_file(full, f"external raw-data file of HDF5 dataset {where}")
+        except FileNotFoundError:
+            missing.append(full)
+    if not missing:
+        return
+    looked = f"in the current directory {os.getcwd()!r}" if base is None else f"under {prefix!r}"
+    beside = origin is not None and all(
+        os.path.isfile(os.path.join(origin, os.path.basename(m))) for m in missing
+    )
+    hint = f" (they are in the HDF5 file's folder: efile_prefix={_ORIGIN!r})" if beside else ""
+    raise FileNotFoundError(
+        f"HDF5 dataset {where} stores its data in external raw-data files that are "
+        f"missing ({listing(missing, 'files')}); relative names are looked up {looked}: pass "
+        f"efile_prefix= the folder that holds them{hint}, or {_ORIGIN!r} for the HDF5 "
+        "file's own folder"
+    )
 
 
 def _is_url(path: object) -> bool:
@@ -303,7 +421,11 @@ def _is_file_like(path: object) -> bool:
 
 
 def _hdf5_args(
-    path: Any, dataset: Any, options: dict[str, Any], storage_options: Any = None
+    path: Any,
+    dataset: Any,
+    options: dict[str, Any],
+    storage_options: Any = None,
+    access: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(
@@ -328,7 +450,37 @@ def _hdf5_args(
         )
     options.setdefault("rdcc_nbytes", HDF5_CHUNK_CACHE_BYTES)
     options.setdefault("rdcc_nslots", HDF5_CHUNK_CACHE_SLOTS)
+    _check_cache_options(options)
     args = {"path": os.fspath(path), "dataset": dataset, "options": options}
     if storage_options:
         args["storage_options"] = storage_options
+    prefixes = _parse_access(access or {})
+    if prefixes:
+        args["access"] = prefixes
     return args
+
+
+def _check_cache_options(options: dict[str, Any]) -> None:
+    """``rdcc_nbytes`` and ``rdcc_nslots`` are counts, ``rdcc_w0`` a number in [0, 1]."""
+    for key in ("rdcc_nbytes", "rdcc_nslots"):
+        value = options[key]
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+            raise TypeError(f"{key}={value!r} must be a non-negative integer")
+    w0 = options.get("rdcc_w0", 0.75)
+    if isinstance(w0, bool) or not isinstance(w0, (int, float)) or not 0 <= w0 <= 1:
+        raise ValueError(f"rdcc_w0={w0!r} must be a number from 0 to 1")
+
+
+def _parse_access(access: dict[str, Any]) -> dict[str, str]:
+    """The dataset-access prefixes that are set, as strings; refuse any other type."""
+    parsed = {}
+    for key, value in access.items():
+        if value is None:
+            continue
+        if not isinstance(value, (str, os.PathLike)) or isinstance(os.fspath(value), bytes):
+            raise TypeError(f"{key}={value!r} must be a folder path (str or os.PathLike) or None")
+        text = os.fspath(value)
+        if "\0" in text:
+            raise ValueError(f"{key}={text!r} contains a NUL character")
+        parsed[key] = text
+    return parsed

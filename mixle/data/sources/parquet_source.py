@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -115,6 +116,13 @@ def _list_files(fs: Any, path: str, pafs: Any) -> list[str]:
     return files
 
 
+def _close_files(opened: dict[int, Any]) -> None:
+    """Close the Parquet files in ``opened`` (a handle's finalizer and ``close()``)."""
+    for pf in opened.values():
+        pf.close()
+    opened.clear()
+
+
 class ParquetSource(RecordSource):
     """A Parquet file or a directory of Parquet files; see :func:`read_parquet`."""
 
@@ -186,6 +194,9 @@ class ParquetSource(RecordSource):
             0,
             threading.Lock(),
         )
+        # the open files are closed when the handle is collected (the finalizer holds the
+        # dict of files, never the handle or the source)
+        weakref.finalize(handle, _close_files, opened)
         return handle, TableMeta(specs)
 
     @property
@@ -255,9 +266,7 @@ class ParquetSource(RecordSource):
                     }
 
     def _release(self, handle: _ParquetHandle) -> None:
-        for pf in handle.opened.values():
-            pf.close()
-        handle.opened.clear()
+        _close_files(handle.opened)
         handle.cache.clear()
 
     def _forget(self, handle: _ParquetHandle) -> None:

@@ -226,7 +226,11 @@ def _open_read(path: str) -> _ReadConnection:
             _pause(attempt)
             continue
         con = sqlite3.connect(uri, uri=True, check_same_thread=False)
-        return _ReadConnection(con, path, signature if immutable else None, settled)
+        read = _ReadConnection(con, path, signature if immutable else None, settled)
+        # a sqlite3.Connection is freed only by the cycle collector (its statement cache
+        # refers back to it); closed as soon as its source is dropped instead
+        weakref.finalize(read, con.close)
+        return read
     raise AssertionError("unreachable")  # pragma: no cover
 
 

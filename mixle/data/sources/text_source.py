@@ -27,6 +27,7 @@ import abc
 import contextlib
 import itertools
 import os
+import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
@@ -40,11 +41,13 @@ from mixle.data.sources.memmap_check import FileSignature, check_file_unchanged,
 from mixle.data.sources.records import Batch, RecordSource, TableMeta
 from mixle.data.sources.row_index import RowIndex, line_number, load_row_index
 from mixle.errors import MalformedRowError
+from mixle.utils.files import open_regular_file
 from mixle.utils.progress import parse_progress
 from mixle.utils.redact import display_path
 
 __all__ = [
     "BOM",
+    "Descriptor",
     "LineLookup",
     "TextHandle",
     "TextRecordSource",
@@ -57,26 +60,49 @@ BOM = b"\xef\xbb\xbf"
 
 
 def open_text_file(path: str | os.PathLike[str], what: str) -> tuple[int, str]:
-    """Open ``path`` read-only; return the descriptor and the real path.
+    """Open the regular file ``path`` read-only; return the descriptor and the real path.
+
+    A FIFO, device, socket or directory is refused by ``fstat`` of the opened descriptor
+    (the open itself does not block on a FIFO), before any byte is read.
 
     Raises
     ------
-    FileNotFoundError, IsADirectoryError, TypeError
+    FileNotFoundError, SpecialFileError, TypeError
         With the argument, the value and what would have been accepted.
     """
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"path={path!r} must be a str or os.PathLike naming a {what} file")
     text = os.fspath(path)
-    if os.path.isdir(text):
-        raise IsADirectoryError(f"path={text!r} is a directory; pass one {what} file")
     try:
-        fd = os.open(text, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        with open_regular_file(text, f"{what} path") as raw:
+            fd = os.dup(raw.fileno())  # non-inheritable, like the original
     except FileNotFoundError:
         raise FileNotFoundError(
             f"path={text!r} does not exist (looked in {os.path.abspath(text)!r}); pass the "
             f"path of a {what} file"
         ) from None
     return fd, os.path.realpath(text)
+
+
+def _close_fd(fd: int) -> None:
+    """Close ``fd`` (a finalizer), ignoring one already closed."""
+    with contextlib.suppress(OSError):
+        os.close(fd)
+
+
+class Descriptor:
+    """Owns one open descriptor: :meth:`close` closes it once, and so does garbage collection.
+
+    The finalizer holds the number, never the source or its handle, so a source dropped
+    without ``close()`` releases its descriptor as soon as it is collected (in a forked
+    child too: the child's copy of the number is closed, the parent's is its own).
+    """
+
+    __slots__ = ("__weakref__", "close", "fd")
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.close = weakref.finalize(self, _close_fd, fd)
 
 
 def text_args(
@@ -122,6 +148,8 @@ class TextHandle:
     extra: dict[str, Any] = field(default_factory=dict)
     #: :func:`~mixle.data.sources.memmap_check.file_signature` of the file when opened.
     signature: FileSignature = (0, 0, 0, 0, 0)
+    #: Owns ``fd``: closes it once, at ``close()`` or when the handle is garbage-collected.
+    owner: Descriptor | None = None
 
 
 class TextRecordSource(RecordSource):
@@ -173,15 +201,17 @@ class TextRecordSource(RecordSource):
 
     def _open(self) -> tuple[TextHandle, TableMeta]:
         fd, real = open_text_file(self._args["path"], self._format)
+        owner = Descriptor(fd)
         try:
             signature = file_signature(os.fstat(fd))
             start = len(BOM) if os.pread(fd, len(BOM), 0) == BOM else 0
             handle, meta = self._open_fd(fd, real, start)
             handle.signature = signature
+            handle.owner = owner
             check_file_unchanged(real, signature)  # the header and sample are of this version
             return handle, meta
         except BaseException:
-            os.close(fd)
+            owner.close()
             raise
 
     @staticmethod
@@ -194,7 +224,7 @@ class TextRecordSource(RecordSource):
             The opened file does not have ``signature``.
         """
         try:
-            raw = open(path, "rb")  # noqa: SIM115 - the caller closes it (a with block)
+            raw = open_regular_file(path, "path")  # the caller closes it (a with block)
         except FileNotFoundError:
             if signature is not None:
                 check_file_unchanged(path, signature)  # deleted since it was opened: say so
@@ -325,8 +355,8 @@ class TextRecordSource(RecordSource):
 
     def _release(self, handle: TextHandle) -> None:
         handle.index = None
-        with contextlib.suppress(OSError):
-            os.close(handle.fd)
+        if handle.owner is not None:
+            handle.owner.close()  # once: the finalizer never closes the number again
 
     def _forget(self, handle: TextHandle) -> None:
         # The child opens its own descriptor. Closing the inherited copy leaves the parent's

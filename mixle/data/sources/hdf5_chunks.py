@@ -307,25 +307,38 @@ class FilterUnavailableError(ImportError):
 
 
 def missing_filters(dataset: Any) -> list[tuple[int, str]]:
-    """``(filter id, name)`` of every filter on ``dataset`` that HDF5 cannot load here.
+    """``(filter id, name)`` of each filter HDF5 cannot load here that ``dataset`` needs.
 
     ``h5z.filter_avail`` also looks in ``HDF5_PLUGIN_PATH``, so a plugin found there counts
-    as available. The name comes from :data:`FILTER_NAMES`, else from the file.
+    as available. A filter is needed when a stored chunk went through it: an optional
+    filter skipped on every chunk (h5py's ``allow_unknown_filter=True``) reads without it.
+    The name comes from :data:`FILTER_NAMES`, else from the file.
     """
+    if dataset.chunks is None:
+        return []  # filters need chunked storage
     h5z = _h5py().h5z
     dcpl = dataset.id.get_create_plist()
     missing = []
     for i in range(dcpl.get_nfilters()):
         code, _flags, _values, stored = dcpl.get_filter(i)
-        if not h5z.filter_avail(code):
+        if not h5z.filter_avail(code) and _filter_applied(dataset.id, i):
             name = FILTER_NAMES.get(int(code)) or _stored_name(stored)
             missing.append((int(code), name))
     return missing
 
 
+def _filter_applied(dsid: Any, index: int) -> bool:
+    """Whether some stored chunk went through filter ``index``; stops at the first such."""
+    bit = 1 << index
+    if hasattr(dsid, "chunk_iter"):  # h5py >= 3.8: one walk of the chunk index
+        return dsid.chunk_iter(lambda info: None if info.filter_mask & bit else True) is True
+    return any(not dsid.get_chunk_info(k).filter_mask & bit for k in range(dsid.get_num_chunks()))
+
+
 def _stored_name(stored: bytes) -> str:
     """A filter name as written in the file, shortened (a hostile file may write anything)."""
     text = stored.decode("utf-8", "replace").split(";")[0].strip()
+    text = "".join(c if c.isprintable() else "?" for c in text)
     return (text[:60] + "...") if len(text) > 60 else (text or "an unregistered filter")
 
 
@@ -366,7 +379,7 @@ def require_filters(dataset: Any, where: str) -> None:
         )
     raise FilterUnavailableError(
         f"HDF5 dataset {where} is stored with the filter{'s' if len(missing) > 1 else ''} "
-        f"{needs}, which HDF5 cannot load here, so none of its chunks can be read: {fix}"
+        f"{needs}, which HDF5 cannot load here, so its chunks cannot be read: {fix}"
     )
 
 

@@ -123,3 +123,32 @@ class LoadsOnlyInTheDriver:
 
     def __reduce__(self) -> tuple[Any, tuple[()]]:
         return (_refuse_to_load, ())
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (Linux ``/proc``; a zombie has exited)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+    return "\nState:\tZ" not in status
+
+
+def note_pid_and_nap(shard: Any, log: str, seconds: float) -> int:
+    """Append this worker's pid to ``log`` (the call has started), then sleep."""
+    with open(log, "a") as fh:
+        fh.write(f"{os.getpid()}\n")
+    time.sleep(seconds)
+    return 0
+
+
+class NotePidAndNap:
+    """An encoder that appends its process id to ``log``, then sleeps ``seconds``."""
+
+    def __init__(self, log: str | Path, seconds: float) -> None:
+        self.log = str(log)
+        self.seconds = seconds
+
+    def __call__(self, records: list[Any]) -> list[Any]:
+        note_pid_and_nap(records, self.log, self.seconds)
+        return records

@@ -29,6 +29,7 @@ from _encoded_helpers import (
     logged_pids,
     nap,
     patch_means,
+    pid_alive,
     pid_of,
     plus,
     shard_sum,
@@ -312,14 +313,6 @@ if {crash}:
 """
 
 
-def _alive(pid: int) -> bool:
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except FileNotFoundError:
-        return False
-    return "\nState:\tZ" not in status  # a zombie has exited
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 @pytest.mark.parametrize("crash", [False, True])
 def test_no_orphans_at_interpreter_exit(crash):
@@ -330,7 +323,7 @@ def test_no_orphans_at_interpreter_exit(crash):
     )
     assert out.returncode == (1 if crash else 0), out.stderr
     pids = json.loads(out.stdout.splitlines()[0])
-    assert len(pids) == 2 and not any(_alive(p) for p in pids)
+    assert len(pids) == 2 and not any(pid_alive(p) for p in pids)
 
 
 # -- arguments ----------------------------------------------------------------------------

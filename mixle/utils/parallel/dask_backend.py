@@ -7,6 +7,7 @@ resulting future stays held, so the shard stays in that worker's memory. ``map``
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 import traceback
@@ -28,12 +29,14 @@ from mixle.utils.parallel.encoding import (
 from mixle.utils.parallel.sharding import parse_count, plan_shards
 from mixle.utils.progress import ProgressBar, parse_progress, progress_bar
 
-__all__ = ["POLL_INTERVAL_S", "QUIET_SCHEDULER", "DaskEncodedData"]
+__all__ = ["KILL_GRACE_S", "POLL_INTERVAL_S", "QUIET_SCHEDULER", "DaskEncodedData"]
 
 #: The scheduler's HTTP routes bind a free port instead of 8787 (which warns when taken).
 QUIET_SCHEDULER = {"dashboard": False, "dashboard_address": ":0"}
 #: How often a waiting call checks that the shards it needs still exist.
 POLL_INTERVAL_S = 0.2
+#: Seconds a broken handle's own cluster gives busy workers before killing them.
+KILL_GRACE_S = 0.5
 
 
 def _build_remote(data: Any, pieces: Any, encoder: Any, batched: bool, raw: Any) -> Any:
@@ -44,12 +47,29 @@ def _call_remote(fn: Callable[..., Any], shard: Any, *args: Any) -> Any:
     return fn(shard, *args)
 
 
-def _release(client: Any, futures: list[Any], own: tuple[Any, Any] | None) -> None:
-    """Drop the shard futures (freeing worker memory); close a cluster the handle started."""
+async def _stop_workers(workers: list[Any], grace: float) -> None:
+    """Close a local cluster's nannies, killing worker processes still busy after ``grace``."""
+    await asyncio.gather(
+        *(w.close(timeout=grace, reason="mixle-handle-broken") for w in workers),
+        return_exceptions=True,
+    )
+
+
+def _release(
+    client: Any, futures: list[Any], own: tuple[Any, Any] | None, grace: float | None = None
+) -> None:
+    """Drop the shard futures (freeing worker memory); close a cluster the handle started.
+
+    With ``grace``, worker processes of that cluster still running a task after ``grace``
+    seconds are killed (Dask cannot interrupt a running task).
+    """
     if futures and client.status == "running":
         client.cancel(futures)
     futures.clear()
     if own is not None:
+        if grace is not None:
+            with contextlib.suppress(Exception):
+                own[1].sync(_stop_workers, list(own[1].workers.values()), grace)
         own[0].close()
         own[1].close()
 
@@ -112,6 +132,7 @@ class DaskEncodedData(EncodedData):
                 own = (client, cluster)
         self._client = client
         self._shards: list[Any] = []
+        self._own = own
         self._finalizer = weakref.finalize(self, _release, client, self._shards, own)
         try:
             addresses = sorted(client.scheduler_info(n_workers=-1)["workers"])
@@ -184,6 +205,12 @@ class DaskEncodedData(EncodedData):
         ]
         try:
             return self._wait(calls, timeout, what)
+        except (WorkerError, WorkerTimeoutError):  # a user error, or already broken
+            raise
+        except BaseException as exc:  # e.g. KeyboardInterrupt: the tasks may still run
+            if self._broken is None:
+                self._break(f"{type(exc).__name__} during {what}")
+            raise
         finally:
             if self._client.status == "running":
                 self._client.cancel(calls)
@@ -221,14 +248,19 @@ class DaskEncodedData(EncodedData):
                 shown = done
             if all(f.done() for f in futures) or any(f.status == "error" for f in futures):
                 break
-            if not build:  # a finished shard that is no longer finished was lost
-                lost = [w for w, s in enumerate(self._shards) if s.status != "finished"]
-                if lost:
-                    self._lost(lost[0], what)
+            self._check_homes(what, build)
         for w, future in enumerate(futures):
             if future.status == "error":
                 self._raise_error(w, future, what)
         return [] if build else [f.result() for f in futures]
+
+    def _check_homes(self, what: str, build: bool) -> None:
+        """Raise WorkerDiedError when a shard's Dask worker left the cluster or, once built,
+        the shard is no longer held (a task pinned to a gone worker would wait for ever)."""
+        live = self._client.nthreads()
+        for w, home in enumerate(self._homes):
+            if home not in live or (not build and self._shards[w].status != "finished"):
+                self._lost(w, what)
 
     def _lost(self, worker: int, what: str) -> None:
         reason = f"shard {worker} on Dask worker {self._homes[worker]} was lost during {what}"
@@ -252,4 +284,6 @@ class DaskEncodedData(EncodedData):
         )
 
     def _shutdown(self, graceful: bool) -> None:
-        self._finalizer()
+        if self._finalizer.alive:
+            self._finalizer.detach()
+            _release(self._client, self._shards, self._own, None if graceful else KILL_GRACE_S)

@@ -168,9 +168,16 @@ class MPEncodedData(EncodedData):
         return tuple(self._pids)
 
     def _start(self, ctx: Any) -> None:
+        method = ctx.get_start_method()
+        # a forkserver's children have the server as parent (it outlives the driver while
+        # they run); the death signal follows the thread that forks, and only the main
+        # thread lives as long as the driver
+        parent = None if method == "forkserver" else os.getpid()
+        main = threading.current_thread() is threading.main_thread()
+        pdeathsig = parent is not None and main
         for _ in range(self.num_workers):
             mine, theirs = ctx.Pipe(duplex=True)
-            proc = ctx.Process(target=worker_main, args=(theirs,), daemon=True)
+            proc = ctx.Process(target=worker_main, args=(theirs, parent, pdeathsig), daemon=True)
             self._conns.append(mine)
             proc.start()
             self._procs.append(proc)

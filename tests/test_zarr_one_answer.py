@@ -79,25 +79,40 @@ LAYOUTS: dict[str, tuple[dict[str, Any], str]] = {
     "v3 gzip": ({"compressors": GzipCodec()}, "ZarrCodecReader"),
     "v3 blosc": ({"compressors": BloscCodec(cname="lz4", shuffle="shuffle")}, "ZarrCodecReader"),
     "v3 zstd crc32c": ({"compressors": [ZstdCodec(), Crc32cCodec()]}, "ZarrCodecReader"),
-    "v3 delta (zarr decodes)": (
+    "v3 delta": (
         {
             "filters": [_numcodecs_v3(zarr_numcodecs.Delta, dtype="int32")],
             "compressors": ZstdCodec(),
         },
-        "ZarrPipelineReader",
+        "ZarrCodecReader",
     ),
-    "v3 shuffle (zarr decodes)": (
+    "v3 shuffle": (
         {"compressors": [_numcodecs_v3(zarr_numcodecs.Shuffle, elementsize=4), ZstdCodec()]},
-        "ZarrPipelineReader",
+        "ZarrCodecReader",
     ),
-    "v3 transpose (zarr decodes)": (
+    "v3 bz2": ({"compressors": _numcodecs_v3(zarr_numcodecs.BZ2)}, "ZarrCodecReader"),
+    "v3 transpose": (
         {"filters": [TransposeCodec(order=(2, 0, 1))], "compressors": ZstdCodec()},
+        "ZarrCodecReader",
+    ),
+    "v3 delta astype (zarr decodes)": (
+        {
+            "filters": [_numcodecs_v3(zarr_numcodecs.Delta, dtype="int32", astype="int16")],
+            "compressors": ZstdCodec(),
+        },
         "ZarrPipelineReader",
     ),
     "v3 sharded raw": ({"shards": SHARDS, "compressors": None}, "ShardedZarrReader"),
     "v3 sharded zstd": ({"shards": SHARDS, "compressors": ZstdCodec()}, "ShardedZarrReader"),
-    "v3 sharded transpose (zarr decodes)": (
+    "v3 sharded transpose": (
         {"shards": SHARDS, "filters": [TransposeCodec(order=(1, 0, 2))]},
+        "ShardedZarrReader",
+    ),
+    "v3 sharded delta astype (zarr decodes)": (
+        {
+            "shards": SHARDS,
+            "filters": [_numcodecs_v3(zarr_numcodecs.Delta, dtype="int32", astype="int16")],
+        },
         "ZarrPipelineReader",
     ),
 }
@@ -270,7 +285,7 @@ def test_corrupt_chunk_raises_naming_array_and_chunk(tmp_path, layout, read):
 
 @pytest.mark.parametrize("read", list(PATHS))
 @pytest.mark.parametrize(
-    "layout", ["v2 zstd", "v3 raw", "v3 sharded zstd", "v3 delta (zarr decodes)"]
+    "layout", ["v2 zstd", "v3 raw", "v3 sharded zstd", "v3 delta astype (zarr decodes)"]
 )
 def test_chunk_path_that_is_a_directory_raises(tmp_path, layout, read):
     path = tmp_path / "a.zarr"

@@ -61,7 +61,8 @@ def plan_chunks(
     chunks
         Chunk extent per axis, each >= 1.
     shape
-        Array shape (used to order chunks; edge chunks may be partial).
+        Array shape (edge chunks may be partial); any extent below ``2**63`` plans, however
+        many chunks its grid has.
 
     Returns
     -------
@@ -89,20 +90,18 @@ def plan_chunks(
         radix = span[box, axis]
         coord[:, axis] = first[box, axis] + rank % radix
         rank //= radix
-    grid = -(-np.asarray(shape, dtype=np.int64) // step)
-    flat: NDArray[np.int64] = np.asarray(
-        np.ravel_multi_index(tuple(coord.T), tuple(grid.tolist())), dtype=np.int64
-    )
-    order = np.argsort(flat, kind="stable")
-    flat, box, coord = flat[order], box[order], coord[order]
+    # C order of the chunk grid without a flat index (a grid of 2**62 chunks per axis
+    # overflows one): sort by axis 0 first, ties stable
+    order = np.lexsort(coord.T[::-1])
+    box, coord = box[order], coord[order]
     origin = coord * step
     lo = np.maximum(start[box], origin)
     hi = np.minimum(start[box] + ext, origin + step)
     out_lo, out_hi = (lo - start[box]).tolist(), (hi - start[box]).tolist()
     in_lo, in_hi = (lo - origin).tolist(), (hi - origin).tolist()
-    boundaries = np.flatnonzero(np.diff(flat)) + 1
+    boundaries = np.flatnonzero((np.diff(coord, axis=0) != 0).any(axis=1)) + 1
     heads = np.concatenate(([0], boundaries)).tolist()
-    tails = np.concatenate((boundaries, [flat.size])).tolist()
+    tails = np.concatenate((boundaries, [box.size])).tolist()
     box_ids = box.tolist()
     coords = coord[heads].tolist()
     pieces: list[list[Piece]] = []

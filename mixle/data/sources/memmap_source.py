@@ -14,8 +14,13 @@ from mixle.data.sources.base import ArrayMeta, ArraySource
 from mixle.data.sources.memmap_check import check_mapped_file, file_identity
 from mixle.data.structure import EXCHANGEABLE, SampleStructure
 from mixle.reading import read_strided
+from mixle.utils.files import open_regular_file, require_regular_file
 
-__all__ = ["MemmapArraySource", "NpyArraySource", "parse_memmap_mode"]
+__all__ = ["NPY_HEADER_LIMIT", "MemmapArraySource", "NpyArraySource", "parse_memmap_mode"]
+
+#: The most bytes of ``.npy`` header mixle reads: NumPy's own ``max_header_size`` (10,000
+#: characters, which ``np.load`` checks too) at up to 4 bytes each (UTF-8, format 3).
+NPY_HEADER_LIMIT = 4 * 10_000
 
 _MODE_ALIASES = {
     "r": "r",
@@ -26,6 +31,8 @@ _MODE_ALIASES = {
     "copyonwrite": "c",
 }
 _NPY_MAGIC = b"\x93NUMPY"
+#: Bytes of the header length field per ``.npy`` format version.
+_NPY_LENGTH_BYTES = {1: 2, 2: 4, 3: 4}
 
 
 def parse_memmap_mode(mode: object) -> str:
@@ -53,12 +60,39 @@ def _parse_shape(shape: object) -> tuple[int, ...]:
 
 
 def _check_path(path: object) -> str:
+    """``path`` as a str, refused unless a regular file (a FIFO or device: SpecialFileError)."""
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"path={path!r} must be a path to a file")
     path = os.fspath(path)
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"path={path!r}: no such file")
+    try:
+        require_regular_file(path, "path")
+    except (FileNotFoundError, NotADirectoryError):
+        raise FileNotFoundError(f"path={path!r}: no such file") from None
     return path
+
+
+def _check_npy_header(path: str) -> None:
+    """Refuse a file that is not ``.npy``, or whose header is longer than NumPy allows.
+
+    Reads the magic string, the version and the header length only (at most 12 bytes), so a
+    header claiming gigabytes costs nothing.
+    """
+    with open_regular_file(path, "path") as fh:
+        head = fh.read(len(_NPY_MAGIC) + 2 + 4)
+    if head[: len(_NPY_MAGIC)] != _NPY_MAGIC:
+        raise ValueError(f"path={path!r} is not a .npy file (no NUMPY magic header)")
+    major = head[len(_NPY_MAGIC)] if len(head) > len(_NPY_MAGIC) else None
+    width = _NPY_LENGTH_BYTES.get(major) if major is not None else None
+    start = len(_NPY_MAGIC) + 2
+    if width is None or len(head) < start + width:
+        raise ValueError(f"path={path!r} is not a .npy file NumPy reads (format version {major})")
+    length = int.from_bytes(head[start : start + width], "little")
+    if length > NPY_HEADER_LIMIT:
+        raise ValueError(
+            f"path={path!r}: its .npy header claims {length:,} bytes, more than the "
+            f"{NPY_HEADER_LIMIT:,} NumPy allows (max_header_size): it is not a .npy file "
+            "mixle maps"
+        )
 
 
 class MemmapArraySource(ArraySource):
@@ -221,10 +255,7 @@ class NpyArraySource(MemmapArraySource):
     def _open(self) -> Any:
         assert self._args is not None
         path = _check_path(self._args["path"])
-        with open(path, "rb") as fh:
-            magic = fh.read(len(_NPY_MAGIC))
-        if magic != _NPY_MAGIC:
-            raise ValueError(f"path={path!r} is not a .npy file (no NUMPY magic header)")
+        _check_npy_header(path)
         try:
             return np.load(path, mmap_mode=self._args["mode"], allow_pickle=False)
         except ValueError as exc:

@@ -30,13 +30,18 @@ never written reads as the fill value, as zarr reads it.
 
 from __future__ import annotations
 
+import asyncio
 import functools
+import math
 import os
-from collections.abc import Callable, Generator, Sequence
-from typing import Any, Literal
+import stat
+from collections.abc import Generator, Sequence
+from typing import Any
 
 import numpy as np
 
+from mixle.data.sources.zarr_codecs import ChunkDecoder, numcodecs_decoder, v3_decoder
+from mixle.errors import SpecialFileError
 from mixle.reading import CorruptChunkError, new_token
 from mixle.reading.faults import RangeMismatchError, is_transient, retry_async
 from mixle.reading.fetch import (
@@ -47,7 +52,7 @@ from mixle.reading.fetch import (
     stream_bounded,
     widen_connection_pool,
 )
-from mixle.utils.optional_deps import require
+from mixle.utils.files import open_regular_file, read_regular_file, require_regular_file
 
 __all__ = [
     "CheckedRangeStore",
@@ -59,17 +64,17 @@ __all__ = [
     "decode_checked",
     "fill_chunk",
     "local_chunk_dir",
+    "read_local_object",
+    "refuse_special",
+    "v3_decoder",
     "zarr_chunk_reader",
 ]
 
 #: dtype kinds whose chunks are plain fixed-size bytes (bool, ints, floats, complex, times).
 _PLAIN_KINDS = "biufcmM"
 
-_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
-#: Bytes 1-3 of a skippable zstd frame's magic number (byte 0 is 0x50 to 0x5F).
-_SKIPPABLE_MAGIC_TAIL = b"\x2a\x4d\x18"
-
-Decoder = Callable[[bytes], np.ndarray]
+#: A ``bytes -> chunk`` decoder (every stage bounded by the chunk's size).
+Decoder = ChunkDecoder
 
 
 class ZarrPipelineReader:
@@ -110,14 +115,14 @@ class ZarrPipelineReader:
         )
         self._base = _local_dir(array)
         itemsize = getattr(np.dtype(array.dtype), "itemsize", 0) or 8
-        self._nbytes = int(np.prod(self.chunks, dtype=np.int64)) * itemsize
+        self._nbytes = math.prod(self.chunks) * itemsize
 
     async def _read(self, coords: tuple[int, ...]) -> np.ndarray:
         """Chunk ``coords`` (clipped to the array), read and decoded by zarr."""
         stored = tuple(c // n for c, n in zip(coords, self._per_object))
         key = self._array.metadata.encode_chunk_key(stored)
         if self._base is not None:
-            refuse_directory(self._base, key, self._where, coords)
+            refuse_special(self._base, key, self._where, coords)
         region = tuple(
             slice(c * n, min((c + 1) * n, d)) for c, n, d in zip(coords, self.chunks, self._shape)
         )
@@ -191,15 +196,73 @@ def decode_checked(
         ) from None
 
 
-def refuse_directory(base: str, key: str, where: str, coords: tuple[int, ...]) -> None:
-    """Raise :class:`CorruptChunkError` if stored key ``key`` under ``base`` is a directory.
+def refuse_special(base: str, key: str, where: str, coords: tuple[int, ...]) -> None:
+    """Refuse stored key ``key`` under ``base`` unless it is a regular file or missing.
 
     zarr reads a directory where a chunk's file should be as a chunk never written (the
-    fill value); mixle refuses it, on every read path.
+    fill value): mixle raises :class:`CorruptChunkError` for it, on every read path. A
+    FIFO, device or socket (which would block a read or never end) raises
+    :class:`~mixle.SpecialFileError`, found by ``stat`` before anything is read.
     """
     path = os.path.join(base, *key.split("/"))
-    if os.path.isdir(path):
+    try:
+        info = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    if stat.S_ISDIR(info.st_mode):
         raise CorruptChunkError(_directory_message(key, where, coords, path))
+    require_regular_file(path, f"chunk {key!r} of zarr array {where}: file")
+
+
+def read_local_object(
+    path: str, what: str, limit: int, byte_range: ByteRange = None
+) -> bytes | None:
+    """The bytes of a local stored object (``None`` when it does not exist), at most ``limit``.
+
+    Parameters
+    ----------
+    path
+        The object's file.
+    what
+        How messages name it (array, key).
+    limit
+        The most bytes it may have (a whole object) or a range may ask.
+    byte_range
+        ``None`` (the whole object), ``(start, end)`` or ``(-n, None)`` (the last ``n``
+        bytes); a range past the end of the file returns what the file holds.
+
+    Raises
+    ------
+    SpecialFileError
+        When the path is a FIFO, device or socket (checked on the opened descriptor).
+    CorruptChunkError
+        When the object (or the range asked) is larger than ``limit`` bytes, or the path is
+        a directory.
+    """
+    try:
+        if byte_range is None:
+            return read_regular_file(path, what, limit=limit)
+        start, end = byte_range
+        length = -start if end is None else end - start
+        if length > limit:
+            raise ValueError(
+                f"{what} {path!r}: a read of {length} bytes asked, more than {limit:,}"
+            )
+        with open_regular_file(path, what) as file:
+            size = os.fstat(file.fileno()).st_size
+            first = max(size + start, 0) if end is None else min(start, size)
+            file.seek(first)
+            return file.read(size - first if end is None else max(min(end, size) - first, 0))
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except SpecialFileError:
+        if os.path.isdir(path):
+            raise CorruptChunkError(
+                f"{what} {path!r} is a directory, not a stored chunk or shard"
+            ) from None
+        raise
+    except ValueError as exc:
+        raise CorruptChunkError(str(exc)) from None
 
 
 def _directory_message(key: str, where: str, coords: tuple[int, ...], path: str) -> str:
@@ -249,13 +312,16 @@ class ZarrCodecReader(_DecodedChunks):
     def read_chunk(self, coords: tuple[int, ...]) -> np.ndarray:
         key = self._meta.encode_chunk_key(coords)
         path = os.path.join(self._base, *key.split("/"))
+        what = f"chunk {key!r} of zarr array {self._where} (chunk grid coordinates {coords}):"
         try:
-            with open(path, "rb") as fh:
-                raw: bytes | None = fh.read()
-        except FileNotFoundError:
-            raw = None  # never written: the fill value, as zarr reads it
-        except IsADirectoryError:
-            raise CorruptChunkError(_directory_message(key, self._where, coords, path)) from None
+            # never written (None): the fill value, as zarr reads it
+            raw = read_local_object(path, f"{what} file", self._decode.stored_limit)
+        except CorruptChunkError:
+            if os.path.isdir(path):
+                raise CorruptChunkError(
+                    _directory_message(key, self._where, coords, path)
+                ) from None
+            raise
         return self.decode(coords, raw)
 
 
@@ -276,8 +342,8 @@ class ZarrStoreReader(_DecodedChunks):
         self, array: Any, decode: Decoder, where: str = "", url: str = "", secrets: Any = None
     ) -> None:
         super().__init__(array, decode, where)
-        self._get = StoreGetter(array, url or self._where, secrets)
-        self._nbytes = int(np.prod(self.chunks, dtype=np.int64)) * np.dtype(array.dtype).itemsize
+        self._get = StoreGetter(array, url or self._where, secrets, decode.stored_limit)
+        self._nbytes = math.prod(self.chunks) * np.dtype(array.dtype).itemsize
 
     def fetch_each(
         self, coords: Sequence[tuple[int, ...]]
@@ -438,9 +504,22 @@ class StoreGetter:
     Every answer comes through a :class:`CheckedRangeStore`. An s3fs store whose
     ``storage_options`` leave the connection pool at aiobotocore's default of 10 is read
     through a copy with a wider pool (:func:`~mixle.reading.fetch.widen_connection_pool`).
+
+    Parameters
+    ----------
+    array
+        The open ``zarr.Array`` whose store is read.
+    url
+        Display-safe location of the array, used in errors with the stored key.
+    secrets
+        Values masked in error messages (the ``storage_options``).
+    limit
+        The most bytes one stored object (or one range of it) may have. When set, objects
+        of a local store are read by mixle itself, refusing special files and larger
+        objects before reading them (``0``: through the store, unchecked).
     """
 
-    def __init__(self, array: Any, url: str, secrets: Any = None) -> None:
+    def __init__(self, array: Any, url: str, secrets: Any = None, limit: int = 0) -> None:
         from zarr.core.buffer import default_buffer_prototype
         from zarr.storage import FsspecStore
 
@@ -456,14 +535,24 @@ class StoreGetter:
         self._prototype = default_buffer_prototype()
         self._url = url.rstrip("/")
         self._secrets = secrets
+        self._limit = limit
 
     async def get(self, key: str, byte_range: ByteRange) -> bytes | None:
         """One retried request; ``None`` when the key does not exist.
 
-        Raises :class:`CorruptChunkError` when a local store holds a directory at ``key``
-        (zarr's stores answer that as a missing key).
+        In a local store the file is read here (:func:`read_local_object`): a directory at
+        ``key`` (which zarr's stores answer as a missing key) or a stored object larger
+        than ``limit`` raises :class:`CorruptChunkError`, a FIFO, device or socket
+        :class:`~mixle.SpecialFileError`, all before anything is read.
         """
         from zarr.abc.store import RangeByteRequest, SuffixByteRequest
+
+        if self._local is not None and self._limit:
+            path = os.path.join(self._local, *key.split("/"))
+            what = f"stored object {key!r} of zarr array {self._url!r}:"
+            return await asyncio.to_thread(
+                read_local_object, path, f"{what} file", self._limit, byte_range
+            )
 
         request: Any = None  # a whole object (fsspec stores: bytes=0-, see CheckedRangeStore)
         if byte_range is not None:
@@ -538,128 +627,8 @@ def codec_chain(array: Any) -> Decoder | None:
         stored = meta.dtype.to_native_dtype()
         compressor = meta.compressor
         filters = list(meta.filters or ())
-        return _numcodecs_decoder(compressor, filters, stored, chunks, meta.order)
+        return numcodecs_decoder(compressor, filters, stored, chunks, meta.order)
     return v3_decoder(meta.codecs, dtype, chunks)
-
-
-def v3_decoder(codecs: Sequence[Any], dtype: np.dtype, chunks: tuple[int, ...]) -> Decoder | None:
-    """A decoder for a format 3 codec list (``bytes`` then bytes codecs), else ``None``."""
-    from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, GzipCodec, ZstdCodec
-
-    numcodecs = require("numcodecs", "zarr", feature="ZarrArraySource")
-
-    if not codecs or not isinstance(codecs[0], BytesCodec):
-        return None  # array -> array codecs (transpose) or an unknown serializer
-    endian = codecs[0].endian
-    stored = (
-        dtype if endian is None else dtype.newbyteorder("<" if endian.value == "little" else ">")
-    )
-    steps: list[Any] = []
-    for codec in codecs[1:]:
-        if isinstance(codec, ZstdCodec):
-            steps.append(numcodecs.Zstd())
-        elif isinstance(codec, GzipCodec):
-            steps.append(numcodecs.GZip())
-        elif isinstance(codec, BloscCodec):
-            steps.append(numcodecs.Blosc())
-        elif isinstance(codec, Crc32cCodec):
-            steps.append(numcodecs.CRC32C())
-        else:
-            return None
-    compressor = steps.pop() if steps else None  # the last codec applied is undone first
-    return _numcodecs_decoder(compressor, steps, stored, chunks, "C")
-
-
-def _numcodecs_decoder(
-    compressor: Any,
-    filters: list[Any],
-    stored: np.dtype,
-    chunks: tuple[int, ...],
-    order: Literal["C", "F"],
-) -> Decoder:
-    """Decode ``compressor`` then ``filters`` (last first), as zarr format 2 does.
-
-    The decoded bytes must be exactly one chunk: a short or long result raises.
-    """
-    count = int(np.prod(chunks, dtype=np.int64))
-    nbytes = count * stored.itemsize
-    direct = compressor is not None and not filters and compressor.codec_id in ("zstd", "blosc")
-
-    def decode(raw: bytes) -> np.ndarray:
-        if direct:  # decompress straight into the chunk; a size mismatch raises
-            flat = np.empty(count, dtype=stored)
-            declared = _declared_size(compressor.codec_id, raw)
-            if declared not in (None, nbytes):
-                raise ValueError(f"the stored header says {declared} bytes, a chunk has {nbytes}")
-            compressor.decode(raw, out=flat)
-        else:
-            buf: Any = raw if compressor is None else compressor.decode(raw)
-            for f in reversed(filters):
-                buf = f.decode(buf)
-            got = memoryview(buf).nbytes
-            if got != nbytes:
-                raise ValueError(f"decoded {got} bytes, a chunk has {nbytes}")
-            flat = np.frombuffer(buf, dtype=stored, count=count)
-        return flat.reshape(chunks, order=order)
-
-    return decode
-
-
-def _declared_size(codec_id: str, raw: bytes) -> int | None:
-    """The decoded size the stored header(s) record, or ``None`` where they do not say.
-
-    Blosc: its header. Zstd: the sum over every frame (numcodecs decodes concatenated
-    frames, and so does zarr); ``None`` when a frame omits its content size, or when the
-    frames cannot be walked (the decoder then fills exactly one chunk or raises).
-    """
-    if codec_id == "blosc":
-        return int.from_bytes(raw[4:8], "little") if len(raw) >= 16 else None
-    total, pos = 0, 0
-    while pos < len(raw):
-        frame = _zstd_frame(raw, pos)
-        if frame is None:
-            return None
-        content, pos = frame
-        if content is None:
-            return None
-        total += content
-    return total if raw else None
-
-
-def _zstd_frame(raw: bytes, pos: int) -> tuple[int | None, int] | None:
-    """``(content size or None, end)`` of the zstd frame at ``raw[pos:]``; ``None``: not one.
-
-    Walks the frame header and block headers (RFC 8878), as ``ZSTD_findFrameCompressedSize``
-    does; skippable frames hold no content.
-    """
-    magic = raw[pos : pos + 4]
-    if len(magic) == 4 and magic[1:] == _SKIPPABLE_MAGIC_TAIL and magic[0] & 0xF0 == 0x50:
-        end = pos + 8 + int.from_bytes(raw[pos + 4 : pos + 8], "little")
-        return (0, end) if pos + 8 <= end <= len(raw) else None
-    if magic != _ZSTD_MAGIC or len(raw) < pos + 6:
-        return None
-    descriptor = raw[pos + 4]
-    single_segment = (descriptor >> 5) & 1
-    at = pos + 5 + (0 if single_segment else 1) + (0, 1, 2, 4)[descriptor & 3]
-    width = (single_segment, 2, 4, 8)[descriptor >> 6]
-    if len(raw) < at + width:
-        return None
-    content: int | None = None
-    if width:
-        content = int.from_bytes(raw[at : at + width], "little") + (256 if width == 2 else 0)
-    at += width
-    while True:  # blocks: a 3-byte header (last flag, type, size) and its payload
-        if len(raw) < at + 3:
-            return None
-        header = int.from_bytes(raw[at : at + 3], "little")
-        kind, size = (header >> 1) & 3, header >> 3
-        at += 3 + (1 if kind == 1 else size)  # an RLE block stores one byte
-        if kind == 3 or at > len(raw):
-            return None
-        if header & 1:
-            break
-    at += 4 if descriptor & 4 else 0  # the content checksum
-    return (content, at) if at <= len(raw) else None
 
 
 def _local_dir(array: Any) -> str | None:

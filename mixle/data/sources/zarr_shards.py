@@ -14,6 +14,7 @@ served as data is retried, then raised, never decoded.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import OrderedDict
 from collections.abc import Generator, Sequence
@@ -71,9 +72,12 @@ class ShardedZarrReader:
         self._decode = decode
         self._checksum = checksum
         self._at_end = at_end
-        self._index_bytes = 16 * int(np.prod(self._per_shard)) + (_CRC_BYTES if checksum else 0)
+        inner = math.prod(self._per_shard)
+        self._index_bytes = 16 * inner + (_CRC_BYTES if checksum else 0)
         self._where = where or repr(array.store)
-        self._get = StoreGetter(array, url or self._where, secrets)
+        self._chunk_limit = decode.stored_limit
+        limit = self._index_bytes + inner * decode.stored_limit
+        self._get = StoreGetter(array, url or self._where, secrets, limit)
         self._fill = fill_chunk(array, self.chunks)
         self._nbytes = self._fill.nbytes
         self._indices: OrderedDict[tuple[int, ...], np.ndarray | None] = OrderedDict()
@@ -125,7 +129,24 @@ class ShardedZarrReader:
                     f"shard {key!r} of zarr array {self._where} is corrupt: the crc32c "
                     "checksum of its index does not match"
                 )
-        return np.frombuffer(body, dtype="<u8").reshape(*self._per_shard, 2)
+        index = np.frombuffer(body, dtype="<u8").reshape(*self._per_shard, 2)
+        self._check_index(key, index)
+        return index
+
+    def _check_index(self, key: str, index: np.ndarray) -> None:
+        """Refuse an index entry past ``2**63`` or longer than a stored inner chunk can be."""
+        offsets, lengths = index[..., 0], index[..., 1]
+        written = (offsets != _EMPTY) | (lengths != _EMPTY)
+        limit = np.uint64(self._chunk_limit)
+        bad = written & ((lengths > limit) | (offsets >= np.uint64(2**63 - int(limit))))
+        if bad.any():
+            at = tuple(int(i) for i in np.argwhere(bad)[0])
+            offset, length = (int(v) for v in index[at])
+            raise CorruptChunkError(
+                f"shard {key!r} of zarr array {self._where} is corrupt: its index gives the "
+                f"inner chunk at {at} offset {offset} and length {length} bytes, but a stored "
+                f"inner chunk has at most {self._chunk_limit:,} bytes (damaged shard index?)"
+            )
 
     def shard_indices(
         self, shards: Sequence[tuple[int, ...]]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import os
+import stat
 import sys
 from typing import Any
 
@@ -15,10 +17,18 @@ from mixle.data.structure import EXCHANGEABLE, SampleStructure
 from mixle.errors import ArrayNotFoundError, NotAnArrayError
 from mixle.reading.faults import retry_call
 from mixle.utils import optional_deps
+from mixle.utils.files import require_regular_file
 from mixle.utils.optional_deps import require
 from mixle.utils.redact import display_path
 
-__all__ = ["ZarrArraySource", "list_zarr_arrays"]
+__all__ = ["ZARR_METADATA_LIMIT", "ZarrArraySource", "check_chunk_grid", "list_zarr_arrays"]
+
+#: The most bytes mixle lets zarr parse from one local metadata file (``zarr.json``...).
+ZARR_METADATA_LIMIT = 16 * 1024 * 1024
+#: Metadata files zarr reads from a local array's (or group's) directory.
+_METADATA_FILES = (".zarray", ".zgroup", ".zattrs", ".zmetadata", "zarr.json")
+#: The largest extent (and byte size of a chunk) NumPy's ``intp`` indexing can address.
+_MAX_EXTENT = 2**63 - 1
 
 
 def _zarr() -> Any:
@@ -128,6 +138,9 @@ class ZarrArraySource(ArraySource):
             kwargs["storage_options"] = self._args["storage_options"]
         if isinstance(path, str) and "://" not in path and not os.path.exists(path):
             raise FileNotFoundError(f"path={display_path(path)!r}: no such file or directory")
+        local = _local_root(path)
+        if local is not None:
+            check_local_metadata(local, component or "")
         try:
             node = retry_call(
                 lambda: zarr.open(store=path, path=component or "", **kwargs),
@@ -135,6 +148,19 @@ class ZarrArraySource(ArraySource):
                 key="(metadata)",
                 secrets=self._args["storage_options"],
             )
+        except RecursionError:
+            raise ValueError(
+                f"path={display_path(path)!r}: the zarr metadata is nested too deeply to "
+                "parse (a JSON file of that depth is not zarr metadata)"
+            ) from None
+        except (TypeError, ValueError) as exc:
+            if isinstance(exc, (ArrayNotFoundError, NotAnArrayError)):
+                raise
+            raise type(exc)(
+                f"path={display_path(path)!r}"
+                + (f", component={component!r}" if component else "")
+                + f": zarr cannot parse the array metadata: {exc}"
+            ) from None
         except FileNotFoundError as exc:
             if component:
                 try:
@@ -174,12 +200,107 @@ class ZarrArraySource(ArraySource):
 
     def _describe(self, handle: Any) -> ArrayMeta:
         shards = getattr(handle, "shards", None)
+        shape, chunks = tuple(handle.shape), tuple(handle.chunks)
+        check_chunk_grid(shape, chunks, np.dtype(handle.dtype).itemsize, self._location())
+        if shards is not None:
+            check_chunk_grid(shape, tuple(shards), 0, self._location(), "shards")
+            if any(s % c for s, c in zip(shards, chunks)):
+                raise ValueError(
+                    f"zarr array {self._location()}: shards={tuple(shards)} are not a whole "
+                    f"number of chunks={chunks} on every axis (damaged metadata)"
+                )
         return ArrayMeta(
-            shape=tuple(handle.shape),
+            shape=shape,
             dtype=handle.dtype,
-            chunks=tuple(handle.chunks),
+            chunks=chunks,
             shards=None if shards is None else tuple(shards),
         )
+
+
+def check_chunk_grid(
+    shape: tuple[int, ...], chunks: tuple[int, ...], itemsize: int, where: str, name: str = "chunks"
+) -> None:
+    """Refuse metadata whose chunk grid cannot be read: clear ``ValueError``, early.
+
+    Parameters
+    ----------
+    shape, chunks
+        The array's shape and chunk (or shard) shape from its metadata.
+    itemsize
+        Bytes per element (``0``: do not check the bytes of one chunk).
+    where
+        How the message names the array.
+    name
+        What ``chunks`` is called in the message (``"chunks"``, ``"shards"``).
+
+    Raises
+    ------
+    ValueError
+        When an extent is not an int, is negative (``shape``) or below 1 (``chunks``),
+        when an extent or one chunk's bytes pass ``2**63 - 1`` (NumPy cannot index it), or
+        when ``chunks`` has not one entry per axis.
+    """
+    if len(chunks) != len(shape):
+        raise ValueError(
+            f"zarr array {where}: {name}={chunks} has {len(chunks)} axes but shape={shape} "
+            f"has {len(shape)} (damaged metadata)"
+        )
+    for label, values, low in (("shape", shape, 0), (name, chunks, 1)):
+        for v in values:
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+                raise ValueError(f"zarr array {where}: {label}={values} must hold ints")
+            if not low <= int(v) <= _MAX_EXTENT:
+                raise ValueError(
+                    f"zarr array {where}: {label}={values} must hold ints from {low} to "
+                    f"2**63 - 1 (damaged metadata?)"
+                )
+    if itemsize and math.prod(chunks) * itemsize > _MAX_EXTENT:
+        raise ValueError(
+            f"zarr array {where}: one chunk of {name}={chunks} would hold "
+            f"{math.prod(chunks) * itemsize:,} bytes, more than NumPy can address"
+        )
+
+
+def _local_root(path: Any) -> str | None:
+    """The local directory of a store path (a local path or a ``LocalStore``), else ``None``."""
+    if isinstance(path, str):
+        if "://" in path:
+            return path.removeprefix("file://") if path.startswith("file://") else None
+        return path
+    root = getattr(path, "root", None)
+    zarr = sys.modules.get("zarr")
+    if zarr is not None and isinstance(path, zarr.storage.LocalStore) and root is not None:
+        return os.fspath(root)
+    return None
+
+
+def check_local_metadata(root: str, component: str) -> None:
+    """Refuse local zarr metadata files that are not regular files or are too large.
+
+    Every metadata file zarr may read on the way from ``root`` to ``component`` is checked
+    by ``stat`` before zarr opens it: a FIFO would block zarr's read for ever and
+    ``/dev/zero`` never ends (:class:`~mixle.SpecialFileError`); a file larger than
+    :data:`ZARR_METADATA_LIMIT` raises ``ValueError`` naming it.
+    """
+    if not os.path.isdir(root):
+        return  # a zip file or another kind of store: zarr opens it
+    parts = [p for p in component.split("/") if p]
+    for depth in range(len(parts) + 1):
+        folder = os.path.join(root, *parts[:depth])
+        for name in _METADATA_FILES:
+            path = os.path.join(folder, name)
+            try:
+                info = os.stat(path)
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            if not stat.S_ISREG(info.st_mode):
+                require_regular_file(path, "zarr metadata file")  # raises SpecialFileError
+            if info.st_size > ZARR_METADATA_LIMIT:
+                raise ValueError(
+                    f"zarr metadata file {path!r} has {info.st_size:,} bytes, more than the "
+                    f"{ZARR_METADATA_LIMIT:,} mixle lets zarr parse (ZARR_METADATA_LIMIT): it "
+                    "is not zarr metadata"
+                )
 
 
 def _zarr_args(path: Any, component: str | None, storage_options: Any) -> dict[str, Any]:

@@ -1,0 +1,387 @@
+"""Bounded decoding of zarr chunks with numcodecs: never more bytes than the chunk holds.
+
+A :class:`ChunkDecoder` undoes a chain of numcodecs codecs (zarr format 2: a compressor
+and filters; format 3: array-to-array codecs such as ``transpose``, the ``bytes`` codec,
+then bytes-to-bytes codecs) and checks every stage against the size it must have, working
+back from the chunk's own ``prod(chunks) * itemsize``:
+
+- compressors (``zlib``, ``gzip``, ``bz2``, ``lzma``, ``zstd``, ``blosc``, ``lz4``) decode
+  into at most the size their stage must have: a streaming decompressor asked for no more
+  than that (``max_length``), or, where the stored header records the decoded size (zstd
+  frames, blosc and lz4 headers), that size checked before anything is allocated;
+- checksums (``crc32c``, ``adler32``...) and the filters whose encoded size follows from
+  the decoded one (``shuffle``, ``bitround``, ``delta``, ``fixedscaleoffset``,
+  ``quantize``, ``astype``, ``packbits``) have an exact size at every stage;
+- a codec mixle does not know has no size it can predict: the stage it feeds is bounded by
+  :data:`UNKNOWN_CODEC_FACTOR` times its output, and its own output is checked after it
+  ran (numcodecs allocates it; this is the one stage not bounded in advance).
+
+A chunk that would decode to more (or fewer) bytes than its stage allows raises
+``ValueError``, which the readers raise as :class:`~mixle.reading.CorruptChunkError`
+naming the array and the chunk; memory never grows past a small multiple of one chunk.
+"""
+
+from __future__ import annotations
+
+import bz2
+import lzma
+import math
+import zlib
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+import numpy as np
+
+from mixle.utils.optional_deps import require
+
+__all__ = [
+    "COMPRESSED_SLACK_BYTES",
+    "UNKNOWN_CODEC_FACTOR",
+    "ChunkDecoder",
+    "bounded_decompress",
+    "numcodecs_decoder",
+    "v3_decoder",
+]
+
+#: A codec mixle cannot size may take at most this many times its output's bytes as input.
+UNKNOWN_CODEC_FACTOR = 8
+#: Bytes a compressor may add to incompressible data (plus 1/8 of it): headers, block framing.
+COMPRESSED_SLACK_BYTES = 64 * 1024
+#: Compressors whose output mixle caps while decoding.
+BOUNDED_COMPRESSORS = frozenset({"zlib", "gzip", "bz2", "lzma", "zstd", "blosc", "lz4"})
+#: Checksum codecs: the stored bytes are the data and a 4-byte checksum.
+_CHECKSUMS = frozenset({"crc32", "crc32c", "adler32", "fletcher32", "jenkins_lookup3"})
+#: Filters storing exactly as many bytes as they decode to.
+_SAME_SIZE = frozenset({"shuffle", "bitround"})
+#: Filters storing each element as ``astype`` (``(decoded dtype, encoded dtype)`` attributes).
+_RETYPED = {
+    "delta": ("dtype", "astype"),
+    "fixedscaleoffset": ("dtype", "astype"),
+    "quantize": ("dtype", "astype"),
+    "astype": ("decode_dtype", "encode_dtype"),
+}
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+#: Bytes 1-3 of a skippable zstd frame's magic number (byte 0 is 0x50 to 0x5F).
+_SKIPPABLE_MAGIC_TAIL = b"\x2a\x4d\x18"
+
+#: An array-to-array step of a format 3 chain, undone on the decoded array.
+ArrayStep = Callable[[np.ndarray], np.ndarray]
+
+
+def _encoded_size(codec: Any, decoded: int) -> tuple[int, bool]:
+    """``(bytes codec stores for decoded bytes, whether exact)``; an upper bound if not."""
+    codec_id = getattr(codec, "codec_id", None)
+    if codec_id in _CHECKSUMS:
+        return decoded + 4, True
+    if codec_id in _SAME_SIZE:
+        return decoded, True
+    if codec_id == "packbits":
+        return 1 + -(-decoded // 8), True
+    if codec_id in _RETYPED:
+        inner, outer = (np.dtype(getattr(codec, a)) for a in _RETYPED[codec_id])
+        if inner.itemsize and decoded % inner.itemsize == 0:
+            return decoded // inner.itemsize * outer.itemsize, True
+    if codec_id in BOUNDED_COMPRESSORS:
+        return decoded + decoded // 8 + COMPRESSED_SLACK_BYTES, False
+    return decoded * UNKNOWN_CODEC_FACTOR + COMPRESSED_SLACK_BYTES, False
+
+
+class ChunkDecoder:
+    """Stored bytes to one decoded chunk, through numcodecs codecs, every stage bounded.
+
+    Parameters
+    ----------
+    codecs
+        numcodecs codecs in the order they are undone (the last one applied first).
+    stored
+        dtype of the serialised elements (byte order included).
+    shape
+        Shape of the serialised array (the chunk, transposed for format 3 ``transpose``).
+    order
+        Memory order of the serialised array.
+    array_steps
+        Format 3 array-to-array steps, in the order they are undone.
+
+    Attributes
+    ----------
+    nbytes
+        Bytes of one decoded chunk.
+    stored_limit
+        The most stored bytes a chunk can have: reads of more are refused unread.
+    """
+
+    def __init__(
+        self,
+        codecs: Sequence[Any],
+        stored: np.dtype,
+        shape: tuple[int, ...],
+        order: Literal["C", "F"] = "C",
+        array_steps: Sequence[ArrayStep] = (),
+    ) -> None:
+        self._codecs = list(codecs)
+        self._stored = stored
+        self._shape = shape
+        self._order = order
+        self._array_steps = list(array_steps)
+        self._count = math.prod(shape)
+        self.nbytes = self._count * stored.itemsize
+        limits: list[tuple[int, bool]] = []
+        size, exact = self.nbytes, True
+        for codec in reversed(self._codecs):  # from the chunk back to the stored bytes
+            limits.append((size, exact))
+            size, known = _encoded_size(codec, size)
+            exact = exact and known
+        self._limits = limits[::-1]
+        self.stored_limit = size
+
+    def __call__(self, raw: bytes) -> np.ndarray:
+        """The chunk that ``raw`` decodes to; ``ValueError`` if it is not exactly one chunk."""
+        buf: Any = raw
+        for codec, (limit, exact) in zip(self._codecs, self._limits):
+            buf = _decode_step(codec, buf, limit, exact)
+        got = memoryview(buf).nbytes
+        if got != self.nbytes:
+            raise ValueError(f"decoded {got} bytes, a chunk has {self.nbytes}")
+        flat = np.frombuffer(buf, dtype=self._stored, count=self._count)
+        chunk = flat.reshape(self._shape, order=self._order)
+        for step in self._array_steps:
+            chunk = step(chunk)
+        return chunk
+
+
+def _decode_step(codec: Any, buf: Any, limit: int, exact: bool) -> Any:
+    """``codec.decode(buf)``, its output at most ``limit`` bytes (exactly, if ``exact``)."""
+    codec_id = getattr(codec, "codec_id", None)
+    if codec_id in BOUNDED_COMPRESSORS:
+        out: Any = bounded_decompress(codec, buf, limit, exact)
+    else:
+        out = codec.decode(buf)
+    got = memoryview(out).nbytes
+    if got > limit or (exact and got != limit):
+        bound = f"{limit}" if exact else f"at most {limit}"
+        raise ValueError(f"the {codec_id} codec decoded {got} bytes, its stage holds {bound}")
+    return out
+
+
+def bounded_decompress(codec: Any, raw: Any, limit: int, exact: bool = False) -> Any:
+    """``codec.decode(raw)`` for a compressor, never producing more than ``limit`` bytes.
+
+    Parameters
+    ----------
+    codec
+        A numcodecs compressor whose ``codec_id`` is in :data:`BOUNDED_COMPRESSORS`.
+    raw
+        Its stored bytes.
+    limit
+        The most decoded bytes allowed.
+    exact
+        Whether the decoded bytes must be exactly ``limit``.
+
+    Returns
+    -------
+    bytes-like
+        The decoded bytes.
+
+    Raises
+    ------
+    ValueError
+        When the stream would decode to more than ``limit`` bytes (found before more than
+        ``limit + 1`` bytes are produced, or from the header before any allocation), or
+        when it is truncated or damaged.
+    """
+    codec_id = codec.codec_id
+    data = memoryview(raw).cast("B")
+    if codec_id in ("zstd", "blosc", "lz4"):
+        declared = _declared_size(codec_id, bytes(data[:16]) if codec_id != "zstd" else data)
+        if declared is None:
+            if not exact:
+                raise ValueError(
+                    f"the {codec_id} stream does not record its decoded size and its stage "
+                    "has no exact size, so it cannot be decoded within a bound"
+                )
+            declared = limit
+        if declared > limit or (exact and declared != limit):
+            bound = f"{limit}" if exact else f"at most {limit}"
+            raise ValueError(
+                f"the stored {codec_id} header says {declared} bytes, its stage holds {bound}"
+            )
+        out = np.empty(declared, dtype=np.uint8)
+        codec.decode(data, out=out)
+        return out
+    if codec_id == "zlib":
+        return _stream(lambda: zlib.decompressobj(), data, limit, codec_id, members=False)
+    if codec_id == "gzip":
+        return _stream(lambda: zlib.decompressobj(16 + zlib.MAX_WBITS), data, limit, codec_id)
+    if codec_id == "bz2":
+        return _stream(bz2.BZ2Decompressor, data, limit, codec_id)
+    fmt, filters = codec.format, codec.filters
+    return _stream(lambda: lzma.LZMADecompressor(format=fmt, filters=filters), data, limit, "lzma")
+
+
+def _stream(
+    new: Callable[[], Any], data: memoryview, limit: int, codec_id: str, members: bool = True
+) -> bytes:
+    """Decode ``data`` (one stream, or concatenated ones if ``members``) into <= ``limit``."""
+    parts: list[bytes] = []
+    total = 0
+    rest: bytes | memoryview = data
+    while True:
+        dec = new()
+        part = dec.decompress(rest, limit - total + 1)
+        total += len(part)
+        parts.append(part)
+        if total > limit:
+            raise ValueError(f"the {codec_id} stream decodes to more than {limit} bytes")
+        if not dec.eof:
+            raise ValueError(f"the {codec_id} stream is truncated (no end-of-stream marker)")
+        rest = dec.unused_data
+        if codec_id == "gzip":
+            rest = rest.lstrip(b"\0")  # gzip members may be padded with zeros
+        if not members or not rest:
+            return b"".join(parts)
+
+
+def numcodecs_decoder(
+    compressor: Any,
+    filters: Sequence[Any],
+    stored: np.dtype,
+    chunks: tuple[int, ...],
+    order: Literal["C", "F"],
+) -> ChunkDecoder:
+    """A decoder for a zarr format 2 chain: ``compressor``, then ``filters`` last first."""
+    codecs = ([] if compressor is None else [compressor]) + list(reversed(filters))
+    return ChunkDecoder(codecs, stored, chunks, order)
+
+
+def v3_decoder(
+    codecs: Sequence[Any], dtype: np.dtype, chunks: tuple[int, ...]
+) -> ChunkDecoder | None:
+    """A decoder for a format 3 codec list, or ``None`` for codecs mixle does not decode.
+
+    Decoded here: ``transpose`` and numcodecs array-to-array codecs that keep the dtype,
+    then ``bytes``, then zstd, gzip, blosc, crc32c and the numcodecs bytes-to-bytes codecs.
+    """
+    from zarr.codecs import (
+        BloscCodec,
+        BytesCodec,
+        Crc32cCodec,
+        GzipCodec,
+        TransposeCodec,
+        ZstdCodec,
+    )
+    from zarr.codecs.numcodecs import _NumcodecsArrayArrayCodec, _NumcodecsBytesBytesCodec
+
+    numcodecs = require("numcodecs", "zarr", feature="ZarrArraySource")
+    shape = chunks
+    array_steps: list[ArrayStep] = []
+    k = 0
+    while k < len(codecs) and not isinstance(codecs[k], BytesCodec):
+        codec = codecs[k]
+        if isinstance(codec, TransposeCodec):
+            order = tuple(int(i) for i in codec.order)
+            shape = tuple(shape[i] for i in order)
+            array_steps.append(_untranspose(order))
+        elif isinstance(codec, _NumcodecsArrayArrayCodec) and _keeps_dtype(codec._codec, dtype):
+            array_steps.append(_array_filter(codec._codec, shape))
+        else:
+            return None  # an array -> array codec that changes the dtype, or an unknown one
+        k += 1
+    if k == len(codecs):
+        return None  # no bytes serializer (vlen strings, a numcodecs array -> bytes codec)
+    endian = codecs[k].endian
+    stored = (
+        dtype if endian is None else dtype.newbyteorder("<" if endian.value == "little" else ">")
+    )
+    steps: list[Any] = []
+    for codec in codecs[k + 1 :]:
+        if isinstance(codec, ZstdCodec):
+            steps.append(numcodecs.Zstd())
+        elif isinstance(codec, GzipCodec):
+            steps.append(numcodecs.GZip())
+        elif isinstance(codec, BloscCodec):
+            steps.append(numcodecs.Blosc())
+        elif isinstance(codec, Crc32cCodec):
+            steps.append(numcodecs.CRC32C())
+        elif isinstance(codec, _NumcodecsBytesBytesCodec):
+            steps.append(codec._codec)
+        else:
+            return None
+    return ChunkDecoder(steps[::-1], stored, shape, "C", array_steps[::-1])
+
+
+def _untranspose(order: tuple[int, ...]) -> ArrayStep:
+    """An array step undoing ``transpose(order)``."""
+    back = tuple(int(i) for i in np.argsort(order))
+    return lambda chunk: chunk.transpose(back)
+
+
+def _keeps_dtype(codec: Any, dtype: np.dtype) -> bool:
+    """Whether a numcodecs array-to-array codec stores elements as ``dtype`` itself."""
+    names = _RETYPED.get(getattr(codec, "codec_id", None), ())
+    if not names and getattr(codec, "codec_id", None) != "bitround":
+        return False
+    return all(np.dtype(getattr(codec, a)) == dtype for a in names)
+
+
+def _array_filter(codec: Any, shape: tuple[int, ...]) -> ArrayStep:
+    """An array step undoing numcodecs ``codec``, the result back in ``shape``."""
+    return lambda chunk: np.asarray(codec.decode(chunk)).reshape(shape)
+
+
+def _declared_size(codec_id: str, raw: bytes | memoryview) -> int | None:
+    """The decoded size the stored header(s) record, or ``None`` where they do not say.
+
+    Blosc: its header. lz4 (numcodecs): the 4-byte size before the block. Zstd: the sum
+    over every frame (numcodecs decodes concatenated frames, and so does zarr); ``None``
+    when a frame omits its content size, or when the frames cannot be walked.
+    """
+    if codec_id == "blosc":
+        return int.from_bytes(raw[4:8], "little") if len(raw) >= 16 else None
+    if codec_id == "lz4":
+        return int.from_bytes(raw[:4], "little") if len(raw) >= 4 else None
+    total, pos = 0, 0
+    while pos < len(raw):
+        frame = _zstd_frame(raw, pos)
+        if frame is None:
+            return None
+        content, pos = frame
+        if content is None:
+            return None
+        total += content
+    return total if len(raw) else None
+
+
+def _zstd_frame(raw: bytes | memoryview, pos: int) -> tuple[int | None, int] | None:
+    """``(content size or None, end)`` of the zstd frame at ``raw[pos:]``; ``None``: not one.
+
+    Walks the frame header and block headers (RFC 8878), as ``ZSTD_findFrameCompressedSize``
+    does; skippable frames hold no content.
+    """
+    magic = bytes(raw[pos : pos + 4])
+    if len(magic) == 4 and magic[1:] == _SKIPPABLE_MAGIC_TAIL and magic[0] & 0xF0 == 0x50:
+        end = pos + 8 + int.from_bytes(raw[pos + 4 : pos + 8], "little")
+        return (0, end) if pos + 8 <= end <= len(raw) else None
+    if magic != _ZSTD_MAGIC or len(raw) < pos + 6:
+        return None
+    descriptor = raw[pos + 4]
+    single_segment = (descriptor >> 5) & 1
+    at = pos + 5 + (0 if single_segment else 1) + (0, 1, 2, 4)[descriptor & 3]
+    width = (single_segment, 2, 4, 8)[descriptor >> 6]
+    if len(raw) < at + width:
+        return None
+    content: int | None = None
+    if width:
+        content = int.from_bytes(raw[at : at + width], "little") + (256 if width == 2 else 0)
+    at += width
+    while True:  # blocks: a 3-byte header (last flag, type, size) and its payload
+        if len(raw) < at + 3:
+            return None
+        header = int.from_bytes(raw[at : at + 3], "little")
+        kind, size = (header >> 1) & 3, header >> 3
+        at += 3 + (1 if kind == 1 else size)  # an RLE block stores one byte
+        if kind == 3 or at > len(raw):
+            return None
+        if header & 1:
+            break
+    at += 4 if descriptor & 4 else 0  # the content checksum
+    return (content, at) if at <= len(raw) else None

@@ -19,6 +19,7 @@ from mixle.jax.convert import (
 )
 from mixle.jax.prefetch import DevicePrefetcher, parse_prefetch, place_each
 from mixle.loading.loader import Loader
+from mixle.loading.prefetch import StopSignal
 from mixle.loading.runs import ActiveRun
 
 __all__ = ["JaxLoader", "batch_axis_blocks", "process_shard"]
@@ -157,6 +158,11 @@ class JaxLoader(ActiveRun):
     - ``state_dict()`` is the cursor after the last batch the loop received (batches
       prefetched but not received are read again after a resume or a new ``iter()``).
     - Never changes JAX's global configuration.
+    - Ctrl-C reaches the loop at once. Stopping (also ``close()``, ``break``, an error)
+      wakes the prefetch thread and the Loader's reader threads and waits at most
+      :data:`~mixle.loading.prefetch.STOP_GRACE_S` for a read in flight; a thread stuck
+      in a read that does not return is a daemon, left to end by itself, and never keeps
+      the process from exiting.
     """
 
     def __init__(
@@ -310,10 +316,14 @@ class JaxLoader(ActiveRun):
         )
         return placed, state
 
-    def _host_batches(self) -> Iterator[tuple[Any, dict[str, Any]]]:
-        """Loader batches with the cursor after each (runs in the prefetch thread)."""
+    def _host_batches(self, signal: StopSignal) -> Iterator[tuple[Any, dict[str, Any]]]:
+        """Loader batches with the cursor after each (runs in the prefetch thread).
+
+        ``signal`` stops the Loader's run from the caller's thread, which wakes the
+        prefetch thread if it waits for the Loader's reader threads.
+        """
         loader = self._loader
-        run = iter(loader)
+        run = loader._iterate(signal)
         try:
             for batch in run:
                 yield batch, loader.state_dict()
@@ -324,10 +334,11 @@ class JaxLoader(ActiveRun):
     def __iter__(self) -> Iterator[Any]:
         self.close()
         self._loader.load_state_dict(self._state)  # batches prefetched, never received
-        host = self._host_batches()
+        signal = StopSignal()
+        host = self._host_batches(signal)
         stream: Iterator[tuple[Any, dict[str, Any]]]
         if self._prefetch:
-            stream = DevicePrefetcher(host, self._place, self._prefetch)
+            stream = DevicePrefetcher(host, self._place, self._prefetch, on_stop=signal.set)
         else:
             stream = place_each(host, self._place)
         return self._start_run(self._run(stream))

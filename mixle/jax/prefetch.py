@@ -2,7 +2,10 @@
 
 A background thread draws items from an iterator, places each on the device (a host-to-device
 copy JAX starts at once) and queues it. At most ``size`` placed items wait for the caller at
-any time, so memory stays bounded on an endless stream.
+any time, so memory stays bounded on an endless stream. The thread is a daemon thread,
+waited for at most :data:`~mixle.loading.prefetch.STOP_GRACE_S` when the prefetcher stops,
+so one stuck in a read that does not return neither holds up Ctrl-C nor keeps the process
+alive.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Generic, TypeVar
 
 from mixle.jax.convert import DtypePolicy, check_target, parse_dtype_policy, to_jax
+from mixle.loading.prefetch import STOP_GRACE_S
 from mixle.utils.validation import parse_int
 
 __all__ = [
@@ -68,11 +72,14 @@ def _shutdown(
     out: queue.SimpleQueue[tuple[str, Any]],
     slots: threading.Semaphore,
     stop: threading.Event,
+    on_stop: Callable[[], None] | None,
 ) -> None:
     stop.set()
+    if on_stop is not None:
+        on_stop()  # e.g. wakes the thread if it waits for a Loader's reader threads
     slots.release()  # wake the thread if it waits for a free slot
     if thread is not threading.current_thread() and thread.ident is not None:
-        thread.join()
+        thread.join(STOP_GRACE_S)  # one stuck in a read is a daemon, left to end by itself
     while not out.empty():  # drop device buffers nobody will take
         out.get_nowait()
     out.put((_END, None))  # ends a loop waiting in another thread
@@ -82,11 +89,20 @@ class DevicePrefetcher(Iterator[R], Generic[R]):
     """Iterator over ``place(item)`` for each item, computed ``size`` ahead in a thread.
 
     Build it with :func:`prefetch_to_device`. ``close()`` (also on ``with`` exit, the end of
-    the stream, an error, or garbage collection) stops and joins the thread and closes the
-    source iterator from that thread; no thread outlives the prefetcher.
+    the stream, an error such as Ctrl-C, or garbage collection) stops the thread, calls
+    ``on_stop`` (which may wake a thread blocked in ``items``), joins the thread for up to
+    :data:`~mixle.loading.prefetch.STOP_GRACE_S` and drops the items not taken. The thread
+    closes the source iterator itself; a thread still stuck in ``items`` or ``place`` after
+    the grace is a daemon that ends once that call returns.
     """
 
-    def __init__(self, items: Iterable[T], place: Callable[[T], R], size: int) -> None:
+    def __init__(
+        self,
+        items: Iterable[T],
+        place: Callable[[T], R],
+        size: int,
+        on_stop: Callable[[], None] | None = None,
+    ) -> None:
         self._out: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._slots = threading.Semaphore(size)
         self._stop = threading.Event()
@@ -98,7 +114,7 @@ class DevicePrefetcher(Iterator[R], Generic[R]):
             daemon=True,
         )
         self._finalizer = weakref.finalize(
-            self, _shutdown, self._thread, self._out, self._slots, self._stop
+            self, _shutdown, self._thread, self._out, self._slots, self._stop, on_stop
         )
         self._thread.start()
 
@@ -118,8 +134,8 @@ class DevicePrefetcher(Iterator[R], Generic[R]):
         raise StopIteration
 
     def close(self) -> None:
-        """Stop and join the thread; items not yet taken are dropped, and a ``next()``
-        waiting in another thread raises ``StopIteration``."""
+        """Stop and join the thread (within the grace); items not yet taken are dropped,
+        and a ``next()`` waiting in another thread raises ``StopIteration``."""
         self._done = True
         self._finalizer()
 
@@ -171,9 +187,11 @@ def prefetch_to_device(
     -----
     The background thread draws from ``iterator`` and calls ``to_jax``; an exception in
     either is re-raised in the caller's loop with its traceback. The thread stops and is
-    joined at the end of the stream, on ``close()``, ``with`` exit, an exception, or when
-    the iterator is garbage collected (e.g. after ``break``); the source iterator is closed
-    from that thread.
+    joined at the end of the stream, on ``close()``, ``with`` exit, an exception (Ctrl-C
+    too), or when the iterator is garbage collected (e.g. after ``break``); the source
+    iterator is closed from that thread. A thread stuck in ``iterator`` is waited for at
+    most :data:`~mixle.loading.prefetch.STOP_GRACE_S`, then left (a daemon) to end by
+    itself.
     """
     depth = parse_prefetch(size)
     check_target(device, sharding)

@@ -16,7 +16,7 @@ from mixle.data.spec import ArraySpec, SpecTree, batch_spec, spec_of
 from mixle.data.structure import SampleStructure
 from mixle.loading.batching import attach_mask, stack_records, unstack_batch
 from mixle.loading.plan import INDEX_WINDOW_ROWS, BatchPlan, batch_plans, record_rng, window
-from mixle.loading.prefetch import ordered_map
+from mixle.loading.prefetch import StopSignal, ordered_map
 from mixle.loading.runs import ActiveRun
 from mixle.loading.state import STATE_VERSION, LoaderStateError, check_state, source_fingerprint
 from mixle.utils.validation import parse_choice, parse_int
@@ -120,6 +120,12 @@ class Loader(ActiveRun):
     - Reader threads stop when the loop ends, on ``break`` (the iterator is collected),
       ``close()``, ``with`` exit or an exception, which is re-raised with its traceback.
       The source is not closed: it belongs to the caller.
+    - Ctrl-C (``KeyboardInterrupt``) reaches the loop at once, whatever the reader threads
+      do. They are daemon threads: stopping waits at most
+      :data:`~mixle.loading.prefetch.STOP_GRACE_S` for a read in flight, then leaves a
+      thread stuck in it to end by itself (its batch is dropped); it never keeps the
+      process from exiting. ``close()`` from another thread stops a loop in progress,
+      which raises :class:`~mixle.loading.prefetch.ReadsStopped`.
     """
 
     def __init__(
@@ -270,10 +276,14 @@ class Loader(ActiveRun):
         return batch
 
     def __iter__(self) -> Iterator[Any]:
-        self.close()
-        return self._start_run(self._run())
+        return self._iterate(StopSignal())
 
-    def _run(self) -> Iterator[Any]:
+    def _iterate(self, signal: StopSignal) -> Iterator[Any]:
+        """A new run from the cursor that ``signal`` stops from any thread (see ``close``)."""
+        self.close()
+        return self._start_run(self._run(signal), signal)
+
+    def _run(self, signal: StopSignal) -> Iterator[Any]:
         plans = batch_plans(
             self._layout,
             self._epoch,
@@ -284,7 +294,11 @@ class Loader(ActiveRun):
         )
         nb = self._layout.num_batches
         stream = ordered_map(
-            self._read, plans, num_threads=self._num_threads, prefetch=self._prefetch
+            self._read,
+            plans,
+            num_threads=self._num_threads,
+            prefetch=self._prefetch,
+            signal=signal,
         )
         try:
             for plan, batch in stream:

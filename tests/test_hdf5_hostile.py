@@ -193,7 +193,7 @@ def test_a_missing_plugin_is_refused_at_open_naming_the_filter_and_the_fix(plugi
         assert got["errors"][name] is not None, f"{name} opened without its filter"
         kind, message = got["errors"][name]
         assert kind == "FilterUnavailableError"
-        for part in (repr(name), "plugins.h5", f"{code} ({filter_name})", "pip install hdf5plugin"):
+        for part in (repr(name), "plugins.h5", f"{code} ({filter_name})", "hdf5plugin package"):
             assert part in message, (part, message)
         assert 'pip install -e ".[hdf5plugin]"' in message
         assert "pip install mixle" not in message

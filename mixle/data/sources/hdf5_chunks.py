@@ -351,7 +351,7 @@ def require_filters(dataset: Any, where: str) -> None:
     ------
     FilterUnavailableError
         When a filter is still unavailable: the message names each filter (id and name)
-        and how to get it (``pip install hdf5plugin``, or ``HDF5_PLUGIN_PATH``).
+        and how to get it (the ``hdf5plugin`` extra, or ``HDF5_PLUGIN_PATH``).
     """
     missing = missing_filters(dataset)
     if not missing:
@@ -367,9 +367,9 @@ def require_filters(dataset: Any, where: str) -> None:
     needs = ", ".join(f"{code} ({name})" for code, name in missing)
     if plugin is None:
         fix = (
-            'pip install hdf5plugin (pip install -e ".[hdf5plugin]" in a clone of the mixle '
-            "repository), which mixle then loads by itself, or set HDF5_PLUGIN_PATH to a folder "
-            "holding the plugin before starting Python"
+            'pip install -e ".[hdf5plugin]" in a clone of the mixle repository (it installs '
+            "the hdf5plugin package, which mixle then loads by itself), or set HDF5_PLUGIN_PATH "
+            "to a folder holding the plugin before starting Python"
         )
     else:
         fix = (

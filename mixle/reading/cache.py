@@ -4,11 +4,20 @@ Decoding, not disk, is what random patches cost: a 32³ patch from 64³ zstd chu
 about 3.4 chunks. The cache keeps decoded chunks under a byte budget so that chunks shared
 by patches of consecutive batches are decoded once. It is a policy over whatever fetches
 and decodes the chunk; it never does I/O itself.
+
+Memory. Kept chunks of :data:`PAGE_BACKED_CHUNK_BYTES` or more are copied into pages of
+their own (an anonymous ``mmap``) and the decoder's buffer is freed at once: long-lived
+chunks then never pin the malloc heaps of the decode threads, whose free space glibc does
+not give back (16 decode threads held 2x the budget that way), and an evicted chunk's pages
+go back to the system, or to the next chunk of the same size. The default budget is one
+job's (:func:`default_chunk_cache_bytes`): a torch DataLoader worker gets its share.
 """
 
 from __future__ import annotations
 
+import mmap
 import os
+import sys
 import threading
 import weakref
 from collections import OrderedDict
@@ -21,17 +30,38 @@ from mixle.utils.validation import parse_int
 
 __all__ = [
     "DEFAULT_CHUNK_CACHE_BYTES",
+    "MIN_WORKER_CHUNK_CACHE_BYTES",
+    "PAGE_BACKED_CHUNK_BYTES",
+    "RECYCLED_PAGES_BYTES",
     "CacheStats",
     "ChunkCache",
     "chunk_cache",
+    "default_chunk_cache_bytes",
     "drop_cached_chunks",
     "drop_chunks_when_collected",
     "set_chunk_cache_bytes",
 ]
 
-#: Default budget of the process-wide decoded-chunk cache: 256 decoded 1 MiB chunks
-#: (64³ float32), a few batches of random 32³ patches, small next to a training host's RAM.
+#: Default budget of the decoded-chunk cache of one job: 256 decoded 1 MiB chunks (64³
+#: float32), a few batches of random 32³ patches, small next to a training host's RAM.
+#: Worker processes of a torch DataLoader share it (:func:`default_chunk_cache_bytes`).
 DEFAULT_CHUNK_CACHE_BYTES = 256 * 1024 * 1024
+#: The smallest default budget of one DataLoader worker, however many workers there are.
+MIN_WORKER_CHUNK_CACHE_BYTES = 32 * 1024 * 1024
+#: Kept chunks at least this large live in pages of their own rather than the malloc heap.
+PAGE_BACKED_CHUNK_BYTES = 64 * 1024
+#: Pages of evicted chunks kept for reuse by the next chunks of the same size, at most.
+RECYCLED_PAGES_BYTES = 16 * 1024 * 1024
+
+_PAGE_FLAGS = (
+    {"flags": mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)}
+    if hasattr(mmap, "MAP_ANONYMOUS")
+    else {}
+)
+
+
+class _Pages(mmap.mmap):
+    """Anonymous pages holding one cached chunk (the type marks the cache's own buffers)."""
 
 
 @dataclass(frozen=True)
@@ -63,8 +93,10 @@ class ChunkCache:
     Notes
     -----
     Thread-safe. Cached arrays are read-only; a chunk larger than the budget is returned
-    but not kept. Keys are ``(reader token, chunk coordinates)``: tokens are unique per
-    open store handle, so a reopened store never sees another handle's chunks.
+    but not kept. A kept chunk of :data:`PAGE_BACKED_CHUNK_BYTES` or more is returned as a
+    read-only copy in pages of its own (see the module notes). Keys are ``(reader token,
+    chunk coordinates)``: tokens are unique per open store handle, so a reopened store never
+    sees another handle's chunks; :meth:`drop_token` drops one handle's chunks.
     """
 
     def __init__(self, budget: int = DEFAULT_CHUNK_CACHE_BYTES) -> None:
@@ -74,6 +106,8 @@ class ChunkCache:
         self._budget = _parse_budget(budget)
         self._bytes = 0
         self._hits = self._misses = self._evictions = 0
+        self._spare: dict[int, list[_Pages]] = {}  # pages of evicted chunks, by size
+        self._spare_bytes = 0
 
     @property
     def budget(self) -> int:
@@ -99,9 +133,13 @@ class ChunkCache:
             return found
 
     def put(self, key: Hashable, chunk: np.ndarray) -> np.ndarray:
-        """Keep ``chunk`` under ``key`` if it fits the budget; return it read-only."""
-        chunk.flags.writeable = False
+        """Keep ``chunk`` under ``key`` if it fits the budget; return it (or its copy) read-only."""
         size = chunk.nbytes
+        if size > self._budget:
+            chunk.flags.writeable = False
+            return chunk
+        chunk = self._own_pages(chunk)
+        chunk.flags.writeable = False
         with self._lock:
             if size > self._budget:
                 return chunk
@@ -140,12 +178,46 @@ class ChunkCache:
                 self._bytes -= self._entries.pop(key).nbytes
             return len(keys)
 
+    def _own_pages(self, chunk: np.ndarray) -> np.ndarray:
+        """``chunk`` copied into pages of its own (spare ones when there are), if it is large."""
+        size = chunk.nbytes
+        if size < PAGE_BACKED_CHUNK_BYTES or chunk.dtype.hasobject or type(chunk.base) is _Pages:
+            return chunk
+        with self._lock:
+            spare = self._spare.get(size)
+            pages = spare.pop() if spare else None
+            if pages is not None:
+                self._spare_bytes -= size
+        if pages is None:
+            pages = _Pages(-1, size, **_PAGE_FLAGS)
+        copy = np.ndarray(chunk.shape, chunk.dtype, buffer=pages)
+        copy[...] = chunk
+        return copy
+
     def _evict_to(self, limit: int) -> None:
         while self._entries and self._bytes > limit:
             key, dropped = self._entries.popitem(last=False)
             self._bytes -= dropped.nbytes
             self._evictions += 1
             self._unindex(key)
+            self._recycle(dropped)
+            del dropped
+
+    def _recycle(self, chunk: np.ndarray) -> None:
+        """Keep the pages of an evicted chunk for the next one if nothing else can see them."""
+        pages = chunk.base
+        size = chunk.nbytes
+        # references: the caller's, this frame's and getrefcount's own; to the pages: the
+        # chunk's and getrefcount's (a view or a memoryview of the chunk holds the chunk)
+        if (
+            type(pages) is not _Pages
+            or self._spare_bytes + size > RECYCLED_PAGES_BYTES
+            or sys.getrefcount(chunk) > 3
+            or sys.getrefcount(pages) > 3
+        ):
+            return
+        self._spare.setdefault(size, []).append(pages)
+        self._spare_bytes += size
 
     def _unindex(self, key: Hashable) -> None:
         token = _token_of(key)
@@ -160,7 +232,8 @@ class ChunkCache:
         with self._lock:
             self._entries.clear()
             self._by_token.clear()
-            self._bytes = 0
+            self._spare.clear()
+            self._spare_bytes = self._bytes = 0
             self._hits = self._misses = self._evictions = 0
 
     def stats(self) -> CacheStats:
@@ -200,21 +273,64 @@ def _parse_budget(value: object) -> int:
     return budget
 
 
-_cache = ChunkCache()
+def default_chunk_cache_bytes() -> int:
+    """The budget the process-wide cache has until :func:`set_chunk_cache_bytes` sets one.
+
+    :data:`DEFAULT_CHUNK_CACHE_BYTES` is one job's budget. In a worker process of a torch
+    ``DataLoader`` with ``num_workers=N`` it is split: ``DEFAULT_CHUNK_CACHE_BYTES // N``,
+    at least :data:`MIN_WORKER_CHUNK_CACHE_BYTES`, so that N workers together hold about
+    what one process would. A worker is recognised by the worker information torch sets in
+    the worker (``torch.utils.data.get_worker_info()``), read without importing torch.
+    """
+    workers = _dataloader_workers()
+    if workers <= 1:
+        return DEFAULT_CHUNK_CACHE_BYTES
+    return max(MIN_WORKER_CHUNK_CACHE_BYTES, DEFAULT_CHUNK_CACHE_BYTES // workers)
+
+
+def _dataloader_workers() -> int:
+    """``num_workers`` of the torch DataLoader this process is a worker of, else 0."""
+    worker = sys.modules.get("torch.utils.data._utils.worker")  # imported only by torch
+    info = getattr(worker, "_worker_info", None)
+    workers = getattr(info, "num_workers", 0)
+    return workers if isinstance(workers, int) else 0
+
+
+_cache = ChunkCache(default_chunk_cache_bytes())
+_user_budget: int | None = None  # what set_chunk_cache_bytes set; None: the default rule
+_default_for = _dataloader_workers()  # the worker count the default budget was made for
 
 
 def chunk_cache() -> ChunkCache:
     """The process-wide decoded-chunk cache that every source reads through.
 
     Read its counters with ``chunk_cache().stats()``; empty it with ``.clear()``. A forked
-    child starts with an empty cache of the same budget.
+    child starts with an empty cache of the same budget; until a budget is set with
+    :func:`set_chunk_cache_bytes`, a DataLoader worker's is its share of the default
+    (:func:`default_chunk_cache_bytes`).
     """
+    global _default_for
+    if _user_budget is None:
+        workers = _dataloader_workers()
+        if workers != _default_for:  # this process became a DataLoader worker
+            _default_for = workers
+            _cache.budget = default_chunk_cache_bytes()
     return _cache
 
 
-def set_chunk_cache_bytes(budget: int) -> None:
-    """Set the process-wide cache budget in bytes (``0`` disables caching)."""
+def set_chunk_cache_bytes(budget: int | None) -> None:
+    """Set the process-wide cache budget in bytes (``0`` disables caching).
+
+    ``None`` restores the default rule (:func:`default_chunk_cache_bytes`). A budget set
+    here holds in this process and in processes forked from it, DataLoader workers included.
+    """
+    global _user_budget, _default_for
+    if budget is None:
+        _user_budget, _default_for = None, _dataloader_workers()
+        _cache.budget = default_chunk_cache_bytes()
+        return
     _cache.budget = budget
+    _user_budget = _cache.budget
 
 
 def drop_cached_chunks(token: Hashable) -> None:
@@ -236,7 +352,7 @@ def drop_chunks_when_collected(reader: object) -> None:
 
 def _reset_after_fork() -> None:
     global _cache
-    _cache = ChunkCache(_cache.budget)
+    _cache = ChunkCache(_cache.budget)  # the default rule is applied again on first use
 
 
 if hasattr(os, "register_at_fork"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 import os
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -395,25 +396,29 @@ class Loader(ActiveRun):
         ------
         LoaderStateError
             (a ``ValueError``) ``state`` was saved for another source, batch or shard
-            layout, seed or number of epochs, or its cursor is out of range.
+            layout, seed or number of epochs; its cursor is out of range; or it is not a
+            state dict: a key is missing or unknown, or a value has the wrong type or range
+            (e.g. ``epoch=True``, ``batch=7.0``, a negative count, a fingerprint that is
+            not a string). The message names the key, the value and what was expected.
         """
-        expected = self.state_dict()
-        check_state(state, expected)
-        epoch, batch = state["epoch"], state["batch"]
-        nb = self._layout.num_batches
-        ok = (
-            isinstance(epoch, int)
-            and isinstance(batch, int)
-            and epoch >= 0
-            and 0 <= batch <= nb
-            and (self._num_epochs is None or epoch <= self._num_epochs)
-            and state["position"] == min(batch * self.batch_size, self._layout.shard_length)
-        )
-        if not ok:
+        check_state(state, self.state_dict())
+        epoch, batch = operator.index(state["epoch"]), operator.index(state["batch"])
+        nb, num_epochs = self._layout.num_batches, self._num_epochs
+        position = min(batch * self.batch_size, self._layout.shard_length)
+        problem = None
+        if batch > nb:
+            problem = f"batch={batch} is past the {nb} batches per epoch (0 to {nb})"
+        elif num_epochs is not None and epoch > num_epochs:
+            problem = f"epoch={epoch} is past num_epochs={num_epochs}"
+        elif operator.index(state["position"]) != position:
+            problem = (
+                f"position={state['position']!r} does not match batch={batch}: expected "
+                f"position={position} (batch * batch_size, at most the shard's rows)"
+            )
+        if problem is not None:
             raise LoaderStateError(
-                f"state epoch={epoch!r}, batch={batch!r}, position={state['position']!r} is "
-                f"not a cursor of this loader ({nb} batches per epoch, "
-                f"num_epochs={self._num_epochs})"
+                f"state {problem}; it is not a cursor of this loader ({nb} batches per "
+                f"epoch, num_epochs={num_epochs}): pass the dict Loader.state_dict() returned"
             )
         self.close()
         self._epoch, self._batch = (epoch + 1, 0) if batch == nb and nb else (epoch, batch)

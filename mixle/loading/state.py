@@ -4,10 +4,22 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+import operator
+import re
+import reprlib
+from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["STATE_VERSION", "LoaderStateError", "check_state", "source_fingerprint"]
+import numpy as np
+
+__all__ = [
+    "STATE_KEYS",
+    "STATE_VERSION",
+    "LoaderStateError",
+    "check_state",
+    "show",
+    "source_fingerprint",
+]
 
 #: Version of the state dict layout; a state of another version is refused.
 STATE_VERSION = 2
@@ -17,6 +29,66 @@ _LAYOUT_KEYS = ("batch_size", "drop_last", "shard_index", "num_shards", "shard_l
 _ORDER_KEYS = ("seed", "shuffle", "num_epochs")
 #: Public attributes folded into the fingerprint when a source has them.
 _FINGERPRINT_ATTRS = ("shape", "dtype", "patch_size", "stride", "grid_shape", "seed")
+#: Hex digits in a source fingerprint.
+_FINGERPRINT_DIGITS = 16
+_FINGERPRINT = re.compile(f"[0-9a-f]{{{_FINGERPRINT_DIGITS}}}")
+#: How values are shown in error messages (a long or deep value is abridged).
+_SHOW = reprlib.Repr()
+_SHOW.maxstring, _SHOW.maxother = 60, 60
+
+
+def _int_at_least(minimum: int | None) -> Callable[[object], bool]:
+    def check(value: object) -> bool:
+        if isinstance(value, (bool, np.bool_)):
+            return False
+        try:
+            number = operator.index(value)  # type: ignore[arg-type]
+        except TypeError:
+            return False
+        return minimum is None or number >= minimum
+
+    return check
+
+
+def _is_bool(value: object) -> bool:
+    return isinstance(value, (bool, np.bool_))
+
+
+def _one_of(*choices: object) -> Callable[[object], bool]:
+    def check(value: object) -> bool:
+        return any(type(value) is type(c) and value == c for c in choices)
+
+    return check
+
+
+#: What each key of a state must hold: a check, and the words that say what it expects.
+_EXPECTED: dict[str, tuple[Callable[[object], bool], str]] = {
+    "version": (_int_at_least(1), "an int, the state layout version"),
+    "source": (
+        lambda v: isinstance(v, str) and _FINGERPRINT.fullmatch(v) is not None,
+        f"a source fingerprint: a str of {_FINGERPRINT_DIGITS} lowercase hex digits",
+    ),
+    "num_records": (_int_at_least(0), "an int >= 0"),
+    "batch_size": (_int_at_least(1), "an int >= 1"),
+    "drop_last": (_one_of(False, True, "pad"), "False, True or 'pad'"),
+    "shard_index": (_int_at_least(0), "an int >= 0"),
+    "num_shards": (_int_at_least(1), "an int >= 1"),
+    "shard_layout": (_one_of("interleaved", "blocked"), "'interleaved' or 'blocked'"),
+    "seed": (_int_at_least(None), "an int"),
+    "shuffle": (_is_bool, "True or False"),
+    "num_epochs": (lambda v: v is None or _int_at_least(1)(v), "an int >= 1 or None"),
+    "epoch": (_int_at_least(0), "an int >= 0 (the epoch of the next batch)"),
+    "batch": (_int_at_least(0), "an int >= 0 (the next batch of the epoch)"),
+    "position": (_int_at_least(0), "an int >= 0 (rows of the epoch read on this shard)"),
+}
+#: Every key of a state, in the order ``Loader.state_dict()`` writes them.
+STATE_KEYS = tuple(_EXPECTED)
+_FIX = "pass the dict Loader.state_dict() returned (a JSON round trip keeps it)"
+
+
+def show(value: object) -> str:
+    """``repr(value)``, abridged when long (for error messages)."""
+    return _SHOW.repr(value)
 
 
 class LoaderStateError(ValueError):
@@ -53,16 +125,37 @@ def source_fingerprint(source: Any) -> str:
 def check_state(state: Mapping[str, Any], expected: Mapping[str, Any]) -> None:
     """Raise :class:`LoaderStateError` unless ``state`` can resume a loader with ``expected``.
 
-    ``expected`` is the loader's own state dict; cursor keys (``epoch``, ``batch``,
-    ``position``) are checked against the epoch length by the loader itself.
+    ``expected`` is the loader's own state dict. ``state`` must have exactly its keys, each
+    with a value of the right type and range (an int is a Python or NumPy integer, never a
+    bool or a float), and the same source, layout and order; the cursor keys (``epoch``,
+    ``batch``, ``position``) are checked against the epoch length by the loader itself.
+    Every message names the key, the value found and what was expected.
     """
     if not isinstance(state, Mapping):
-        raise LoaderStateError(f"state must be a dict from Loader.state_dict(), got {state!r}")
+        raise LoaderStateError(
+            f"state must be a dict from Loader.state_dict(), got {show(state)} "
+            f"({type(state).__name__})"
+        )
     missing = sorted(expected.keys() - state.keys())
     if missing:
         raise LoaderStateError(
-            f"state is missing keys {missing}; was it made by Loader.state_dict()?"
+            f"state is missing keys {missing}; was it made by Loader.state_dict()? "
+            f"A Loader state has the keys {list(expected)}"
         )
+    unknown = sorted(state.keys() - expected.keys(), key=repr)
+    if unknown:
+        found = ", ".join(f"{show(key)}: {show(state[key])}" for key in unknown)
+        raise LoaderStateError(
+            f"state has unknown keys {{{found}}}; a Loader state has only the keys "
+            f"{list(expected)}: {_FIX}"
+        )
+    for key in expected:
+        check, what = _EXPECTED[key]
+        if not check(state[key]):
+            raise LoaderStateError(
+                f"state {key}={show(state[key])} ({type(state[key]).__name__}) is not valid: "
+                f"{key} must be {what}; {_FIX}"
+            )
     if state["version"] != expected["version"]:
         raise LoaderStateError(
             f"state version={state['version']!r} is not this mixle's state version "

@@ -33,6 +33,8 @@ ROWS = 8
 STALLED_KEY, STALL_S = "c/2/0", 120.0
 #: Seconds from SIGINT to the child's exit that the tests accept.
 EXIT_WITHIN_S = 5.0
+#: Seconds the child may take to start and read its first two batches.
+START_WITHIN_S = 60.0
 
 CHILD_HEAD = """
 import json, signal, sys, threading, time
@@ -91,14 +93,17 @@ def _interrupt(url: str, make: str, *, stuck: int, signals: int = 1) -> dict[str
         stderr=subprocess.PIPE,
         text=True,
     )
+    watchdog = threading.Timer(START_WITHIN_S, child.kill)  # bounds the wait for batch 1
+    watchdog.start()
     try:
         assert child.stdout is not None
-        lines = []
+        seen = []
         for line in child.stdout:  # batches 0 and 1 arrive; batch 2's chunk stalls
-            lines.append(line)
+            seen.append(line)
             if line.startswith("batch 1"):
                 break
-        assert lines and lines[-1].startswith("batch 1"), (lines, child.stderr.read())
+        watchdog.cancel()
+        assert seen and seen[-1].startswith("batch 1"), (seen, child.stderr.read())
         time.sleep(0.3)  # the loop now waits for batch 2
         sent = time.monotonic()
         for k in range(signals):
@@ -108,6 +113,7 @@ def _interrupt(url: str, make: str, *, stuck: int, signals: int = 1) -> dict[str
         out, err = child.communicate(timeout=EXIT_WITHIN_S + 5)
         took = time.monotonic() - sent
     finally:
+        watchdog.cancel()
         child.kill()
         child.communicate()
     report = [line for line in out.splitlines() if line.startswith("THREADS ")]

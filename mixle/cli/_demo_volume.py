@@ -18,6 +18,7 @@ from types import FrameType
 
 import numpy as np
 
+from mixle.cli._demo_disk import WriteGuard, disk_full_error, is_disk_full, settle_zarr_writes
 from mixle.data.sources.array_source import read_hdf5, read_memmap, read_zarr
 from mixle.data.sources.base import ArraySource
 from mixle.utils.optional_deps import HAS_H5PY, HAS_ZARR, require
@@ -221,6 +222,77 @@ class WrittenVolume:
     checksum: int
 
 
+#: The file (or folder) each backend writes inside the demo's folder.
+_FILE_NAMES = {"zarr": "volume.zarr", "hdf5": "volume.h5", "memmap": "volume.raw"}
+#: ``generate(z0, z1)``: planes ``z0:z1`` of the volume (and adds them to its checksum).
+Generate = Callable[[int, int], np.ndarray]
+
+
+def _write_zarr(
+    path: Path,
+    shape: tuple[int, int, int],
+    chunks: tuple[int, ...],
+    generate: Generate,
+    on_slab: Callable[[int], None] | None,
+) -> None:
+    zarr = require("zarr", feature="mixle demo --backend zarr")
+    try:
+        arr = zarr.create_array(str(path), shape=shape, chunks=chunks, dtype=DTYPE, fill_value=0)
+        for z0, z1 in _slabs(shape[0], chunks[0]):
+            slab = generate(z0, z1)
+            with _deferred_interrupt():
+                arr[z0:z1] = slab
+            if on_slab is not None:
+                on_slab(z1 - z0)
+    except OSError:
+        settle_zarr_writes()  # the slab's other chunks may still be writing
+        raise
+
+
+def _write_hdf5(
+    path: Path,
+    shape: tuple[int, int, int],
+    chunks: tuple[int, ...],
+    generate: Generate,
+    on_slab: Callable[[int], None] | None,
+) -> None:
+    h5py = require("h5py", feature="mixle demo --backend hdf5")
+    with open(path, "w+b", buffering=0) as raw:
+        guard = WriteGuard(raw)  # a full disk must not leave HDF5 unable to close the file
+        with h5py.File(guard, "w") as f:
+            ds = f.create_dataset(
+                "ct",
+                shape=shape,
+                dtype=DTYPE,
+                chunks=chunks,
+                compression="gzip",
+                compression_opts=1,
+                shuffle=True,
+            )
+            for z0, z1 in _slabs(shape[0], chunks[0]):
+                if guard.error is not None:
+                    break
+                ds[z0:z1] = generate(z0, z1)
+                if on_slab is not None:
+                    on_slab(z1 - z0)
+        if guard.error is not None:
+            raise guard.error
+
+
+def _write_raw(
+    path: Path,
+    shape: tuple[int, int, int],
+    chunks: tuple[int, ...],
+    generate: Generate,
+    on_slab: Callable[[int], None] | None,
+) -> None:
+    with open(path, "wb") as fh:
+        for z0, z1 in _slabs(shape[0], chunks[0]):
+            fh.write(generate(z0, z1).tobytes())
+            if on_slab is not None:
+                on_slab(z1 - z0)
+
+
 def _slabs(depth: int, step: int) -> list[tuple[int, int]]:
     return [(z0, min(depth, z0 + step)) for z0 in range(0, depth, step)]
 
@@ -263,6 +335,9 @@ def write_volume(
         ``backend`` is not one of :data:`WRITE_BACKENDS`.
     ImportError
         The backend's optional dependency is not installed (the message names the extra).
+    DiskFullError
+        The disk (or the quota, or the file-size limit) filled up while writing; every
+        write has ended, so ``folder`` can be removed (:mod:`mixle.cli._demo_disk`).
     """
     if backend not in WRITE_BACKENDS:
         raise ValueError(f"backend={backend!r} is not one of {', '.join(WRITE_BACKENDS)}")
@@ -276,41 +351,18 @@ def write_volume(
         total = (total + checksum(slab, (weights[0][z0:z1], *weights[1:]))) % 2**64
         return slab
 
+    writers = {"zarr": _write_zarr, "hdf5": _write_hdf5, "memmap": _write_raw}
+    path = folder / _FILE_NAMES[backend]
+    try:
+        writers[backend](path, shape, chunks, generate, on_slab)
+    except OSError as exc:
+        if not is_disk_full(exc):
+            raise
+        raise disk_full_error(path, exc) from None
     if backend == "zarr":
-        zarr = require("zarr", feature="mixle demo --backend zarr")
-        path = folder / "volume.zarr"
-        arr = zarr.create_array(str(path), shape=shape, chunks=chunks, dtype=DTYPE, fill_value=0)
-        for z0, z1 in _slabs(shape[0], chunks[0]):
-            slab = generate(z0, z1)
-            with _deferred_interrupt():
-                arr[z0:z1] = slab
-            if on_slab is not None:
-                on_slab(z1 - z0)
         source: ArraySource = read_zarr(path)
     elif backend == "hdf5":
-        h5py = require("h5py", feature="mixle demo --backend hdf5")
-        path = folder / "volume.h5"
-        with h5py.File(path, "w") as f:
-            ds = f.create_dataset(
-                "ct",
-                shape=shape,
-                dtype=DTYPE,
-                chunks=chunks,
-                compression="gzip",
-                compression_opts=1,
-                shuffle=True,
-            )
-            for z0, z1 in _slabs(shape[0], chunks[0]):
-                ds[z0:z1] = generate(z0, z1)
-                if on_slab is not None:
-                    on_slab(z1 - z0)
         source = read_hdf5(path, "ct")
     else:
-        path = folder / "volume.raw"
-        with open(path, "wb") as fh:
-            for z0, z1 in _slabs(shape[0], chunks[0]):
-                fh.write(generate(z0, z1).tobytes())
-                if on_slab is not None:
-                    on_slab(z1 - z0)
         source = read_memmap(path, DTYPE, shape)
     return WrittenVolume(source, path, backend, chunks, total)

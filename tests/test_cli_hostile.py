@@ -1,0 +1,328 @@
+"""``mixle inspect`` and ``mixle demo`` on hostile input and a full disk: no hang, no
+unbounded memory, no traceback; exit status 1 and one line on stderr that names the path.
+
+Every case runs the command line in a child process, waited on with a timeout, so a hang
+fails the test instead of blocking the suite.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mixle.cli import main
+
+zarr = pytest.importorskip("zarr")
+h5py = pytest.importorskip("h5py")
+
+ROOT = Path(__file__).resolve().parents[1]
+#: Seconds a child may take before it counts as hung.
+TIMEOUT_S = 30
+#: The child: setup code (argv[1]), ``mixle`` with argv[3:], then code to run after (argv[2]).
+CHILD = (
+    "import sys\n"
+    "exec(sys.argv[1])\n"
+    "from mixle.cli import main\n"
+    "status = main(sys.argv[3:])\n"
+    "exec(sys.argv[2])\n"
+    "raise SystemExit(status)\n"
+)
+#: Child setup: a file-size limit (writes past it fail with EFBIG instead of killing).
+FILE_SIZE_LIMIT = (
+    "import resource, signal\n"
+    "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+    "resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))\n"
+)
+#: Child setup: peak memory growth measured around the command (VmHWM, never ru_maxrss),
+#: with an address-space cap so that a regression fails instead of exhausting the machine.
+MEASURE_MEMORY = """
+import atexit, resource
+import mixle.cli, numpy
+resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+def _hwm():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+_base = _hwm()
+atexit.register(lambda: print(f"grew {_hwm() - _base}"))
+"""
+
+
+def run_cli(
+    *argv: str,
+    setup: str = "",
+    after: str = "",
+    cwd: Path | None = None,
+    env: dict | None = None,
+) -> tuple[int, str, str]:
+    """``mixle *argv`` in a child; ``(status, stdout, stderr)``; fails the test on a hang."""
+    child_env = dict(os.environ if env is None else env, MIXLE_PROGRESS="0")
+    child_env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])
+    )
+    child_env.pop("MIXLE_TRACEBACK", None)
+    with subprocess.Popen(
+        [sys.executable, "-c", CHILD, setup, after, *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=cwd,
+        env=child_env,
+    ) as child:
+        try:
+            out, err = child.communicate(timeout=TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.communicate()
+            pytest.fail(f"mixle {' '.join(argv)} hung for more than {TIMEOUT_S} s")
+    return child.returncode, out, err
+
+
+def assert_one_line(status: int, err: str, *names: str) -> str:
+    """Exit status 1, exactly one line on stderr, naming each of ``names``."""
+    assert status == 1, err
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    for name in names:
+        assert name in lines[0], err
+    return lines[0]
+
+
+# -- special files -----------------------------------------------------------------------
+def _fifo(path: Path) -> None:
+    os.mkfifo(path)
+
+
+def _dev_zero(path: Path) -> None:
+    path.symlink_to("/dev/zero")
+
+
+@pytest.mark.parametrize(
+    ("make", "kind"),
+    [(_fifo, "a FIFO"), (_dev_zero, "a character device")],
+    ids=["fifo", "dev-zero-link"],
+)
+def test_inspect_refuses_a_special_file_given_as_the_path(tmp_path, make, kind):
+    path = tmp_path / "scan.npy"
+    make(path)
+    status, out, err = run_cli("inspect", str(path))
+    line = assert_one_line(status, err, str(path), kind)
+    assert line.startswith("mixle inspect: ") and out == ""
+
+
+def test_inspect_refuses_a_socket(tmp_path):
+    path = tmp_path / "scan.h5"
+    server = socket.socket(socket.AF_UNIX)
+    try:
+        server.bind(str(path))
+        status, _, err = run_cli("inspect", str(path))
+    finally:
+        server.close()
+    assert_one_line(status, err, str(path), "a socket")
+
+
+def _sharded_store(root: Path) -> Path:
+    arr = zarr.create_array(root, shape=(8, 8), chunks=(2, 2), shards=(4, 4), dtype="i2")
+    arr[:] = 1
+    return root / "c" / "0" / "0"
+
+
+def _plain_store_v2(root: Path) -> Path:
+    arr = zarr.create_array(root, shape=(8,), chunks=(4,), dtype="i2", zarr_format=2)
+    arr[:] = 1
+    return root / "0"
+
+
+@pytest.mark.parametrize(
+    ("store", "member", "make", "kind"),
+    [
+        (_sharded_store, None, _fifo, "a FIFO"),  # the shard index would be read
+        (_sharded_store, None, _dev_zero, "a character device"),
+        (_plain_store_v2, ".zattrs", _fifo, "a FIFO"),
+        (_plain_store_v2, ".zarray", _dev_zero, "a character device"),
+        (_sharded_store, "zarr.json", _fifo, "a FIFO"),
+    ],
+    ids=["shard-fifo", "shard-dev-zero", "zattrs-fifo", "zarray-dev-zero", "zarr-json-fifo"],
+)
+def test_inspect_refuses_special_files_inside_a_zarr_store(tmp_path, store, member, make, kind):
+    root = tmp_path / "scan.zarr"
+    chunk = store(root)
+    target = chunk if member is None else root / member
+    target.unlink(missing_ok=True)
+    make(target)
+    status, _, err = run_cli("inspect", str(root))
+    assert_one_line(status, err, str(root), str(target), kind)
+
+
+# -- sizes and depths ----------------------------------------------------------------------
+def test_a_huge_npy_header_is_refused_before_it_is_read(tmp_path):
+    path = tmp_path / "big.npy"
+    claimed = 200_000_000
+    with open(path, "wb") as f:
+        f.write(b"\x93NUMPY\x03\x00" + struct.pack("<I", claimed))
+        f.write(b"{'descr': '<i2', 'fortran_order': False, 'shape': (")
+        f.truncate(10 + claimed)  # sparse: the 200 MB "header" costs no disk
+    status, out, err = run_cli("inspect", str(path), setup=MEASURE_MEMORY)
+    assert_one_line(status, err, str(path), "MAX_NPY_HEADER_BYTES")
+    grew = int(out.split("grew ")[1])
+    assert grew < 32 * 2**20, f"peak RSS grew {grew / 2**20:.0f} MiB"
+
+
+def _deep(levels: int) -> str:
+    return "[" * levels + "]" * levels
+
+
+def test_deeply_nested_zarr_v2_attributes_are_refused(tmp_path):
+    root = tmp_path / "deep.zarr"
+    _plain_store_v2(root)
+    (root / ".zattrs").write_text('{"a": ' + _deep(100_000) + "}")
+    status, _, err = run_cli("inspect", str(root))
+    assert_one_line(status, err, str(root), str(root / ".zattrs"), "MAX_METADATA_DEPTH")
+
+
+def test_deeply_nested_zarr_v3_attributes_are_refused(tmp_path):
+    root = tmp_path / "deep.zarr"
+    zarr.create_array(root, shape=(4,), chunks=(2,), dtype="i2")
+    meta = json.loads((root / "zarr.json").read_text())
+    meta["attributes"] = {"a": "__DEEP__"}
+    text = json.dumps(meta).replace('"__DEEP__"', _deep(100_000))
+    (root / "zarr.json").write_text(text)
+    status, _, err = run_cli("inspect", str(root))
+    assert_one_line(status, err, str(root), "MAX_METADATA_DEPTH")
+
+
+def test_nesting_depth_ignores_brackets_in_strings():
+    from mixle.inspection import limits
+
+    assert limits.json_depth(b'{"a": [1, {"b": "[[[[{{{{"}], "c": "\\"]]]"}') == 3
+    assert limits.json_depth(b"") == 0
+    assert limits.json_depth(_deep(5000).encode()) == 5000
+
+
+def test_metadata_larger_than_the_cap_is_not_read(tmp_path, monkeypatch, capsys):
+    from mixle.inspection import limits
+
+    root = tmp_path / "big.zarr"
+    _plain_store_v2(root)
+    (root / ".zattrs").write_text(json.dumps({"notes": "x" * 5000}))
+    monkeypatch.setattr(limits, "MAX_METADATA_BYTES", 1000)
+    assert main(["inspect", str(root)]) == 1
+    line = assert_one_line(1, capsys.readouterr().err, str(root / ".zattrs"))
+    assert "MAX_METADATA_BYTES=1,000" in line
+
+
+def test_an_hdf5_hard_link_cycle_is_reported_once(tmp_path):
+    path = tmp_path / "cycle.h5"
+    with h5py.File(path, "w") as f:
+        f.create_group("a/b")
+        f["a/b/data"] = np.arange(6)
+        f["a/loop"] = f["a"]  # the group, hard-linked into itself
+        f["alias"] = f["a/b/data"]  # a second name for one dataset
+    status, out, err = run_cli("inspect", str(path), "--json")
+    assert status == 0 and err == "", err
+    report = json.loads(out)
+    arrays, codes = [], []
+
+    def walk(node: dict) -> None:
+        codes.extend(f["code"] for f in node.get("findings", ()))
+        if "children" in node:
+            for child in node["children"]:
+                walk(child)
+        else:
+            arrays.append(node["path"])
+
+    walk(report["root"])
+    assert arrays == ["/a/b/data"]  # each object once, at its first path
+    assert "hard-link-cycle" in codes and "hard-link-repeat" in codes
+
+
+# -- the command line's error contract -----------------------------------------------------
+def test_an_unexpected_error_is_one_line_unless_a_traceback_is_asked_for(
+    tmp_path, monkeypatch, capsys
+):
+    import mixle.cli.inspect as inspect_command
+
+    def broken(*args, **kwargs):
+        return 1 // 0
+
+    monkeypatch.setattr(inspect_command, "inspect_store", broken)
+    path = str(tmp_path / "x.zarr")
+    assert main(["inspect", path]) == 1
+    line = assert_one_line(1, capsys.readouterr().err, path, "ZeroDivisionError", "--traceback")
+    assert line.startswith("mixle inspect: ")
+    with pytest.raises(ZeroDivisionError):
+        main(["--traceback", "inspect", path])
+    monkeypatch.setenv("MIXLE_TRACEBACK", "1")
+    with pytest.raises(ZeroDivisionError):
+        main(["inspect", path])
+
+
+@pytest.mark.parametrize("error", [RecursionError, MemoryError, OverflowError])
+def test_raw_errors_become_one_clear_line(tmp_path, monkeypatch, capsys, error):
+    import mixle.cli.inspect as inspect_command
+
+    def broken(*args, **kwargs):
+        raise error("line one\nline two")
+
+    monkeypatch.setattr(inspect_command, "inspect_store", broken)
+    path = str(tmp_path / "x.zarr")
+    assert main(["inspect", path]) == 1
+    assert_one_line(1, capsys.readouterr().err, path, error.__name__)
+
+
+# -- mixle demo on a full disk ---------------------------------------------------------------
+DEMO = ["demo", "--size", "64", "--patch", "8", "--num-patches", "8", "--no-jax", "--no-png"]
+
+
+@pytest.mark.parametrize("backend", ["zarr", "hdf5", "memmap"])
+def test_demo_on_a_full_disk_cleans_up_and_says_so(tmp_path, backend):
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    env = dict(os.environ, TMPDIR=str(temp))
+    status, _, err = run_cli(
+        *DEMO, "--backend", backend, setup=FILE_SIZE_LIMIT, cwd=tmp_path, env=env
+    )
+    assert status >= 0, f"killed by signal {-status}: {err}"
+    assert_one_line(status, err, str(temp), "no space left on device")
+    assert list(temp.iterdir()) == []
+
+
+#: Child setup: the first chunk write of the second slab fails with ENOSPC while the
+#: slab's other chunks are still being written (slowly).
+ZARR_ENOSPC = """
+import errno, threading, time
+import zarr.storage._local as local
+_put, _calls, _lock = local._put, [0], threading.Lock()
+def put(path, value, exclusive=False):
+    if path.name == "zarr.json":
+        return _put(path, value, exclusive)
+    with _lock:
+        _calls[0] += 1
+        n = _calls[0]
+    if n == 5:
+        raise OSError(errno.ENOSPC, "No space left on device")
+    if n > 5:
+        time.sleep(0.5)
+    return _put(path, value, exclusive)
+local._put = put
+"""
+
+
+def test_demo_zarr_waits_for_writes_in_flight_before_removing_the_folder(tmp_path):
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    env = dict(os.environ, TMPDIR=str(temp))
+    argv = [*DEMO, "--backend", "zarr", "--size", "128"]  # 4 chunks a slab, 2 slabs
+    after = "import time; time.sleep(1.5)"  # a stray write would land by now
+    status, _, err = run_cli(*argv, setup=ZARR_ENOSPC, after=after, cwd=tmp_path, env=env)
+    assert list(temp.iterdir()) == []  # no chunk written after the folder was removed
+    assert_one_line(status, err, str(temp), "no space left on device")

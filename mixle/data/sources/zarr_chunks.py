@@ -31,6 +31,7 @@ never written reads as the fill value, as zarr reads it.
 from __future__ import annotations
 
 import asyncio
+import errno
 import functools
 import math
 import os
@@ -263,6 +264,10 @@ def read_local_object(
         raise
     except ValueError as exc:
         raise CorruptChunkError(str(exc)) from None
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:  # a socket cannot be opened: say what it is
+            require_regular_file(path, what)
+        raise
 
 
 def _directory_message(key: str, where: str, coords: tuple[int, ...], path: str) -> str:

@@ -19,7 +19,12 @@ from mixle.data.sources.columns import (
 )
 from mixle.data.sources.memmap_check import FileSignature
 from mixle.data.sources.records import Batch, TableMeta
-from mixle.data.sources.text_source import TextHandle, TextRecordSource, text_args
+from mixle.data.sources.text_source import (
+    HEADER_MAX_BYTES,
+    TextHandle,
+    TextRecordSource,
+    text_args,
+)
 from mixle.data.spec import ArraySpec
 from mixle.errors import MalformedRowError
 
@@ -29,15 +34,20 @@ HeaderLike = bool | Sequence[str]
 
 
 def _header_names(row: list[str]) -> list[str]:
-    """Column names from a header row, made unique the way pandas does (``a``, ``a.1``)."""
+    """Column names from a header row, made unique the way pandas does (``a``, ``a.1``).
+
+    Linear in the number of columns (a header may hold millions of them).
+    """
     names: list[str] = []
+    seen: set[str] = set()
     for i, raw in enumerate(row):
         name = raw or f"Unnamed: {i}"
         base, k = name, 0
-        while name in names:
+        while name in seen:
             k += 1
             name = f"{base}.{k}"
         names.append(name)
+        seen.add(name)
     return names
 
 
@@ -109,7 +119,7 @@ class CSVSource(TextRecordSource):
         sample: list[list[str]] = []
         lines: list[int] = []
         names: list[str] | None = None if isinstance(header, bool) else list(header)
-        for row, line in self._rows_from(real, start):
+        for row, line in self._rows_from(real, start, limit=HEADER_MAX_BYTES):
             if header is True and names is None:
                 names = _header_names(row)
                 continue
@@ -129,27 +139,34 @@ class CSVSource(TextRecordSource):
             if problem is not None:
                 raise self._malformed(line, problem)
         na = frozenset(self._args["na_values"])
+        position = {name: k for k, name in enumerate(names)}
         specs: dict[str, ArraySpec] = {}
         for name in handle.selected:
-            k = names.index(name)
+            k = position[name]
             values = [row[k] for row in sample]
             dtype = overrides.get(name) or infer_text_dtype(values, na)
             text_to_array(values, dtype, na, name, lines.__getitem__, where)  # check overrides
             specs[name] = ArraySpec((), dtype)
-        handle.extra = {"na": na, "positions": [names.index(n) for n in handle.selected]}
+        handle.extra = {"na": na, "positions": [position[n] for n in handle.selected]}
         return handle, TableMeta(specs)
 
     def _rows_from(
-        self, path: str, start: int, signature: FileSignature | None = None
+        self,
+        path: str,
+        start: int,
+        signature: FileSignature | None = None,
+        limit: int | None = None,
     ) -> Iterator[tuple[list[str], int]]:
         """Parsed rows from byte ``start`` on, each with the line it starts on.
 
-        Opens its own file object, so streams never share a file position.
+        Opens its own file object, so streams never share a file position. With ``limit``,
+        a row of more than ``limit`` characters raises :class:`MalformedRowError`.
         """
         with self._open_file(path, signature) as raw:
             raw.seek(start)
             stream = io.TextIOWrapper(raw, encoding="utf-8", newline="")
-            reader = self._reader(stream)
+            lines = stream if limit is None else _CappedLines(stream, limit)
+            reader = self._reader(lines)
             line = 1
             while True:
                 try:
@@ -160,6 +177,10 @@ class CSVSource(TextRecordSource):
                     raise self._malformed(line, f"cannot be parsed: {exc}") from None
                 except UnicodeDecodeError as exc:
                     raise self._malformed(line, f"is not UTF-8: {exc.reason}") from None
+                except _RowTooLong:
+                    raise self._too_long(line, limit or 0) from None
+                if isinstance(lines, _CappedLines):
+                    lines.used = 0  # the cap is per row
                 if row:
                     yield row, line
                 line = reader.line_num + 1
@@ -185,6 +206,36 @@ class CSVSource(TextRecordSource):
             values = [row[k] for row in rows]
             out[name] = text_to_array(values, meta.columns[name].dtype, na, name, lines, where)
         return out
+
+
+class _RowTooLong(Exception):
+    """A row read at open ran past its cap (turned into a MalformedRowError with its line)."""
+
+
+class _CappedLines:
+    """The lines of a text stream for ``csv.reader``, at most ``limit`` characters per row.
+
+    ``used`` counts the characters of the row being read (reset by the caller after each
+    row); each ``readline`` asks for no more than the rest of the budget, so a line without
+    a line end is never read whole.
+    """
+
+    def __init__(self, stream: io.TextIOWrapper, limit: int) -> None:
+        self._stream = stream
+        self._limit = limit
+        self.used = 0
+
+    def __iter__(self) -> _CappedLines:
+        return self
+
+    def __next__(self) -> str:
+        text = self._stream.readline(self._limit - self.used + 1)
+        if not text:
+            raise StopIteration
+        self.used += len(text)
+        if self.used > self._limit:
+            raise _RowTooLong
+        return text
 
 
 def _is_names(value: object) -> bool:

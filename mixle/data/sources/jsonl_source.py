@@ -19,7 +19,12 @@ from mixle.data.sources.columns import (
 )
 from mixle.data.sources.memmap_check import FileSignature
 from mixle.data.sources.records import Batch, TableMeta
-from mixle.data.sources.text_source import TextHandle, TextRecordSource, text_args
+from mixle.data.sources.text_source import (
+    HEADER_MAX_BYTES,
+    TextHandle,
+    TextRecordSource,
+    text_args,
+)
 from mixle.data.spec import ArraySpec
 from mixle.errors import MalformedRowError
 
@@ -27,6 +32,11 @@ __all__ = ["JSONLSource", "read_jsonl"]
 
 #: What ``bytes.strip()`` removes: the streaming reader and the row index skip lines of these.
 _BLANK = " \t\n\r\x0b\x0c"
+#: What a row nested deeper than Python's recursion limit is, in messages.
+_TOO_DEEP = (
+    "it is nested too deeply for Python's JSON parser (RecursionError); flatten it, or store "
+    "deep structures as a JSON string"
+)
 
 
 class JSONLSource(TextRecordSource):
@@ -55,7 +65,7 @@ class JSONLSource(TextRecordSource):
         where = self._location()
         sample: list[dict[str, Any]] = []
         lines: list[int] = []
-        for row, line in self._rows_from(real, start):
+        for row, line in self._rows_from(real, start, limit=HEADER_MAX_BYTES):
             sample.append(row)
             lines.append(line)
             if len(sample) >= self._args["infer_rows"]:
@@ -76,18 +86,30 @@ class JSONLSource(TextRecordSource):
         return handle, TableMeta(specs)
 
     def _rows_from(
-        self, path: str, start: int, signature: FileSignature | None = None
+        self,
+        path: str,
+        start: int,
+        signature: FileSignature | None = None,
+        limit: int | None = None,
     ) -> Iterator[tuple[dict[str, Any], int]]:
-        """Parsed objects from byte ``start`` on, each with its line number."""
+        """Parsed objects from byte ``start`` on, each with its line number.
+
+        With ``limit``, a line of more than ``limit`` bytes raises :class:`MalformedRowError`.
+        """
         with self._open_file(path, signature) as raw:
             raw.seek(start)
-            for line, data in enumerate(raw, start=1):
+            lines = iter(raw) if limit is None else iter(lambda: raw.readline(limit + 1), b"")
+            for line, data in enumerate(lines, start=1):
+                if limit is not None and len(data) > limit:
+                    raise self._too_long(line, limit)
                 if not data.strip():
                     continue
                 try:
                     row = json.loads(data)
                 except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
                     raise self._malformed(line, f"is not valid JSON: {exc}") from None
+                except RecursionError:
+                    raise self._malformed(line, f"cannot be parsed: {_TOO_DEEP}") from None
                 if not isinstance(row, dict):
                     raise self._malformed(line, f"is a JSON {type(row).__name__}, not an object")
                 yield row, line
@@ -97,6 +119,8 @@ class JSONLSource(TextRecordSource):
             return [json.loads(line) for line in text.split("\n") if line.strip(_BLANK)]
         except ValueError as exc:
             raise MalformedRowError(str(exc)) from None
+        except RecursionError:
+            raise MalformedRowError(_TOO_DEEP) from None
 
     def _row_problem(self, handle: TextHandle, row: Any) -> str | None:
         if not isinstance(row, dict):

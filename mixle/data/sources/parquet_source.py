@@ -25,10 +25,11 @@ from mixle.data.sources.records import Batch, RecordSource, TableMeta
 from mixle.data.spec import ArraySpec
 from mixle.utils import optional_deps
 from mixle.utils.optional_deps import require
-from mixle.utils.redact import display_path
+from mixle.utils.redact import display_path, redact_text
 
 __all__ = [
     "ROW_GROUP_CACHE_BYTES",
+    "ParquetReadError",
     "STREAM_BUFFER_BYTES",
     "ParquetSource",
     "arrow_spec",
@@ -40,6 +41,66 @@ __all__ = [
 ROW_GROUP_CACHE_BYTES = 64 * 2**20
 #: Read buffer of a streaming Parquet reader.
 STREAM_BUFFER_BYTES = 2**20
+
+
+class ParquetReadError(ValueError, OSError):
+    """pyarrow could not read a Parquet file's footer or decode one of its row groups.
+
+    A ``ValueError`` (what pyarrow raises for a file that is not Parquet or is truncated)
+    and an ``OSError`` (what it raises for damaged compressed data or a failed read). The
+    message names the file and, for a row group, its number in that file and its rows.
+
+    Attributes
+    ----------
+    path
+        The file, safe to show.
+    row_group
+        The row group's number in that file, or ``None`` for the footer.
+    """
+
+    def __init__(self, message: str, *, path: str, row_group: int | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+        self.row_group = row_group
+
+
+#: Errors of pyarrow that mean the bytes read are not (or no longer) a readable Parquet file;
+#: a missing file or a permission error passes through as it is.
+_PASS_THROUGH = (FileNotFoundError, PermissionError)
+
+
+def _read_error(exc: BaseException, name: str, doing: str, group: int | None = None) -> Exception:
+    """A :class:`ParquetReadError` for ``exc`` raised while ``doing`` on file ``name``."""
+    if isinstance(exc, _PASS_THROUGH) or not _is_arrow_error(exc):
+        return exc  # type: ignore[return-value]
+    path = display_path(name)
+    where = path if group is None else f"{path}, row group {group}"
+    reason = redact_text(str(exc)).split("\n")[0]
+    return ParquetReadError(
+        f"{where}: pyarrow cannot {doing} ({type(exc).__name__}: {reason}); the file is "
+        "damaged, truncated or not a Parquet file, or could not be read. Rewrite it, or "
+        "leave it out",
+        path=path,
+        row_group=group,
+    )
+
+
+def _is_arrow_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is one of pyarrow's errors (``ArrowException`` or pyarrow's ``OSError``)."""
+    pa = require("pyarrow", feature="read_parquet")
+    return isinstance(exc, (pa.ArrowException, OSError))
+
+
+def _parquet_file(name: str, fs: Any, **options: Any) -> Any:
+    """``pq.ParquetFile(name)`` (its footer read), or :class:`ParquetReadError` naming it."""
+    pq = require("pyarrow.parquet", "tabular", feature="read_parquet")
+    try:
+        return pq.ParquetFile(name, filesystem=fs, **options)
+    except Exception as exc:
+        error = _read_error(exc, name, "read its footer")
+        if error is exc:
+            raise
+        raise error from (None if "://" in name else exc)
 
 
 def arrow_spec(arrow_type: Any, nullable_values: bool) -> ArraySpec:
@@ -146,7 +207,6 @@ class ParquetSource(RecordSource):
         return display_path(self._args["path"])
 
     def _open(self) -> tuple[_ParquetHandle, TableMeta]:
-        pq = require("pyarrow.parquet", "tabular", feature="read_parquet")
         pafs = require("pyarrow.fs", "tabular", feature="read_parquet")
         path = self._args["path"]
         if "://" in path:
@@ -154,13 +214,13 @@ class ParquetSource(RecordSource):
         else:
             fs, inner = pafs.LocalFileSystem(), os.path.abspath(path)
         files = _list_files(fs, inner, pafs)
-        first = pq.ParquetFile(files[0], filesystem=fs)
+        first = _parquet_file(files[0], fs)
         schema = first.schema_arrow
         selected = check_columns(self._args["columns"], schema.names, self._location())
         counts, owners, locals_, nulls = [], [], [], dict.fromkeys(selected, False)
         opened = {0: first}
         for k, name in enumerate(files):
-            pf = first if k == 0 else pq.ParquetFile(name, filesystem=fs)
+            pf = first if k == 0 else _parquet_file(name, fs)
             meta = pf.metadata
             missing = [c for c in selected if c not in pf.schema_arrow.names]
             if missing:
@@ -210,8 +270,7 @@ class ParquetSource(RecordSource):
     def _file(self, handle: _ParquetHandle, k: int) -> Any:
         pf = handle.opened.get(k)
         if pf is None:
-            pq = require("pyarrow.parquet", "tabular", feature="read_parquet")
-            pf = pq.ParquetFile(handle.files[k], filesystem=handle.fs)
+            pf = _parquet_file(handle.files[k], handle.fs)
             handle.opened[k] = pf
         return pf
 
@@ -222,8 +281,17 @@ class ParquetSource(RecordSource):
             if table is not None:
                 handle.cache.move_to_end(g)
                 return table
-            pf = self._file(handle, int(handle.group_file[g]))
-            table = pf.read_row_group(int(handle.group_local[g]), columns=handle.selected)
+            k, local = int(handle.group_file[g]), int(handle.group_local[g])
+            pf = self._file(handle, k)
+            try:
+                table = pf.read_row_group(local, columns=handle.selected)
+            except Exception as exc:
+                first, end = int(handle.group_starts[g]), int(handle.group_starts[g + 1])
+                doing = f"decode it (rows {first}..{end - 1} of the source)"
+                error = _read_error(exc, handle.files[k], doing, local)
+                if error is exc:
+                    raise
+                raise error from (None if "://" in handle.files[k] else exc)
             handle.cache[g] = table
             handle.cached_bytes += table.nbytes
             while handle.cached_bytes > ROW_GROUP_CACHE_BYTES and len(handle.cache) > 1:
@@ -249,17 +317,27 @@ class ParquetSource(RecordSource):
     def _stream(self, handle: _ParquetHandle, block_rows: int) -> Iterator[Batch]:
         meta = self._meta
         assert meta is not None
-        pq = require("pyarrow.parquet", "tabular", feature="read_parquet")
-        for name in handle.files:
+        for k, name in enumerate(handle.files):
             # no pre-buffering: pyarrow would otherwise keep every column chunk it read
-            with pq.ParquetFile(
-                name, filesystem=handle.fs, pre_buffer=False, buffer_size=STREAM_BUFFER_BYTES
-            ) as pf:
+            options = {"pre_buffer": False, "buffer_size": STREAM_BUFFER_BYTES}
+            with _parquet_file(name, handle.fs, **options) as pf:
                 # one row group decoded at a time (threads would read several ahead)
                 batches = pf.iter_batches(
                     batch_size=block_rows, columns=handle.selected, use_threads=False
                 )
-                for batch in batches:
+                done = 0  # rows of this file yielded
+                while True:
+                    try:
+                        batch = next(batches, None)
+                    except Exception as exc:
+                        group = _group_of_row(handle, k, done)
+                        error = _read_error(exc, name, f"decode it (row {done} of the file)", group)
+                        if error is exc:
+                            raise
+                        raise error from (None if "://" in name else exc)
+                    if batch is None:
+                        break
+                    done += batch.num_rows
                     yield {
                         c: arrow_to_numpy(batch.column(i), meta.columns[c])
                         for i, c in enumerate(handle.selected)
@@ -272,6 +350,13 @@ class ParquetSource(RecordSource):
     def _forget(self, handle: _ParquetHandle) -> None:
         handle.opened.clear()
         handle.cache.clear()
+
+
+def _group_of_row(handle: _ParquetHandle, k: int, row: int) -> int:
+    """The row group of file ``k`` (its number in that file) that holds its row ``row``."""
+    groups = np.flatnonzero(handle.group_file == k)
+    starts = handle.group_starts[groups] - handle.group_starts[groups[0]]
+    return int(np.searchsorted(starts, row, side="right") - 1)
 
 
 def read_parquet(

@@ -16,7 +16,9 @@ path, device, inode, size, modification and status-change times of the data file
 :func:`content_fingerprint` of it and the format options, so a changed file gets a new index
 (and the old one is deleted) even when it was rewritten in place at the same size with its
 old modification time restored (``rsync --inplace -t``). When the cache directory cannot be
-written the index lives in memory only.
+written the index lives in memory only; when writing it fails midway (a full disk, a quota)
+the partial file is deleted, a :class:`RowIndexCacheWarning` names the directory, and the
+index lives in memory too.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import contextlib
 import hashlib
 import os
 import tempfile
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -39,6 +42,7 @@ __all__ = [
     "FINGERPRINT_BLOCK_BYTES",
     "INDEX_BLOCK_BYTES",
     "RowIndex",
+    "RowIndexCacheWarning",
     "cache_dir",
     "content_fingerprint",
     "line_number",
@@ -375,33 +379,77 @@ def load_row_index(
     desc = f"indexing {os.path.basename(real_path)}"
     with progress_bar(total=size, desc=desc, unit="B", enabled=progress) as bar:
         bar.update(start)  # a byte-order mark, skipped
-        parts = scan_row_starts(
-            fd,
-            start,
-            size,
-            quote,
-            delimiter=delimiter,
-            blank_whitespace=blank_whitespace,
-            lone_cr=lone_cr,
-            advance=bar.update,
-        )
+
+        def scan(advance: Callable[[int], None] | None) -> Iterator[NDArray[np.int64]]:
+            return scan_row_starts(
+                fd,
+                start,
+                size,
+                quote,
+                delimiter=delimiter,
+                blank_whitespace=blank_whitespace,
+                lone_cr=lone_cr,
+                advance=advance,
+            )
 
         def unchanged() -> None:  # the file did not change while it was scanned
             check_file_unchanged(real_path, signature, file_signature(os.fstat(fd)))
 
-        return _store(parts, size, folder, target, file_key, unchanged)
+        return _store(scan, bar.update, size, folder, target, file_key, unchanged)
+
+
+class RowIndexCacheWarning(RuntimeWarning):
+    """A row index could not be written to the cache directory (disk full, quota...).
+
+    The index is kept in memory instead; the message names the directory and the error.
+    """
+
+
+def _in_memory(parts: Iterator[NDArray[np.int64]], size: int) -> NDArray[np.int64]:
+    starts = np.concatenate([*parts, np.array([size], dtype=np.int64)])
+    return starts.astype(np.int64)
+
+
+def _write_index(handle: int, parts: Iterator[NDArray[np.int64]], size: int) -> OSError | None:
+    """Write the row starts to the open temporary file ``handle``; the write error, if any.
+
+    Only errors of writing the cache file are returned (``ENOSPC``, ``EDQUOT``...); an error
+    reading the data file, raised by ``parts``, propagates.
+    """
+    out = os.fdopen(handle, "wb")
+    try:
+        for part in parts:
+            try:
+                out.write(part.astype("<i8").tobytes())
+            except OSError as exc:
+                return exc
+        try:
+            out.write(np.array([size], dtype="<i8").tobytes())
+            out.close()  # flushes: a full disk may only show here
+        except OSError as exc:
+            return exc
+        return None
+    finally:
+        with contextlib.suppress(OSError):
+            out.close()
 
 
 def _store(
-    parts: Iterator[NDArray[np.int64]],
+    scan: Callable[[Callable[[int], None] | None], Iterator[NDArray[np.int64]]],
+    advance: Callable[[int], None],
     size: int,
     folder: Path,
     target: Path,
     file_key: str,
     unchanged: Callable[[], None],
 ) -> RowIndex:
-    """Write the scanned row starts to ``target`` (atomically), or keep them in memory.
+    """Write the row starts ``scan(advance)`` yields to ``target`` (atomically), or keep them
+    in memory.
 
+    When the cache directory cannot be written (created, or a file made in it) the index is
+    kept in memory, silently. When writing the file fails midway (a full disk) the partial
+    file is deleted, a :class:`RowIndexCacheWarning` naming the directory is issued (Python
+    shows it once per directory and error) and the file is scanned again into memory.
     ``unchanged()`` runs after the scan, before the index is published (it raises if the
     file changed meanwhile).
     """
@@ -409,20 +457,34 @@ def _store(
         folder.mkdir(parents=True, exist_ok=True)
         handle, tmp = tempfile.mkstemp(dir=folder, prefix=f".{file_key}-", suffix=".tmp")
     except OSError:  # no writable cache: keep the index in memory
-        starts = np.concatenate([*parts, np.array([size], dtype=np.int64)])
+        starts = _in_memory(scan(advance), size)
         unchanged()
-        return RowIndex(starts.astype(np.int64), "built", None)
+        return RowIndex(starts, "built", None)
     try:
-        with os.fdopen(handle, "wb") as out:
-            for part in parts:
-                out.write(part.astype("<i8").tobytes())
-            out.write(np.array([size], dtype="<i8").tobytes())
-        unchanged()
-        os.replace(tmp, target)
+        failed = _write_index(handle, scan(advance), size)
+        if failed is None:
+            unchanged()
+            try:
+                os.replace(tmp, target)
+            except OSError as exc:
+                failed = exc
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+    if failed is not None:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        warnings.warn(
+            f"mixle could not write a row index to the cache directory {str(folder)!r} "
+            f"({failed.strerror or failed}); indexes are kept in memory instead. Free space "
+            "there, or set MIXLE_CACHE_DIR to a folder that has it",
+            RowIndexCacheWarning,
+            stacklevel=2,
+        )
+        starts = _in_memory(scan(None), size)
+        unchanged()
+        return RowIndex(starts, "built", None)
     for old in folder.glob(f"{file_key}-*.i64"):  # indexes of earlier versions of this file
         if old != target:
             with contextlib.suppress(OSError):

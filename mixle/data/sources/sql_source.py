@@ -40,11 +40,17 @@ _KEY = "_mixle_key"
 
 
 class _Binder:
-    """Placeholders for bound values, in the style the user's ``params`` use."""
+    """Placeholders for bound values, in the style the user's ``params`` use.
 
-    def __init__(self, positional: bool, user: Params) -> None:
+    mixle's own named parameters (``:_mixle_0``, ``:_mixle_1``...) skip every name the
+    user's ``params`` hold and every ``:name`` written in the query, so a user's value is
+    never overwritten and a placeholder of the user's is never filled by mixle.
+    """
+
+    def __init__(self, positional: bool, user: Params, query: str = "") -> None:
         self.positional = positional
         self.values: Any = list(user or ()) if positional else dict(user or {})
+        self._query = query
         self._n = 0
 
     def __call__(self, value: Any) -> str:
@@ -52,6 +58,9 @@ class _Binder:
             self.values.append(value)
             return "?"
         name = f"_mixle_{self._n}"
+        while name in self.values or f":{name}" in self._query:
+            self._n += 1
+            name = f"_mixle_{self._n}"
         self._n += 1
         self.values[name] = value
         return f":{name}"
@@ -129,7 +138,8 @@ class SQLSource(RecordSource):
 
     def _binder(self, backend: SQLBackend) -> _Binder:
         user = self._args["params"]
-        return _Binder(backend.positional and not isinstance(user, Mapping), user)
+        positional = backend.positional and not isinstance(user, Mapping)
+        return _Binder(positional, user, self._args["query"])
 
     def _fetch(self, handle_or_backend: Any, sql: str, bind: _Binder) -> tuple[list[str], list]:
         backend = getattr(handle_or_backend, "backend", handle_or_backend)
@@ -178,11 +188,7 @@ class SQLSource(RecordSource):
                 )
             key_expr = f"{_ALIAS}.{backend.quote(args['key'])}"
         elif parts is not None and args["kind"] == "sqlite":
-            try:  # every SQLite table but WITHOUT ROWID ones has a rowid
-                backend.fetch(f"SELECT {_ALIAS}.rowid FROM {relation} LIMIT 0", [])
-                key_expr = f"{_ALIAS}.rowid"
-            except sqlite3.Error:
-                key_expr = None
+            key_expr = _sqlite_rowid(backend, relation)
         overrides = parse_dtypes(args["dtypes"], names, self._location())
         specs: dict[str, ArraySpec] = {}
         for k, name in enumerate(names):
@@ -213,7 +219,14 @@ class SQLSource(RecordSource):
         sql = f"SELECT MIN({k}), MAX({k}), COUNT({k}), COUNT(DISTINCT {k}), COUNT(*) FROM {rel}"
         _, rows = self._fetch(handle, sql, bind)
         lo, hi, with_key, distinct, total = rows[0]
-        shown = self._args["key"] or "rowid"
+        shown = self._args["key"]
+        if with_key != total and shown is None:
+            raise ValueError(
+                f"{self._location()}: its rowid is NULL in {total - with_key} of {total} rows, "
+                "so rows cannot be addressed by it; pass key= a column with unique, non-NULL "
+                "values"
+            )
+        shown = shown or "rowid"
         if with_key != total:
             raise ValueError(f"key={shown!r} is NULL in {total - with_key} rows; keys must be set")
         if distinct != total:
@@ -328,6 +341,21 @@ class SQLSource(RecordSource):
         handle.backend.forget()
 
 
+def _sqlite_rowid(backend: SQLBackend, relation: str) -> str | None:
+    """``_mixle_q.rowid`` if the named SQLite relation has one, else ``None`` (LIMIT/OFFSET).
+
+    Every table but ``WITHOUT ROWID`` ones has a rowid (selecting it fails on those); a
+    view's ``rowid`` is ``NULL`` in every row, so a view is read like a query.
+    """
+    try:
+        _, rows = backend.fetch(f"SELECT {_ALIAS}.rowid FROM {relation} LIMIT 1", [])
+    except sqlite3.Error:
+        return None
+    if rows and rows[0][0] is None:
+        return None
+    return f"{_ALIAS}.rowid"
+
+
 def _plain(params: Mapping[str, Any] | Sequence[Any]) -> Any:
     return dict(params) if isinstance(params, Mapping) else list(params)
 
@@ -365,7 +393,9 @@ def read_sql(
         a WAL-mode database. Pass the path or the URL string instead.
     params
         Values for the query's placeholders, always bound, never written into SQL: a dict
-        for ``:name`` placeholders, or (SQLite) a list for ``?``.
+        for ``:name`` placeholders, or (SQLite) a list for ``?``. Any name may be used:
+        mixle's own placeholders (``:_mixle_0``...) skip the names in ``params`` and in the
+        query.
     key
         A column with unique, non-NULL values that addresses rows: row ``i`` is the row
         with the ``i``-th smallest key, read with ``WHERE key IN (...)`` or ``BETWEEN``.
@@ -397,7 +427,9 @@ def read_sql(
       without gaps need nothing more; otherwise the keys are gathered once, in key order,
       ``chunk_size`` at a time (8 bytes per row for integer keys). A batch is one query
       per ``IN_LIST_MAX`` keys.
-    - a SQLite table without ``key`` uses its ``rowid`` the same way.
+    - a SQLite table without ``key`` uses its ``rowid`` the same way. A SQLite view has no
+      rowid (it reads as ``NULL``): read by name without ``key``, it is addressed like a
+      query, below; pass ``key=`` a unique column of it for stable positions and fast reads.
     - any other query: ``len`` is one ``COUNT(*)`` of the query; a batch runs ``LIMIT n
       OFFSET i`` per run of consecutive rows, which makes the server produce and skip ``i``
       rows, so a shuffled epoch costs O(rows^2 / batch) on the server. Positions are stable

@@ -47,6 +47,7 @@ from mixle.utils.redact import display_path
 
 __all__ = [
     "BOM",
+    "HEADER_MAX_BYTES",
     "Descriptor",
     "LineLookup",
     "TextHandle",
@@ -57,6 +58,11 @@ __all__ = [
 
 #: The UTF-8 byte-order mark, skipped at the start of a file.
 BOM = b"\xef\xbb\xbf"
+#: Most bytes (CSV: characters) of one row read while a file is opened: the header row and
+#: each row of the type sample. A longer row at open is a :class:`MalformedRowError` naming
+#: the file and line, after reading no more than this (a 1 GB line without a newline is
+#: never read whole). Rows read later (``[i]``, streams) are not capped.
+HEADER_MAX_BYTES = 64 * 2**20
 
 
 def open_text_file(path: str | os.PathLike[str], what: str) -> tuple[int, str]:
@@ -173,11 +179,17 @@ class TextRecordSource(RecordSource):
 
     @abc.abstractmethod
     def _rows_from(
-        self, path: str, start: int, signature: FileSignature | None = None
+        self,
+        path: str,
+        start: int,
+        signature: FileSignature | None = None,
+        limit: int | None = None,
     ) -> Iterator[tuple[Any, int]]:
         """Parsed rows from byte ``start`` on, each with its line.
 
         Opens its own file with :meth:`_open_file` (checked against ``signature``, if given).
+        With ``limit``, a row longer than that is a :class:`MalformedRowError` (see
+        :meth:`_too_long`), raised after reading at most about ``limit`` bytes of it.
         """
 
     @abc.abstractmethod
@@ -347,6 +359,14 @@ class TextRecordSource(RecordSource):
                 return self._malformed(line, "does not hold exactly one row")
         line = line_number(handle.fd, int(starts[lo]), lone_cr=self._lone_cr)
         return self._malformed(line, "cannot be parsed")
+
+    def _too_long(self, line: int, limit: int) -> MalformedRowError:
+        """The error of a row longer than ``limit`` read while the file is opened."""
+        return self._malformed(
+            line,
+            f"is longer than {limit:,} bytes, the most mixle reads of one row when it opens a "
+            f"file (HEADER_MAX_BYTES); is this a {self._format} file with line ends?",
+        )
 
     def _malformed(self, line: int, problem: str) -> MalformedRowError:
         """A :class:`MalformedRowError` naming this file and ``line``."""

@@ -1,9 +1,10 @@
 """Hostile HDF5 input: filter plugins, external and virtual storage, special files, secrets.
 
-Every answer is h5py's own read of the same file (with ``hdf5plugin`` imported here, so h5py
-can decode every filter). What a user without ``hdf5plugin`` sees is checked in a fresh
-child whose ``sys.meta_path`` refuses to import it; that mixle loads it by itself where it
-is installed, in a fresh child that never imports it.
+Every answer is h5py's own read of the same file; plugin-filtered files are written and read
+by h5py in a child that imports ``hdf5plugin`` (this process never does). What a user
+without ``hdf5plugin`` sees is checked in a fresh child whose ``sys.meta_path`` refuses to
+import it; that mixle loads it by itself where it is installed, in a fresh child that never
+imports it.
 """
 
 from __future__ import annotations
@@ -17,29 +18,21 @@ from pathlib import Path
 from typing import Any
 
 import h5py
-import hdf5plugin
 import numpy as np
 import pytest
 
 import mixle
 from mixle.data.sources.hdf5_source import HDF5ArraySource
 from mixle.errors import SpecialFileError
+from mixle.reading.faults import RemoteReadError
 from mixle.testing import check_array_source
-from mixle.testing_servers import RangeHTTPServer
+from mixle.testing_servers import FaultPlan, RangeHTTPServer
 
 REPO = Path(__file__).resolve().parents[1]
 SHAPE = (7, 10, 9)
 #: Plugin datasets: partial edge chunks on every axis, big enough for blosc to compress.
 PLUGIN_SHAPE = (14, 20, 18)
 PLUGIN_CHUNKS = (6, 8, 8)
-#: The filters hdf5plugin provides that h5py lacks, as users write them.
-PLUGIN_FILTERS: dict[str, dict[str, Any]] = {
-    "blosc": dict(hdf5plugin.Blosc(cname="lz4", clevel=5, shuffle=hdf5plugin.Blosc.SHUFFLE)),
-    "zstd": dict(hdf5plugin.Zstd(clevel=3)),
-    "lz4": dict(hdf5plugin.LZ4()),
-    "bitshuffle": dict(hdf5plugin.Bitshuffle(cname="lz4")),
-    "shuffle-zstd": {"shuffle": True, **hdf5plugin.Zstd()},  # mixle unshuffles, HDF5 unzstds
-}
 #: (filter id, name) each dataset's message must name.
 NEEDS = {
     "blosc": (32001, "blosc"),
@@ -81,33 +74,60 @@ def _child(code: str, *args: str, timeout: float = 60) -> Any:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+#: Writes one dataset per plugin filter, partly written (unwritten chunks read as the
+#: fill), and saves h5py's own read of each. It runs in a child, so that hdf5plugin never
+#: registers its filters in the pytest process (that would change what other tests see).
+WRITER = """
+import json, sys
+import h5py, hdf5plugin
+import numpy as np
+
+path, out = sys.argv[1], sys.argv[2]
+shape, chunks = (tuple(json.loads(a)) for a in sys.argv[3:5])
+filters = {
+    "blosc": dict(hdf5plugin.Blosc(cname="lz4", clevel=5, shuffle=hdf5plugin.Blosc.SHUFFLE)),
+    "zstd": dict(hdf5plugin.Zstd(clevel=3)),
+    "lz4": dict(hdf5plugin.LZ4()),
+    "bitshuffle": dict(hdf5plugin.Bitshuffle(cname="lz4")),
+    "shuffle-zstd": {"shuffle": True, **hdf5plugin.Zstd()},  # mixle unshuffles, HDF5 unzstds
+}
+# compressible: an optional filter that cannot shrink a chunk stores it unfiltered
+rng = np.random.default_rng(16)
+data = (np.arange(np.prod(shape)).reshape(shape) // 6 % 40 * 75).astype("<u2")
+data[::2, ::3] += rng.integers(0, 3, size=data[::2, ::3].shape, dtype="<u2")
+masks = {}
+with h5py.File(path, "w") as f:
+    for name, options in filters.items():
+        ds = f.create_dataset(name, shape=shape, dtype="<u2", chunks=chunks, fillvalue=7, **options)
+        ds[:10] = data[:10]
+        masks[name] = [ds.id.get_chunk_info(k).filter_mask for k in range(ds.id.get_num_chunks())]
+    f.create_dataset("gzip", data=data, chunks=chunks, compression="gzip")
+    # an optional filter nobody has, skipped on every chunk: HDF5 reads it without it
+    f.create_dataset(
+        "skipped", data=data, chunks=chunks, compression=32003, allow_unknown_filter=True
+    )
+with h5py.File(path, "r") as f:
+    for name in f:
+        np.save(f"{out}/{name}-truth.npy", f[name][...])
+print(json.dumps(masks))
+"""
+
+
 @pytest.fixture
 def plugin_file(tmp_path: Path) -> Path:
-    """One dataset per plugin filter, partly written (unwritten chunks read as the fill)."""
-    # compressible: an optional filter that cannot shrink a chunk stores it unfiltered
-    rng = np.random.default_rng(16)
-    data = (np.arange(np.prod(PLUGIN_SHAPE)).reshape(PLUGIN_SHAPE) // 6 % 40 * 75).astype("<u2")
-    data[::2, ::3] += rng.integers(0, 3, size=data[::2, ::3].shape, dtype="<u2")
+    """The file :data:`WRITER` writes; ``<name>-truth.npy`` beside it is h5py's read."""
     path = tmp_path / "plugins.h5"
-    with h5py.File(path, "w") as f:
-        for name, filters in PLUGIN_FILTERS.items():
-            ds = f.create_dataset(
-                name, shape=PLUGIN_SHAPE, dtype="<u2", chunks=PLUGIN_CHUNKS, fillvalue=7, **filters
-            )
-            ds[:10] = data[:10]
-            filtered = [ds.id.get_chunk_info(k).filter_mask for k in range(ds.id.get_num_chunks())]
-            assert filtered == [0] * len(filtered), name  # every chunk went through them all
-        f.create_dataset("gzip", data=data, chunks=PLUGIN_CHUNKS, compression="gzip")
-        # an optional filter nobody has, skipped on every chunk: HDF5 reads it without it
-        f.create_dataset(
-            "skipped", data=data, chunks=PLUGIN_CHUNKS, compression=32003, allow_unknown_filter=True
-        )
+    masks = _child(
+        WRITER, str(path), str(tmp_path), json.dumps(PLUGIN_SHAPE), json.dumps(PLUGIN_CHUNKS)
+    )
+    assert set(masks) == set(NEEDS)
+    for name, filtered in masks.items():  # every chunk went through every filter
+        assert filtered == [0] * len(filtered), name
     return path
 
 
 def _truth(path: Path, name: str) -> np.ndarray:
-    with h5py.File(path, "r") as f:
-        return f[name][...]
+    return np.load(path.parent / f"{name}-truth.npy")
 
 
 AUTOLOAD = """
@@ -130,7 +150,7 @@ print(json.dumps({"before": before, "after": "hdf5plugin" in sys.modules}))
 
 
 def test_plugin_filters_load_by_themselves_and_read_as_h5py(plugin_file, tmp_path):
-    names = [*PLUGIN_FILTERS, "gzip"]
+    names = [*NEEDS, "gzip"]
     out = tmp_path / "out"
     out.mkdir()
     got = _child(
@@ -187,7 +207,7 @@ print(json.dumps(out))
 
 
 def test_a_missing_plugin_is_refused_at_open_naming_the_filter_and_the_fix(plugin_file):
-    got = _child(BLOCKED, str(plugin_file), json.dumps(list(PLUGIN_FILTERS)))
+    got = _child(BLOCKED, str(plugin_file), json.dumps(list(NEEDS)))
     assert got["imported"] is False
     for name, (code, filter_name) in NEEDS.items():
         assert got["errors"][name] is not None, f"{name} opened without its filter"
@@ -386,7 +406,19 @@ def test_remote_open_errors_hold_no_secret_anywhere_in_their_chain(tmp_path):
         for url, options, kind in cases:
             with pytest.raises(kind) as info:
                 HDF5ArraySource(url, "x", storage_options=options)
-            text = _texts(info.value)
-            assert "missing.h5" in text or "not-hdf5.h5" in text
-            for secret in secrets:
-                assert secret not in text, (url, secret, text)
+            _assert_no_secret(info.value, secrets, "missing.h5" in url)
+    with RangeHTTPServer(tmp_path, FaultPlan(range_fault="html")) as server:  # every range
+        url = (
+            server.url.replace("http://", "http://user:hunter2pw@")
+            + "/not-hdf5.h5?token=SEKRITtoken"
+        )
+        with pytest.raises(RemoteReadError) as info:
+            HDF5ArraySource(url, "x", storage_options={"headers": {"X-Key": "Bearer-XYZZY"}})
+        _assert_no_secret(info.value, secrets, False)
+
+
+def _assert_no_secret(error: BaseException, secrets: tuple[str, ...], missing: bool) -> None:
+    text = _texts(error)
+    assert "missing.h5" in text if missing else "not-hdf5.h5" in text
+    for secret in secrets:
+        assert secret not in text, (secret, text)

@@ -211,17 +211,20 @@ class HDF5ArraySource(ArraySource):
         """Open the dataset of the HDF5 file at ``url``; no error carries a secret.
 
         fsspec's and aiohttp's errors hold the URL (password, ``?token=``) and the request
-        headers: they are replaced by a redacted error of the same builtin type, raised
-        outside the ``except`` block so that neither ``__cause__`` nor ``__context__``
-        keeps them.
+        headers: what is raised is redacted (:func:`_scrubbed`) and raised outside the
+        ``except`` block, so that neither ``__cause__`` nor ``__context__`` keeps them.
         """
         secrets = args.get("storage_options")
         shown = display_path(url)
 
+        reached = [False]  # whether the object was found (its size known)
+
         def attempt() -> Any:
             # h5py reads the superblock and object headers through the remote file while
             # opening: a transient failure there retries the whole open, file included
+            reached[0] = False
             remote = open_remote_file(url, secrets)
+            reached[0] = True
             try:
                 handle = self._open_in(remote[2], shown, args)
             except BaseException:
@@ -233,15 +236,11 @@ class HDF5ArraySource(ArraySource):
         failure: BaseException
         try:
             return retry_call(attempt, url=shown, key="(file)", secrets=secrets)
-        except RemoteReadError as exc:  # its message is redacted; what it chains may not be
-            exc.__cause__ = exc.__context__ = None
-            failure = exc
-        except FileNotFoundError:
-            failure = FileNotFoundError(f"path={shown!r}: no such file")
-        except OSError as exc:
-            kind = PermissionError if isinstance(exc, PermissionError) else OSError
-            failure = kind(f"path={shown!r} could not be opened: {redact_text(str(exc), secrets)}")
-        raise failure
+        except Exception as exc:
+            if isinstance(exc, FileNotFoundError) and not reached[0]:  # not an external file's
+                exc = FileNotFoundError(f"path={shown!r}: no such file")
+            failure = _scrubbed(exc, secrets)
+        raise failure  # out of the except block: nothing is chained to it
 
     def _open_in(self, target: Any, path: str, args: dict[str, Any]) -> Any:
         """Open the dataset of ``args`` in the HDF5 file ``target`` (a path or a file object)."""
@@ -366,6 +365,23 @@ def _open_with_access(
         ) from None
     # readonly lets h5py cache shape/dtype lookups, as File.__getitem__ does: 3x faster reads
     return h5py.Dataset(dsid, readonly=file.mode == "r")
+
+
+def _scrubbed(exc: Exception, secrets: object) -> Exception:
+    """``exc`` with its text redacted and its chain dropped, safe to raise.
+
+    An error of a third-party library (fsspec, aiohttp...) becomes an ``OSError`` carrying
+    its redacted text: such errors keep the request, headers included, in attributes.
+    """
+    if type(exc).__module__.split(".")[0] not in ("builtins", "mixle"):
+        exc = OSError(redact_text(f"{type(exc).__name__}: {exc}", secrets))
+    else:
+        exc.args = tuple(redact_text(a, secrets) if isinstance(a, str) else a for a in exc.args)
+        if isinstance(exc, OSError) and isinstance(exc.filename, str):
+            exc.filename = redact_text(exc.filename, secrets)
+    exc.__cause__ = exc.__context__ = None
+    exc.__suppress_context__ = True
+    return exc
 
 
 def _check_external(dataset: Any, file_path: str | None, where: str) -> None:

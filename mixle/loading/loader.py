@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import operator
 import os
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -19,7 +18,12 @@ from mixle.loading.batching import attach_mask, stack_records, unstack_batch
 from mixle.loading.plan import INDEX_WINDOW_ROWS, BatchPlan, batch_plans, record_rng, window
 from mixle.loading.prefetch import StopSignal, ordered_map
 from mixle.loading.runs import ActiveRun
-from mixle.loading.state import STATE_VERSION, LoaderStateError, check_state, source_fingerprint
+from mixle.loading.state import (
+    STATE_VERSION,
+    check_cursor,
+    check_state,
+    source_fingerprint,
+)
 from mixle.utils.validation import parse_choice, parse_int
 
 if TYPE_CHECKING:
@@ -402,24 +406,11 @@ class Loader(ActiveRun):
             not a string). The message names the key, the value and what was expected.
         """
         check_state(state, self.state_dict())
-        epoch, batch = operator.index(state["epoch"]), operator.index(state["batch"])
-        nb, num_epochs = self._layout.num_batches, self._num_epochs
-        position = min(batch * self.batch_size, self._layout.shard_length)
-        problem = None
-        if batch > nb:
-            problem = f"batch={batch} is past the {nb} batches per epoch (0 to {nb})"
-        elif num_epochs is not None and epoch > num_epochs:
-            problem = f"epoch={epoch} is past num_epochs={num_epochs}"
-        elif operator.index(state["position"]) != position:
-            problem = (
-                f"position={state['position']!r} does not match batch={batch}: expected "
-                f"position={position} (batch * batch_size, at most the shard's rows)"
-            )
-        if problem is not None:
-            raise LoaderStateError(
-                f"state {problem}; it is not a cursor of this loader ({nb} batches per "
-                f"epoch, num_epochs={num_epochs}): pass the dict Loader.state_dict() returned"
-            )
+        lay = self._layout
+        epoch, batch = check_cursor(
+            state, lay.num_batches, self._num_epochs, lay.batch_size, lay.shard_length
+        )
+        nb = lay.num_batches
         self.close()
         self._epoch, self._batch = (epoch + 1, 0) if batch == nb and nb else (epoch, batch)
 

@@ -16,6 +16,7 @@ __all__ = [
     "STATE_KEYS",
     "STATE_VERSION",
     "LoaderStateError",
+    "check_cursor",
     "check_state",
     "show",
     "source_fingerprint",
@@ -178,3 +179,39 @@ def check_state(state: Mapping[str, Any], expected: Mapping[str, Any]) -> None:
                     f"{key}={expected[key]!r} ({what}); build the Loader with the same "
                     f"source and arguments as the run that saved it{hint}"
                 )
+
+
+def check_cursor(
+    state: Mapping[str, Any],
+    num_batches: int,
+    num_epochs: int | None,
+    batch_size: int,
+    shard_length: int,
+) -> tuple[int, int]:
+    """``(epoch, batch)`` of a checked ``state``, unless it is out of this loader's range.
+
+    Raises
+    ------
+    LoaderStateError
+        ``batch`` is past ``num_batches``, ``epoch`` past ``num_epochs``, or ``position``
+        is not ``min(batch * batch_size, shard_length)``; the message names the key, the
+        value and the range.
+    """
+    epoch, batch = operator.index(state["epoch"]), operator.index(state["batch"])
+    position = min(batch * batch_size, shard_length)
+    problem = None
+    if batch > num_batches:
+        problem = f"batch={batch} is past the {num_batches} batches per epoch (0 to {num_batches})"
+    elif num_epochs is not None and epoch > num_epochs:
+        problem = f"epoch={epoch} is past num_epochs={num_epochs}"
+    elif operator.index(state["position"]) != position:
+        problem = (
+            f"position={state['position']!r} does not match batch={batch}: expected "
+            f"position={position} (batch * batch_size, at most the shard's rows)"
+        )
+    if problem is not None:
+        raise LoaderStateError(
+            f"state {problem}; it is not a cursor of this loader ({num_batches} batches per "
+            f"epoch, num_epochs={num_epochs}): {_FIX}"
+        )
+    return epoch, batch

@@ -266,3 +266,64 @@ def test_run_all_cancels_tasks_not_started_when_interrupted():
     finally:
         set_decode_threads(None)
     assert len(ran) < 20  # the one free thread got to at most a few before the cancel
+
+
+def test_large_chunks_are_kept_in_pages_of_their_own_and_reused_only_when_unseen():
+    cache = ChunkCache(budget=3 * 2**20)
+    chunk = np.arange(2**18, dtype=np.float32)  # 1 MiB
+    kept = cache.put(("t", (0,)), chunk)
+    assert kept is not chunk and kept.base is not None and not kept.flags.writeable
+    np.testing.assert_array_equal(kept, chunk)
+    assert chunk.flags.writeable  # the caller's array is left alone when it is copied
+    small = cache.put(("t", (1,)), np.ones(100))
+    assert small.base is None and not small.flags.writeable  # small ones are kept as given
+    held = kept[10:20]  # a view of a chunk that is about to be evicted
+    for k in range(2, 12):
+        cache.put(("t", (k,)), np.full(2**18, k, dtype=np.float32))
+        np.testing.assert_array_equal(held, np.arange(10, 20, dtype=np.float32))
+    del held, kept
+    for k in range(12, 30):  # unseen evicted pages are reused: every value stays right
+        got = cache.put(("t", (k,)), np.full(2**18, k, dtype=np.float32))
+        assert (got == k).all()
+        np.testing.assert_array_equal(cache.get(("t", (k,))), got)
+    stats = cache.stats()
+    assert stats.bytes <= stats.budget and stats.entries == 3
+
+
+def test_drop_token_drops_one_handles_chunks_only():
+    cache = ChunkCache()
+    for token in (1, 2):
+        for k in range(3):
+            cache.put((token, (k,)), _chunk(k))
+    cache.put("other", _chunk(9))
+    assert cache.drop_token(1) == 3
+    assert cache.drop_token(1) == 0
+    assert len(cache) == 4 and cache.stats().bytes == 4 * 800
+    assert cache.get((2, (0,))) is not None and cache.get((1, (0,))) is None
+
+
+class _WorkerInfo:
+    num_workers = 4
+
+
+def test_the_default_budget_is_shared_among_dataloader_workers(monkeypatch):
+    from types import ModuleType
+
+    from mixle.reading import MIN_WORKER_CHUNK_CACHE_BYTES, default_chunk_cache_bytes
+
+    old = chunk_cache().budget
+    try:
+        set_chunk_cache_bytes(None)
+        assert chunk_cache().budget == default_chunk_cache_bytes() == DEFAULT_CHUNK_CACHE_BYTES
+        worker = ModuleType("torch.utils.data._utils.worker")
+        worker._worker_info = _WorkerInfo()  # type: ignore[attr-defined]
+        monkeypatch.setitem(sys.modules, "torch.utils.data._utils.worker", worker)
+        assert chunk_cache().budget == DEFAULT_CHUNK_CACHE_BYTES // 4
+        _WorkerInfo.num_workers = 64
+        assert chunk_cache().budget == MIN_WORKER_CHUNK_CACHE_BYTES
+        set_chunk_cache_bytes(3 * 2**20)  # a budget the user sets is kept in workers too
+        assert chunk_cache().budget == 3 * 2**20
+    finally:
+        _WorkerInfo.num_workers = 4
+        monkeypatch.undo()
+        set_chunk_cache_bytes(old)

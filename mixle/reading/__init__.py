@@ -2,15 +2,18 @@
 
 Storage adapters plug in a :class:`ChunkReader`; sources call :func:`read_chunked` (chunked
 stores) or :func:`read_strided` (memory maps). Decoded chunks live in one process-wide,
-byte-budgeted cache (:func:`chunk_cache`); decoding runs on one process-wide thread pool
+byte-budgeted cache (:func:`chunk_cache`, its default budget shared among DataLoader
+workers); decoding runs on one process-wide thread pool
 (:func:`set_decode_threads`).
 """
 
 from mixle.reading.cache import (
     DEFAULT_CHUNK_CACHE_BYTES,
+    MIN_WORKER_CHUNK_CACHE_BYTES,
     CacheStats,
     ChunkCache,
     chunk_cache,
+    default_chunk_cache_bytes,
     set_chunk_cache_bytes,
 )
 from mixle.reading.executor import (
@@ -33,6 +36,7 @@ from mixle.reading.pool import decode_threads, default_decode_threads, set_decod
 
 __all__ = [
     "DEFAULT_CHUNK_CACHE_BYTES",
+    "MIN_WORKER_CHUNK_CACHE_BYTES",
     "CacheStats",
     "ChunkCache",
     "ChunkPlan",
@@ -44,6 +48,7 @@ __all__ = [
     "SupportsFetchMany",
     "chunk_cache",
     "decode_threads",
+    "default_chunk_cache_bytes",
     "default_decode_threads",
     "new_token",
     "order_by_offset",

@@ -6,7 +6,9 @@ nodes. Each array lists its chunking, sharding, codecs, fill value, stored and d
 and :class:`LayoutFinding` s that say, with numbers, why its layout helps or hurts reading
 random N-D patches. :func:`patch_cost` gives the exact expected number of chunks a uniformly
 placed patch touches and the bytes it decodes. Every threshold is a named constant
-(defined in :mod:`mixle.inspection.findings`, re-exported here).
+(defined in :mod:`mixle.inspection.findings`, re-exported here), and so is every bound on
+what hostile input may cost: :data:`MAX_METADATA_BYTES`, :data:`MAX_METADATA_DEPTH`,
+:data:`MAX_NPY_HEADER_BYTES` (special files are refused before any read).
 """
 
 from mixle.inspection.findings import (
@@ -17,6 +19,8 @@ from mixle.inspection.findings import (
     SMALL_CHUNK_BYTES,
 )
 from mixle.inspection.formatting import format_bytes
+from mixle.inspection.limits import MAX_METADATA_BYTES, MAX_METADATA_DEPTH, MetadataLimitError
+from mixle.inspection.npy_files import MAX_NPY_HEADER_BYTES, NpyHeaderTooLargeError
 from mixle.inspection.patches import (
     DEFAULT_PATCH_EDGE,
     TARGET_CHUNK_BYTES,
@@ -41,6 +45,9 @@ __all__ = [
     "DEFAULT_PATCH_EDGE",
     "HIGH_READ_AMPLIFICATION_PER_AXIS",
     "LARGE_CHUNK_BYTES",
+    "MAX_METADATA_BYTES",
+    "MAX_METADATA_DEPTH",
+    "MAX_NPY_HEADER_BYTES",
     "MAX_PROBED_OBJECTS",
     "POOR_COMPRESSION_RATIO",
     "SLAB_ASPECT_RATIO",
@@ -49,6 +56,8 @@ __all__ = [
     "ArrayReport",
     "GroupReport",
     "LayoutFinding",
+    "MetadataLimitError",
+    "NpyHeaderTooLargeError",
     "PatchCost",
     "PatchLike",
     "StoreReport",

@@ -57,7 +57,16 @@ def inspect_store(
     FileNotFoundError
         When nothing exists at ``path_or_url``.
     UnsupportedStoreError
-        When it exists but is not a zarr store, an HDF5 file or a ``.npy`` file.
+        When it exists but is not a zarr store, an HDF5 file or a ``.npy`` file
+        (:class:`NpyHeaderTooLargeError` for a ``.npy`` header over
+        :data:`MAX_NPY_HEADER_BYTES`, refused before it is read).
+    SpecialFileError
+        When the path, or a file inside a local zarr store, is a FIFO, a device or a
+        socket (found by ``stat``, before anything reads it: such a read could block or
+        never end).
+    MetadataLimitError
+        When a zarr metadata file is larger than :data:`MAX_METADATA_BYTES` or nests
+        deeper than :data:`MAX_METADATA_DEPTH`.
     TypeError, ValueError
         For a bad ``path_or_url``, ``storage_options`` or ``patch``.
     ImportError

@@ -191,19 +191,20 @@ class DaskEncodedData(EncodedData):
         self._check_usable()
         what = f"map({getattr(fn, '__qualname__', fn)!s})"
         dumps_for_workers((fn, args), "fn and its arguments")
-        calls = [
-            self._client.submit(
-                _call_remote,
-                fn,
-                shard,
-                *args,
-                workers=[home],
-                allow_other_workers=False,
-                pure=False,
-            )
-            for shard, home in zip(self._shards, self._homes)
-        ]
+        calls: list[Any] = []
         try:
+            for shard, home in zip(self._shards, self._homes):
+                calls.append(
+                    self._client.submit(
+                        _call_remote,
+                        fn,
+                        shard,
+                        *args,
+                        workers=[home],
+                        allow_other_workers=False,
+                        pure=False,
+                    )
+                )
             return self._wait(calls, timeout, what)
         except (WorkerError, WorkerTimeoutError):  # a user error, or already broken
             raise
@@ -285,5 +286,6 @@ class DaskEncodedData(EncodedData):
 
     def _shutdown(self, graceful: bool) -> None:
         if self._finalizer.alive:
-            self._finalizer.detach()
+            # detached only once done: a second Ctrl-C here leaves the rest to the finalizer
             _release(self._client, self._shards, self._own, None if graceful else KILL_GRACE_S)
+            self._finalizer.detach()

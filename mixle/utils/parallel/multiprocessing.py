@@ -303,5 +303,6 @@ class MPEncodedData(EncodedData):
 
     def _shutdown(self, graceful: bool) -> None:
         if self._finalizer.alive:
-            self._finalizer.detach()
+            # detached only once done: a second Ctrl-C here leaves the rest to the finalizer
             _shutdown(self._procs, self._conns, graceful)
+            self._finalizer.detach()

@@ -483,7 +483,11 @@ def _check_cache_options(options: dict[str, Any]) -> None:
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
             raise TypeError(f"{key}={value!r} must be a non-negative integer")
     w0 = options.get("rdcc_w0", 0.75)
-    if isinstance(w0, bool) or not isinstance(w0, (int, float)) or not 0 <= w0 <= 1:
+    if (
+        isinstance(w0, bool)
+        or not isinstance(w0, (int, float, np.integer, np.floating))
+        or not 0 <= w0 <= 1
+    ):
         raise ValueError(f"rdcc_w0={w0!r} must be a number from 0 to 1")
 
 

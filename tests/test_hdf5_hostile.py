@@ -422,3 +422,15 @@ def _assert_no_secret(error: BaseException, secrets: tuple[str, ...], missing: b
     assert "missing.h5" in text if missing else "not-hdf5.h5" in text
     for secret in secrets:
         assert secret not in text, (secret, text)
+
+
+def test_a_dataset_open_elsewhere_with_another_efile_prefix_is_a_clear_error(tmp_path):
+    path, raw, data = _external_file(tmp_path)
+    with h5py.File(path, "r") as f:
+        dapl = h5py.h5p.create(h5py.h5p.DATASET_ACCESS)
+        dapl.set_efile_prefix(b"/elsewhere")
+        held = h5py.Dataset(h5py.h5d.open(f.id, b"e", dapl=dapl))
+        with pytest.raises(ValueError, match=r"dataset='e' is already open .*efile_prefix"):
+            mixle.read_hdf5(path, "e", efile_prefix=raw)
+        del held
+    np.testing.assert_array_equal(mixle.read_hdf5(path, "e", efile_prefix=raw)[...], data)

@@ -327,3 +327,42 @@ def test_the_default_budget_is_shared_among_dataloader_workers(monkeypatch):
         _WorkerInfo.num_workers = 4
         monkeypatch.undo()
         set_chunk_cache_bytes(old)
+
+
+ABANDON = textwrap.dedent(
+    """
+    import os, signal, threading, time
+    import numpy as np
+    from mixle.reading import read_chunked, set_chunk_cache_bytes, set_decode_threads
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    set_decode_threads(3)
+    set_chunk_cache_bytes(0)
+    reads = []
+
+    class Slow:  # a chunk reader that takes 50 ms a chunk
+        chunks, token = (1, 8), 0
+        def read_chunk(self, coords):
+            reads.append(coords)
+            time.sleep(0.05)
+            return np.zeros((1, 8))
+
+    threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+    out = np.empty((1, 400, 8))
+    try:
+        read_chunked(Slow(), [[0, 0]], (400, 8), (400, 8), out)
+    except KeyboardInterrupt:
+        at_interrupt = len(reads)
+        time.sleep(1.0)
+        print(at_interrupt, len(reads))
+    """
+)
+
+
+def test_an_interrupted_batch_read_takes_no_further_chunks():
+    run = subprocess.run(
+        [sys.executable, "-c", ABANDON], capture_output=True, text=True, timeout=30
+    )
+    assert run.returncode == 0, run.stderr
+    at_interrupt, after = map(int, run.stdout.split())
+    assert at_interrupt < 400
+    assert after - at_interrupt <= 3  # at most the chunk each pool thread was reading

@@ -123,15 +123,26 @@ def execute_plan(
         return
     token, jobs = reader.token, list(zip(plan.chunks, plan.pieces))
     tickets = itertools.count()  # next() on a count is atomic: each job is taken once
+    abandoned: list[bool] = []
 
     def drain() -> None:
-        while (k := next(tickets)) < len(jobs):
+        while not abandoned and (k := next(tickets)) < len(jobs):
             coords, pieces = jobs[k]
             chunk = store.get_or_load((token, coords), partial(reader.read_chunk, coords))
             for box, region, inner in pieces:
                 out[(box, *region)] = chunk[inner]
 
-    run_all([drain] * min(decode_threads(), len(jobs)))
+    _run_abandonable([drain] * min(decode_threads(), len(jobs)), abandoned)
+
+
+def _run_abandonable(tasks: list[Callable[[], None]], abandoned: list[bool]) -> None:
+    """:func:`run_all`; on Ctrl-C the tasks still running take no further chunk."""
+    try:
+        run_all(tasks)
+    except BaseException as exc:
+        if not isinstance(exc, Exception):  # KeyboardInterrupt: the output is abandoned
+            abandoned.append(True)
+        raise
 
 
 def _read_fetched(
@@ -176,9 +187,10 @@ def _place(
 ) -> None:
     """Scatter chunks ``(k, chunk or payload, decoded?)`` into ``out``, on the decode pool."""
     tickets = itertools.count()  # next() on a count is atomic: each job is taken once
+    abandoned: list[bool] = []
 
     def drain() -> None:
-        while (n := next(tickets)) < len(jobs):
+        while not abandoned and (n := next(tickets)) < len(jobs):
             k, chunk, decoded = jobs[n]
             if not decoded:
                 coords = plan.chunks[k]
@@ -187,7 +199,7 @@ def _place(
             for box, region, inner in plan.pieces[k]:
                 out[(box, *region)] = chunk[inner]
 
-    run_all([drain] * min(decode_threads(), len(jobs)))
+    _run_abandonable([drain] * min(decode_threads(), len(jobs)), abandoned)
 
 
 def read_strided(

@@ -84,8 +84,9 @@ class EncodedData(abc.ABC):
     -----
     Worker ``i`` holds ``data[j]`` for ``j in shard_indices(i)``. ``map`` may be called from
     several threads: MPEncodedData runs one call at a time per handle (the others wait),
-    DaskEncodedData lets them overlap. After a worker dies or a call times out the handle is
-    broken and every later call raises :class:`~mixle.errors.BrokenEncodedDataError`; after
+    DaskEncodedData lets them overlap. After a worker dies, a call times out or a call is
+    interrupted (Ctrl-C) the handle is broken, the work in flight is stopped, and every
+    later call raises :class:`~mixle.errors.BrokenEncodedDataError` at once; after
     :meth:`close` they raise :class:`~mixle.errors.EncodedDataClosedError`.
     """
 
@@ -118,7 +119,7 @@ class EncodedData(abc.ABC):
 
     @property
     def broken(self) -> bool:
-        """Whether a lost worker or a timeout left the handle unusable."""
+        """Whether a lost worker, a timeout or an interrupted call left the handle unusable."""
         return self._broken is not None
 
     @property
@@ -155,6 +156,8 @@ class EncodedData(abc.ABC):
             handle stays usable.
         WorkerDiedError, WorkerTimeoutError
             When a worker was lost or the call ran out of time; the handle is broken.
+        KeyboardInterrupt
+            Re-raised when the call is interrupted; the handle is broken.
         """
         self._check_usable()
         limit = self._timeout if timeout is _HANDLE_TIMEOUT else parse_timeout(timeout)

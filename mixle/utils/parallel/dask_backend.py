@@ -90,9 +90,12 @@ class DaskEncodedData(EncodedData):
 
     Notes
     -----
-    A Dask worker that is lost takes its shards with it: the call waiting on it raises
-    :class:`~mixle.errors.WorkerDiedError` (checked every :data:`POLL_INTERVAL_S` seconds)
-    and the handle is broken.
+    A Dask worker that is lost takes its shards with it: the call waiting on it, or the
+    constructor while it builds them, raises :class:`~mixle.errors.WorkerDiedError`
+    (checked every :data:`POLL_INTERVAL_S` seconds, with or without ``timeout``) and the
+    handle is broken. An interrupted call (Ctrl-C) cancels its tasks and breaks the handle;
+    on a cluster the handle started, workers still busy after :data:`KILL_GRACE_S` seconds
+    are killed (Dask cannot interrupt a running task).
     """
 
     def __init__(

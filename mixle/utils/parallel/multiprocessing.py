@@ -118,7 +118,8 @@ class MPEncodedData(EncodedData):
     ``partially_exchangeable`` structure on ``data`` whole groups go to one worker
     (:meth:`shard_indices` tells which). A worker that dies is detected as soon as its
     process exits. Workers are daemon processes, stopped by :meth:`close`, by garbage
-    collection of the handle and at interpreter exit.
+    collection of the handle, at interpreter exit and when a call is interrupted; they
+    exit on their own when the driver dies, even mid-call.
     """
 
     def __init__(

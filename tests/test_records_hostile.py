@@ -70,7 +70,8 @@ _FIFO_CHILD = """
 import os, sys
 os.environ["MIXLE_CACHE_DIR"] = sys.argv[3]
 import mixle
-read = mixle.read_csv if sys.argv[1] == "csv" else mixle.read_jsonl
+read = {"csv": mixle.read_csv, "jsonl": mixle.read_jsonl, "parquet": mixle.read_parquet}
+read = read[sys.argv[1]]
 try:
     read(sys.argv[2])
 except mixle.SpecialFileError as exc:
@@ -78,7 +79,7 @@ except mixle.SpecialFileError as exc:
 """
 
 
-@pytest.mark.parametrize("kind", ["csv", "jsonl"])
+@pytest.mark.parametrize("kind", ["csv", "jsonl", "parquet"])
 def test_a_fifo_path_is_refused_without_blocking(kind: str, tmp_path: Path) -> None:
     fifo = tmp_path / f"pipe.{kind}"
     os.mkfifo(fifo)
@@ -107,6 +108,16 @@ def test_a_device_or_directory_path_is_refused(read: Any, tmp_path: Path) -> Non
         read("/dev/null")
     with pytest.raises(SpecialFileError, match="is a directory"):
         read(tmp_path)
+
+
+def test_a_parquet_device_is_refused_and_a_fifo_in_a_directory_skipped(tmp_path: Path) -> None:
+    with pytest.raises(SpecialFileError, match="/dev/zero' is a character device"):
+        mixle.read_parquet("/dev/zero")
+    pq.write_table(pa.table({"a": [1, 2]}), tmp_path / "a.parquet")
+    os.mkfifo(tmp_path / "b.parquet")
+    os.symlink("/dev/zero", tmp_path / "c.parquet")
+    source = mixle.read_parquet(tmp_path)  # lists regular files only
+    assert source.get_batch([0, 1])["a"].tolist() == [1, 2]
 
 
 # -- SQLite views and parameter names ----------------------------------------------------

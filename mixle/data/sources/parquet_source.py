@@ -24,6 +24,7 @@ from mixle.data.sources.columns import OBJECT, check_columns
 from mixle.data.sources.records import Batch, RecordSource, TableMeta
 from mixle.data.spec import ArraySpec
 from mixle.utils import optional_deps
+from mixle.utils.files import require_regular_file
 from mixle.utils.optional_deps import require
 from mixle.utils.redact import display_path, redact_text
 
@@ -164,6 +165,8 @@ def _list_files(fs: Any, path: str, pafs: Any) -> list[str]:
             f"path_or_url={path!r} does not exist; pass a Parquet file or a directory of them"
         )
     if info.type != pafs.FileType.Directory:
+        if isinstance(fs, pafs.LocalFileSystem):  # a FIFO would block pyarrow's open for ever
+            require_regular_file(path, "Parquet path")
         return [path]
     found = fs.get_file_info(pafs.FileSelector(path, recursive=True))
     files = sorted(

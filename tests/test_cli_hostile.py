@@ -163,6 +163,23 @@ def test_inspect_refuses_special_files_inside_a_zarr_store(tmp_path, store, memb
     assert_one_line(status, err, str(root), str(target), kind)
 
 
+def test_inspect_refuses_a_folder_named_like_zarr_metadata(tmp_path):
+    root = tmp_path / "scan.zarr"
+    (root / ".zarray").mkdir(parents=True)
+    status, _, err = run_cli("inspect", str(root))
+    assert_one_line(status, err, str(root / ".zarray"), "a directory")
+
+
+def test_a_zero_chunk_shape_is_a_clear_error(tmp_path):
+    root = tmp_path / "scan.zarr"
+    _plain_store_v2(root)
+    meta = json.loads((root / ".zarray").read_text())
+    meta["chunks"] = [0]
+    (root / ".zarray").write_text(json.dumps(meta))
+    status, _, err = run_cli("inspect", str(root), "--patch", "2")
+    assert_one_line(status, err, str(root), "chunk shape (0,)")
+
+
 # -- sizes and depths ----------------------------------------------------------------------
 def test_a_huge_npy_header_is_refused_before_it_is_read(tmp_path):
     path = tmp_path / "big.npy"

@@ -107,7 +107,7 @@ def check_local_zarr_store(root: str) -> None:
         folder = pending.pop()
         with os.scandir(folder) as entries:
             for entry in entries:
-                if entry.is_dir(follow_symlinks=False):
+                if entry.is_dir(follow_symlinks=False) and entry.name not in ZARR_METADATA:
                     pending.append(entry.path)
                     continue
                 what = "zarr metadata" if entry.name in ZARR_METADATA else "zarr chunk"
@@ -120,5 +120,6 @@ def check_local_zarr_store(root: str) -> None:
                         continue
                 elif not entry.is_file(follow_symlinks=False):
                     require_regular_file(entry.path, what)  # raises: not a regular file
+                # a folder named like metadata (.zarray/) was refused above, as a directory
                 if entry.name in ZARR_METADATA:
                     check_metadata_file(entry.path)

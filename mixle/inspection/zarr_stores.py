@@ -222,6 +222,12 @@ def _zarr_array(
     chunks = tuple(int(c) for c in array.chunks)
     shards = None if array.shards is None else tuple(int(s) for s in array.shards)
     itemsize = None if dtype is None or dtype.kind in "OT" else dtype.itemsize
+    for name, edges in (("chunk", chunks), ("shard", shards or ())):
+        if any(e < 1 for e in edges):
+            raise UnsupportedStoreError(
+                f"{where!r}: array {path!r} has {name} shape {shape_text(edges)}, with an "
+                f"axis of length < 1: no reader can split it into {name}s (fix its metadata)"
+            )
     codecs, inner, order, compressed = _zarr_codecs(meta)
     grid = tuple(math.ceil(d / c) for d, c in zip(shape, shards or chunks))
     inner_grid = tuple(math.ceil(d / c) for d, c in zip(shape, chunks))

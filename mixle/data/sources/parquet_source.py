@@ -15,7 +15,7 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 from numpy.typing import NDArray
@@ -65,31 +65,29 @@ class ParquetReadError(ValueError, OSError):
         self.row_group = row_group
 
 
-#: Errors of pyarrow that mean the bytes read are not (or no longer) a readable Parquet file;
-#: a missing file or a permission error passes through as it is.
+#: Errors that pass through as they are: the file is gone or not readable by this user.
 _PASS_THROUGH = (FileNotFoundError, PermissionError)
 
 
-def _read_error(exc: BaseException, name: str, doing: str, group: int | None = None) -> Exception:
-    """A :class:`ParquetReadError` for ``exc`` raised while ``doing`` on file ``name``."""
-    if isinstance(exc, _PASS_THROUGH) or not _is_arrow_error(exc):
-        return exc  # type: ignore[return-value]
+def _raise_read_error(exc: Exception, name: str, doing: str, group: int | None = None) -> NoReturn:
+    """Raise pyarrow's ``exc`` (met while ``doing`` on file ``name``) as a ParquetReadError.
+
+    Any other error, and a missing or unreadable file, is raised as it is. For a URL the
+    chained pyarrow error is dropped (its text, redacted, is in the message).
+    """
+    pa = require("pyarrow", feature="read_parquet")
+    if isinstance(exc, _PASS_THROUGH) or not isinstance(exc, (pa.ArrowException, OSError)):
+        raise exc
     path = display_path(name)
     where = path if group is None else f"{path}, row group {group}"
     reason = redact_text(str(exc)).split("\n")[0]
-    return ParquetReadError(
+    raise ParquetReadError(
         f"{where}: pyarrow cannot {doing} ({type(exc).__name__}: {reason}); the file is "
         "damaged, truncated or not a Parquet file, or could not be read. Rewrite it, or "
         "leave it out",
         path=path,
         row_group=group,
-    )
-
-
-def _is_arrow_error(exc: BaseException) -> bool:
-    """Whether ``exc`` is one of pyarrow's errors (``ArrowException`` or pyarrow's ``OSError``)."""
-    pa = require("pyarrow", feature="read_parquet")
-    return isinstance(exc, (pa.ArrowException, OSError))
+    ) from (None if "://" in name else exc)
 
 
 def _parquet_file(name: str, fs: Any, **options: Any) -> Any:
@@ -98,10 +96,7 @@ def _parquet_file(name: str, fs: Any, **options: Any) -> Any:
     try:
         return pq.ParquetFile(name, filesystem=fs, **options)
     except Exception as exc:
-        error = _read_error(exc, name, "read its footer")
-        if error is exc:
-            raise
-        raise error from (None if "://" in name else exc)
+        _raise_read_error(exc, name, "read its footer")
 
 
 def arrow_spec(arrow_type: Any, nullable_values: bool) -> ArraySpec:
@@ -291,10 +286,7 @@ class ParquetSource(RecordSource):
             except Exception as exc:
                 first, end = int(handle.group_starts[g]), int(handle.group_starts[g + 1])
                 doing = f"decode it (rows {first}..{end - 1} of the source)"
-                error = _read_error(exc, handle.files[k], doing, local)
-                if error is exc:
-                    raise
-                raise error from (None if "://" in handle.files[k] else exc)
+                _raise_read_error(exc, handle.files[k], doing, local)
             handle.cache[g] = table
             handle.cached_bytes += table.nbytes
             while handle.cached_bytes > ROW_GROUP_CACHE_BYTES and len(handle.cache) > 1:
@@ -334,10 +326,7 @@ class ParquetSource(RecordSource):
                         batch = next(batches, None)
                     except Exception as exc:
                         group = _group_of_row(handle, k, done)
-                        error = _read_error(exc, name, f"decode it (row {done} of the file)", group)
-                        if error is exc:
-                            raise
-                        raise error from (None if "://" in name else exc)
+                        _raise_read_error(exc, name, f"decode it (row {done} of the file)", group)
                     if batch is None:
                         break
                     done += batch.num_rows

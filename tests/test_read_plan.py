@@ -109,3 +109,16 @@ def test_order_by_offset_sorts_by_file_position(order):
     offsets = (starts @ np.asarray(arr.strides))[visit]
     assert (np.diff(offsets) >= 0).all()
     assert sorted(visit.tolist()) == list(range(50))
+
+
+@settings(max_examples=200, deadline=None)
+@given(layouts())
+def test_a_plan_far_out_on_a_huge_grid_is_the_plan_near_the_origin_shifted(layout):
+    # 2**62 voxels per axis: the chunk grid has more chunks than an int64 flat index holds
+    shape, chunks, size, starts = layout
+    shift = [(2**62 // n) for n in chunks]  # in chunks, per axis
+    far = [[a + k * n for a, k, n in zip(row, shift, chunks)] for row in starts]
+    huge = tuple(2**62 + d for d in shape)
+    near, out = plan_chunks(starts, size, chunks, shape), plan_chunks(far, size, chunks, huge)
+    assert out.chunks == [tuple(c + k for c, k in zip(cs, shift)) for cs in near.chunks]
+    assert out.pieces == near.pieces

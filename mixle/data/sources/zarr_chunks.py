@@ -542,6 +542,10 @@ class StoreGetter:
         self._secrets = secrets
         self._limit = limit
 
+    def local_path(self, key: str) -> str | None:
+        """The file of stored key ``key`` in a local store, else ``None``."""
+        return None if self._local is None else os.path.join(self._local, *key.split("/"))
+
     async def get(self, key: str, byte_range: ByteRange) -> bytes | None:
         """One retried request; ``None`` when the key does not exist.
 
@@ -552,8 +556,8 @@ class StoreGetter:
         """
         from zarr.abc.store import RangeByteRequest, SuffixByteRequest
 
-        if self._local is not None and self._limit:
-            path = os.path.join(self._local, *key.split("/"))
+        path = self.local_path(key)
+        if path is not None and self._limit:
             what = f"stored object {key!r} of zarr array {self._url!r}:"
             return await asyncio.to_thread(
                 read_local_object, path, f"{what} file", self._limit, byte_range

@@ -134,19 +134,31 @@ class ShardedZarrReader:
         return index
 
     def _check_index(self, key: str, index: np.ndarray) -> None:
-        """Refuse an index entry past ``2**63`` or longer than a stored inner chunk can be."""
+        """Refuse an index entry past ``2**63`` or longer than a stored inner chunk can be.
+
+        A damaged index could otherwise ask for a terabyte-long range (or one whose end
+        overflows), before any byte of it is checked.
+        """
         offsets, lengths = index[..., 0], index[..., 1]
         written = (offsets != _EMPTY) | (lengths != _EMPTY)
         limit = np.uint64(self._chunk_limit)
         bad = written & ((lengths > limit) | (offsets >= np.uint64(2**63 - int(limit))))
-        if bad.any():
-            at = tuple(int(i) for i in np.argwhere(bad)[0])
-            offset, length = (int(v) for v in index[at])
-            raise CorruptChunkError(
-                f"shard {key!r} of zarr array {self._where} is corrupt: its index gives the "
-                f"inner chunk at {at} offset {offset} and length {length} bytes, but a stored "
-                f"inner chunk has at most {self._chunk_limit:,} bytes (damaged shard index?)"
-            )
+        if not bad.any():
+            return
+        at = tuple(int(i) for i in np.argwhere(bad)[0])
+        offset, length = (int(v) for v in index[at])
+        why = (
+            f"a stored inner chunk has at most {self._chunk_limit:,} bytes"
+            if length > self._chunk_limit
+            else "no shard reaches that far"
+        )
+        local = self._get.local_path(key)
+        raise CorruptChunkError(
+            f"shard {key!r} of zarr array {self._where}"
+            + ("" if local is None else f" (file {local!r})")
+            + f" is corrupt: its index gives the inner chunk at {at} offset {offset:,} and "
+            f"length {length:,} bytes, but {why} (damaged shard index?)"
+        )
 
     def shard_indices(
         self, shards: Sequence[tuple[int, ...]]

@@ -262,6 +262,30 @@ def test_an_hdf5_hard_link_cycle_is_reported_once(tmp_path):
     assert "hard-link-cycle" in codes and "hard-link-repeat" in codes
 
 
+def test_hdf5_groups_nested_past_the_cap_are_named_not_walked(tmp_path):
+    path = tmp_path / "deep.h5"
+    with h5py.File(path, "w") as f:
+        f.create_group("/".join(["g"] * 1500))  # deeper than Python's recursion limit
+    status, out, err = run_cli("inspect", str(path), "--json")
+    assert status == 0 and err == "", err
+    assert '"too-deep"' in out and "MAX_TREE_DEPTH=256" in out
+
+
+def test_zarr_groups_nested_past_the_cap_are_named_not_walked(tmp_path, monkeypatch):
+    import mixle.inspection.zarr_stores as zarr_stores
+    from mixle.inspection import inspect_store
+
+    monkeypatch.setattr(zarr_stores, "MAX_TREE_DEPTH", 3)
+    group = zarr.open_group(tmp_path / "deep.zarr", mode="w")
+    for _ in range(5):
+        group = group.create_group("g")
+    node = inspect_store(tmp_path / "deep.zarr").root
+    for _ in range(3):
+        (node,) = node.children
+    assert node.path == "/g/g/g" and node.children == ()
+    assert [f.code for f in node.findings] == ["too-deep"]
+
+
 # -- the command line's error contract -----------------------------------------------------
 def test_an_unexpected_error_is_one_line_unless_a_traceback_is_asked_for(
     tmp_path, monkeypatch, capsys

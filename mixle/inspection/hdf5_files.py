@@ -20,6 +20,7 @@ from mixle.inspection.formatting import (
     filter_label,
     plain_value,
 )
+from mixle.inspection.limits import MAX_TREE_DEPTH, depth_of, too_deep_finding
 from mixle.inspection.locations import is_remote
 from mixle.inspection.patches import chunk_data_elements
 from mixle.inspection.report import ArrayReport, GroupReport, LayoutFinding, UnsupportedStoreError
@@ -107,6 +108,7 @@ def _hdf5_group(
     children: list[GroupReport | ArrayReport] = []
     notes: list[LayoutFinding] = []
     dimensions: list[str] = []
+    too_deep: list[str] = []
     for name in group:
         link = group.get(name, getlink=True)
         child_path = f"{path.rstrip('/')}/{name}"
@@ -128,7 +130,9 @@ def _hdf5_group(
                 notes.append(_seen_finding(name, kind, child_path, seen[key]))
                 continue
             seen[key] = child_path
-        if isinstance(node, h5py.Group):
+        if isinstance(node, h5py.Group) and depth_of(child_path) > MAX_TREE_DEPTH:
+            too_deep.append(name)
+        elif isinstance(node, h5py.Group):
             children.append(_hdf5_group(h5py, node, child_path, patch, remote, seen))
         elif isinstance(node, h5py.Dataset):
             if node.shape is None:
@@ -141,6 +145,8 @@ def _hdf5_group(
                 dimensions.append(f"{name} ({'x'.join(map(str, node.shape))})")
             else:
                 children.append(_hdf5_dataset(h5py, node, child_path, patch, remote))
+    if too_deep:
+        notes.append(too_deep_finding(too_deep))
     if dimensions:
         notes.append(
             LayoutFinding(

@@ -16,15 +16,19 @@ import re
 import numpy as np
 
 from mixle.inspection.locations import ZARR_METADATA
+from mixle.inspection.report import LayoutFinding
 from mixle.utils.files import read_regular_file, require_regular_file
 
 __all__ = [
     "MAX_METADATA_BYTES",
     "MAX_METADATA_DEPTH",
+    "MAX_TREE_DEPTH",
     "MetadataLimitError",
     "check_local_zarr_store",
     "check_metadata_file",
+    "depth_of",
     "json_depth",
+    "too_deep_finding",
 ]
 
 #: Largest zarr metadata file (``zarr.json``, ``.zarray``, ``.zattrs``, ``.zmetadata``, ...)
@@ -33,6 +37,9 @@ MAX_METADATA_BYTES = 64 * 1024 * 1024
 #: Deepest nesting of lists and objects allowed in a zarr metadata file (Python's JSON
 #: parser recurses once per level and fails near 1,000; real attributes nest a few deep).
 MAX_METADATA_DEPTH = 128
+#: Deepest group shown in a report: groups nested deeper are named in a finding, not walked
+#: (the walk, the text and the JSON of the report all recurse once per level).
+MAX_TREE_DEPTH = 256
 #: Bytes of metadata scanned at once when measuring its nesting depth.
 _DEPTH_BLOCK_BYTES = 1 << 20
 #: A JSON string, escapes included (its brackets are not nesting).
@@ -61,6 +68,22 @@ def json_depth(data: bytes) -> int:
             deepest = max(deepest, depth + int(running.max()))
             depth += int(running[-1])
     return deepest
+
+
+def depth_of(path: str) -> int:
+    """How deep the group or array at ``path`` (``"/"``, ``"/a"``, ``"/a/b"``) sits."""
+    return len([p for p in path.split("/") if p])
+
+
+def too_deep_finding(names: list[str]) -> LayoutFinding:
+    """The finding for a group whose member groups are nested past :data:`MAX_TREE_DEPTH`."""
+    return LayoutFinding(
+        "too-deep",
+        "warning",
+        f"groups nested more than MAX_TREE_DEPTH={MAX_TREE_DEPTH} deep are not shown: "
+        f"{', '.join(names[:10])}{', ...' if len(names) > 10 else ''} (inspect one of them "
+        "directly, by its path)",
+    )
 
 
 def check_metadata_file(path: str) -> None:

@@ -38,7 +38,7 @@ class LayoutFinding:
         ``"sizes-unknown"``, ``"truncated"``, ``"patch-not-costed"`` or (groups)
         ``"members-unlisted"``,
         ``"link-not-followed"``, ``"no-dataspace"``, ``"dimension-scales"``,
-        ``"hard-link-cycle"``, ``"hard-link-repeat"``.
+        ``"hard-link-cycle"``, ``"hard-link-repeat"``, ``"too-deep"``.
     severity
         ``"warning"`` (patch reads are slower than they need to be) or ``"info"``.
     message

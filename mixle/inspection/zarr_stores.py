@@ -17,7 +17,13 @@ from mixle.inspection.formatting import (
     spell_codec,
     spell_value,
 )
-from mixle.inspection.limits import MetadataLimitError, check_local_zarr_store
+from mixle.inspection.limits import (
+    MAX_TREE_DEPTH,
+    MetadataLimitError,
+    check_local_zarr_store,
+    depth_of,
+    too_deep_finding,
+)
 from mixle.inspection.locations import ZARR_METADATA, is_remote
 from mixle.inspection.patches import chunk_data_elements
 from mixle.inspection.report import ArrayReport, GroupReport, LayoutFinding, UnsupportedStoreError
@@ -90,6 +96,12 @@ def _zarr_node(
     unlisted: list[tuple[str, Any]] = []
     if from_consolidated or consolidated:
         unlisted = _unconsolidated_members(zarr, node, {name for name, _ in members})
+    everything = sorted(
+        [(n, c, False) for n, c in members] + [(n, c, True) for n, c in unlisted],
+        key=lambda m: m[0],
+    )
+    deep = depth_of(path) >= MAX_TREE_DEPTH
+    too_deep = [n for n, c, _ in everything if deep and isinstance(c, zarr.Group)]
     children = tuple(
         _zarr_node(
             zarr,
@@ -101,12 +113,10 @@ def _zarr_node(
             secrets,
             (from_consolidated or consolidated) and not own,
         )
-        for name, child, own in sorted(
-            [(n, c, False) for n, c in members] + [(n, c, True) for n, c in unlisted],
-            key=lambda m: m[0],
-        )
+        for name, child, own in everything
+        if name not in too_deep
     )
-    notes: list[LayoutFinding] = []
+    notes: list[LayoutFinding] = [too_deep_finding(too_deep)] if too_deep else []
     if unlisted:
         notes.append(_unlisted_finding([name for name, _ in unlisted]))
     if not members and not consolidated and _cannot_list(node.store):

@@ -37,6 +37,10 @@ THREAD_NAME_PREFIX = "mixle-loader"
 #: Seconds a stopping loop waits for reader threads to finish the item they are running;
 #: a thread still busy after that (a read that does not return) is left to end by itself.
 STOP_GRACE_S = 1.0
+_STOPPED = (
+    "the loader was closed (from another thread) while this loop {doing} a batch; the "
+    "cursor stays at that batch: iterate the loader again to continue from it"
+)
 
 
 class ReadsStopped(RuntimeError):
@@ -144,7 +148,7 @@ class ReaderThreads(Generic[T, R]):
             while not job.done and not signal.is_set():
                 cond.wait()
         if not job.done:
-            raise ReadsStopped("the loader was closed while this loop waited for a batch")
+            raise ReadsStopped(_STOPPED.format(doing="waited for"))
         if job.error is not None:
             error, job.error = job.error, None
             raise error
@@ -201,7 +205,7 @@ def ordered_map(
         for item in items:
             result = fn(item)
             if signal is not None and signal.is_set():
-                raise ReadsStopped("the loader was closed while this loop read a batch")
+                raise ReadsStopped(_STOPPED.format(doing="read"))
             yield item, result
         return
     stream = iter(items)

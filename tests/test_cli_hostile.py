@@ -7,12 +7,14 @@ fails the test instead of blocking the suite.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import socket
 import struct
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -334,6 +336,48 @@ def test_demo_on_a_full_disk_cleans_up_and_says_so(tmp_path, backend):
     )
     assert status >= 0, f"killed by signal {-status}: {err}"
     assert_one_line(status, err, str(temp), "no space left on device")
+    assert list(temp.iterdir()) == []
+
+
+class _FillsUp:
+    """A file whose writes of more than a few KiB fail with ``code``: a disk about full."""
+
+    def __init__(self, file, code: int) -> None:
+        self._file, self._code = file, code
+
+    def write(self, data) -> int:
+        if memoryview(data).nbytes > 4096:
+            raise OSError(self._code, os.strerror(self._code))
+        return self._file.write(data)
+
+    def __getattr__(self, name: str):
+        return getattr(self._file, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._file.close()
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EDQUOT, errno.EFBIG])
+@pytest.mark.parametrize("backend", ["hdf5", "memmap"])
+def test_every_full_disk_errno_is_the_same_clean_stop(tmp_path, monkeypatch, capsys, backend, code):
+    import builtins
+
+    import mixle.cli._demo_volume as demo_volume
+
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    monkeypatch.chdir(tmp_path)
+
+    def filling_open(path, mode="r", *args, **kwargs):
+        return _FillsUp(builtins.open(path, mode, *args, **kwargs), code)
+
+    monkeypatch.setattr(demo_volume, "open", filling_open, raising=False)
+    assert main([*DEMO, "--backend", backend]) == 1
+    assert_one_line(1, capsys.readouterr().err, str(temp), "no space left on device")
     assert list(temp.iterdir()) == []
 
 

@@ -189,6 +189,9 @@ def run_demo(
     ImportError
         The backend's package, matplotlib (for ``png``) or JAX (``use_jax=True``) is
         missing; the message names the extra.
+    DiskFullError
+        The disk (or quota, or file-size limit) filled up while the volume was written
+        (:mod:`mixle.cli._demo_disk`; an ``OSError``); the folder is removed first.
     """
     backend = resolve_backend(backend)
     _check_ints(

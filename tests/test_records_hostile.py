@@ -324,6 +324,7 @@ print(len(source.columns), source.columns[7], source.columns[-1], source[0]["c99
 """
 
 
+@pytest.mark.slow  # ~3 s unloaded: 100,000 columns each parsed and typed
 def test_a_header_of_100k_columns_opens_in_linear_time(tmp_path: Path) -> None:
     path = tmp_path / "wide.csv"
     names = [f"c{i}" for i in range(100_000)]
@@ -339,3 +340,50 @@ def test_a_header_of_100k_columns_opens_in_linear_time(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == [str(len(expected)), expected[7], expected[-1], "99999"]
     assert expected[7] == "dup.1"
+
+
+_SAMPLE_CHILD = """
+import json, os, sys
+os.environ["MIXLE_CACHE_DIR"] = sys.argv[3]
+kind, path = sys.argv[1], sys.argv[2]
+with open(path, "w") as fh:
+    if kind == "jsonl":  # 160 rows of 1 MiB: the type sample stops after about 64 MiB
+        big = "x" * 2**20
+        fh.writelines(json.dumps({"a": i, "b": big}) + "\\n" for i in range(160))
+    else:  # one field of 100,000 characters among 999 short ones
+        fh.write("a,b\\n")
+        fh.writelines(f"{i},{'y' * 100_000 if i == 500 else i}\\n" for i in range(1000))
+import mixle
+
+def peak():
+    with open("/proc/self/status") as fh:
+        return next(int(l.split()[1]) * 1024 for l in fh if l.startswith("VmHWM"))
+
+before = peak()
+source = (mixle.read_csv if kind == "csv" else mixle.read_jsonl)(path)
+grew = (peak() - before) // 2**20
+print(source.dtypes["a"], source.dtypes["b"], source[-1]["a"], "grew", grew, "MiB")
+"""
+
+
+@pytest.mark.parametrize("kind", ["csv", "jsonl"])
+def test_the_type_sample_at_open_stays_bounded(kind: str, tmp_path: Path) -> None:
+    path = tmp_path / f"sample.{kind}"
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(_SAMPLE_CHILD), kind, str(path), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    a, b, last, _, grew, _ = done.stdout.split()
+    if kind == "csv":
+        expected = int(pd.read_csv(path)["a"].iloc[-1])
+    else:
+        with path.open("rb") as fh:
+            fh.seek(-(2**20 + 100), os.SEEK_END)
+            expected = json.loads(fh.read().splitlines()[-1])["a"]
+    assert (a, b) == ("int64", "object")
+    assert int(last) == expected
+    # jsonl: about 64 MiB of sampled rows, not 160; csv: no 1000 x 100,000 x 4-byte array
+    assert int(grew) < 120, done.stdout

@@ -25,6 +25,7 @@ __all__ = [
     "DEFAULT_NA_VALUES",
     "INFER_ROWS",
     "OBJECT",
+    "PARSE_BLOCK_BYTES",
     "LeafMismatchError",
     "LineOf",
     "check_columns",
@@ -43,6 +44,10 @@ INFER_ROWS = 1000
 DEFAULT_NA_VALUES: tuple[str, ...] = ("",)
 #: The dtype of string and mixed columns.
 OBJECT = np.dtype(object)
+#: Most bytes of the fixed-width text array NumPy builds to parse one piece of a CSV column
+#: (4 bytes a character of its longest text): one long field among short ones cannot make
+#: parsing allocate rows x longest.
+PARSE_BLOCK_BYTES = 16 * 2**20
 #: Maps a position in a list of values to the 1-based line of the file it came from.
 LineOf = Callable[[int], int]
 
@@ -100,9 +105,27 @@ def parse_dtypes(dtypes: Mapping[str, Any] | None, names: Sequence[str], what: s
     return out
 
 
+def _parse_texts(values: Sequence[str], dtype: Any) -> np.ndarray:
+    """``values`` parsed by NumPy as ``dtype``, in pieces of at most :data:`PARSE_BLOCK_BYTES`.
+
+    Raises
+    ------
+    ValueError, OverflowError
+        A text is not a ``dtype`` value.
+    """
+    longest = max(map(len, values), default=0)
+    step = max(1, PARSE_BLOCK_BYTES // (4 * max(longest, 1)))
+    if step >= len(values):
+        return np.asarray(values, dtype=str).astype(dtype)
+    out = np.empty(len(values), dtype=dtype)
+    for lo in range(0, len(values), step):
+        out[lo : lo + step] = np.asarray(values[lo : lo + step], dtype=str).astype(dtype)
+    return out
+
+
 def _all_parse(values: list[str], dtype: type) -> bool:
     try:
-        np.asarray(values, dtype=str).astype(dtype)
+        _parse_texts(values, dtype)
     except (ValueError, OverflowError):
         return False
     return True
@@ -162,7 +185,7 @@ def text_to_array(
                 raise ValueError
             parsed = np.fromiter((v in _TRUE for v in present), dtype=bool, count=len(present))
         else:
-            parsed = np.asarray(present, dtype=str).astype(dtype)
+            parsed = _parse_texts(present, dtype)
     except (ValueError, OverflowError, TypeError):
         where = [i for i in range(n) if not missing[i]]
         if dtype.kind == "b":

@@ -159,8 +159,9 @@ class CSVSource(TextRecordSource):
     ) -> Iterator[tuple[list[str], int]]:
         """Parsed rows from byte ``start`` on, each with the line it starts on.
 
-        Opens its own file object, so streams never share a file position. With ``limit``,
-        a row of more than ``limit`` characters raises :class:`MalformedRowError`.
+        Opens its own file object, so streams never share a file position. With ``limit``
+        (at open), a row of more than ``limit`` characters raises :class:`MalformedRowError`,
+        and no row is begun once ``limit`` characters in all have been read.
         """
         with self._open_file(path, signature) as raw:
             raw.seek(start)
@@ -179,11 +180,13 @@ class CSVSource(TextRecordSource):
                     raise self._malformed(line, f"is not UTF-8: {exc.reason}") from None
                 except _RowTooLong:
                     raise self._too_long(line, limit or 0) from None
-                if isinstance(lines, _CappedLines):
-                    lines.used = 0  # the cap is per row
                 if row:
                     yield row, line
                 line = reader.line_num + 1
+                if isinstance(lines, _CappedLines):
+                    if lines.total >= lines.limit:  # the sample ends here
+                        return
+                    lines.used = 0  # the cap is per row
 
     # -- rows ---------------------------------------------------------------------------
     def _parse_run(self, handle: TextHandle, text: str) -> list[Any]:
@@ -216,24 +219,26 @@ class _CappedLines:
     """The lines of a text stream for ``csv.reader``, at most ``limit`` characters per row.
 
     ``used`` counts the characters of the row being read (reset by the caller after each
-    row); each ``readline`` asks for no more than the rest of the budget, so a line without
-    a line end is never read whole.
+    row), ``total`` those of every row; each ``readline`` asks for no more than the rest of
+    the row's budget, so a line without a line end is never read whole.
     """
 
     def __init__(self, stream: io.TextIOWrapper, limit: int) -> None:
         self._stream = stream
-        self._limit = limit
+        self.limit = limit
         self.used = 0
+        self.total = 0
 
     def __iter__(self) -> _CappedLines:
         return self
 
     def __next__(self) -> str:
-        text = self._stream.readline(self._limit - self.used + 1)
+        text = self._stream.readline(self.limit - self.used + 1)
         if not text:
             raise StopIteration
         self.used += len(text)
-        if self.used > self._limit:
+        self.total += len(text)
+        if self.used > self.limit:
             raise _RowTooLong
         return text
 
@@ -279,7 +284,8 @@ def read_csv(
     na_values
         Field texts that mean "missing" (default: the empty field).
     infer_rows
-        Rows read at open to infer the column types.
+        Rows read at open to infer the column types (fewer when they hold more than
+        :data:`~mixle.data.sources.text_source.HEADER_MAX_BYTES` in all).
     progress
         Show a progress bar while the row index is built: ``True``, ``False``, or ``None``
         (automatic: on a terminal, when building takes a while; see

@@ -94,14 +94,21 @@ class JSONLSource(TextRecordSource):
     ) -> Iterator[tuple[dict[str, Any], int]]:
         """Parsed objects from byte ``start`` on, each with its line number.
 
-        With ``limit``, a line of more than ``limit`` bytes raises :class:`MalformedRowError`.
+        With ``limit`` (at open), a line of more than ``limit`` bytes raises
+        :class:`MalformedRowError`, and no line is begun once ``limit`` bytes in all have
+        been read.
         """
         with self._open_file(path, signature) as raw:
             raw.seek(start)
             lines = iter(raw) if limit is None else iter(lambda: raw.readline(limit + 1), b"")
+            total = 0
             for line, data in enumerate(lines, start=1):
-                if limit is not None and len(data) > limit:
-                    raise self._too_long(line, limit)
+                if limit is not None:
+                    if total >= limit:  # the sample ends here
+                        return
+                    if len(data) > limit:
+                        raise self._too_long(line, limit)
+                    total += len(data)
                 if not data.strip():
                     continue
                 try:
@@ -160,7 +167,8 @@ def read_jsonl(
     dtypes
         ``{"key": dtype}`` overrides of the inferred types.
     infer_rows
-        Objects read at open to find the keys and infer their types.
+        Objects read at open to find the keys and infer their types (fewer when they hold
+        more than :data:`~mixle.data.sources.text_source.HEADER_MAX_BYTES` in all).
     progress
         Show a progress bar while the row index is built: ``True``, ``False``, or ``None``
         (automatic: on a terminal, when building takes a while; see

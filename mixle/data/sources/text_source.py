@@ -61,7 +61,9 @@ BOM = b"\xef\xbb\xbf"
 #: Most bytes (CSV: characters) of one row read while a file is opened: the header row and
 #: each row of the type sample. A longer row at open is a :class:`MalformedRowError` naming
 #: the file and line, after reading no more than this (a 1 GB line without a newline is
-#: never read whole). Rows read later (``[i]``, streams) are not capped.
+#: never read whole); the sample also ends, before ``infer_rows``, once this much has been
+#: read in all, so opening reads at most about twice this. Rows read later (``[i]``,
+#: streams) are not capped.
 HEADER_MAX_BYTES = 64 * 2**20
 
 

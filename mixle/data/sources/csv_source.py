@@ -301,6 +301,8 @@ def read_csv(
     ------
     FileNotFoundError
         ``path`` does not exist.
+    SpecialFileError
+        ``path`` is a FIFO, device, socket or directory (refused before any read).
     TypeError
         ``progress`` is not ``True``, ``False`` or ``None``.
     FileChangedError
@@ -312,7 +314,8 @@ def read_csv(
     MalformedRowError
         A row (in the sample at open, or later when read) has the wrong number of fields,
         broken quoting, or a value its column's dtype cannot hold; the message names the
-        line.
+        line. Also when a row read at open (the header, a row of the type sample) is
+        longer than :data:`~mixle.data.sources.text_source.HEADER_MAX_BYTES` characters.
 
     Notes
     -----

@@ -183,6 +183,8 @@ def read_jsonl(
     ------
     FileNotFoundError
         ``path`` does not exist.
+    SpecialFileError
+        ``path`` is a FIFO, device, socket or directory (refused before any read).
     TypeError
         ``progress`` is not ``True``, ``False`` or ``None``.
     FileChangedError
@@ -193,7 +195,9 @@ def read_jsonl(
         A name in ``columns`` or ``dtypes`` is not a key of the sampled objects.
     MalformedRowError
         A line is not a JSON object, or holds a value its column's dtype cannot hold; the
-        message names the line.
+        message names the line. Also when a line is nested too deeply for Python's JSON
+        parser, or a line read at open (the type sample) is longer than
+        :data:`~mixle.data.sources.text_source.HEADER_MAX_BYTES` bytes.
 
     Notes
     -----

@@ -47,9 +47,8 @@ STREAM_BUFFER_BYTES = 2**20
 class ParquetReadError(ValueError, OSError):
     """pyarrow could not read a Parquet file's footer or decode one of its row groups.
 
-    A ``ValueError`` (what pyarrow raises for a file that is not Parquet or is truncated)
-    and an ``OSError`` (what it raises for damaged compressed data or a failed read). The
-    message names the file and, for a row group, its number in that file and its rows.
+    A ``ValueError`` and an ``OSError``, as pyarrow's own errors for a truncated file and for
+    damaged pages are; the message names the file and the row group (number and rows).
 
     Attributes
     ----------
@@ -381,6 +380,12 @@ def read_parquet(
         workers that have it.
     FileNotFoundError
         Nothing at ``path_or_url``, or a directory without Parquet files.
+    SpecialFileError
+        A local ``path_or_url`` is a FIFO, device or socket.
+    ParquetReadError
+        A footer cannot be read (a truncated or non-Parquet file), here or when a file of a
+        directory is first read; later, a row group that does not decode. The message names
+        the file and the row group.
     ColumnNotFoundError
         A name in ``columns`` is not a column (the message lists them).
 

@@ -181,13 +181,17 @@ def run_child(kind: str, *args: Any) -> dict[str, Any]:
 
 def print_tables(rows: list[dict[str, Any]]) -> None:
     print("\nPeak RSS growth against the chunk-cache budget (default settings)")
-    print("| decode threads | budget | growth | x budget | over budget + batch | per thread |")
-    print("| ---: | ---: | ---: | ---: | ---: | ---: |")
+    print(
+        "| decode threads | budget | growth | x budget | over budget + batch | per thread "
+        "| patches/s |"
+    )
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
         if r["table"] == "threads":
             print(
                 f"| {r['threads']} | {r['budget_mib']:.0f} MiB | {r['growth_mib']:.0f} MiB | "
-                f"{r['x_budget']:.2f} | {r['over_mib']:.0f} MiB | {r['per_thread_mib']:.1f} MiB |"
+                f"{r['x_budget']:.2f} | {r['over_mib']:.0f} MiB | {r['per_thread_mib']:.1f} MiB "
+                f"| {r['patches_per_s']:.0f} |"
             )
     print("\nTotal private memory, DataLoader parent + workers")
     print("| workers | setting | cache per worker | private memory |")

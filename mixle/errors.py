@@ -6,12 +6,14 @@ __all__ = [
     "UncheckpointedWALError",
     "LeafMismatchError",
     "FileChangedError",
+    "FilterUnavailableError",
     "ArrayNotFoundError",
     "BrokenEncodedDataError",
     "ColumnNotFoundError",
     "EncodedDataClosedError",
     "MalformedRowError",
     "NotAnArrayError",
+    "ReadsStopped",
     "SchemaMismatchError",
     "SourceClosedError",
     "SpecialFileError",
@@ -137,3 +139,11 @@ class UncheckpointedWALError(OSError):
 
 class SpecialFileError(OSError):
     """A path that must be a regular file is a FIFO, device, socket or directory."""
+
+
+class FilterUnavailableError(ImportError):
+    """An HDF5 dataset needs a filter plugin that HDF5 cannot load in this process."""
+
+
+class ReadsStopped(RuntimeError):
+    """A loop's reads were stopped from another thread (its loader was closed)."""

@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 import zarr
 
-from mixle import Loader
-from mixle.loading.prefetch import THREAD_NAME_PREFIX, ReadsStopped
+from mixle import Loader, ReadsStopped
+from mixle.loading.prefetch import THREAD_NAME_PREFIX
 from mixle.testing_servers import FaultPlan, RangeHTTPServer
 
 #: Rows per chunk and per batch: batch ``k`` reads chunk ``k`` alone.

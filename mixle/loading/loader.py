@@ -130,7 +130,7 @@ class Loader(ActiveRun):
       :data:`~mixle.loading.prefetch.STOP_GRACE_S` for a read in flight, then leaves a
       thread stuck in it to end by itself (its batch is dropped); it never keeps the
       process from exiting. ``close()`` from another thread stops a loop in progress,
-      which raises :class:`~mixle.loading.prefetch.ReadsStopped`.
+      which raises :class:`~mixle.ReadsStopped`.
     """
 
     def __init__(

@@ -20,11 +20,12 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Generic, TypeVar
 
+from mixle.errors import ReadsStopped
+
 __all__ = [
     "STOP_GRACE_S",
     "THREAD_NAME_PREFIX",
     "ReaderThreads",
-    "ReadsStopped",
     "StopSignal",
     "ordered_map",
 ]
@@ -41,10 +42,6 @@ _STOPPED = (
     "the loader was closed (from another thread) while this loop {doing} a batch; the "
     "cursor stays at that batch: iterate the loader again to continue from it"
 )
-
-
-class ReadsStopped(RuntimeError):
-    """The loop's reads were stopped from another thread (its loader was closed)."""
 
 
 class StopSignal:

@@ -22,7 +22,7 @@ class ActiveRun:
     exception) lets its iterator be collected, which closes it and stops its threads.
     A run started with a :class:`~mixle.loading.prefetch.StopSignal` is also told to stop
     through it, so ``close()`` stops a run that another thread is iterating: that loop
-    raises :class:`~mixle.loading.prefetch.ReadsStopped` instead of its next batch.
+    raises :class:`~mixle.ReadsStopped` instead of its next batch.
     """
 
     _active: weakref.ref[Iterator[Any]] | None = None

@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from mixle.errors import FilterUnavailableError
 from mixle.reading import CorruptChunkError, new_token
 from mixle.utils.optional_deps import require
 
@@ -42,7 +43,6 @@ __all__ = [
     "FILTER_DEFLATE",
     "FILTER_NAMES",
     "FILTER_SHUFFLE",
-    "FilterUnavailableError",
     "HDF5ChunkReader",
     "chunk_filters",
     "contiguous_memmap",
@@ -300,10 +300,6 @@ def chunk_filters(dataset: Any) -> list[tuple[int, tuple[int, ...]]] | None:
             return None
         filters.append((int(code), tuple(int(v) for v in values)))
     return filters
-
-
-class FilterUnavailableError(ImportError):
-    """An HDF5 dataset needs a filter plugin that HDF5 cannot load in this process."""
 
 
 def missing_filters(dataset: Any) -> list[tuple[int, str]]:

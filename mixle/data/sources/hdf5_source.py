@@ -105,7 +105,7 @@ class HDF5ArraySource(ArraySource):
     FileNotFoundError
         When an external raw-data file of the dataset is missing: the message names each
         one and the ``efile_prefix`` that would find them.
-    ~mixle.data.sources.hdf5_chunks.FilterUnavailableError
+    ~mixle.FilterUnavailableError
         An ``ImportError``: the dataset uses a filter HDF5 cannot load (such as blosc or
         zstd) and ``hdf5plugin`` is not installed, or does not provide it. Where it is
         installed, ``hdf5plugin`` is imported to register its filters before this check.

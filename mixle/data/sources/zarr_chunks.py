@@ -30,7 +30,6 @@ never written reads as the fill value, as zarr reads it.
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import functools
 import math
@@ -554,6 +553,8 @@ class StoreGetter:
         than ``limit`` raises :class:`CorruptChunkError`, a FIFO, device or socket
         :class:`~mixle.SpecialFileError`, all before anything is read.
         """
+        import asyncio  # loaded with zarr already; ``import mixle`` stays without it
+
         from zarr.abc.store import RangeByteRequest, SuffixByteRequest
 
         path = self.local_path(key)

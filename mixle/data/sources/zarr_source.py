@@ -148,19 +148,6 @@ class ZarrArraySource(ArraySource):
                 key="(metadata)",
                 secrets=self._args["storage_options"],
             )
-        except RecursionError:
-            raise ValueError(
-                f"path={display_path(path)!r}: the zarr metadata is nested too deeply to "
-                "parse (a JSON file of that depth is not zarr metadata)"
-            ) from None
-        except (TypeError, ValueError) as exc:
-            if isinstance(exc, (ArrayNotFoundError, NotAnArrayError)):
-                raise
-            raise type(exc)(
-                f"path={display_path(path)!r}"
-                + (f", component={component!r}" if component else "")
-                + f": zarr cannot parse the array metadata: {exc}"
-            ) from None
         except FileNotFoundError as exc:
             if component:
                 try:
@@ -175,6 +162,20 @@ class ZarrArraySource(ArraySource):
             raise FileNotFoundError(
                 f"path={display_path(path)!r}: no zarr array or group found there"
                 f" ({type(exc).__name__})"
+            ) from None
+        except RecursionError:
+            raise ValueError(
+                f"path={display_path(path)!r}: the zarr metadata is nested too deeply to "
+                "parse (a JSON file of that depth is not zarr metadata)"
+            ) from None
+        except (TypeError, ValueError) as exc:
+            if type(exc) not in (TypeError, ValueError):
+                raise  # zarr's own errors (a missing group...) and mixle's say enough
+            # zarr's parse of malformed metadata: say which store it was
+            raise type(exc)(
+                f"path={display_path(path)!r}"
+                + (f", component={component!r}" if component else "")
+                + f": zarr cannot parse the array metadata: {exc}"
             ) from None
         if not isinstance(node, zarr.Array):
             where = f"component={component!r} in " if component else "path="

@@ -173,5 +173,10 @@ def test_without_a_client_it_runs_and_closes_its_own_cluster():
     enc = DaskEncodedData(list(range(4)), num_workers=1, timeout=T)
     own = enc.client
     assert enc.map(shard_sum) == [6.0]
+    try:  # its private client does not become the user's default client
+        default = distributed.default_client()
+    except ValueError:
+        default = None
+    assert default is not own
     enc.close()
     assert own.status == "closed"

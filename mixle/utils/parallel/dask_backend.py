@@ -131,7 +131,7 @@ class DaskEncodedData(EncodedData):
                     dashboard_address=None,
                     scheduler_kwargs=QUIET_SCHEDULER,
                 )
-                client = distributed.Client(cluster)
+                client = distributed.Client(cluster, set_as_default=False)  # not the user's default
                 own = (client, cluster)
         self._client = client
         self._shards: list[Any] = []

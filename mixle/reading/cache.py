@@ -106,7 +106,11 @@ class ChunkCache:
         self._budget = _parse_budget(budget)
         self._bytes = 0
         self._hits = self._misses = self._evictions = 0
-        self._spare: dict[int, list[_Pages]] = {}  # pages of evicted chunks, by size
+        # pages of collected chunks, by size, under their own lock: a chunk's last reference
+        # may go (and _return_pages run) anywhere, also while self._lock is held, or in a
+        # garbage collection inside this lock (so it is reentrant)
+        self._spare_lock = threading.RLock()
+        self._spare: dict[int, list[_Pages]] = {}
         self._spare_bytes = 0
 
     @property
@@ -183,7 +187,7 @@ class ChunkCache:
         size = chunk.nbytes
         if size < PAGE_BACKED_CHUNK_BYTES or chunk.dtype.hasobject or type(chunk.base) is _Pages:
             return chunk
-        with self._lock:
+        with self._spare_lock:
             spare = self._spare.get(size)
             pages = spare.pop() if spare else None
             if pages is not None:
@@ -192,7 +196,18 @@ class ChunkCache:
             pages = _Pages(-1, size, **_PAGE_FLAGS)
         copy = np.ndarray(chunk.shape, chunk.dtype, buffer=pages)
         copy[...] = chunk
+        # the pages are reused only once the copy, and every view of it, is garbage
+        done = weakref.finalize(copy, self._return_pages, pages)
+        done.atexit = False
         return copy
+
+    def _return_pages(self, pages: _Pages) -> None:
+        """Keep the pages of a collected chunk for the next chunk of that size, if there is room."""
+        size = len(pages)
+        with self._spare_lock:
+            if self._spare_bytes + size <= RECYCLED_PAGES_BYTES:
+                self._spare.setdefault(size, []).append(pages)
+                self._spare_bytes += size
 
     def _evict_to(self, limit: int) -> None:
         while self._entries and self._bytes > limit:
@@ -200,24 +215,6 @@ class ChunkCache:
             self._bytes -= dropped.nbytes
             self._evictions += 1
             self._unindex(key)
-            self._recycle(dropped)
-            del dropped
-
-    def _recycle(self, chunk: np.ndarray) -> None:
-        """Keep the pages of an evicted chunk for the next one if nothing else can see them."""
-        pages = chunk.base
-        size = chunk.nbytes
-        # references: the caller's, this frame's and getrefcount's own; to the pages: the
-        # chunk's and getrefcount's (a view or a memoryview of the chunk holds the chunk)
-        if (
-            type(pages) is not _Pages
-            or self._spare_bytes + size > RECYCLED_PAGES_BYTES
-            or sys.getrefcount(chunk) > 3
-            or sys.getrefcount(pages) > 3
-        ):
-            return
-        self._spare.setdefault(size, []).append(pages)
-        self._spare_bytes += size
 
     def _unindex(self, key: Hashable) -> None:
         token = _token_of(key)
@@ -228,12 +225,14 @@ class ChunkCache:
                 del self._by_token[token]
 
     def clear(self) -> None:
-        """Drop every chunk and reset the counters."""
+        """Drop every chunk (and the spare pages) and reset the counters."""
+        with self._spare_lock:
+            self._spare.clear()
+            self._spare_bytes = 0
         with self._lock:
             self._entries.clear()
             self._by_token.clear()
-            self._spare.clear()
-            self._spare_bytes = self._bytes = 0
+            self._bytes = 0
             self._hits = self._misses = self._evictions = 0
 
     def stats(self) -> CacheStats:

@@ -246,6 +246,15 @@ def test_a_special_file_given_as_a_volume_is_refused(tmp_path, reader, kind):
     assert str(path) in str(caught.value)
 
 
+@pytest.mark.parametrize("shape", [(2**62, 4), (2**32, 2**32), (0, 2**64)])
+def test_a_raw_volume_shape_past_numpy_raises_a_clear_value_error(tmp_path, shape):
+    path = tmp_path / "empty.raw"
+    path.write_bytes(b"")  # a wrapped-around size of 0 bytes would match it
+    with pytest.raises(ValueError, match=r"shape=\(") as caught:
+        mixle.read_memmap(path, dtype="uint8", shape=shape)
+    assert "NumPy" in str(caught.value)
+
+
 def test_a_missing_volume_is_still_file_not_found(tmp_path):
     with pytest.raises(FileNotFoundError, match="no such file"):
         mixle.read_npy(tmp_path / "missing.npy")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -31,6 +32,8 @@ _MODE_ALIASES = {
     "copyonwrite": "c",
 }
 _NPY_MAGIC = b"\x93NUMPY"
+#: The largest extent (and element count) NumPy's ``intp`` indexing can address.
+_MAX_EXTENT = 2**63 - 1
 #: Bytes of the header length field per ``.npy`` format version.
 _NPY_LENGTH_BYTES = {1: 2, 2: 4, 3: 4}
 
@@ -55,7 +58,15 @@ def _parse_shape(shape: object) -> tuple[int, ...]:
     for d in dims:
         if isinstance(d, (bool, np.bool_)) or not isinstance(d, (int, np.integer)) or d < 0:
             raise ValueError(f"shape={shape!r} must hold non-negative ints")
+        if d > _MAX_EXTENT:
+            raise ValueError(
+                f"shape={shape!r} has an extent past 2**63 - 1, more than NumPy indexes"
+            )
         out.append(int(d))
+    if math.prod(out) > _MAX_EXTENT:
+        raise ValueError(
+            f"shape={shape!r} holds {math.prod(out):,} elements, more than NumPy can address"
+        )
     return tuple(out)
 
 
@@ -176,7 +187,7 @@ class MemmapArraySource(ArraySource):
         assert a is not None
         path = _check_path(a["path"])
         dtype, shape, offset = a["dtype"], a["shape"], a["offset"]
-        expected = offset + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        expected = offset + math.prod(shape) * dtype.itemsize  # Python ints: no wrap-around
         actual = os.path.getsize(path)
         if actual < expected or (actual != expected and a.get("exact_size", True)):
             raise ValueError(

@@ -30,9 +30,12 @@ import numpy as np
 import pytest
 import zarr
 import zarr.codecs.numcodecs as zarr_numcodecs
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from zarr.codecs import BloscCodec, GzipCodec, TransposeCodec, ZstdCodec
 
 import mixle
+from mixle.data.sources.zarr_codecs import bounded_decompress
 
 _NOT_IN_SPEC = "Numcodecs codecs are not in the Zarr version 3 specification"
 pytestmark = pytest.mark.filterwarnings(f"ignore:{_NOT_IN_SPEC}")
@@ -322,3 +325,33 @@ def test_a_special_metadata_file_is_refused_at_open(special_reads, name, kind):
     got, _ = special_reads[f"{name} {kind}"]
     assert got["error"] == "SpecialFileError", got
     assert name in got["message"] and "not a regular file" in got["message"], got["message"]
+
+
+# -- the bounded decompressors against numcodecs -----------------------------------------
+
+COMPRESSORS = {
+    "zlib": numcodecs.Zlib(1),
+    "gzip": numcodecs.GZip(1),
+    "bz2": numcodecs.BZ2(1),
+    "lzma": numcodecs.LZMA(preset=0),
+    "zstd": numcodecs.Zstd(1),
+    "blosc": numcodecs.Blosc("lz4", 1, 1),
+    "lz4": numcodecs.LZ4(),
+}
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.sampled_from(sorted(COMPRESSORS)),
+    st.binary(min_size=1, max_size=4096),
+    st.integers(1, 3),
+    st.integers(0, 64),
+)
+def test_bounded_decompress_equals_numcodecs_within_its_limit(codec_id, data, repeat, spare):
+    codec, data = COMPRESSORS[codec_id], data * repeat
+    stored = bytes(codec.encode(data))
+    assert bytes(bounded_decompress(codec, stored, len(data), exact=True)) == data
+    assert bytes(bounded_decompress(codec, stored, len(data) + spare)) == data
+    assert bytes(codec.decode(stored)) == data
+    with pytest.raises(ValueError, match=r"more than|header says"):
+        bounded_decompress(codec, stored, len(data) - 1)

@@ -52,7 +52,7 @@ from mixle.reading.fetch import (
     stream_bounded,
     widen_connection_pool,
 )
-from mixle.utils.files import open_regular_file, read_regular_file, require_regular_file
+from mixle.utils.files import open_regular_file, require_regular_file
 
 __all__ = [
     "CheckedRangeStore",
@@ -241,7 +241,17 @@ def read_local_object(
     """
     try:
         if byte_range is None:
-            return read_regular_file(path, what, limit=limit)
+            with open_regular_file(path, what) as file:
+                size = os.fstat(file.fileno()).st_size
+                if size > limit:  # refused unread
+                    raise ValueError(
+                        f"{what} {path!r} has {size:,} bytes, more than the {limit:,} a stored "
+                        "chunk of this array can have"
+                    )
+                data = file.read(size + 1)  # one buffer of the file's size (a cap of it, too)
+            if len(data) > limit:
+                raise ValueError(f"{what} {path!r} grew past {limit:,} bytes while read")
+            return data
         start, end = byte_range
         length = -start if end is None else end - start
         if length > limit:

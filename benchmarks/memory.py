@@ -19,8 +19,8 @@ Writes a float32 cube with 64^3 zstd chunks (512^3: 512 MiB decoded, twice the d
   ``256 MiB each`` rows set the budget of every process to 256 MiB explicitly (the default
   before budgets were shared among DataLoader workers).
 
-``--quick`` runs a smoke version (a 128^3 volume, 1 and 4 threads, 1 and 2 workers) in a
-few seconds; ``--json`` prints the rows as JSON lines as well.
+``--quick`` runs a smoke version (a 128^3 volume, 1 and 4 threads, 1 and 2 workers with
+the defaults) in a few seconds; ``--json`` prints the rows as JSON lines as well.
 """
 
 from __future__ import annotations
@@ -43,8 +43,22 @@ PATCH = 32
 BATCH = 64
 #: Budget of the "256 MiB each" rows: the per-process default before it was shared.
 OLD_BUDGET = 256 * MIB
-FULL = {"size": 512, "threads": (1, 4, 16), "workers": (1, 4, 8), "batches": 40, "per": 192}
-QUICK = {"size": 128, "threads": (1, 4), "workers": (1, 2), "batches": 4, "per": 32}
+FULL: dict[str, Any] = {
+    "size": 512,
+    "threads": (1, 4, 16),
+    "workers": (1, 4, 8),
+    "budgets": (None, OLD_BUDGET),
+    "batches": 40,
+    "per": 192,
+}
+QUICK: dict[str, Any] = {
+    "size": 128,
+    "threads": (1, 4),
+    "workers": (1, 2),
+    "budgets": (None,),
+    "batches": 4,
+    "per": 32,
+}
 
 
 def write_volume(path: Path, size: int) -> None:
@@ -222,7 +236,7 @@ def main() -> None:
         for threads in plan["threads"]:
             rows.append(run_child("threads", str(path), threads, plan["batches"]))
         for workers in plan["workers"]:
-            for budget in (None, OLD_BUDGET):
+            for budget in plan["budgets"]:
                 rows.append(run_child("workers", str(path), workers, plan["per"], budget))
     if args.json:
         for row in rows:

@@ -345,7 +345,10 @@ def drop_chunks_when_collected(reader: object) -> None:
     holds the reader) cannot leave chunks behind. In a forked child the child's own cache is
     the one cleaned.
     """
-    done = weakref.finalize(reader, drop_cached_chunks, reader.token)  # type: ignore[attr-defined]
+    try:
+        done = weakref.finalize(reader, drop_cached_chunks, reader.token)  # type: ignore[attr-defined]
+    except TypeError:  # a reader with __slots__ and no __weakref__: dropped on close() only
+        return
     done.atexit = False  # nothing to clean at exit: the cache goes with the process
 
 

@@ -102,6 +102,18 @@ def test_a_grid_of_2_62_voxels_per_axis_reads(tmp_path, zarr_format):
     np.testing.assert_array_equal(boxes[1], [[1, 1, 5, 5], [1, 1, 5, 5], [5] * 4, [5] * 4])
 
 
+@pytest.mark.parametrize("zarr_format", [2, 3])
+def test_chunks_of_a_terabyte_on_a_small_array_cost_no_terabyte(tmp_path, zarr_format):
+    path = tmp_path / "a.zarr"
+    meta_file = _array(path, zarr_format)
+    _edit(meta_file, chunks=[2**20, 2**20])
+    stored = path / ("0.0" if zarr_format == 2 else "c/0/0")
+    with pytest.raises(CorruptChunkError, match="header says"):  # 16 bytes, not 1 TiB
+        mixle.read_zarr(path)[...]
+    stored.unlink()  # never written: the fill value, clipped to the array
+    np.testing.assert_array_equal(mixle.read_zarr(path)[...], np.full(SHAPE, 5))
+
+
 # -- shard indices -----------------------------------------------------------------------
 
 

@@ -172,9 +172,15 @@ def _from_network_client(exc: BaseException) -> bool:
 
 
 def fill_chunk(array: Any, chunks: tuple[int, ...]) -> np.ndarray:
-    """A read-only chunk of ``array``'s fill value (zeros when it has none), as zarr reads."""
+    """A read-only chunk of ``array``'s fill value (zeros when it has none), as zarr reads.
+
+    It is clipped to the array's shape: every region a read takes from a chunk lies inside
+    the array, so a chunk far larger than the array (a damaged ``chunks``) costs no more
+    than the array itself.
+    """
     fill = array.fill_value
-    chunk = np.full(chunks, 0 if fill is None else fill, dtype=np.dtype(array.dtype))
+    shape = tuple(min(c, s) for c, s in zip(chunks, array.shape))
+    chunk = np.full(shape, 0 if fill is None else fill, dtype=np.dtype(array.dtype))
     chunk.flags.writeable = False
     return chunk
 

@@ -79,7 +79,7 @@ class ShardedZarrReader:
         limit = self._index_bytes + inner * decode.stored_limit
         self._get = StoreGetter(array, url or self._where, secrets, limit)
         self._fill = fill_chunk(array, self.chunks)
-        self._nbytes = self._fill.nbytes
+        self._nbytes = math.prod(self.chunks) * np.dtype(array.dtype).itemsize
         self._indices: OrderedDict[tuple[int, ...], np.ndarray | None] = OrderedDict()
         self._lock = threading.Lock()
 

@@ -4,8 +4,12 @@ Ways to get a decoded chunk:
 
 - :class:`ZarrCodecReader` reads the stored bytes of one chunk itself (a file read for
   local stores) and decodes them with numcodecs directly into a new array. It covers the
-  common layouts: format 2 with any numcodecs compressor and filters, format 3 with the
-  ``bytes`` codec followed by zstd, gzip, blosc or crc32c. Decoders release the GIL.
+  common layouts: format 2 with any numcodecs compressor and filters, format 3 with
+  ``transpose`` and numcodecs array codecs that keep the dtype, the ``bytes`` codec, then
+  zstd, gzip, blosc, crc32c or numcodecs bytes codecs. Decoding is bounded by the chunk's
+  size at every stage (:mod:`mixle.data.sources.zarr_codecs`): a decompression bomb raises
+  :class:`~mixle.reading.CorruptChunkError` having produced at most about one chunk.
+  Decoders release the GIL.
 - :class:`ZarrStoreReader` decodes the same layouts from any other zarr store (fsspec URLs
   such as ``s3://`` and ``http://``, memory, zip): all the chunks a batch misses are
   fetched in one concurrent call, each request retried on its own.
@@ -25,7 +29,11 @@ text error page served with ``200``) is retried, then raised as
 :func:`zarr_chunk_reader` picks the first that applies. Every reader answers alike: stored
 bytes that do not decode to a whole chunk, or a directory where a chunk's object should be,
 raise :class:`~mixle.reading.CorruptChunkError` naming the array and the chunk; a chunk
-never written reads as the fill value, as zarr reads it.
+never written reads as the fill value, as zarr reads it. In a local store a chunk or shard
+that is a FIFO, a device (a link to ``/dev/zero``) or a socket raises
+:class:`~mixle.SpecialFileError` before anything is read, and one larger than its stored
+form can be (:attr:`~mixle.data.sources.zarr_codecs.ChunkDecoder.stored_limit`) raises
+:class:`~mixle.reading.CorruptChunkError` unread.
 """
 
 from __future__ import annotations

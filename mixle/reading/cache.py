@@ -100,7 +100,9 @@ class ChunkCache:
     """
 
     def __init__(self, budget: int = DEFAULT_CHUNK_CACHE_BYTES) -> None:
-        self._lock = threading.Lock()
+        # reentrant: a source collected by a garbage collection that runs inside this lock
+        # drops its chunks (drop_token) from the same thread, there and then
+        self._lock = threading.RLock()
         self._entries: OrderedDict[Hashable, np.ndarray] = OrderedDict()
         self._by_token: dict[Hashable, set[Hashable]] = {}  # token -> keys ``(token, ...)``
         self._budget = _parse_budget(budget)
@@ -178,9 +180,13 @@ class ChunkCache:
         """
         with self._lock:
             keys = self._by_token.pop(token, ())
+            dropped = 0
             for key in keys:
-                self._bytes -= self._entries.pop(key).nbytes
-            return len(keys)
+                chunk = self._entries.pop(key, None)  # None: being evicted by this thread
+                if chunk is not None:
+                    self._bytes -= chunk.nbytes
+                    dropped += 1
+            return dropped
 
     def _own_pages(self, chunk: np.ndarray) -> np.ndarray:
         """``chunk`` copied into pages of its own (spare ones when there are), if it is large."""

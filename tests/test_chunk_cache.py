@@ -366,3 +366,23 @@ def test_an_interrupted_batch_read_takes_no_further_chunks():
     at_interrupt, after = map(int, run.stdout.split())
     assert at_interrupt < 400
     assert after - at_interrupt <= 3  # at most the chunk each pool thread was reading
+
+
+class _Buffer(bytearray):
+    """Bytes that can be weakly referenced (a chunk whose death can be watched)."""
+
+
+def test_a_chunk_reader_collected_inside_the_cache_lock_does_not_deadlock():
+    import weakref
+
+    cache = ChunkCache(budget=800)
+    cache.put((7, (0,)), _chunk(1))  # a chunk of a "dead reader" with token 7
+    buffer = _Buffer(800)
+    weakref.finalize(buffer, cache.drop_token, 7)  # dies inside put's eviction, under the lock
+    cache.put((1, (0,)), np.frombuffer(buffer, dtype=np.float64))
+    del buffer
+    worker = threading.Thread(target=cache.put, args=((2, (0,)), _chunk(2)), daemon=True)
+    worker.start()
+    worker.join(timeout=10)
+    assert not worker.is_alive()
+    assert len(cache) == 1 and cache.get((2, (0,))) is not None

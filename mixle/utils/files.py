@@ -41,6 +41,13 @@ def _refuse(path: str | os.PathLike[str], mode: int, what: str) -> SpecialFileEr
     )
 
 
+def _mode_or_none(path: str | os.PathLike[str]) -> int | None:
+    try:
+        return os.stat(path).st_mode
+    except OSError:
+        return None
+
+
 def require_regular_file(path: str | os.PathLike[str], what: str = "file") -> os.stat_result:
     """``os.stat(path)`` (following symlinks), or :class:`SpecialFileError` if not regular.
 
@@ -60,7 +67,13 @@ def open_regular_file(path: str | os.PathLike[str], what: str = "file") -> Binar
     the opened descriptor; the returned file reads in normal, blocking mode.
     """
     flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
-    fd = os.open(path, flags)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:  # a socket cannot be opened at all (ENXIO): say what it is
+        mode = _mode_or_none(path)
+        if mode is not None and not stat.S_ISREG(mode):
+            raise _refuse(path, mode, what) from None
+        raise exc from None
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):

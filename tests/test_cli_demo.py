@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import types
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +29,8 @@ from mixle.cli._demo_volume import (
     write_volume,
 )
 from mixle.cli.demo import DEFAULT_PNG, run_demo
-from mixle.reading import chunk_cache, set_chunk_cache_bytes
+from mixle.reading import chunk_cache, default_chunk_cache_bytes, set_chunk_cache_bytes
+from mixle.reading.cache import DEFAULT_CHUNK_CACHE_BYTES
 
 ROOT = Path(__file__).resolve().parents[1]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -205,10 +207,26 @@ def test_demo_restores_the_cache_budget_and_shows_progress(own_tmp, capsys):
         assert result.cache_mib == 1 and chunk_cache().budget == 3 * 2**20
         assert chunk_cache().stats().bytes == 0  # no chunks of the removed volume stay
     finally:
-        set_chunk_cache_bytes(before)
+        set_chunk_cache_bytes(None if before == default_chunk_cache_bytes() else before)
     err = capsys.readouterr().err
     for bar in ("writing volume", "random patches", "grid tiles"):
         assert bar in err
+
+
+def test_demo_leaves_the_default_budget_rule_in_place(own_tmp, monkeypatch):
+    # a process on the default rule stays on it: a DataLoader worker forked later still
+    # gets its share of the default, not the budget the demo restored as a setting
+    set_chunk_cache_bytes(None)
+    run_demo(size=32, patch=8, num_patches=4, use_jax=False, cache_mib=1)
+    worker = types.ModuleType("torch.utils.data._utils.worker")
+    worker._worker_info = types.SimpleNamespace(num_workers=4)  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "torch.utils.data._utils.worker", worker)
+    try:
+        assert chunk_cache().budget == DEFAULT_CHUNK_CACHE_BYTES // 4
+    finally:
+        monkeypatch.delitem(sys.modules, "torch.utils.data._utils.worker")
+        set_chunk_cache_bytes(None)
+    assert chunk_cache().budget == DEFAULT_CHUNK_CACHE_BYTES
 
 
 def test_demo_removes_the_folder_after_an_error(own_tmp, monkeypatch):

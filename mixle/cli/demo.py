@@ -41,7 +41,7 @@ from mixle.cli._demo_volume import (
 )
 from mixle.data.grid import GridSampler
 from mixle.data.patch_sampler import PatchSampler
-from mixle.reading import chunk_cache, set_chunk_cache_bytes
+from mixle.reading import chunk_cache, default_chunk_cache_bytes, set_chunk_cache_bytes
 from mixle.reading.pool import decode_threads
 from mixle.utils.optional_deps import HAS_JAX, HAS_MATPLOTLIB
 from mixle.utils.progress import progress_bar
@@ -221,7 +221,9 @@ def run_demo(
 
     shape = (size, size, size)
     volume_mib = size**3 * DTYPE.itemsize / MIB
+    # a budget equal to the default rule's is restored as the rule (None), not as a setting
     old_budget = chunk_cache().budget
+    restore = None if old_budget == default_chunk_cache_bytes() else old_budget
     folder = Path(tempfile.mkdtemp(prefix="mixle-demo-"))
     runs: list[RunStats] = []
     written = None
@@ -278,7 +280,7 @@ def run_demo(
                 say(f"picture of the patch locations: {png_path.resolve()}")
     finally:
         set_chunk_cache_bytes(0)  # drops the decoded chunks of a volume about to be removed
-        set_chunk_cache_bytes(old_budget)
+        set_chunk_cache_bytes(restore)
         if not keep:
             shutil.rmtree(folder, ignore_errors=True)
     if keep:

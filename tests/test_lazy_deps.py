@@ -12,6 +12,7 @@ import json
 import os
 import pickle
 import re
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -24,7 +25,7 @@ import pytest
 import zarr
 
 import mixle
-from mixle.errors import ArrayNotFoundError
+from mixle.errors import ArrayNotFoundError, ColumnNotFoundError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -77,7 +78,7 @@ out["imported"] = sorted(m for m in sys.modules if m.split(".")[0] in BLOCKED)
 print(json.dumps(out))
 """
 
-#: Runs where the library is installed: unpickle and read everything.
+#: Runs where the library is installed: unpickle and read everything, through the library.
 READER_SCRIPT = """
 import pickle, sys
 import numpy as np
@@ -87,6 +88,7 @@ if hasattr(src, "dtype"):
     np.save(sys.argv[2], src[...])
 else:
     np.savez(sys.argv[2], **src.get_batch(np.arange(len(src))))
+assert sys.argv[3] in sys.modules, f"{sys.argv[3]} was not used to read {src!r}"
 """
 
 
@@ -126,6 +128,26 @@ def _write_parquet(tmp: Path) -> dict[str, np.ndarray]:
     return {name: read.column(name).to_numpy() for name in read.column_names}
 
 
+def _write_sqlite(tmp: Path) -> dict[str, np.ndarray]:
+    rows = [(3 * i + 1, None if i % 4 == 0 else i / 3, i * i) for i in range(11)]
+    with sqlite3.connect(tmp / "t.sqlite") as con:
+        con.execute("CREATE TABLE items (id INTEGER PRIMARY KEY, score REAL, n INTEGER)")
+        con.executemany("INSERT INTO items VALUES (?, ?, ?)", rows)
+    con.close()
+    con = sqlite3.connect(tmp / "t.sqlite")
+    read = con.execute("SELECT id, score, n FROM items ORDER BY id").fetchall()
+    con.close()
+    return {
+        "id": np.array([r[0] for r in read], dtype=np.int64),
+        "score": np.array([np.nan if r[1] is None else r[1] for r in read], dtype=np.float64),
+        "n": np.array([r[2] for r in read], dtype=np.int64),
+    }
+
+
+#: A URL that SQLAlchemy opens (mixle's own sqlite3 path serves only plain ``sqlite:///path``).
+SA_SQLITE = "'sqlite+pysqlite:///file:' + {store!r} + '?mode=ro&uri=true'"
+PG_URL = "'postgresql+psycopg://reader@127.0.0.1:9/db'"
+
 CASES = {
     "zarr": {
         "flag": "HAS_ZARR",
@@ -162,6 +184,27 @@ CASES = {
         "bad": ["mixle.read_parquet(3)"],
         "store": "t.parquet",
     },
+    "sqlalchemy": {
+        "flag": "HAS_SQLALCHEMY",
+        "extra": "sql",
+        "write": _write_sqlite,
+        "open": f"mixle.read_sql('items', {SA_SQLITE}, key='id')",
+        "uses": [
+            "len(src)",
+            "src[0]",
+            "src.get_batch([1, 0])",
+            "src.columns",
+            "src.element_spec()",
+            "list(src.records())",
+        ],
+        "bad": [
+            f"mixle.read_sql(3, {PG_URL})",
+            f"mixle.read_sql('items', {PG_URL}, params=[1])",
+            f"mixle.read_sql('items', {PG_URL}, chunk_size=0)",
+            f"mixle.read_sql('items', {PG_URL}, key=3)",
+        ],
+        "store": "t.sqlite",
+    },
 }
 
 
@@ -193,7 +236,7 @@ def test_source_without_its_library_builds_pickles_and_fails_at_first_use(tmp_pa
         assert raised is not None, f"{bad} was not refused at construction without {missing}"
 
     result = tmp_path / "read.npz"
-    _run(READER_SCRIPT, spec["pickle_path"], str(tmp_path / "read"))
+    _run(READER_SCRIPT, spec["pickle_path"], str(tmp_path / "read"), missing)
     if isinstance(expected, dict):
         with np.load(result, allow_pickle=False) as got:
             assert sorted(got.files) == sorted(expected)
@@ -218,3 +261,69 @@ def test_installed_library_still_validates_at_construction(tmp_path):
     src = mixle.read_zarr(str(tmp_path / "v.zarr"))
     assert "not installed" not in repr(src) and "shape=(6, 7, 5)" in repr(src)
     assert pickle.loads(pickle.dumps(src)).shape == (6, 7, 5)
+    _write_sqlite(tmp_path)
+    url = f"sqlite+pysqlite:///file:{tmp_path / 't.sqlite'}?mode=ro&uri=true"
+    with pytest.raises(ValueError, match="failed"):
+        mixle.read_sql("nothing", url)
+    with pytest.raises(ColumnNotFoundError):
+        mixle.read_sql("items", url, key="nope")
+    sql = mixle.read_sql("items", url, key="id")
+    assert repr(sql).startswith("SQLSource(") and "columns=['id', 'score', 'n']" in repr(sql)
+    sql.close()
+
+
+#: Without SQLAlchemy: a URL source with credentials, and SQLite paths (no SQLAlchemy needed).
+SQL_SECRETS_SCRIPT = """
+import json, pickle, sys, traceback
+import mixle
+
+spec = json.loads(sys.argv[1])
+src = mixle.read_sql("items", spec["url"], key="id")
+blob = pickle.dumps(src)
+shown = [repr(src), repr(pickle.loads(blob))]
+for use in (lambda: len(src), lambda: src[0], lambda: src.element_spec()):
+    try:
+        use()
+    except ImportError as exc:
+        shown.append("".join(traceback.format_exception(exc)))
+    else:
+        raise AssertionError("no ImportError without sqlalchemy")
+paths = [mixle.read_sql("items", c) for c in (spec["path"], "sqlite:///" + spec["path"])]
+print(json.dumps({
+    "shown": shown,
+    "secrets_in_pickle": [s.encode() in blob for s in spec["secrets"]],
+    "sqlite_ids": [p.get_batch(range(len(p)))["id"].tolist() for p in paths],
+    "imported": sorted(m for m in sys.modules if m.split(".")[0] == "sqlalchemy"),
+}))
+"""
+
+
+def test_sql_url_without_sqlalchemy_hides_credentials_and_sqlite_paths_still_read(tmp_path):
+    expected = _write_sqlite(tmp_path)
+    secrets = ["pw-s3cret-42", "qs-s3cret-7"]
+    spec = {
+        "url": f"postgresql+psycopg://alice:{secrets[0]}@db.example:5432/labels"
+        f"?sslpassword={secrets[1]}",
+        "path": str(tmp_path / "t.sqlite"),
+        "secrets": secrets,
+    }
+    blocked = f"BLOCKED = {{'sqlalchemy'}}\n{BLOCKER}{SQL_SECRETS_SCRIPT}"
+    out = json.loads(_run(blocked, json.dumps(spec)).splitlines()[-1])
+
+    assert out["imported"] == []
+    want = "postgresql+psycopg://***@db.example:5432/labels"
+    assert (
+        out["shown"][0]
+        == f"<SQLSource 'items' on {want} (not opened: sqlalchemy is not installed here)>"
+    )
+    assert out["shown"][1] == out["shown"][0]  # the unpickled copy is not opened either
+    for text in out["shown"]:
+        assert not any(secret in text for secret in secrets), text
+        assert "alice" not in text, text
+    for trace in out["shown"][2:]:
+        assert "read_sql with a database URL needs sqlalchemy" in trace
+        assert 'pip install -e ".[sql]"' in trace
+    # pickled by reference: the URL as given, credentials included, so a worker can connect
+    assert out["secrets_in_pickle"] == [True, True]
+    # a SQLite path or plain sqlite:/// URL is read by mixle's own sqlite3 connection
+    assert out["sqlite_ids"] == [expected["id"].tolist()] * 2

@@ -26,6 +26,7 @@ from mixle.data.sources.sql_connect import (
 )
 from mixle.data.spec import ArraySpec
 from mixle.errors import ColumnNotFoundError
+from mixle.utils import optional_deps
 
 __all__ = ["IN_LIST_MAX", "RANGE_MIN_ROWS", "SQL_CHUNK_ROWS", "SQLSource", "read_sql"]
 
@@ -83,6 +84,11 @@ class SQLSource(RecordSource):
     _connection: Any = None
     _connection_pid: int | None = None  # the process the caller's connection belongs to
 
+    @property  # type: ignore[override]
+    def _library(self) -> str | None:
+        """``"sqlalchemy"`` for a URL or ``Engine`` (the repr says when it is missing)."""
+        return "sqlalchemy" if self._args["kind"] == "sqlalchemy" else None
+
     def __init__(
         self,
         query_or_table: str,
@@ -121,7 +127,9 @@ class SQLSource(RecordSource):
                 "dtypes": dtypes,
             }
         )
-        self._live()  # fail early: bad connection, table, query or key
+        if kind == "sqlite" or optional_deps.HAS_SQLALCHEMY:
+            self._live()  # fail early: bad connection, table, query or key
+        # (a URL without SQLAlchemy: at first use, in a process that has SQLAlchemy)
 
     def __reduce__(self) -> tuple[Any, ...]:
         if not self._args["con"]:
@@ -413,6 +421,12 @@ def read_sql(
     ------
     FileNotFoundError
         ``con`` is a path that is not a file.
+    ImportError
+        ``con`` is a URL that needs SQLAlchemy and SQLAlchemy is not installed: raised at
+        first use (``len``, ``[i]``, ``get_batch``, ``records()``, ``element_spec()``...),
+        not here, naming the ``sql`` extra. The source still builds and pickles, so it can
+        be sent to workers that have SQLAlchemy; its repr says it is not opened and why.
+        The checks below then also run at first use.
     ColumnNotFoundError
         ``key`` (or a name in ``dtypes``) is not a column.
     ValueError

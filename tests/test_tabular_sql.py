@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import sqlite3
@@ -11,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from _postgres import postgres_server
+from test_lazy_deps import BLOCKER, _run
 
 import mixle
 from mixle.testing import assert_unchanged, check_record_source
@@ -198,6 +200,41 @@ def test_postgres_keyless_query_and_pickle(postgres_table: str) -> None:
     assert clone[119]["id"] == ids[119]
     clone.close()
     src.close()
+
+
+#: Where SQLAlchemy is blocked: build the source, show it, pickle it (a Dask/MP driver).
+_DRIVER_WITHOUT_SQLALCHEMY = """
+import json, pickle, sys
+import mixle
+src = mixle.read_sql("items", sys.argv[1], key="id")
+with open(sys.argv[2], "wb") as f:
+    pickle.dump(src, f)
+print(json.dumps({"repr": repr(src), "imported": [m for m in sys.modules if "sqlalchemy" in m]}))
+"""
+
+
+def test_postgres_source_built_without_sqlalchemy_reads_where_it_is(
+    postgres_table: str, tmp_path: Path
+) -> None:
+    sa = pytest.importorskip("sqlalchemy")
+    url = sa.engine.make_url(postgres_table)
+    if url.password is None:  # trust authentication ignores it; it must travel, unshown
+        url = url.set(password="pw-never-shown")
+    given = url.render_as_string(hide_password=False)
+    blocked = f"BLOCKED = {{'sqlalchemy'}}\n{BLOCKER}{_DRIVER_WITHOUT_SQLALCHEMY}"
+    out = json.loads(_run(blocked, given, str(tmp_path / "src.pkl")).splitlines()[-1])
+    assert out["imported"] == []
+    assert out["repr"].endswith("(not opened: sqlalchemy is not installed here)>")
+    assert str(url.password) not in out["repr"] and url.host in out["repr"]
+    with open(tmp_path / "src.pkl", "rb") as f:
+        clone = pickle.load(f)  # here SQLAlchemy is installed: it connects on first use
+    engine = sa.create_engine(given)
+    with engine.connect() as conn:
+        direct = conn.execute(sa.text("SELECT * FROM items ORDER BY id")).fetchall()
+    engine.dispose()
+    assert [tuple(r) for r in direct] == _rows()
+    check_record_source(clone, _expected([tuple(r) for r in direct]))
+    clone.close()
 
 
 def _in_forked_child(fn) -> str:

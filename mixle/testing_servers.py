@@ -78,6 +78,9 @@ class FaultPlan:
         Only ``GET`` requests whose path contains this text stall (``""``: every one).
     stall_for
         Seconds a stalled request is held at most.
+    stall_once
+        Stall each distinct request (path and ``Range``) at most once: its retry is served,
+        whatever the timing of other requests.
     """
 
     RANGE_FAULTS = ("shift", "truncate", "html", "whole")
@@ -97,12 +100,15 @@ class FaultPlan:
         stall: str | None = None,
         stall_match: str = "",
         stall_for: float = 60.0,
+        stall_once: bool = False,
     ) -> None:
         if stall is not None and stall not in self.STALLS:
             raise ValueError(f"stall={stall!r} must be one of {self.STALLS} or None")
         self._lock = threading.Lock()
         self.stall, self.stall_match, self.stall_for = stall, stall_match, stall_for
+        self.stall_once = stall_once
         self.stalled = 0
+        self._stalled_seen: set[tuple[str, str]] = set()
         self._released = threading.Event()
         self.fail_every, self.drop_every, self.fail_status = fail_every, drop_every, fail_status
         self.delay = delay
@@ -159,11 +165,15 @@ class FaultPlan:
                 self.range_faults += 1
         return fault if hit else None
 
-    def stall_action(self, method: str, path: str) -> str | None:
+    def stall_action(self, method: str, path: str, byte_range: str = "") -> str | None:
         """For one request: ``"headers"``, ``"body"`` (stall there) or ``None``."""
         if self.stall is None or method != "GET" or self.stall_match not in path:
             return None
         with self._lock:
+            if self.stall_once:
+                if (path, byte_range) in self._stalled_seen:
+                    return None
+                self._stalled_seen.add((path, byte_range))
             self.stalled += 1
         return self.stall
 
@@ -195,6 +205,7 @@ class FaultPlan:
             self.range_faults = 0
             self._ranged = 0
             self._seen.clear()
+            self._stalled_seen.clear()
 
 
 class _ClosingServer(ThreadingHTTPServer):
@@ -202,6 +213,9 @@ class _ClosingServer(ThreadingHTTPServer):
 
     daemon_threads = True
     block_on_close = True
+    # a batch opens dozens of connections at once: with the default backlog of 5, loopback
+    # drops SYNs and the client waits a second for the retransmit (a connect timeout)
+    request_queue_size = 256
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.open_sockets: set[socket.socket] = set()
@@ -344,7 +358,7 @@ class _RangeHandler(BaseHTTPRequestHandler):
     def _answer(self, body: bool) -> None:
         path = self.path.split("?", 1)[0]
         action = self.faults.record(self.command, path, self.headers.get("Range", ""))
-        self._stall = self.faults.stall_action(self.command, path)
+        self._stall = self.faults.stall_action(self.command, path, self.headers.get("Range", ""))
         if self._stall == "headers":
             self.faults.hold()
         try:

@@ -77,7 +77,7 @@ def test_hdf5_over_s3_keeps_more_requests_in_flight_than_aiobotocores_ten(tmp_pa
     assert peak > 10
 
 
-def test_widen_connection_pool_only_touches_s3fs_without_a_chosen_size():
+def test_widen_connection_pool_only_touches_s3fs_and_keeps_what_the_user_chose():
     s3fs = pytest.importorskip("s3fs")
     fsspec = pytest.importorskip("fsspec")
     plain = s3fs.S3FileSystem(anon=True, skip_instance_cache=True)
@@ -87,7 +87,10 @@ def test_widen_connection_pool_only_touches_s3fs_without_a_chosen_size():
     chosen = s3fs.S3FileSystem(
         anon=True, config_kwargs={"max_pool_connections": 3}, skip_instance_cache=True
     )
-    assert widen_connection_pool(chosen) is chosen
+    assert widen_connection_pool(chosen).config_kwargs["max_pool_connections"] == 3
+    every = {"max_pool_connections": 3, "connect_timeout": 2, "read_timeout": 4}
+    all_chosen = s3fs.S3FileSystem(anon=True, config_kwargs=every, skip_instance_cache=True)
+    assert widen_connection_pool(all_chosen) is all_chosen
     memory = fsspec.filesystem("memory")
     assert widen_connection_pool(memory) is memory
 

@@ -1,37 +1,49 @@
 """Faults while reading: which errors are worth retrying, the retry policy, loud errors.
 
-Remote stores fail now and then (a 503, a reset connection, a timeout). Every request the
-read layer makes is retried on its own with exponential backoff, so a server that fails
-one request in five still serves every read; a request that keeps failing raises
+Remote stores fail now and then (a 503, a reset connection, a stall). Every request the
+read layer makes is retried on its own with jittered exponential backoff, so a server that
+fails one request in five still serves every read; a request that keeps failing raises
 :class:`RemoteReadError` naming the URL (without credentials or query string) and the
-chunk. A ranged response that does not answer the range asked (wrong status, a shifted
-``Content-Range``, a short body) raises :class:`RangeMismatchError`, retried like a dropped
-connection. Data that arrives but is wrong raises :class:`CorruptChunkError`: a patch is
-never silently filled with garbage.
+chunk. A peer that stalls is cut off by the request timeout (:attr:`RetryPolicy.timeout`,
+applied by :mod:`mixle.reading.fetch`) and retried, and every batch has a deadline
+(:attr:`RetryPolicy.deadline`): no read waits on a silent server for ever. Errors raised
+here carry no secret: no credentials, query strings or request headers in their text or in
+their ``__cause__``/``__context__`` chain. A ranged response that does not answer the
+range asked (wrong status, a shifted ``Content-Range``, a short body) raises
+:class:`RangeMismatchError`, retried like a dropped connection. Data that arrives but is
+wrong raises :class:`CorruptChunkError`: a patch is never silently filled with garbage.
 """
 
 from __future__ import annotations
 
+import contextvars
 import errno
 import gc
+import math
+import random
 import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
-from typing import TypeVar
+from typing import NoReturn, TypeVar
 
-from mixle.utils.redact import redact_text
+from mixle.utils.redact import from_network_client, redact_text, scrub_error
 from mixle.utils.validation import parse_int
 
 __all__ = [
+    "DEFAULT_BATCH_DEADLINE",
+    "DEFAULT_REQUEST_TIMEOUT",
     "DEFAULT_RETRY_ATTEMPTS",
     "DEFAULT_RETRY_BASE_DELAY",
     "DEFAULT_RETRY_MAX_DELAY",
     "CorruptChunkError",
     "RangeMismatchError",
     "RemoteReadError",
+    "RemoteTimeoutError",
     "RetryPolicy",
+    "batch_deadline",
     "is_transient",
+    "keep_deadline",
     "retry_async",
     "retry_call",
     "retry_policy",
@@ -42,8 +54,12 @@ __all__ = [
 DEFAULT_RETRY_ATTEMPTS = 5
 #: Seconds before the first retry; each later retry waits twice as long...
 DEFAULT_RETRY_BASE_DELAY = 0.1
-#: ...but never longer than this many seconds.
+#: ...but never longer than this many seconds (each wait is drawn in its upper half).
 DEFAULT_RETRY_MAX_DELAY = 5.0
+#: Seconds one request may wait to connect, for its first byte, or between two bytes.
+DEFAULT_REQUEST_TIMEOUT = 30.0
+#: Seconds one batch read (all its requests, tries and waits) may take in all.
+DEFAULT_BATCH_DEADLINE = 300.0
 
 #: HTTP statuses that say "try again": timeouts, throttling and server errors.
 _TRANSIENT_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
@@ -78,6 +94,14 @@ class RemoteReadError(OSError):
     """A request kept failing after every retry; the message names the URL and the chunk."""
 
 
+class RemoteTimeoutError(RemoteReadError):
+    """A request kept stalling past the request timeout, or its batch passed its deadline.
+
+    Not a :class:`TimeoutError`: fsspec's ``sync`` would turn one into its own
+    ``FSTimeoutError`` and lose the message.
+    """
+
+
 class RangeMismatchError(OSError):
     """A response to a byte-range request is not that range: retried, then a RemoteReadError.
 
@@ -93,31 +117,54 @@ class CorruptChunkError(ValueError):
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """How transient failures are retried: ``attempts`` tries, waits doubling from ``base_delay``.
+    """How remote requests are bounded and retried: tries, backoff, timeout, deadline.
 
     Attributes
     ----------
     attempts
         Tries per request in all (``1`` never retries).
     base_delay, max_delay
-        Retry ``k`` (from 0) waits ``min(max_delay, base_delay * 2**k)`` seconds.
+        Retry ``k`` (from 0) waits at most ``min(max_delay, base_delay * 2**k)`` seconds
+        (:meth:`delay`), drawn at random in the upper half of that (:meth:`wait`), so the
+        retries of requests that failed together do not go out together.
+    timeout
+        Seconds a request may wait to connect, for the first byte of its answer, and
+        between two bytes; a request that stalls longer fails as a timeout and is retried.
+        ``storage_options`` that set a timeout of their own keep it.
+    deadline
+        Seconds one batch read may take in all, every request, try and wait included;
+        past it the batch raises :class:`RemoteTimeoutError`. ``math.inf``: no deadline.
     """
 
     attempts: int = DEFAULT_RETRY_ATTEMPTS
     base_delay: float = DEFAULT_RETRY_BASE_DELAY
     max_delay: float = DEFAULT_RETRY_MAX_DELAY
+    timeout: float = DEFAULT_REQUEST_TIMEOUT
+    deadline: float = DEFAULT_BATCH_DEADLINE
 
     def delay(self, retry: int) -> float:
-        """Seconds to wait before retry number ``retry`` (0-based)."""
+        """The longest wait before retry number ``retry`` (0-based)."""
         return float(min(self.max_delay, self.base_delay * 2.0**retry))
+
+    def wait(self, retry: int) -> float:
+        """A wait before retry ``retry``: uniform in ``[delay(retry) / 2, delay(retry)]``."""
+        bound = self.delay(retry)
+        return bound * (0.5 + 0.5 * _JITTER.random())
 
     @property
     def budget(self) -> float:
-        """The longest a failing request waits in all before its error is raised."""
+        """The longest a failing request waits between its tries in all."""
         return sum(self.delay(k) for k in range(self.attempts - 1))
 
 
+#: Jitter for retry waits: a private generator, so ``random``'s global state is untouched.
+_JITTER = random.Random()
 _policy = RetryPolicy()
+#: The ``time.monotonic()`` by which the batch being fetched must be done (see
+#: :func:`keep_deadline`); ``None`` outside a batch.
+_DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "mixle_batch_deadline", default=None
+)
 
 
 def retry_policy() -> RetryPolicy:
@@ -126,14 +173,23 @@ def retry_policy() -> RetryPolicy:
 
 
 def set_retry_policy(
-    attempts: int | None = None, base_delay: float | None = None, max_delay: float | None = None
+    attempts: int | None = None,
+    base_delay: float | None = None,
+    max_delay: float | None = None,
+    timeout: float | None = None,
+    deadline: float | None = None,
 ) -> RetryPolicy:
     """Change the process-wide retry policy (``None`` keeps a field); returns the old one.
+
+    ``set_retry_policy(**dataclasses.asdict(old))`` restores a policy returned earlier.
 
     Raises
     ------
     ValueError
-        For ``attempts < 1`` or a negative delay.
+        For ``attempts < 1``, a negative delay, a ``timeout`` that is not a finite number
+        of seconds above 0, or a ``deadline`` that is not a number of seconds above 0.
+    TypeError
+        For a ``timeout`` or ``deadline`` that is not a number.
     """
     global _policy
     old = _policy
@@ -147,6 +203,10 @@ def set_retry_policy(
         new = replace(new, base_delay=_seconds(base_delay, "base_delay"))
     if max_delay is not None:
         new = replace(new, max_delay=_seconds(max_delay, "max_delay"))
+    if timeout is not None:
+        new = replace(new, timeout=_positive(timeout, "timeout", finite=True))
+    if deadline is not None:
+        new = replace(new, deadline=_positive(deadline, "deadline", finite=False))
     _policy = new
     return old
 
@@ -156,6 +216,37 @@ def _seconds(value: object, name: str) -> float:
     if not seconds >= 0:
         raise ValueError(f"{name}={value!r} must be a number of seconds >= 0")
     return seconds
+
+
+def _positive(value: object, name: str, *, finite: bool) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name}={value!r} must be a number of seconds, such as 30")
+    seconds = float(value)
+    if not seconds > 0 or (finite and not math.isfinite(seconds)):
+        what = "a finite number of seconds > 0" if finite else "a number of seconds > 0"
+        hint = "" if finite else " (math.inf: no deadline)"
+        raise ValueError(f"{name}={value!r} must be {what}, such as 30{hint}")
+    return seconds
+
+
+def batch_deadline(seconds: float | None = None) -> float:
+    """The ``time.monotonic()`` by which a batch that starts now must be done.
+
+    ``seconds`` defaults to :attr:`RetryPolicy.deadline`; inside a batch already under a
+    deadline (:func:`keep_deadline`), the earlier of the two.
+    """
+    end = time.monotonic() + (_policy.deadline if seconds is None else seconds)
+    outer = _DEADLINE.get()
+    return end if outer is None else min(end, outer)
+
+
+def keep_deadline(end: float) -> None:
+    """Make :func:`retry_async` in the current task, and the tasks it starts, end by ``end``.
+
+    Call it first thing in a task of its own (such as one request of a batch): the setting
+    is a context variable and lasts as long as the task's context.
+    """
+    _DEADLINE.set(end)
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -195,7 +286,61 @@ def _failure(exc: BaseException, url: str, key: str, tries: int, secrets: object
     if isinstance(exc, FileNotFoundError) and exc.__cause__ is not None:
         exc = exc.__cause__  # fsspec's "not found" over the server error that caused it
     reason = redact_text(f"{type(exc).__name__}: {exc}", secrets)
+    status = getattr(exc, "status", None)
+    if isinstance(status, int) and str(status) not in reason:
+        reason += f" (status {status})"
+    if _is_timeout(exc):
+        reason += (
+            f" (no answer within the {_policy.timeout:g} s request timeout; "
+            "mixle.reading.set_retry_policy(timeout=...) changes it)"
+        )
     return f"reading {redact_text(url, secrets)} (chunk {key}) failed after {tries} tries: {reason}"
+
+
+def _is_timeout(exc: BaseException) -> bool:
+    """Whether ``exc`` says a peer did not answer in time (aiohttp's, botocore's, asyncio's)."""
+    asyncio = sys.modules.get("asyncio")
+    timeouts = (TimeoutError,) if asyncio is None else (TimeoutError, asyncio.TimeoutError)
+    names = {"ServerTimeoutError", "ReadTimeoutError", "ConnectTimeoutError", "FSTimeoutError"}
+    return isinstance(exc, timeouts) or any(c.__name__ in names for c in type(exc).__mro__)
+
+
+def _raise_clean(error: BaseException) -> NoReturn:
+    """Raise ``error`` with no ``__cause__``/``__context__``: the chain holds secrets.
+
+    The upstream error a retry gave up on keeps the request it failed (aiohttp's
+    ``request_info``: the URL with its query string, the ``Authorization`` header); the
+    message of ``error`` says what it was, redacted.
+    """
+    error.__cause__ = None
+    error.__suppress_context__ = True
+    try:
+        raise error
+    finally:
+        error.__context__ = None
+        del error  # this frame is on the error's traceback: holding it would be a cycle
+
+
+def _not_found(exc: BaseException, url: str, key: str, secrets: object) -> FileNotFoundError:
+    """fsspec's "not found" (its text the full URL, query string included), redacted."""
+    return FileNotFoundError(
+        f"{redact_text(url, secrets)} (chunk {key}): no such object "
+        f"({redact_text(f'{type(exc).__name__}: {exc}', secrets)})"
+    )
+
+
+def _late(url: str, key: str, tries: int, last: str | None, secrets: object) -> str:
+    seconds = _policy.deadline
+    after = "" if last is None else f"; the last try failed with {last}"
+    return (
+        f"reading {redact_text(url, secrets)} (chunk {key}) gave up after {tries} tries: its "
+        f"batch passed its {seconds:g} s deadline (mixle.reading.set_retry_policy(deadline=...) "
+        f"changes it){after}"
+    )
+
+
+def _failure_reason(exc: BaseException, secrets: object) -> str:
+    return redact_text(f"{type(exc).__name__}: {exc}", secrets)
 
 
 async def retry_async(
@@ -203,52 +348,99 @@ async def retry_async(
 ) -> T:
     """Await ``call()``, retrying transient failures by :func:`retry_policy`.
 
+    Stalled tries (the request timeout, applied by the caller's client) count as transient.
+    Every try, and every wait between tries, ends by the deadline of the batch this runs
+    in (:func:`keep_deadline`; outside one, :attr:`RetryPolicy.deadline` from now).
+
     Raises
     ------
     RemoteReadError
         When every try failed with a transient error, or at once for a permanent one
-        (such as a 403); names ``url`` and ``key``, never credentials.
+        (such as a 403); names ``url`` and ``key``, never credentials. Its chain is empty:
+        the upstream error (whose request info holds credentials) is summarised, redacted,
+        in the message.
+    RemoteTimeoutError
+        When the last try timed out, or the deadline passed (a :class:`RemoteReadError`).
     FileNotFoundError
-        Unchanged, at once: the caller decides whether a missing object is a fill value.
+        At once, its text redacted: the caller decides whether a missing object is a fill
+        value.
     """
+    import asyncio  # only ever awaited inside a running event loop
+
     policy = _policy
+    end = _DEADLINE.get()
+    if end is None:
+        end = time.monotonic() + policy.deadline
+    last: str | None = None  # what the last try failed with (no exception kept: no cycle)
     for attempt in range(policy.attempts):
+        left = end - time.monotonic()
+        if left <= 0:
+            _raise_clean(RemoteTimeoutError(_late(url, key, attempt, last, secrets)))
         try:
-            return await call()
+            if math.isinf(left):
+                return await call()
+            return await asyncio.wait_for(call(), left)
         except Exception as exc:
-            if isinstance(exc, CorruptChunkError) or (
-                isinstance(exc, FileNotFoundError) and not is_transient(exc)
-            ):
+            if isinstance(exc, CorruptChunkError):
                 raise
+            if isinstance(exc, FileNotFoundError) and not is_transient(exc):
+                _raise_clean(_not_found(exc, url, key, secrets))
+            if _is_timeout(exc) and time.monotonic() >= end:  # wait_for gave up: the deadline
+                _raise_clean(RemoteTimeoutError(_late(url, key, attempt + 1, last, secrets)))
             if not is_transient(exc):  # such as 403: not retried, but told without secrets
-                raise RemoteReadError(_failure(exc, url, key, attempt + 1, secrets)) from None
+                _raise_clean(RemoteReadError(_failure(exc, url, key, attempt + 1, secrets)))
             if attempt + 1 == policy.attempts:
-                raise RemoteReadError(_failure(exc, url, key, policy.attempts, secrets)) from None
-            await _sleep(policy.delay(attempt))
+                kind = RemoteTimeoutError if _is_timeout(exc) else RemoteReadError
+                _raise_clean(kind(_failure(exc, url, key, policy.attempts, secrets)))
+            last = _failure_reason(exc, secrets)
+        pause = min(policy.wait(attempt), max(0.0, end - time.monotonic()))
+        await asyncio.sleep(pause)
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-async def _sleep(seconds: float) -> None:
-    import asyncio  # only ever awaited inside a running event loop
-
-    await asyncio.sleep(seconds)
-
-
 def retry_call(call: Callable[[], T], *, url: str, key: str, secrets: object = None) -> T:
-    """:func:`retry_async` for a blocking ``call`` (opening a store, reading metadata)."""
+    """:func:`retry_async` for a blocking ``call`` (opening a store, reading metadata).
+
+    A permanent failure of a remote ``url`` is raised with its secrets scrubbed
+    (:func:`~mixle.utils.redact.scrub_error`): a missing object as a redacted
+    ``FileNotFoundError``, a network client's error as :class:`RemoteReadError`, any other
+    error as it is, its text redacted and a chain holding secrets dropped.
+    """
     policy = _policy
     for attempt in range(policy.attempts):
         try:
             return call()
         except Exception as exc:
             if not is_transient(exc):
-                raise
+                if "://" not in url or _scrub_in_place(exc, secrets):
+                    raise  # as it is (scrubbed in place where it was remote)
+                _raise_clean(_replacement(exc, url, key, attempt + 1, secrets))
             if attempt + 1 == policy.attempts:
-                raise RemoteReadError(_failure(exc, url, key, policy.attempts, secrets)) from None
+                kind = RemoteTimeoutError if _is_timeout(exc) else RemoteReadError
+                _raise_clean(kind(_failure(exc, url, key, policy.attempts, secrets)))
         # The failed try's objects can sit in reference cycles (through its traceback).
         # Free them now, in this thread: collected later on fsspec's I/O thread, an h5py
         # object's finalizer would wait there for h5py's global lock while the next try
         # holds that lock waiting for the same I/O thread, a deadlock (h5py issue 2019).
         gc.collect()
-        time.sleep(policy.delay(attempt))
+        time.sleep(policy.wait(attempt))
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _scrub_in_place(exc: BaseException, secrets: object) -> bool:
+    """Scrub ``exc`` (see :func:`retry_call`) if it can be raised as it is; else ``False``."""
+    if isinstance(exc, FileNotFoundError) and not isinstance(exc, RemoteReadError):
+        return False
+    if from_network_client(exc):
+        return False
+    scrub_error(exc, secrets)
+    return True
+
+
+def _replacement(
+    exc: BaseException, url: str, key: str, tries: int, secrets: object
+) -> BaseException:
+    """What :func:`retry_call` raises for a permanent failure it cannot scrub in place."""
+    if isinstance(exc, FileNotFoundError):
+        return FileNotFoundError(redact_text(str(exc), secrets) or redact_text(url, secrets))
+    return RemoteReadError(_failure(exc, url, key, tries, secrets))

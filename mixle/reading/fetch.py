@@ -7,6 +7,13 @@ request of a batch concurrently while at most :data:`MAX_INFLIGHT_BYTES` and
 one object that lie close together (the inner chunks of a shard) into a few larger requests;
 :func:`widen_connection_pool` lets s3fs open that many connections (its default is 10).
 
+No request waits on a silent peer for long: over HTTP every request carries mixle's
+timeout (:attr:`~mixle.reading.faults.RetryPolicy.timeout`: to connect, for the first byte,
+between two bytes; :func:`request_options`), s3fs file systems mixle reads through get it
+as botocore's ``connect_timeout``/``read_timeout``, and every batch of
+:func:`gather_bounded` runs under the policy's deadline
+(:func:`~mixle.reading.faults.batch_deadline`). Timeouts set in ``storage_options`` win.
+
 Every byte range is checked before its bytes are used (:func:`fetch_range`,
 :func:`read_range`, :func:`check_range`): over HTTP the status, the ``Content-Range``
 (start, end, total) and the body length; on other backends the body length. A response that
@@ -25,7 +32,15 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from mixle.reading.faults import RangeMismatchError, RemoteReadError, retry_async, retry_call
+from mixle.reading.faults import (
+    RangeMismatchError,
+    RemoteReadError,
+    batch_deadline,
+    keep_deadline,
+    retry_async,
+    retry_call,
+    retry_policy,
+)
 
 __all__ = [
     "COALESCE_GAP_BYTES",
@@ -38,8 +53,10 @@ __all__ = [
     "coalesce_ranges",
     "fetch_range",
     "gather_bounded",
+    "object_size",
     "range_header",
     "read_range",
+    "request_options",
     "stream_bounded",
     "widen_connection_pool",
 ]
@@ -121,8 +138,17 @@ async def gather_bounded(
     ------
     Exception
         The first failure, after the other requests were cancelled.
+
+    Notes
+    -----
+    The whole batch has one deadline (:func:`~mixle.reading.faults.batch_deadline`): a
+    request (retried through :func:`~mixle.reading.faults.retry_async`) still unfinished
+    when the policy's deadline passes raises
+    :class:`~mixle.reading.faults.RemoteTimeoutError`.
     """
     import asyncio  # only ever awaited inside a running event loop
+
+    end = batch_deadline()
 
     budget = _ByteBudget(MAX_INFLIGHT_BYTES if max_inflight is None else max_inflight)
     slots = asyncio.Semaphore(
@@ -130,6 +156,7 @@ async def gather_bounded(
     )
 
     async def one(k: int, call: Callable[[], Awaitable[T]], size: int) -> T:
+        keep_deadline(end)  # this task's own context: its retries end by the batch's deadline
         async with slots:
             taken = await budget.acquire(size)
             try:
@@ -198,23 +225,53 @@ def coalesce_ranges(
 
 
 def widen_connection_pool(fs: Any) -> Any:
-    """``fs``, or for an s3fs file system with aiobotocore's default pool a wider copy.
+    """``fs``, or for an s3fs file system a copy with mixle's pool size and timeouts.
 
     s3fs keeps at most ``max_pool_connections`` (default 10) requests in flight, so a batch of
-    a hundred chunk requests would wait in rounds of ten. An s3fs ``fs`` whose
-    ``config_kwargs`` do not set the option is reopened with the same options plus
-    ``max_pool_connections=MAX_INFLIGHT_REQUESTS``; any other file system, or one where
-    the user chose a pool size, is returned as it is.
+    a hundred chunk requests would wait in rounds of ten, and its botocore client waits
+    ``connect_timeout``/``read_timeout`` seconds of s3fs's choosing. An s3fs ``fs`` whose
+    ``config_kwargs`` leave any of the three unset is reopened with the same options plus
+    ``max_pool_connections=MAX_INFLIGHT_REQUESTS`` and both timeouts at the retry policy's
+    :attr:`~mixle.reading.faults.RetryPolicy.timeout`; values the user set are kept, and
+    any other file system is returned as it is.
     """
-    if not type(fs).__module__.startswith("s3fs") or "max_pool_connections" in getattr(
-        fs, "config_kwargs", {"max_pool_connections": None}
-    ):
+    if not type(fs).__module__.startswith("s3fs"):
+        return fs
+    config = dict(getattr(fs, "config_kwargs", None) or {})
+    seconds = retry_policy().timeout
+    wanted = {
+        "max_pool_connections": MAX_INFLIGHT_REQUESTS,
+        "connect_timeout": seconds,
+        "read_timeout": seconds,
+    }
+    missing = {name: value for name, value in wanted.items() if name not in config}
+    if not missing or not hasattr(fs, "storage_options"):
         return fs
     options = dict(fs.storage_options)
-    config = dict(options.get("config_kwargs") or {})
-    config["max_pool_connections"] = MAX_INFLIGHT_REQUESTS
-    options["config_kwargs"] = config
+    options["config_kwargs"] = {**config, **missing}
     return type(fs)(**options)
+
+
+def request_options(fs: Any) -> dict[str, Any]:
+    """Keyword arguments that give one request on ``fs`` mixle's timeout, or ``{}``.
+
+    For fsspec's HTTP file system, ``{"timeout": aiohttp.ClientTimeout(sock_connect=t,
+    sock_read=t)}`` with ``t`` the retry policy's
+    :attr:`~mixle.reading.faults.RetryPolicy.timeout` (no cap on the whole transfer, which
+    the batch deadline bounds), unless the user's ``storage_options`` chose a timeout for
+    requests (``timeout=``) or for the session (``client_kwargs={"timeout": ...}``): then
+    theirs applies. Other file systems take their timeouts when they are made.
+    """
+    if not _is_http(fs):
+        return {}
+    if "timeout" in (getattr(fs, "kwargs", None) or {}):
+        return {}
+    if "timeout" in (getattr(fs, "client_kwargs", None) or {}):
+        return {}
+    import aiohttp  # fsspec's HTTP file system is built on it
+
+    seconds = retry_policy().timeout
+    return {"timeout": aiohttp.ClientTimeout(sock_connect=seconds, sock_read=seconds)}
 
 
 _END = object()
@@ -454,14 +511,24 @@ def _short(body: bytes, span: ByteSpan) -> bool:
     return want is not None and len(body) < want
 
 
+def object_size(fs: Any, path: str) -> int | None:
+    """The size of ``path`` on ``fs`` (``None`` if not reported), asked with mixle's timeout."""
+    if getattr(fs, "async_impl", False) and _is_http(fs):
+        from fsspec.asyn import sync  # type: ignore[import-untyped]
+
+        return sync(fs.loop, _object_size, fs, path)  # type: ignore[no-any-return]
+    found = fs.size(path)
+    return None if found is None else int(found)
+
+
 async def _object_size(fs: Any, path: str) -> int | None:
-    found = (await fs._info(path)).get("size")
+    found = (await fs._info(path, **request_options(fs))).get("size")
     return None if found is None else int(found)
 
 
 async def _fetch_http(fs: Any, path: str, span: ByteSpan, size: int | None) -> bytes:
     """One ranged GET through fsspec's aiohttp session, its status and headers checked."""
-    kwargs = dict(fs.kwargs)
+    kwargs = {**fs.kwargs, **request_options(fs)}
     headers = dict(kwargs.pop("headers", None) or {})
     headers["Range"] = range_header(span)
     session = await fs.set_session()
@@ -578,12 +645,15 @@ def read_range(
 
         try:
             return bytes(sync(fs.loop, retry_async, fetch, url=url, key=key, secrets=secrets))
-        except RemoteReadError as exc:
-            # fsspec's sync() re-raises from a frame that holds the exception, a reference
-            # cycle; raised on from the caller's frames (h5py's, holding h5py objects) it
-            # would leave them to the cycle collector, whose run on fsspec's I/O thread
-            # then deadlocks on h5py's lock (h5py issue 2019). A fresh error has no cycle.
-            raise RemoteReadError(str(exc)) from None
+        except (RemoteReadError, FileNotFoundError) as exc:
+            kind, text = type(exc), str(exc)
+        # fsspec's sync() re-raises from a frame that holds the exception, a reference
+        # cycle; raised on from the caller's frames (h5py's, holding h5py objects) it would
+        # leave them to the cycle collector, whose run on fsspec's I/O thread then
+        # deadlocks on h5py's lock (h5py issue 2019). A fresh error, raised outside the
+        # handler and bound to no name, has no cycle and no chain (retry_async tells its
+        # upstream error in the message).
+        raise kind(text) from None
 
     def call() -> bytes:
         body = bytes(fs.cat_file(path, start=span[0], end=span[1]))

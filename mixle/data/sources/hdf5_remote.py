@@ -18,7 +18,13 @@ from typing import Any
 
 from mixle.data.sources.hdf5_chunks import HDF5ChunkReader, decodable_filters
 from mixle.reading.faults import CorruptChunkError, retry_async
-from mixle.reading.fetch import fetch_range, gather_bounded, read_range, widen_connection_pool
+from mixle.reading.fetch import (
+    fetch_range,
+    gather_bounded,
+    object_size,
+    read_range,
+    widen_connection_pool,
+)
 from mixle.utils.optional_deps import require
 from mixle.utils.redact import display_path
 
@@ -43,7 +49,7 @@ def open_remote_file(url: str, storage_options: dict[str, Any] | None) -> tuple[
     from fsspec.core import url_to_fs  # type: ignore[import-untyped]
 
     fs, path = url_to_fs(url, **(storage_options or {}))
-    fs = widen_connection_pool(fs)  # s3fs would keep only 10 chunk requests in flight
+    fs = widen_connection_pool(fs)  # s3fs: 64 chunk requests in flight, mixle's timeouts
     file = CheckedRangeFile(fs, path, url=display_path(url), secrets=storage_options)
     return fs, path, file
 
@@ -51,13 +57,15 @@ def open_remote_file(url: str, storage_options: dict[str, Any] | None) -> tuple[
 class CheckedRangeFile(io.RawIOBase):
     """A read-only remote object as a seekable binary file whose every byte is checked.
 
-    h5py reads superblock, object headers, B-tree nodes and contiguous data through it. It
-    keeps an LRU cache of ``block_size`` blocks; each missing block is one range request
-    through :func:`~mixle.reading.fetch.read_range`, so its status, ``Content-Range`` and
-    length are checked against the size the object had when it was opened, mismatches and
-    transient failures are retried, and a block that keeps failing raises
-    :class:`~mixle.reading.faults.RemoteReadError` instead of reaching h5py short (which
-    would zero-fill the rest) or wrong.
+    h5py reads superblock, object headers, B-tree nodes, contiguous data and the chunks it
+    decodes itself (lzf, other filters mixle lacks) through it. It keeps an LRU cache of
+    ``block_size`` blocks; each missing block is one range request through
+    :func:`~mixle.reading.fetch.read_range`, so its status, ``Content-Range`` and length
+    are checked against the size the object had when it was opened, mismatches, stalls
+    (the retry policy's request timeout) and transient failures are retried, each block
+    within the policy's deadline, and a block that keeps failing raises
+    :class:`~mixle.reading.faults.RemoteReadError` (no credentials in it or its chain)
+    instead of reaching h5py short (which would zero-fill the rest) or wrong.
 
     Parameters
     ----------
@@ -93,7 +101,7 @@ class CheckedRangeFile(io.RawIOBase):
         from fsspec.caching import BlockCache  # type: ignore[import-untyped]
 
         super().__init__()
-        size = fs.size(path)
+        size = object_size(fs, path)
         if size is None:
             raise OSError(f"{url} does not report its size: HDF5 over URLs needs random access")
         self.size = int(size)
@@ -113,7 +121,7 @@ class CheckedRangeFile(io.RawIOBase):
             self._path,
             span,
             url=self._url,
-            key="(file)",
+            key=f"(file bytes {span[0]}-{span[1] - 1})",
             size=self.size,
             secrets=self._secrets,
         )

@@ -64,6 +64,29 @@ def grid_corners(indices: ArrayLike, starts: Sequence[NDArray[np.int64]]) -> NDA
     return out
 
 
+def _starts(
+    length: int, patch: int, overlap: int, *, padding: str, pad_overlap: bool
+) -> NDArray[np.int64]:
+    """Tile starts along one axis for one edge policy (see :class:`GridSampler`)."""
+    if pad_overlap:
+        border = overlap // 2
+        starts = axis_starts(length + 2 * border, patch, patch - overlap, shift_last=True)
+        return starts - border
+    return axis_starts(length, patch, patch - overlap, shift_last=padding == "none")
+
+
+def _check_fits_padded(
+    patch_size: Sequence[int], overlap: Sequence[int], shape: Sequence[int]
+) -> None:
+    for a, (p, o, d) in enumerate(zip(patch_size, overlap, shape)):
+        if p > d + 2 * (o // 2):
+            raise ValueError(
+                f"patch_size={tuple(patch_size)} is larger than the volume of shape "
+                f"{tuple(shape)} padded by overlap // 2 = {o // 2} on each side (axis {a}: "
+                f"{p} > {d + 2 * (o // 2)}); make it smaller or pass pad_overlap=False"
+            )
+
+
 class GridSampler:
     """Every tile of a regular tiling with ``overlap`` that covers the whole volume.
 
@@ -83,6 +106,20 @@ class GridSampler:
         one hangs over the edge, padded (``patch_size`` may exceed the volume).
     pad_value
         Fill value for ``padding="constant"``.
+    pad_overlap
+        ``True``: TorchIO's tiling (``tio.GridSampler`` with a ``padding_mode``). The volume
+        is padded by ``overlap // 2`` on *both* sides of every tiled axis (``padding``
+        fills it; it must not be ``"none"``), and the padded volume is tiled as
+        ``padding="none"`` tiles: the first tile starts at ``-(overlap // 2)``, the last one
+        ends ``overlap // 2`` past the far edge. ``patch_size`` must fit in the padded
+        volume. Default ``False``.
+
+    Raises
+    ------
+    ValueError
+        ``overlap`` not smaller than ``patch_size``, ``patch_size`` larger than the volume
+        (or, with ``pad_overlap``, the padded volume), or ``pad_overlap`` with
+        ``padding="none"``.
 
     Notes
     -----
@@ -93,6 +130,12 @@ class GridSampler:
     With channel axes, ``coords`` holds a tile's corner on the tiled axes only
     (``coords[B, len(patch_size)]``), the corners :class:`~mixle.data.stitch.GridAggregator`
     takes; channel axes are read whole and never padded.
+
+    ``pad_overlap=True`` with ``padding`` ``"constant"`` (TorchIO's numeric
+    ``padding_mode``), ``"reflect"`` or ``"edge"`` gives TorchIO's tile locations (minus
+    ``overlap // 2``: mixle's corners are in the unpadded volume) and TorchIO's tile values;
+    TorchIO needs an even ``overlap``, mixle pads ``overlap // 2`` for an odd one too.
+    TorchIO's default ``padding_mode=None`` is mixle's default ``padding="none"``.
     """
 
     def __init__(
@@ -103,21 +146,31 @@ class GridSampler:
         overlap: int | Sequence[int] = 0,
         padding: str = "none",
         pad_value: float = 0,
+        pad_overlap: bool = False,
     ) -> None:
         self._source: ArraySource = as_array_source(array, name="array")
         shape = self._source.shape
         if not shape:
             raise ValueError("array is 0-dimensional; tiles need at least one axis")
         self._padding = parse_padding(padding)
+        if not isinstance(pad_overlap, (bool, np.bool_)):
+            raise TypeError(f"pad_overlap={pad_overlap!r} must be True or False")
+        self._pad_overlap = bool(pad_overlap)
+        if self._pad_overlap and self._padding == "none":
+            raise ValueError(
+                "pad_overlap=True pads overlap // 2 voxels on every side, but padding='none' "
+                "has nothing to fill them with; pass padding='constant', 'reflect' or 'edge'"
+            )
         self._lead, self._shape = split_channels(patch_size, shape)
         self._patch_size = parse_patch_size(patch_size, self._shape, padded=self._padding != "none")
         self._overlap = parse_overlap(overlap, self._patch_size)
+        if self._pad_overlap:
+            _check_fits_padded(self._patch_size, self._overlap, self._shape)
         self._pad_value = (
             parse_pad_value(pad_value, self._source.dtype) if self._padding == "constant" else 0
         )
-        shift = self._padding == "none"
         self._starts = tuple(
-            axis_starts(d, p, p - o, shift_last=shift)
+            _starts(d, p, o, padding=self._padding, pad_overlap=self._pad_overlap)
             for d, p, o in zip(self._shape, self._patch_size, self._overlap)
         )
 
@@ -153,6 +206,11 @@ class GridSampler:
         return self._padding
 
     @property
+    def pad_overlap(self) -> bool:
+        """Whether ``overlap // 2`` is padded on both sides before tiling (TorchIO's grid)."""
+        return self._pad_overlap
+
+    @property
     def starts(self) -> tuple[NDArray[np.int64], ...]:
         """Tile starts per tiled axis."""
         return tuple(s.copy() for s in self._starts)
@@ -173,7 +231,7 @@ class GridSampler:
         """A digest of everything that decides which tile an index means (no I/O).
 
         Covers the source (type, shape, dtype, chunks; not its path or content),
-        ``patch_size``, ``overlap``, ``padding`` and the fill value.
+        ``patch_size``, ``overlap``, ``padding``, the fill value and ``pad_overlap``.
         """
         return fingerprint_digest(
             "GridSampler",
@@ -183,6 +241,7 @@ class GridSampler:
                 "overlap": self._overlap,
                 "padding": self._padding,
                 "pad_value": self._pad_value,
+                **({"pad_overlap": True} if self._pad_overlap else {}),
             },
         )
 
@@ -192,7 +251,8 @@ class GridSampler:
     def __repr__(self) -> str:
         return (
             f"GridSampler({self._source!r}, patch_size={self._patch_size}, "
-            f"overlap={self._overlap}, padding={self._padding!r}, grid_shape={self.grid_shape})"
+            f"overlap={self._overlap}, padding={self._padding!r}, "
+            f"{'pad_overlap=True, ' if self._pad_overlap else ''}grid_shape={self.grid_shape})"
         )
 
     # -- placement (no I/O) -------------------------------------------------------------

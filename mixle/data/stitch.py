@@ -18,44 +18,127 @@ from mixle.utils.validation import parse_int
 
 __all__ = [
     "GAUSSIAN_SIGMA_SCALE",
+    "MONAI_SIGMA_SCALE",
+    "MONAI_WEIGHT_FLOOR",
     "RESULT_BLOCK_BYTES",
     "WINDOWS",
     "GridAggregator",
     "coverage_1d",
+    "crop_intervals",
+    "monai_gaussian_window",
     "stitch",
     "window_1d",
 ]
 
-#: Accepted ``window=`` values: ``"mean"`` weighs every voxel of a tile alike,
-#: ``"gaussian"`` weighs tile centres more (smooth seams; not MONAI's or TorchIO's exact
-#: weights: see docs/migration.md).
-WINDOWS = ("mean", "gaussian")
+#: Accepted ``window=`` values. ``"mean"`` weighs every voxel of a tile alike (TorchIO's
+#: ``"average"``, MONAI's ``"constant"``); ``"gaussian"`` weighs tile centres more (mixle's
+#: own window, smooth seams); ``"hann"`` is TorchIO's ``overlap_mode="hann"``; ``"crop"``
+#: is TorchIO's ``overlap_mode="crop"`` (each tile gives only its centre); and
+#: ``"monai_gaussian"`` is MONAI's ``mode="gaussian"`` (``sigma_scale``, weights floored
+#: at :data:`MONAI_WEIGHT_FLOOR`). See docs/migration.md for the exact mappings.
+WINDOWS = ("mean", "gaussian", "hann", "crop", "monai_gaussian")
 #: Standard deviation of the gaussian window as a fraction of the tile extent.
 GAUSSIAN_SIGMA_SCALE = 0.125
+#: MONAI's default ``sigma_scale`` of ``window="monai_gaussian"`` (sigma = scale * extent).
+MONAI_SIGMA_SCALE = 0.125
+#: MONAI's floor on the N-D importance map of ``window="monai_gaussian"``.
+MONAI_WEIGHT_FLOOR = 1e-3
 #: Bytes of accumulator the final normalisation handles at a time.
 RESULT_BLOCK_BYTES = 64 * 1024 * 1024
 
 
 def window_1d(size: int, window: str) -> NDArray[np.float64]:
-    """Per-voxel weights along one tile axis (all positive)."""
-    if window == "mean":
+    """Per-voxel weights along one tile axis (all positive) of a separable window.
+
+    ``"crop"`` gives ones (its tiles are cut, see :func:`crop_intervals`); ``"hann"`` is
+    TorchIO's ``torch.hann_window(size + 2, periodic=False)[1:-1]``, that is
+    ``sin(pi * n / (size + 1)) ** 2`` for ``n = 1 .. size``. ``"monai_gaussian"`` is not
+    separable: see :func:`monai_gaussian_window`.
+    """
+    if window in ("mean", "crop"):
         return np.ones(size)
+    if window == "hann":
+        return np.sin(np.pi * np.arange(1, size + 1) / (size + 1)) ** 2
+    if window != "gaussian":
+        raise ValueError(
+            f"window={window!r} has no 1-D form; use one of 'mean', 'gaussian', 'hann', 'crop'"
+        )
     sigma = max(GAUSSIAN_SIGMA_SCALE * size, 1e-3)
     x = np.arange(size) - (size - 1) / 2
     w = np.exp(-(x**2) / (2 * sigma**2))
     return np.maximum(w / w.max(), 1e-6)
 
 
-def coverage_1d(
-    length: int, starts: NDArray[np.int64], size: int, window: str
+def monai_gaussian_window(
+    patch_size: Sequence[int], sigma_scale: float | Sequence[float] = MONAI_SIGMA_SCALE
 ) -> NDArray[np.float64]:
-    """Sum over tiles of their window at each voxel of one axis (the tiling is separable)."""
+    """MONAI's Gaussian importance map of a tile (``compute_importance_map``), in float64.
+
+    The product over axes of ``exp(-x**2 / (2 * sigma**2))``, ``x`` measured from the tile
+    centre and ``sigma = sigma_scale * extent`` (not rescaled to a peak of 1), then every
+    weight below ``max(its minimum, MONAI_WEIGHT_FLOOR)`` raised to that value. The floor
+    acts on the N-D product, so the window is not separable.
+    """
+    scales = _sigma_scales(sigma_scale, len(patch_size))
+    axes = []
+    for size, scale in zip(patch_size, scales):
+        x = np.arange(size) - (size - 1) / 2
+        axes.append(np.exp(-(x**2) / (2 * (scale * size) ** 2)))
+    w = np.asarray(math.prod(np.ix_(*axes)), dtype=np.float64)
+    return np.maximum(w, max(float(w.min()), MONAI_WEIGHT_FLOOR))
+
+
+def _sigma_scales(sigma_scale: object, ndim: int) -> tuple[float, ...]:
+    items = list(sigma_scale) if isinstance(sigma_scale, (tuple, list)) else [sigma_scale] * ndim
+    bad = [v for v in items if isinstance(v, bool) or not isinstance(v, (int, float, np.number))]
+    if bad or len(items) != ndim or not all(float(v) > 0 for v in items):
+        raise ValueError(
+            f"sigma_scale={sigma_scale!r} must be a positive number or one per tiled axis "
+            f"({ndim}), e.g. MONAI's default {MONAI_SIGMA_SCALE}"
+        )
+    return tuple(float(v) for v in items)
+
+
+def crop_intervals(
+    length: int, starts: NDArray[np.int64], size: int, overlap: int
+) -> list[tuple[int, int]]:
+    """The part ``[lo, hi)`` of one axis each tile gives under ``window="crop"``.
+
+    As TorchIO's ``overlap_mode="crop"``: a tile drops ``overlap // 2`` voxels on each
+    side, except at the volume's edges (the first tile keeps everything from voxel 0, the
+    last everything up to ``length``); where the kept parts still overlap (a last tile
+    shifted back to the edge, an odd ``overlap``), the later tile wins, as TorchIO's later
+    write does when tiles are added in grid order. The parts tile ``[0, length)`` exactly.
+    """
+    half = overlap // 2
+    n = len(starts)
+    lo = [0 if k == 0 else int(s) + half for k, s in enumerate(starts.tolist())]
+    hi = [length if k == n - 1 else int(s) + size - half for k, s in enumerate(starts.tolist())]
+    return [(lo[k], min(hi[k], lo[k + 1]) if k + 1 < n else hi[k]) for k in range(n)]
+
+
+def coverage_1d(
+    length: int, starts: NDArray[np.int64], size: int, window: str, overlap: int = 0
+) -> NDArray[np.float64]:
+    """Sum over tiles of their window at each voxel of one axis (the tiling is separable).
+
+    ``overlap`` matters only for ``window="crop"`` (see :func:`crop_intervals`).
+    """
     total = np.zeros(length)
     w = window_1d(size, window)
-    for s in starts.tolist():
-        a, b = max(s, 0), min(s + size, length)
-        total[a:b] += w[a - s : b - s]
+    for s, (a, b) in zip(starts.tolist(), _kept(length, starts, size, window, overlap)):
+        a, b = max(a, 0), min(b, length)
+        if a < b:
+            total[a:b] += w[a - s : b - s]
     return total
+
+
+def _kept(
+    length: int, starts: NDArray[np.int64], size: int, window: str, overlap: int
+) -> list[tuple[int, int]]:
+    if window == "crop":
+        return crop_intervals(length, starts, size, overlap)
+    return [(int(s), int(s) + size) for s in starts.tolist()]
 
 
 class GridAggregator:
@@ -71,7 +154,14 @@ class GridAggregator:
     dtype
         dtype of the result when ``out`` is not given.
     window
-        ``"mean"`` (plain average of overlapping tiles) or ``"gaussian"``.
+        How overlapping tiles are blended (:data:`WINDOWS`): ``"mean"`` (plain average),
+        ``"gaussian"`` (mixle's Gaussian, sigma = 1/8 of the tile), ``"hann"`` (TorchIO's
+        Hann window), ``"crop"`` (TorchIO's crop: each tile gives only its centre, see
+        :func:`crop_intervals`) or ``"monai_gaussian"`` (MONAI's Gaussian importance map,
+        see :func:`monai_gaussian_window`).
+    sigma_scale
+        Only with ``window="monai_gaussian"``: MONAI's ``sigma_scale``, a positive number or
+        one per tiled axis (default :data:`MONAI_SIGMA_SCALE`).
     out
         Optional output of shape ``(*channels, *grid.shape)``: an ndarray, an ``np.memmap``
         or a zarr array, for volumes larger than memory.
@@ -85,8 +175,8 @@ class GridAggregator:
     Raises
     ------
     ValueError
-        Unknown ``window``, ``out`` of the wrong shape, a tile added twice, or a tile output
-        of the wrong shape.
+        Unknown ``window``, ``sigma_scale`` with another window or not positive, ``out`` of
+        the wrong shape, a tile added twice, or a tile output of the wrong shape.
     TypeError
         ``grid`` is not a :class:`GridSampler`, or ``progress`` is not ``True``, ``False``
         or ``None``.
@@ -96,7 +186,11 @@ class GridAggregator:
     Sums are kept in float64 and divided by the summed window once, in
     :meth:`result`; the summed window is the product of one 1-D sum per axis, so it is
     never stored. With ``window="mean"`` an identity model gives back the input exactly
-    (for inputs float64 holds exactly: every integer and float32 type).
+    (for inputs float64 holds exactly: every integer and float32 type); so does
+    ``window="crop"``, where each voxel comes from exactly one tile.
+    ``window="monai_gaussian"`` is not separable (MONAI's floor acts on the N-D product), so
+    it also keeps the summed window: one more float64 volume of ``grid.shape`` (without the
+    channel axes), beside the accumulator.
     """
 
     def __init__(
@@ -106,6 +200,7 @@ class GridAggregator:
         channels: int | Sequence[int] | None = None,
         dtype: DTypeLike = np.float32,
         window: str = "mean",
+        sigma_scale: float | Sequence[float] | None = None,
         out: Any = None,
         scratch_dir: str | os.PathLike[str] | None = None,
         progress: bool | None = None,
@@ -115,6 +210,11 @@ class GridAggregator:
         self._progress = parse_progress(progress)
         if window not in WINDOWS:
             raise ValueError(f"window={window!r} is not one of {', '.join(map(repr, WINDOWS))}")
+        if sigma_scale is not None and window != "monai_gaussian":
+            raise ValueError(
+                f"sigma_scale={sigma_scale!r} only applies to window='monai_gaussian', not "
+                f"window={window!r}; drop it or pass window='monai_gaussian'"
+            )
         self._grid, self._window, self._out = grid, window, out
         self._dtype = np.dtype(out.dtype if out is not None else dtype)
         self._scratch_dir = scratch_dir
@@ -131,11 +231,19 @@ class GridAggregator:
             lead = None if channels is None else _shape(channels)
         self._lead = lead
         self._acc: np.ndarray | None = None
+        self._weight_sum: np.ndarray | None = None
         self._seen = np.zeros(len(grid), dtype=bool)
-        tile_w = [window_1d(p, window) for p in grid.patch_size]
-        self._tile_window: NDArray[np.float64] | None = (
-            None if window == "mean" else np.asarray(math.prod(np.ix_(*tile_w)))
-        )
+        self._tile_window: NDArray[np.float64] | None = None
+        if window == "monai_gaussian":
+            scale = MONAI_SIGMA_SCALE if sigma_scale is None else sigma_scale
+            self._tile_window = monai_gaussian_window(grid.patch_size, scale)
+        elif window in ("gaussian", "hann"):
+            tile_w = [window_1d(p, window) for p in grid.patch_size]
+            self._tile_window = np.asarray(math.prod(np.ix_(*tile_w)))
+        self._kept = [
+            _kept(d, s, p, window, o)
+            for d, s, p, o in zip(grid.shape, grid.starts, grid.patch_size, grid.overlap)
+        ]
         self._done = False
 
     @property
@@ -143,20 +251,24 @@ class GridAggregator:
         """How many distinct tiles have been added."""
         return int(self._seen.sum())
 
+    def _zeros(self, shape: tuple[int, ...]) -> np.ndarray:
+        if self._out is None:
+            return np.zeros(shape)
+        fd, path = tempfile.mkstemp(suffix=".acc", dir=self._scratch_dir)
+        os.close(fd)
+        acc = np.memmap(path, dtype=np.float64, mode="w+", shape=shape)
+        with contextlib.suppress(OSError):  # the mapping keeps the data alive
+            os.remove(path)
+        return acc
+
     def _accumulator(self, lead: tuple[int, ...]) -> np.ndarray:
         if self._acc is None:
-            shape = (*lead, *self._grid.shape)
-            if self._out is None:
-                self._acc = np.zeros(shape)
-            else:
-                fd, path = tempfile.mkstemp(suffix=".acc", dir=self._scratch_dir)
-                os.close(fd)
-                self._acc = np.memmap(path, dtype=np.float64, mode="w+", shape=shape)
-                with contextlib.suppress(OSError):  # the mapping keeps the data alive
-                    os.remove(path)
+            self._acc = self._zeros((*lead, *self._grid.shape))
+            if self._window == "monai_gaussian":
+                self._weight_sum = self._zeros(self._grid.shape)
         return self._acc
 
-    def _tile_numbers(self, coords: NDArray[np.int64]) -> NDArray[np.int64]:
+    def _tile_positions(self, coords: NDArray[np.int64]) -> list[NDArray[np.intp]]:
         starts = self._grid.starts
         multi = []
         for a, s in enumerate(starts):
@@ -166,7 +278,7 @@ class GridAggregator:
                 bad = coords[np.flatnonzero(s[pos] != coords[:, a])[0]].tolist()
                 raise ValueError(f"coords {bad} is not a corner of the grid's tiles")
             multi.append(pos)
-        return np.ravel_multi_index(tuple(multi), self._grid.grid_shape).astype(np.int64)
+        return multi
 
     def add(self, outputs: ArrayLike, coords: ArrayLike) -> None:
         """Add tile outputs ``(B, *channels, *patch_size)`` at their grid ``coords`` ``(B, ndim)``.
@@ -186,7 +298,8 @@ class GridAggregator:
         if values.shape != want:
             raise ValueError(f"outputs has shape {values.shape}; expected {want} for these coords")
         self._lead = lead
-        tiles = self._tile_numbers(corners)
+        multi = self._tile_positions(corners)
+        tiles = np.ravel_multi_index(tuple(multi), self._grid.grid_shape).astype(np.int64)
         again = tiles[self._seen[tiles]]
         if again.size or np.unique(tiles).size != tiles.size:
             first = int(again[0]) if again.size else int(tiles[0])
@@ -194,12 +307,15 @@ class GridAggregator:
         acc = self._accumulator(lead)
         shape = self._grid.shape
         for b, corner in enumerate(corners.tolist()):
-            dest = [slice(max(c, 0), min(c + p, d)) for c, p, d in zip(corner, patch, shape)]
+            kept = [self._kept[a][int(m[b])] for a, m in enumerate(multi)]
+            dest = [slice(max(lo, 0), min(hi, d)) for (lo, hi), d in zip(kept, shape)]
             src = tuple(slice(s.start - c, s.stop - c) for s, c in zip(dest, corner))
             tile = values[b][(Ellipsis, *src)].astype(np.float64)
+            where: tuple[Any, ...] = (Ellipsis, *dest)
             if self._tile_window is not None:
                 tile = tile * self._tile_window[src]
-            where: tuple[Any, ...] = (Ellipsis, *dest)
+                if self._weight_sum is not None:
+                    self._weight_sum[where] += self._tile_window[src]
             acc[where] += tile
         self._seen[tiles] = True
 
@@ -218,9 +334,10 @@ class GridAggregator:
                 f"{int(missing[0])}); add every tile of the grid before result()"
             )
         acc = self._accumulator(self._lead or ())
+        g = self._grid
         cover = [
-            coverage_1d(d, s, p, self._window)
-            for d, s, p in zip(self._grid.shape, self._grid.starts, self._grid.patch_size)
+            coverage_1d(d, s, p, "mean" if self._window == "monai_gaussian" else self._window, o)
+            for d, s, p, o in zip(g.shape, g.starts, g.patch_size, g.overlap)
         ]
         lead = acc.ndim - len(cover)
         target = self._out if self._out is not None else np.empty(acc.shape, self._dtype)
@@ -231,11 +348,14 @@ class GridAggregator:
         with progress_bar(slabs, "writing volume", "slab", enabled=self._progress) as bar:
             for z in range(0, depth, rows):
                 zs = slice(z, min(z + rows, depth))
-                norm = math.prod(np.ix_(cover[0][zs], *cover[1:]))
+                if self._weight_sum is not None:  # not separable: the summed window itself
+                    norm = self._weight_sum[zs]
+                else:
+                    norm = math.prod(np.ix_(cover[0][zs], *cover[1:]))
                 where: tuple[Any, ...] = (Ellipsis, zs, *(slice(None),) * (len(cover) - 1))
                 target[where] = (acc[where] / norm).astype(self._dtype)
                 bar.update(1)
-        self._done, self._acc = True, None
+        self._done, self._acc, self._weight_sum = True, None, None
         return target
 
 

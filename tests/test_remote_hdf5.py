@@ -103,3 +103,49 @@ def test_opening_over_http_gives_up_with_a_remote_read_error(h5_tree):
         pytest.raises(mixle.reading.RemoteReadError, match=r"v\.h5"),
     ):
         mixle.read_hdf5(f"{server.url}/v.h5", "gzip")
+
+
+@pytest.fixture(scope="module")
+def big_h5(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, np.ndarray]:
+    """1 MiB datasets: reading one takes blocks past the one h5py's open already cached."""
+    import h5py
+
+    root = tmp_path_factory.mktemp("big_h5")
+    data = np.random.default_rng(4).standard_normal((64, 64, 64)).astype("float32")
+    with h5py.File(root / "big.h5", "w") as f:
+        f.create_dataset("contiguous", data=data)
+        f.create_dataset("lzf", data=data, chunks=(32, 32, 32), compression="lzf")
+    return root, data
+
+
+@pytest.mark.parametrize("dataset", ["contiguous", "lzf"])
+@pytest.mark.parametrize("fault", [("fail_every", 2), ("drop_every", 2)])
+def test_data_h5py_reads_itself_is_retried_like_the_chunks_mixle_reads(dataset, fault, big_h5):
+    # contiguous and lzf data come through the file object h5py reads: each block of it is
+    # a checked, retried request, so a flaky server still serves every read
+    root, data = big_h5
+    faults = FaultPlan()
+    with RangeHTTPServer(root, faults) as server:
+        src = mixle.read_hdf5(f"{server.url}/big.h5", dataset)
+        faults.reset()
+        setattr(faults, *fault)
+        np.testing.assert_array_equal(src[...], data)
+        np.testing.assert_array_equal(src[40:, 3:9, ::5], data[40:, 3:9, ::5])
+        assert faults.requests >= 3  # failures were injected and retried
+        src.close()
+
+
+@pytest.mark.parametrize("dataset", ["contiguous", "lzf"])
+def test_data_h5py_reads_itself_gives_up_with_a_remote_read_error_naming_the_url(dataset, big_h5):
+    root, _ = big_h5
+    faults = FaultPlan()
+    with RangeHTTPServer(root, faults) as server:
+        src = mixle.read_hdf5(f"{server.url}/big.h5?token=tok-secret-1", dataset)
+        faults.fail_status, faults.fail_every = 403, 1
+        with pytest.raises(mixle.reading.RemoteReadError) as info:
+            src[...]
+        src.close()
+    message = str(info.value)
+    assert f"{server.url}/big.h5 (chunk (file bytes " in message and "403" in message
+    assert "tok-secret-1" not in message
+    assert info.value.__cause__ is None and info.value.__context__ is None  # aiohttp's is gone

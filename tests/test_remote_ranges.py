@@ -10,6 +10,7 @@ writer's own local read (zarr, h5py) when the faults are transient, and raise
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
 from collections.abc import Iterator
 from pathlib import Path
@@ -49,7 +50,7 @@ def fast_retries(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     chunk_cache().clear()
     yield
     chunk_cache().clear()
-    set_retry_policy(old.attempts, old.base_delay, old.max_delay)
+    set_retry_policy(**dataclasses.asdict(old))
     # an error raised through h5py and kept by pytest.raises holds h5py objects in a cycle:
     # collected later on a server thread while h5py's lock waits for that server, it would
     # stall the next test until aiohttp's timeout (h5py issue 2019); free it here

@@ -7,7 +7,7 @@ import pickle
 import numpy as np
 import pytest
 import zarr
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import mixle
@@ -61,6 +61,68 @@ def test_identity_model_stitches_back_exactly(case: tuple, batch: int) -> None:
     np.testing.assert_array_equal(out, vol)
     smooth = stitch(g, lambda t: t, window="gaussian")
     np.testing.assert_allclose(smooth, vol, rtol=1e-5, atol=1e-5)
+
+
+@st.composite
+def padded_tilings(draw: st.DrawFn) -> tuple:
+    """Tilings with ``pad_overlap=True`` (TorchIO's): the patch fits the padded volume."""
+    ndim = draw(st.integers(1, 3))
+    shape = tuple(draw(st.integers(1, 12)) for _ in range(ndim))
+    overlap = tuple(draw(st.integers(0, 6)) for _ in range(ndim))
+    patch = tuple(
+        draw(st.integers(o + 1, max(o + 1, d + 2 * (o // 2)))) for d, o in zip(shape, overlap)
+    )
+    assume(all(p <= d + 2 * (o // 2) for p, d, o in zip(patch, shape, overlap)))
+    padding = draw(st.sampled_from(["constant", "reflect", "edge"]))
+    return shape, patch, overlap, padding
+
+
+@settings(max_examples=150, deadline=None)
+@given(padded_tilings())
+def test_pad_overlap_tiles_the_volume_padded_by_half_the_overlap(case: tuple) -> None:
+    shape, patch, overlap, padding = case
+    vol = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    g = GridSampler(vol, patch, overlap=overlap, padding=padding, pad_overlap=True)
+    for s, d, p, o in zip(g.starts, shape, patch, overlap):
+        h = o // 2
+        assert s[0] == -h and s[-1] + p == d + h  # from -h to h past the far edge
+        assert (np.diff(s) > 0).all() and (np.diff(s) <= p - o).all()
+        assert len(s) == 1 + max(0, -(-(d + 2 * h - p) // (p - o)))
+    tiles, corners = g.get_batch(np.arange(len(g)))
+    pad = [(o // 2, o // 2) for o in overlap]
+    padded = np.pad(vol, pad, mode=padding)  # TorchIO pads with np.pad too
+    for t, c in zip(tiles, corners):
+        box = tuple(slice(a + o // 2, a + o // 2 + p) for a, o, p in zip(c, overlap, patch))
+        np.testing.assert_array_equal(t, padded[box])
+    for window in ("crop", "mean"):  # an identity model gives the volume back exactly
+        np.testing.assert_array_equal(stitch(g, lambda t: t, window=window), vol)
+    for window in ("hann", "monai_gaussian"):
+        np.testing.assert_allclose(stitch(g, lambda t: t, window=window), vol, atol=1e-5)
+
+
+@settings(max_examples=150, deadline=None)
+@given(tilings(), st.booleans())
+def test_crop_gives_each_voxel_from_the_last_tile_that_keeps_it(case: tuple, pad: bool) -> None:
+    shape, patch, overlap, padding = case
+    pad = (
+        pad
+        and padding != "none"
+        and all(p <= d + 2 * (o // 2) for p, d, o in zip(patch, shape, overlap))
+    )
+    g = GridSampler(np.zeros(shape), patch, overlap=overlap, padding=padding, pad_overlap=pad)
+    agg = GridAggregator(g, dtype=np.float64, window="crop")
+    corners = g.coords_array()
+    want = np.full(shape, -1.0)
+    for i, c in enumerate(corners.tolist()):  # each tile's output: its own number
+        agg.add(np.full((1, *patch), float(i)), [c])
+        keep = []
+        for a, o in enumerate(overlap):  # TorchIO: drop o // 2 per side except at the edges
+            lo = 0 if c[a] == g.starts[a][0] else c[a] + o // 2
+            hi = shape[a] if c[a] == g.starts[a][-1] else c[a] + patch[a] - o // 2
+            keep.append(slice(max(lo, 0), min(hi, shape[a])))
+        want[tuple(keep)] = i  # later tiles overwrite, as TorchIO's writes do
+    np.testing.assert_array_equal(agg.result(), want)
+    assert (want >= 0).all()
 
 
 def test_overlaps_are_averaged() -> None:

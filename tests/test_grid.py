@@ -277,3 +277,15 @@ def test_sampler_without_replacement_per_epoch() -> None:
     with pytest.raises(ValueError, match="patches_per_chunk=2 cannot be combined with "
                                          "replacement=False"):  # fmt: skip
         PatchSampler(vol, 4, 3, replacement=False, patches_per_chunk=2)
+
+
+def test_monai_gaussian_into_a_memmap_keeps_its_weight_sum_in_scratch(tmp_path) -> None:
+    vol = np.random.default_rng(3).standard_normal((2, 15, 11)).astype(np.float32)
+    g = GridSampler(vol, (6, 5), overlap=(3, 2))
+    model = lambda t: t * np.arange(6)[:, None]  # noqa: E731  (tiles disagree on overlaps)
+    want = stitch(g, model, window="monai_gaussian", sigma_scale=(0.2, 0.3), dtype=np.float64)
+    mm = np.lib.format.open_memmap(tmp_path / "out.npy", mode="w+", dtype="f8", shape=vol.shape)
+    got = stitch(g, model, window="monai_gaussian", sigma_scale=(0.2, 0.3), out=mm,
+                 scratch_dir=tmp_path)  # fmt: skip
+    np.testing.assert_array_equal(got, want)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.npy"]  # scratch removed

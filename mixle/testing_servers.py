@@ -17,6 +17,7 @@ Both are context managers that stop cleanly (their threads joined, sockets close
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import socket
@@ -234,7 +235,9 @@ class _ClosingServer(ThreadingHTTPServer):
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """Report a failed request, except a client that hung up (a cancelled request)."""
-        if isinstance(sys.exc_info()[1], ConnectionError):
+        error = sys.exc_info()[1]
+        gone = isinstance(error, OSError) and error.errno == errno.ENOTCONN  # hung up first
+        if isinstance(error, ConnectionError) or gone:
             return
         super().handle_error(request, client_address)
 
@@ -369,7 +372,8 @@ class _RangeHandler(BaseHTTPRequestHandler):
     def _serve_file(self, path: str, action: str | None, body: bool) -> None:
         if action == "drop":
             self.close_connection = True
-            self.connection.shutdown(socket.SHUT_RDWR)
+            with contextlib.suppress(OSError):  # the client may have hung up already
+                self.connection.shutdown(socket.SHUT_RDWR)
             return
         if action == "fail":
             return self._plain(self.faults.fail_status, b"injected failure", body)

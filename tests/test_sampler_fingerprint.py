@@ -108,6 +108,8 @@ GRID_CASES: dict[str, list[tuple[Kwargs, Kwargs]]] = {
     "overlap": [({}, {"overlap": 1})],
     "padding": [({}, {"padding": "constant"}), ({"padding": "edge"}, {"padding": "reflect"})],
     "pad_value": [({"padding": "constant"}, {"padding": "constant", "pad_value": 2})],
+    "pad_overlap": [({"padding": "edge", "overlap": 2},
+                     {"padding": "edge", "overlap": 2, "pad_overlap": True})],
 }  # fmt: skip
 GRID_EXEMPT: dict[str, Kwargs] = {}
 

@@ -1,16 +1,17 @@
 """Whole zarr chunks over HTTP and S3 are checked like byte ranges, and so are zarr's own reads.
 
 Unsharded chunks are fetched whole (``Range: bytes=0-``, so s3fs sends no ``HEAD``); layouts
-mixle leaves to zarr's codec pipeline (a transpose, sharded or not) are read by zarr through
-a checked, retried store. Servers on 127.0.0.1 answer those requests wrongly on purpose
-(:class:`~mixle.testing_servers.FaultPlan` ``range_fault``): every read must equal
-zarr-python's own local read when the faults are transient, and raise
+mixle leaves to zarr's codec pipeline (a numcodecs Delta that changes the dtype, sharded or
+not) are read by zarr through a checked, retried store. Servers on 127.0.0.1 answer those
+requests wrongly on purpose (:class:`~mixle.testing_servers.FaultPlan` ``range_fault``):
+every read must equal zarr-python's own local read when the faults are transient, and raise
 :class:`~mixle.reading.RemoteReadError` naming the URL and the stored key when they persist.
 """
 
 from __future__ import annotations
 
 import re
+import warnings
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,6 +23,7 @@ import pytest
 import zarr
 from _remote_fixtures import ReadPaths
 from zarr.codecs import TransposeCodec, ZstdCodec
+from zarr.codecs import numcodecs as zarr_numcodecs
 
 import mixle
 from mixle.data.sources.zarr_chunks import checked_store
@@ -34,12 +36,21 @@ from mixle.reading import (
 )
 from mixle.testing_servers import FaultPlan, MotoS3Server, RangeHTTPServer
 
-pytestmark = pytest.mark.usefixtures("fast_retries")
+_NOT_IN_SPEC = "Numcodecs codecs are not in the Zarr version 3 specification"
+pytestmark = [
+    pytest.mark.usefixtures("fast_retries"),
+    # zarr warns whenever it builds the Delta filter below (writing and opening alike)
+    pytest.mark.filterwarnings(f"ignore:{_NOT_IN_SPEC}"),
+]
 
 SHAPE = (24, 24, 20)
 CHUNKS = (8, 8, 10)
 FILL = 7.0
 BUCKET = "mixle-whole"
+with warnings.catch_warnings():  # zarr: "Numcodecs codecs are not in the ... specification"
+    warnings.filterwarnings("ignore", _NOT_IN_SPEC)
+    #: A filter mixle leaves to zarr (it changes the stored dtype).
+    _DELTA_ASTYPE = zarr_numcodecs.Delta(dtype="float32", astype="float16")
 #: name -> (create_array options, the reader mixle picks, a stored key pattern)
 LAYOUTS: dict[str, tuple[dict[str, Any], str, str]] = {
     "v2_raw.zarr": ({"zarr_format": 2, "compressors": None}, "ZarrStoreReader", r"\d\.\d\.\d"),
@@ -50,23 +61,45 @@ LAYOUTS: dict[str, tuple[dict[str, Any], str, str]] = {
     ),
     "v3_raw.zarr": ({"compressors": None}, "ZarrStoreReader", r"c/\d/\d/\d"),
     "v3_zstd.zarr": ({"compressors": ZstdCodec(level=1)}, "ZarrStoreReader", r"c/\d/\d/\d"),
-    "v3_transpose.zarr": (  # zarr decodes; whole chunks, through zarr's reads
+    "v3_transpose.zarr": (  # mixle decodes the transpose; whole chunks
         {"filters": [TransposeCodec(order=(2, 0, 1))], "compressors": None},
-        "ZarrPipelineReader",
+        "ZarrStoreReader",
         r"c/\d/\d/\d",
     ),
-    "v3_sharded_transpose.zarr": (  # zarr decodes; shard index and inner chunks as ranges
+    "v3_sharded_transpose.zarr": (  # shard index and inner chunks as ranges
         {
             "chunks": (4, 4, 5),
             "shards": (12, 12, 10),
             "filters": [TransposeCodec(order=(1, 0, 2))],
             "compressors": None,
         },
+        "ShardedZarrReader",
+        r"c/\d/\d/\d",
+    ),
+    "v3_delta_astype.zarr": (  # zarr decodes; whole chunks, through zarr's reads
+        {"filters": [_DELTA_ASTYPE], "compressors": None},
+        "ZarrPipelineReader",
+        r"c/\d/\d/\d",
+    ),
+    "v3_sharded_delta_astype.zarr": (  # zarr decodes; shard index and inner chunks as ranges
+        {
+            "chunks": (4, 4, 5),
+            "shards": (12, 12, 10),
+            "filters": [_DELTA_ASTYPE],
+            "compressors": None,
+        },
         "ZarrPipelineReader",
         r"c/\d/\d/\d",
     ),
 }
-WHOLE_CHUNKS = ["v2_raw.zarr", "v2_zlib.zarr", "v3_raw.zarr", "v3_zstd.zarr", "v3_transpose.zarr"]
+WHOLE_CHUNKS = [
+    "v2_raw.zarr",
+    "v2_zlib.zarr",
+    "v3_raw.zarr",
+    "v3_zstd.zarr",
+    "v3_transpose.zarr",
+    "v3_delta_astype.zarr",
+]
 STARTS = np.array([[0, 0, 0], [17, 15, 13], [7, 11, 3], [12, 2, 9]])
 PATCH = (7, 9, 7)
 ROWS = [0, 23, 5, 16, 11]

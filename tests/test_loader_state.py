@@ -141,6 +141,12 @@ def test_a_cursor_out_of_range_names_the_key_and_the_range() -> None:
     assert "epoch=3 is past num_epochs=2" in refusal({**state, "epoch": 3})
     message = refusal({**state, "position": 5})
     assert "position=5 does not match batch=3: expected position=12" in message
+    # a finished run stands at (num_epochs, 0); no run passes through (num_epochs, 3)
+    message = refusal({**state, "epoch": 2})
+    assert "epoch=2 with batch=3: a run of num_epochs=2 ends at epoch=2, batch=0" in message
+    finished = make_loader()
+    finished.load_state_dict({**state, "epoch": 2, "batch": 0, "position": 0})
+    assert list(finished) == []
 
 
 def test_a_good_state_still_resumes_after_json_and_with_numpy_ints() -> None:

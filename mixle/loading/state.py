@@ -204,6 +204,11 @@ def check_cursor(
         problem = f"batch={batch} is past the {num_batches} batches per epoch (0 to {num_batches})"
     elif num_epochs is not None and epoch > num_epochs:
         problem = f"epoch={epoch} is past num_epochs={num_epochs}"
+    elif num_epochs is not None and epoch == num_epochs and batch != 0:
+        problem = (
+            f"epoch={epoch} with batch={batch}: a run of num_epochs={num_epochs} ends at "
+            f"epoch={num_epochs}, batch=0"
+        )
     elif operator.index(state["position"]) != position:
         problem = (
             f"position={state['position']!r} does not match batch={batch}: expected "

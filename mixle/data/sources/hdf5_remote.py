@@ -11,6 +11,7 @@ retried on its own), and decodes them in the decode pool, like the local
 
 from __future__ import annotations
 
+import gc
 import io
 import os
 from collections.abc import Sequence
@@ -48,6 +49,11 @@ def open_remote_file(url: str, storage_options: dict[str, Any] | None) -> tuple[
     require("fsspec", "remote", feature="HDF5 over URLs")
     from fsspec.core import url_to_fs  # type: ignore[import-untyped]
 
+    # h5py holds its global lock while it reads through this file, waiting for fsspec's I/O
+    # thread; a cycle collection run there that finalises an h5py object left in a cycle
+    # (a caught error's traceback) waits for that lock: a deadlock (h5py issue 2019).
+    # Collect such garbage now, in the caller's thread, before h5py starts reading.
+    gc.collect()
     fs, path = url_to_fs(url, **(storage_options or {}))
     fs = widen_connection_pool(fs)  # s3fs: 64 chunk requests in flight, mixle's timeouts
     file = CheckedRangeFile(fs, path, url=display_path(url), secrets=storage_options)

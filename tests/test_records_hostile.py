@@ -387,3 +387,16 @@ def test_the_type_sample_at_open_stays_bounded(kind: str, tmp_path: Path) -> Non
     assert int(last) == expected
     # jsonl: about 64 MiB of sampled rows, not 160; csv: no 1000 x 100,000 x 4-byte array
     assert int(grew) < 120, done.stdout
+
+
+@pytest.mark.parametrize("bad_line", [2, 5, 400])
+def test_bytes_that_are_not_utf8_are_named_at_their_line(tmp_path, bad_line):
+    # the text layer decodes KiBs ahead of the CSV reader: the line must come from the bytes
+    rows = [f"{i},{i * 2}".encode() for i in range(1, 500)]
+    rows[bad_line - 2] = b"\xff\xfe," + str(bad_line).encode()
+    path = tmp_path / "bad.csv"
+    path.write_bytes(b"x,y\n" + b"\n".join(rows) + b"\n")
+    with pytest.raises(
+        MalformedRowError, match=rf"bad\.csv, line {bad_line}: the row is not UTF-8"
+    ):
+        mixle.read_csv(path)

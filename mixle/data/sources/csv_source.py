@@ -176,8 +176,9 @@ class CSVSource(TextRecordSource):
                     return
                 except csv.Error as exc:
                     raise self._malformed(line, f"cannot be parsed: {exc}") from None
-                except UnicodeDecodeError as exc:
-                    raise self._malformed(line, f"is not UTF-8: {exc.reason}") from None
+                except UnicodeDecodeError as exc:  # decoded ahead: find the line in the bytes
+                    bad = _first_bad_utf8_line(raw, start)
+                    raise self._malformed(bad, f"is not UTF-8: {exc.reason}") from None
                 except _RowTooLong:
                     raise self._too_long(line, limit or 0) from None
                 if row:
@@ -336,3 +337,18 @@ def read_csv(
         infer_rows=infer_rows,
         progress=progress,
     )
+
+
+def _first_bad_utf8_line(raw: Any, start: int) -> int:
+    """The 1-based line, counted from byte ``start``, of the first bytes that are not UTF-8.
+
+    The text wrapper decodes several KiB ahead of the CSV reader, so its position says
+    nothing about the row: the raw lines are decoded again, one at a time.
+    """
+    raw.seek(start)
+    for number, chunk in enumerate(iter(raw.readline, b""), start=1):
+        try:
+            chunk.decode("utf-8")
+        except UnicodeDecodeError:
+            return number
+    return 1

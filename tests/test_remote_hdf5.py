@@ -151,3 +151,27 @@ def test_data_h5py_reads_itself_gives_up_with_a_remote_read_error_naming_the_url
     assert f"{server.url}/big.h5 (chunk (file bytes " in message and "403" in message
     assert "tok-secret-1" not in message
     assert chained == (None, None)  # aiohttp's error, with the token in its URL, is gone
+
+
+def test_automatic_collection_is_paused_while_h5py_reads_through_the_file(big_h5, monkeypatch):
+    # h5py holds its lock while it reads through the remote file and waits for fsspec's I/O
+    # thread: a collection there that finalises an h5py object would wait for that lock
+    import gc
+
+    from mixle.data.sources import hdf5_remote
+
+    root, data = big_h5
+    seen: list[bool] = []
+    fetch = hdf5_remote.read_range
+
+    def spying(*args, **kwargs):
+        seen.append(gc.isenabled())
+        return fetch(*args, **kwargs)
+
+    monkeypatch.setattr(hdf5_remote, "read_range", spying)
+    with RangeHTTPServer(root) as server:
+        src = mixle.read_hdf5(f"{server.url}/big.h5", "contiguous")
+        np.testing.assert_array_equal(src[...], data)
+        src.close()
+    assert seen and not any(seen)
+    assert gc.isenabled()  # resumed after the last read

@@ -11,10 +11,12 @@ retried on its own), and decodes them in the decode pool, like the local
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import io
 import os
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from mixle.data.sources.hdf5_chunks import HDF5ChunkReader, decodable_filters
@@ -52,12 +54,54 @@ def open_remote_file(url: str, storage_options: dict[str, Any] | None) -> tuple[
     # h5py holds its global lock while it reads through this file, waiting for fsspec's I/O
     # thread; a cycle collection run there that finalises an h5py object left in a cycle
     # (a caught error's traceback) waits for that lock: a deadlock (h5py issue 2019).
-    # Collect such garbage now, in the caller's thread, before h5py starts reading.
+    # Collect such garbage now, in the caller's thread, before h5py starts reading; while
+    # h5py reads through the file, automatic collection is paused (CheckedRangeFile.read).
     gc.collect()
     fs, path = url_to_fs(url, **(storage_options or {}))
     fs = widen_connection_pool(fs)  # s3fs: 64 chunk requests in flight, mixle's timeouts
     file = CheckedRangeFile(fs, path, url=display_path(url), secrets=storage_options)
     return fs, path, file
+
+
+_pause_lock = threading.Lock()
+_pausing = 0  # reads in flight that paused automatic collection
+_resume = False  # whether collection was enabled when the first of them began
+
+
+@contextlib.contextmanager
+def _collection_paused() -> Iterator[None]:
+    """Pause automatic garbage collection while any thread reads through a remote file.
+
+    h5py calls :meth:`CheckedRangeFile.read` holding its global lock and waits for fsspec's
+    I/O thread; a collection triggered there that finalises an h5py object would wait for
+    that lock for ever. Collection resumes (if it was enabled) when the last read ends.
+    """
+    global _pausing, _resume
+    with _pause_lock:
+        if _pausing == 0:
+            _resume = gc.isenabled()
+            gc.disable()
+        _pausing += 1
+    try:
+        yield
+    finally:
+        with _pause_lock:
+            _pausing -= 1
+            if _pausing == 0 and _resume:
+                gc.enable()
+
+
+def _reset_pause_after_fork() -> None:
+    """A child forked during a read has no read in flight: collection resumes there."""
+    global _pause_lock, _pausing
+    _pause_lock = threading.Lock()
+    if _pausing and _resume:
+        gc.enable()
+    _pausing = 0
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_pause_after_fork)
 
 
 class CheckedRangeFile(io.RawIOBase):
@@ -164,7 +208,8 @@ class CheckedRangeFile(io.RawIOBase):
         if self.closed:
             raise ValueError(f"I/O on the closed remote file {self._url}")
         end = self.size if size is None or size < 0 else min(self.size, self._pos + size)
-        data = self._cache._fetch(self._pos, end) if end > self._pos else b""
+        with _collection_paused():  # h5py holds its lock here: see open_remote_file
+            data = self._cache._fetch(self._pos, end) if end > self._pos else b""
         self._pos += len(data)
         return bytes(data)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -170,4 +170,4 @@ def fast_retries() -> Iterator[None]:
     old = set_retry_policy(attempts=5, base_delay=0.001, max_delay=0.01)
     chunk_cache().clear()
     yield
-    set_retry_policy(old.attempts, old.base_delay, old.max_delay)
+    set_retry_policy(**asdict(old))  # every field, timeouts included

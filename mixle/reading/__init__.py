@@ -24,9 +24,12 @@ from mixle.reading.executor import (
     read_strided,
 )
 from mixle.reading.faults import (
+    DEFAULT_BATCH_DEADLINE,
+    DEFAULT_REQUEST_TIMEOUT,
     CorruptChunkError,
     RangeMismatchError,
     RemoteReadError,
+    RemoteTimeoutError,
     RetryPolicy,
     retry_policy,
     set_retry_policy,
@@ -35,7 +38,9 @@ from mixle.reading.plan import ChunkPlan, order_by_offset, plan_chunks
 from mixle.reading.pool import decode_threads, default_decode_threads, set_decode_threads
 
 __all__ = [
+    "DEFAULT_BATCH_DEADLINE",
     "DEFAULT_CHUNK_CACHE_BYTES",
+    "DEFAULT_REQUEST_TIMEOUT",
     "MIN_WORKER_CHUNK_CACHE_BYTES",
     "CacheStats",
     "ChunkCache",
@@ -44,6 +49,7 @@ __all__ = [
     "CorruptChunkError",
     "RangeMismatchError",
     "RemoteReadError",
+    "RemoteTimeoutError",
     "RetryPolicy",
     "SupportsFetchMany",
     "chunk_cache",

@@ -15,6 +15,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -411,3 +412,148 @@ def test_demo_zarr_waits_for_writes_in_flight_before_removing_the_folder(tmp_pat
     status, _, err = run_cli(*argv, setup=ZARR_ENOSPC, after=after, cwd=tmp_path, env=env)
     assert list(temp.iterdir()) == []  # no chunk written after the folder was removed
     assert_one_line(status, err, str(temp), "no space left on device")
+
+
+# -- remote stores: stalls, query strings, warnings ----------------------------------------
+#: Child setup: a short request timeout and quick retries (the CLI's own defaults are 30 s
+#: per request and 300 s in all).
+QUICK_TIMEOUTS = (
+    "from mixle.reading import set_retry_policy\n"
+    "set_retry_policy(timeout=0.5, base_delay=0.01, max_delay=0.05)\n"
+)
+#: Credentials put in URLs; no output may hold them.
+PASSWORD, TOKEN = "PASS" + "W0RD", "TOK" + "EN123"
+
+
+def _remote_samples(root: Path) -> Path:
+    zarr.create_array(root / "v2.zarr", shape=(64, 64), chunks=(32, 32), dtype="f4", zarr_format=2)[
+        ...
+    ] = 1
+    zarr.create_array(root / "v3.zarr", shape=(64, 64), chunks=(32, 32), dtype="f4")[...] = 1
+    with h5py.File(root / "v.h5", "w") as f:
+        f.create_dataset("k", data=np.ones((64, 64), "f4"), chunks=(32, 32))
+    np.save(root / "v.npy", np.ones(10))
+    return root
+
+
+@pytest.mark.parametrize(
+    ("store", "match"),
+    [("v3.zarr", ""), ("v2.zarr", ".zattrs"), ("v.h5", "")],
+    ids=["probe", "zarr-open", "hdf5"],
+)
+def test_inspect_gives_up_on_a_stalled_server_after_the_request_timeout(tmp_path, store, match):
+    from mixle.testing_servers import FaultPlan, RangeHTTPServer
+
+    plan = FaultPlan(stall="headers", stall_match=match, stall_for=60)
+    with RangeHTTPServer(_remote_samples(tmp_path), plan) as server:
+        start = time.monotonic()
+        status, out, err = run_cli("inspect", f"{server.url}/{store}", setup=QUICK_TIMEOUTS)
+        took = time.monotonic() - start
+    assert_one_line(status, err, store, "0.5 s request timeout")
+    assert out == "" and took < 20, took
+
+
+def test_inspect_deadline_and_timeout_options_bound_the_whole_inspection(tmp_path):
+    from mixle.testing_servers import FaultPlan, RangeHTTPServer
+
+    plan = FaultPlan(stall="headers", stall_for=60)
+    with RangeHTTPServer(_remote_samples(tmp_path), plan) as server:
+        url = f"{server.url}/v3.zarr"
+        start = time.monotonic()
+        status, _, err = run_cli("inspect", "--timeout", "5", "--deadline", "1", url)
+        took = time.monotonic() - start
+    assert_one_line(status, err, url, "1 s deadline", "--deadline")
+    assert took < 15, took
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "soon"])
+def test_inspect_timeout_options_must_be_positive_seconds(value, capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["inspect", "--timeout", value, "x.zarr"])
+    assert stop.value.code == 2
+    assert "is not a number of seconds > 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("name", "title"), [("v.h5", "hdf5 group"), ("v.npy", "npy array")])
+def test_inspect_a_url_with_a_query_string_and_a_password(tmp_path, name, title):
+    from mixle.testing_servers import RangeHTTPServer
+
+    with RangeHTTPServer(_remote_samples(tmp_path)) as server:
+        base = server.url.replace("http://", f"http://user:{PASSWORD}@")
+        status, out, err = run_cli("inspect", f"{base}/{name}?token={TOKEN}")
+    assert status == 0 and err == "", err
+    assert f"/{name}  {title}" in out.splitlines()[0]
+    assert PASSWORD not in out + err and TOKEN not in out + err
+
+
+def test_warnings_while_inspecting_are_one_line_each_without_credentials(tmp_path):
+    from mixle.testing_servers import RangeHTTPServer
+
+    root = _remote_samples(tmp_path)
+    both = root / "v3.zarr"
+    (both / ".zarray").write_text((root / "v2.zarr" / ".zarray").read_text())  # zarr warns
+    with RangeHTTPServer(root) as server:
+        base = server.url.replace("http://", f"http://user:{PASSWORD}@")
+        status, out, err = run_cli("inspect", f"{base}/v3.zarr")
+    assert status == 0, err
+    assert "zarr v3 array (64, 64) float32" in out.splitlines()[0]
+    lines = err.splitlines()
+    assert lines and all(line.startswith("mixle inspect: warning: ") for line in lines), err
+    assert "Zarr v3 will be used" in err
+    assert PASSWORD not in out + err and "Traceback" not in err
+
+
+# -- damaged shards and metadata -----------------------------------------------------------
+@pytest.mark.parametrize(
+    "blob", [b"", b"xx", None], ids=["empty", "index-truncated", "index-checksum"]
+)
+def test_a_corrupt_shard_is_a_finding_and_the_rest_is_reported(tmp_path, blob):
+    store = tmp_path / "s.zarr"
+    a = zarr.create_array(store, shape=(64, 64), chunks=(8, 8), shards=(32, 32), dtype="f4")
+    a[...] = 1
+    shard = store / "c" / "0" / "1"
+    raw = shard.read_bytes()
+    shard.write_bytes(raw[:-20] + b"\xff" * 20 if blob is None else blob)
+    status, out, err = run_cli("inspect", str(store), "--json")
+    assert status == 0 and err == "", err
+    report = json.loads(out)["root"]
+    found = [f for f in report["findings"] if f["code"] == "corrupt-shard"]
+    assert len(found) == 1 and found[0]["severity"] == "warning"
+    assert "'c/0/1'" in found[0]["message"] and "CorruptChunkError" in found[0]["message"]
+    assert report["shards_stored"] == 4 and report["chunks_stored"] == 48  # 3 sound shards
+    status, out, err = run_cli("inspect", str(store))
+    assert status == 0 and "1 stored shard cannot be read" in out, err
+
+
+HOSTILE_METADATA = {
+    "null": ("zarr.json", b"null", "holds a JSON null, not an object"),
+    "list": ("zarr.json", b"[1,2,3]", "holds a JSON list, not an object"),
+    "truncated-v3": ("zarr.json", b'{"zarr_format": 3, "node_type": "arr', "is not valid JSON"),
+    "truncated-v2": (".zarray", b'{"zarr_format": 2, "shape": [10', "is not valid JSON"),
+    "not-utf8": ("zarr.json", b'{"zarr_format": 3, \xff\xfe}', "is not UTF-8 text"),
+    "empty": (".zarray", b"", "is empty"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_METADATA))
+def test_hostile_zarr_metadata_is_one_line_naming_the_file(tmp_path, case):
+    name, body, what = HOSTILE_METADATA[case]
+    store = tmp_path / "h.zarr"
+    store.mkdir()
+    (store / name).write_bytes(body)
+    status, _, err = run_cli("inspect", str(store))
+    line = assert_one_line(status, err, f"{store / name}'", what)
+    assert "a bug?" not in line and "--traceback" not in line
+
+
+@pytest.mark.parametrize("case", ["null", "list", "truncated-v3"])
+def test_hostile_zarr_metadata_over_http_names_the_file(tmp_path, case):
+    from mixle.testing_servers import RangeHTTPServer
+
+    name, body, what = HOSTILE_METADATA[case]
+    (tmp_path / "h.zarr").mkdir()
+    (tmp_path / "h.zarr" / name).write_bytes(body)
+    with RangeHTTPServer(tmp_path) as server:
+        status, _, err = run_cli("inspect", f"{server.url}/h.zarr", setup=QUICK_TIMEOUTS)
+    line = assert_one_line(status, err, f"{server.url}/h.zarr/{name}'", what)
+    assert "a bug?" not in line

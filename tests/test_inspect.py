@@ -470,7 +470,7 @@ def test_errors_name_the_path_and_what_was_expected(samples, tmp_path):
     broken = tmp_path / "broken.zarr"
     broken.mkdir()
     (broken / "zarr.json").write_text("{not json")
-    with pytest.raises(UnsupportedStoreError, match="holds zarr metadata but zarr cannot open"):
+    with pytest.raises(UnsupportedStoreError, match=r"broken\.zarr/zarr\.json' is not valid JSON"):
         inspect_store(broken)
 
 

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import math
 import shutil
 import sys
 import textwrap
+import warnings
 from collections.abc import Sequence
 from typing import Any, TextIO
 
@@ -19,6 +22,8 @@ from mixle.inspection import (
     parse_patch,
 )
 from mixle.inspection.formatting import count_text, fill_text, shape_text, times_text
+from mixle.reading.faults import set_retry_policy
+from mixle.utils.redact import redact_text
 
 __all__ = ["parse_storage_option", "register", "render_report"]
 
@@ -197,6 +202,16 @@ def _patch_arg(text: str) -> tuple[int, ...]:
     return edges
 
 
+def _seconds_arg(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not (seconds > 0 and math.isfinite(seconds)):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds > 0, such as 30")
+    return seconds
+
+
 def _storage_option_arg(text: str) -> tuple[str, Any]:
     try:
         return parse_storage_option(text)
@@ -232,14 +247,38 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=_patch_arg,
         help="cost a random patch of this size: chunks touched, bytes decoded per patch byte",
     )
+    cmd.add_argument(
+        "--timeout",
+        metavar="SECONDS",
+        type=_seconds_arg,
+        help="URLs: give up on a request that waits this long to connect, for its first byte "
+        "or between two bytes, and retry it (default: the retry policy's, 30)",
+    )
+    cmd.add_argument(
+        "--deadline",
+        metavar="SECONDS",
+        type=_seconds_arg,
+        help="URLs: give up on the whole inspection after this long, with status 1 "
+        "(default: the retry policy's, 300)",
+    )
     cmd.add_argument("--json", action="store_true", help="print the report as JSON")
     cmd.set_defaults(run=_run)
 
 
 def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     options = dict(args.storage_options) or None
-    # errors end the command in mixle.cli.main: status 1 and one line naming the path
-    report = inspect_store(args.path, storage_options=options, patch=args.patch)
+    old = set_retry_policy(timeout=args.timeout, deadline=args.deadline)
+    # errors end the command in mixle.cli.main: status 1 and one line naming the path (the
+    # warnings of a failed inspection are dropped with it)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("default")
+            report = inspect_store(args.path, storage_options=options, patch=args.patch)
+    finally:
+        set_retry_policy(**dataclasses.asdict(old))
+    for found in caught:  # one line each, credentials masked
+        text = " ".join(redact_text(str(found.message), options).split())
+        print(f"mixle inspect: warning: {text}", file=sys.stderr)
     out: TextIO = sys.stdout
     if args.json:
         print(json.dumps(report.to_dict(), indent=2), file=out)

@@ -2,32 +2,37 @@
 
 A zarr store is a folder a user (or a hostile archive) made: its metadata files may be
 FIFOs (a read blocks for ever), links to ``/dev/zero`` (a read never ends), gigabytes
-long, or JSON nested so deep that the parser raises ``RecursionError``. Before zarr opens
+long, JSON nested so deep that the parser raises ``RecursionError``, or not a JSON object
+at all (``null``, a list, a truncated file). Before zarr opens
 a local store, :func:`check_local_zarr_store` walks it once: every entry must be a regular
 file (checked with ``stat``, before any read), and every metadata file must be at most
-:data:`MAX_METADATA_BYTES` long and nested at most :data:`MAX_METADATA_DEPTH` deep.
+:data:`MAX_METADATA_BYTES` long, nested at most :data:`MAX_METADATA_DEPTH` deep, and a
+JSON object (:func:`parse_metadata`).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 
 import numpy as np
 
 from mixle.inspection.locations import ZARR_METADATA
-from mixle.inspection.report import LayoutFinding
+from mixle.inspection.report import LayoutFinding, UnsupportedStoreError
 from mixle.utils.files import read_regular_file, require_regular_file
 
 __all__ = [
     "MAX_METADATA_BYTES",
     "MAX_METADATA_DEPTH",
     "MAX_TREE_DEPTH",
+    "InvalidMetadataError",
     "MetadataLimitError",
     "check_local_zarr_store",
     "check_metadata_file",
     "depth_of",
     "json_depth",
+    "parse_metadata",
     "too_deep_finding",
 ]
 
@@ -48,6 +53,59 @@ _JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
 
 class MetadataLimitError(ValueError):
     """A metadata file is larger or nested deeper than inspect parses."""
+
+
+class InvalidMetadataError(UnsupportedStoreError):
+    """A zarr metadata file is not a JSON object (not UTF-8, truncated, ``null``, a list)."""
+
+
+#: How the JSON values that are not objects are named in an :class:`InvalidMetadataError`.
+_JSON_KINDS = {
+    type(None): "null",
+    bool: "boolean",
+    int: "number",
+    float: "number",
+    str: "string",
+    list: "list",
+}
+
+
+def parse_metadata(data: bytes, name: str) -> dict:
+    """The JSON object in the zarr metadata file ``name`` (shown in errors) holding ``data``.
+
+    Raises
+    ------
+    InvalidMetadataError
+        When ``data`` is empty, not UTF-8, not valid JSON (such as a truncated file) or
+        JSON other than an object (``null``, a list, ...); the message names ``name``.
+    """
+    what = f"zarr metadata {name!r}"
+    if not data.strip():
+        raise InvalidMetadataError(f"{what} is empty (truncated?): rewrite it from a good copy")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidMetadataError(
+            f"{what} is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start}): "
+            "damaged, or not zarr metadata"
+        ) from None
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        where = (
+            f"{exc.msg} at line {exc.lineno} column {exc.colno}"
+            if isinstance(exc, json.JSONDecodeError)
+            else str(exc)
+        )
+        raise InvalidMetadataError(
+            f"{what} is not valid JSON ({where}): truncated or damaged; rewrite it from a good copy"
+        ) from None
+    if not isinstance(value, dict):
+        kind = _JSON_KINDS.get(type(value), type(value).__name__)
+        raise InvalidMetadataError(
+            f"{what} holds a JSON {kind}, not an object: damaged, or not zarr metadata"
+        )
+    return value
 
 
 def json_depth(data: bytes) -> int:
@@ -96,6 +154,8 @@ def check_metadata_file(path: str) -> None:
     MetadataLimitError
         It is longer than :data:`MAX_METADATA_BYTES` or nests deeper than
         :data:`MAX_METADATA_DEPTH` (at most that many bytes, plus one, are read).
+    InvalidMetadataError
+        It is not a JSON object (:func:`parse_metadata`).
     """
     try:
         data = read_regular_file(path, "zarr metadata", limit=MAX_METADATA_BYTES)
@@ -110,6 +170,7 @@ def check_metadata_file(path: str) -> None:
             f"zarr metadata {path!r} nests lists or objects {depth:,} deep, deeper than "
             f"MAX_METADATA_DEPTH={MAX_METADATA_DEPTH}: not parsed (flatten its attributes)"
         )
+    parse_metadata(data, path)
 
 
 def check_local_zarr_store(root: str) -> None:

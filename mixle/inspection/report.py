@@ -38,7 +38,8 @@ class LayoutFinding:
         ``"sizes-unknown"``, ``"truncated"``, ``"patch-not-costed"`` or (groups)
         ``"members-unlisted"``,
         ``"link-not-followed"``, ``"no-dataspace"``, ``"dimension-scales"``,
-        ``"hard-link-cycle"``, ``"hard-link-repeat"``, ``"too-deep"``.
+        ``"hard-link-cycle"``, ``"hard-link-repeat"``, ``"too-deep"``; ``"corrupt-shard"`` (a
+        stored shard whose index cannot be read).
     severity
         ``"warning"`` (patch reads are slower than they need to be) or ``"info"``.
     message

@@ -16,7 +16,14 @@ from mixle.inspection.locations import (
 )
 from mixle.inspection.npy_files import inspect_npy
 from mixle.inspection.patches import PatchLike, parse_patch
-from mixle.inspection.report import StoreReport, UnsupportedStoreError
+from mixle.inspection.remote import (
+    child_url,
+    give_up_if_late,
+    redacted_warnings,
+    timed_options,
+    within_deadline,
+)
+from mixle.inspection.report import ArrayReport, GroupReport, StoreReport, UnsupportedStoreError
 from mixle.inspection.zarr_stores import inspect_zarr
 from mixle.utils.files import open_regular_file, require_regular_file
 from mixle.utils.redact import display_path
@@ -85,21 +92,41 @@ def inspect_store(
             f"storage_options only apply to URLs (such as s3://bucket/x.zarr); "
             f"{display_path(location)!r} is not one"
         )
-    kind = _detect(location, storage_options)
-    inspect = {"zarr": inspect_zarr, "hdf5": inspect_hdf5, "npy": inspect_npy}[kind]
-    if is_remote(location):
-        from mixle.reading.faults import retry_call
-
-        # a transient server failure anywhere in the metadata reads retries the whole walk
-        root = retry_call(
-            lambda: inspect(location, storage_options, edges),
-            url=display_path(location),
-            key="(metadata)",
-            secrets=storage_options,
-        )
-    else:
-        root = inspect(location, storage_options, edges)
+    with redacted_warnings(storage_options):
+        if is_remote(location):
+            kind, root = within_deadline(
+                lambda: _inspect_remote(location, storage_options, edges), display_path(location)
+            )
+        else:
+            kind = _detect(location, storage_options)
+            root = _INSPECT[kind](location, storage_options, edges)
     return StoreReport(display_path(path_or_url), kind, root, edges)
+
+
+#: HTTP status of a byte range past the end of an object ("416 Range Not Satisfiable").
+_UNSATISFIABLE = 416
+#: How each kind of store is inspected.
+_INSPECT = {"zarr": inspect_zarr, "hdf5": inspect_hdf5, "npy": inspect_npy}
+
+
+def _inspect_remote(
+    location: str, storage_options: dict[str, Any] | None, edges: tuple[int, ...] | None
+) -> tuple[str, GroupReport | ArrayReport]:
+    """``(kind, root)`` of the store at the URL ``location``, every request timed."""
+    from mixle.reading.faults import retry_call
+
+    options = timed_options(location, storage_options)
+    kind = _detect(location, options)
+    inspect = _INSPECT[kind]
+    shown = display_path(location)
+
+    def walk() -> GroupReport | ArrayReport:
+        give_up_if_late(shown)
+        return inspect(location, options, edges)
+
+    # a transient server failure anywhere in the metadata reads retries the whole walk
+    root = retry_call(walk, url=shown, key="(metadata)", secrets=storage_options)
+    return kind, root
 
 
 def _detect(location: str, storage_options: dict[str, Any] | None) -> str:
@@ -130,13 +157,13 @@ def _detect(location: str, storage_options: dict[str, Any] | None) -> str:
     from mixle.reading.faults import retry_call
 
     fs, path = url_fs(location, storage_options)
-    base = path.rstrip("/")
 
     def probe() -> bytes | None:
-        # fsspec answers exists() with False and open() with FileNotFoundError when the
-        # server fails (a 503): the whole probe is retried, so a flaky server is not
-        # reported as a missing store
-        if any(fs.exists(f"{base}/{name}") for name in ("zarr.json", ".zarray", ".zgroup")):
+        # fsspec answers info() and open() with FileNotFoundError when the server fails (a
+        # 503, a timeout): the whole probe is retried, so a flaky server is not reported as
+        # a missing store
+        give_up_if_late(shown)
+        if any(_exists(fs, child_url(path, name)) for name in ("zarr.json", ".zarray", ".zgroup")):
             return None
         with open_head(fs, path) as fh:
             return bytes(fh.read(8))
@@ -155,6 +182,28 @@ def _detect(location: str, storage_options: dict[str, Any] | None) -> str:
     if head == HDF5_MAGIC:
         return "hdf5"
     raise UnsupportedStoreError(f"{shown!r} {expected}")
+
+
+def _exists(fs: Any, key: str) -> bool:
+    """Whether ``key`` exists on ``fs``; a failed or timed-out request raises (to be retried).
+
+    Asks for its first byte, one request. fsspec's own ``exists`` answers ``False`` for any
+    client error, a timeout included, so a stalling server would be reported as a missing
+    store.
+    """
+    from mixle.reading.faults import is_transient
+
+    try:
+        fs.cat_file(key, start=0, end=1)
+    except FileNotFoundError as exc:
+        if is_transient(exc):
+            raise
+        return False
+    except Exception as exc:
+        if getattr(exc, "status", None) == _UNSATISFIABLE:  # an empty object: it exists
+            return True
+        raise
+    return True
 
 
 def _is_hdf5_local(path: str) -> bool:

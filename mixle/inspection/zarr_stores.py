@@ -12,6 +12,7 @@ import numpy as np
 from mixle.inspection.findings import with_findings
 from mixle.inspection.formatting import (
     BLOSC_SHUFFLE,
+    count_text,
     plain_value,
     shape_text,
     spell_codec,
@@ -26,8 +27,10 @@ from mixle.inspection.limits import (
 )
 from mixle.inspection.locations import ZARR_METADATA, is_remote
 from mixle.inspection.patches import chunk_data_elements
+from mixle.inspection.remote import check_remote_metadata, give_up_if_late
 from mixle.inspection.report import ArrayReport, GroupReport, LayoutFinding, UnsupportedStoreError
-from mixle.utils.redact import display_path
+from mixle.reading.faults import CorruptChunkError
+from mixle.utils.redact import display_path, redact_text
 
 __all__ = ["MAX_PROBED_OBJECTS", "inspect_zarr"]
 
@@ -36,6 +39,8 @@ __all__ = ["MAX_PROBED_OBJECTS", "inspect_zarr"]
 MAX_PROBED_OBJECTS = 4096
 #: Size requests in flight at once when probing objects one by one.
 _PROBE_CONCURRENCY = 32
+#: Damaged shards named one by one in a ``corrupt-shard`` finding (the rest are counted).
+_DAMAGED_SHOWN = 5
 #: zarr v3 codecs that do not compress.
 _ZARR_NOT_COMPRESSING = frozenset({"bytes", "transpose", "crc32c", "sharding_indexed", "vlen-utf8"})
 
@@ -53,22 +58,27 @@ def inspect_zarr(
         kwargs["storage_options"] = storage_options
     if not is_remote(location):
         check_local_zarr_store(location)  # special files, huge or too deep metadata
+    shown = display_path(location)
+
+    def open_store() -> Any:
+        give_up_if_late(shown)
+        return zarr.open(store=location, **kwargs)
+
     try:
-        node = retry_call(
-            lambda: zarr.open(store=location, **kwargs),
-            url=display_path(location),
-            key="(metadata)",
-            secrets=storage_options,
-        )
+        node = retry_call(open_store, url=shown, key="(metadata)", secrets=storage_options)
     except RecursionError:
         raise MetadataLimitError(
-            f"{display_path(location)!r} holds zarr metadata nested too deep to parse "
+            f"{shown!r} holds zarr metadata nested too deep to parse "
             f"(more than Python's recursion limit of {sys.getrecursionlimit()})"
         ) from None
-    except (FileNotFoundError, ValueError) as exc:
+    except (FileNotFoundError, ValueError, TypeError, AttributeError) as exc:
+        # zarr fails on metadata that is not a JSON object with AttributeError or TypeError:
+        # hostile input, named by the file at fault where one of the store's root files is
+        if is_remote(location) and not isinstance(exc, FileNotFoundError):
+            check_remote_metadata(location, storage_options)
+        reason = redact_text(f"{type(exc).__name__}: {exc}", storage_options)
         raise UnsupportedStoreError(
-            f"{display_path(location)!r} holds zarr metadata but zarr cannot open it: "
-            f"{type(exc).__name__}: {exc}"
+            f"{shown!r} holds zarr metadata but zarr cannot open it: {reason}"
         ) from None
     remote = is_remote(location)
     where = display_path(location)
@@ -250,7 +260,10 @@ def _zarr_array(
     if sizes is None:
         notes.append(LayoutFinding("sizes-unknown", "info", f"stored sizes unknown: {why}"))
     elif shards is not None:
-        chunks_stored, elements, why = _count_inner_chunks(array, sorted(sizes), where, secrets)
+        counted = _count_inner_chunks(array, sorted(sizes), where, secrets)
+        chunks_stored, elements, why, damaged = counted
+        if damaged:
+            notes.append(_damaged_finding(damaged))
         if chunks_stored is None:
             notes.append(LayoutFinding("sizes-unknown", "info", f"inner chunks not counted: {why}"))
     else:
@@ -517,16 +530,18 @@ def _probe_sizes(array: Any, grid: tuple[int, ...]) -> dict[tuple[int, ...], int
 
 def _count_inner_chunks(
     array: Any, shards: list[tuple[int, ...]], where: str, secrets: Any
-) -> tuple[int | None, int | None, str]:
-    """``(inner chunks, array elements they hold, why not)`` for the stored ``shards``.
+) -> tuple[int | None, int | None, str, list[str]]:
+    """``(inner chunks, array elements they hold, why not, damaged)`` for the stored ``shards``.
 
-    Both are counted from the shard indices (edge chunks without their padding).
+    Both are counted from the shard indices (edge chunks without their padding), of the
+    shards whose index reads; ``damaged`` says why each other shard's index does not
+    (:class:`~mixle.reading.faults.CorruptChunkError`: truncated, bad checksum).
     """
     from mixle.data.sources.zarr_shards import _EMPTY, ShardedZarrReader
 
     reader = ShardedZarrReader.for_array(array, where, where, secrets)
     if reader is None:
-        return None, None, "codecs around the shards that mixle does not read itself"
+        return None, None, "codecs around the shards that mixle does not read itself", []
     if len(shards) > MAX_PROBED_OBJECTS:
         return (
             None,
@@ -535,16 +550,55 @@ def _count_inner_chunks(
                 f"{len(shards)} shards stored, more than MAX_PROBED_OBJECTS={MAX_PROBED_OBJECTS} "
                 "indices to read"
             ),
+            [],
         )
     chunks = tuple(int(c) for c in array.chunks)
     per_shard = np.asarray([s // c for s, c in zip(array.shards, chunks)], dtype=np.int64)
     written: list[np.ndarray] = []
-    for shard, index in reader.shard_indices(shards).items():
+    indices, damaged = _shard_indices(reader, shards)
+    for shard, index in indices.items():
         if index is not None:
             local = np.argwhere((index[..., 0] != _EMPTY) | (index[..., 1] != _EMPTY))
             written.append(local + np.asarray(shard, dtype=np.int64) * per_shard)
     coords = np.concatenate(written) if written else np.zeros((0, len(chunks)), np.int64)
-    return len(coords), chunk_data_elements(array.shape, chunks, coords), ""
+    return len(coords), chunk_data_elements(array.shape, chunks, coords), "", damaged
+
+
+def _shard_indices(
+    reader: Any, shards: list[tuple[int, ...]]
+) -> tuple[dict[tuple[int, ...], Any], list[str]]:
+    """The indices of ``shards`` that read, and why each of the others is damaged.
+
+    All are read in one call; only when one of them is corrupt is each read on its own, to
+    tell the damaged shards from the sound ones.
+    """
+    try:
+        return reader.shard_indices(shards), []
+    except CorruptChunkError:
+        pass
+    found: dict[tuple[int, ...], Any] = {}
+    damaged: list[str] = []
+    for shard in shards:
+        try:
+            found.update(reader.shard_indices([shard]))
+        except CorruptChunkError as exc:
+            damaged.append(str(exc))
+    return found, damaged
+
+
+def _damaged_finding(damaged: list[str]) -> LayoutFinding:
+    """The warning for stored shards whose index cannot be read (named, with the reason)."""
+    shown = "; ".join(damaged[:_DAMAGED_SHOWN])
+    more = len(damaged) - _DAMAGED_SHOWN
+    rest = f"; and {more} more" if more > 0 else ""
+    return LayoutFinding(
+        "corrupt-shard",
+        "warning",
+        f"{count_text(len(damaged), 'stored shard')} cannot be read (reads of their chunks "
+        "fail with CorruptChunkError; their inner chunks count as never written above): "
+        f"{shown}{rest}; "
+        "fix: rewrite those shards from a good copy",
+    )
 
 
 def _cannot_list(store: Any) -> bool:

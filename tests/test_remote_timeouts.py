@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import random
+import signal
+import subprocess
+import sys
+import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -218,3 +223,56 @@ def test_retry_waits_are_jittered_within_the_backoff_bound_and_leave_random_alon
         assert all(bound / 2 <= w <= bound <= 0.5 for w in waits)
         assert len(set(waits)) > 30  # drawn, not one fixed step for every request
     assert [random.random() for _ in range(3)] == expected  # the user's stream is untouched
+
+
+#: A child looping over a Loader whose third chunk stalls; after Ctrl-C it reports how long
+#: the reader threads took to go, then stays alive for a while (as a notebook would).
+_AFTER_CTRL_C = """
+import json, signal, sys, threading, time
+signal.signal(signal.SIGINT, signal.default_int_handler)
+import mixle
+mixle.reading.set_retry_policy(timeout=0.5, base_delay=0.01, max_delay=0.02)
+source = mixle.read_zarr(sys.argv[1])
+try:
+    for batch in mixle.Loader(source, 8, num_threads=2):
+        print("batch", flush=True)
+except KeyboardInterrupt:
+    start = time.monotonic()
+    while any(t.name.startswith("mixle-loader") for t in threading.enumerate()):
+        if time.monotonic() - start > 5:
+            break
+        time.sleep(0.02)
+    gone = time.monotonic() - start
+    time.sleep(2.0)  # stays alive: a stuck read would keep retrying now
+    print("REPORT " + json.dumps({"gone": gone}), flush=True)
+"""
+
+
+def test_after_ctrl_c_a_stalled_read_is_not_retried_and_its_thread_ends(tmp_path: Path):
+    array = zarr.create_array(tmp_path / "a.zarr", shape=(64, 16), chunks=(8, 16), dtype="f4")
+    array[:] = 1.0
+    faults = FaultPlan(stall="headers", stall_match="c/2/0", stall_for=60)
+    server = RangeHTTPServer(tmp_path, faults).start()
+    child = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(_AFTER_CTRL_C), f"{server.url}/a.zarr"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not faults.stalled and time.monotonic() < deadline and child.poll() is None:
+            time.sleep(0.01)
+        assert faults.stalled, child.communicate(timeout=5)
+        time.sleep(0.2)  # the loop waits for the stalled batch
+        at_sigint = faults.stalled
+        child.send_signal(signal.SIGINT)
+        out, err = child.communicate(timeout=20)
+    finally:
+        child.kill()
+        child.communicate()
+        server.stop()
+    report = [line for line in out.splitlines() if line.startswith("REPORT ")]
+    assert report, err[-2000:]
+    assert faults.stalled - at_sigint <= 1  # no retry of the stalled chunk after Ctrl-C
+    assert json.loads(report[0][7:])["gone"] < 2.0  # the reader thread is gone too

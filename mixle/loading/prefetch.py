@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Generic, TypeVar
 
 from mixle.errors import ReadsStopped
+from mixle.reading.faults import stop_when
 
 __all__ = [
     "STOP_GRACE_S",
@@ -107,6 +108,12 @@ class ReaderThreads(Generic[T, R]):
             thread.start()
 
     def _work(self) -> None:
+        # the reading layer sees the signal: once set, a read stuck on a stalled server
+        # starts no further retry and its request in flight is cancelled
+        with stop_when(self.signal.is_set):
+            self._work_items()
+
+    def _work_items(self) -> None:
         signal, cond = self.signal, self.signal.cond
         while True:
             with cond:

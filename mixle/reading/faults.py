@@ -16,6 +16,7 @@ wrong raises :class:`CorruptChunkError`: a patch is never silently filled with g
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import errno
 import gc
@@ -23,10 +24,11 @@ import math
 import random
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import NoReturn, TypeVar
 
+from mixle.errors import ReadsStopped
 from mixle.utils.redact import from_network_client, redact_text, scrub_error
 from mixle.utils.validation import parse_int
 
@@ -48,6 +50,8 @@ __all__ = [
     "retry_call",
     "retry_policy",
     "set_retry_policy",
+    "stop_requested",
+    "stop_when",
 ]
 
 #: How many times one request is tried in all before :class:`RemoteReadError`.
@@ -60,6 +64,9 @@ DEFAULT_RETRY_MAX_DELAY = 5.0
 DEFAULT_REQUEST_TIMEOUT = 30.0
 #: Seconds one batch read (all its requests, tries and waits) may take in all.
 DEFAULT_BATCH_DEADLINE = 300.0
+
+#: Seconds between two looks at the stop flag (:func:`stop_when`) while a request waits.
+STOP_POLL_S = 0.1
 
 #: HTTP statuses that say "try again": timeouts, throttling and server errors.
 _TRANSIENT_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
@@ -165,6 +172,77 @@ _policy = RetryPolicy()
 _DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar(
     "mixle_batch_deadline", default=None
 )
+
+
+#: The "stop reading" check of the current thread or task (see :func:`stop_when`).
+_STOP: contextvars.ContextVar[Callable[[], bool] | None] = contextvars.ContextVar(
+    "mixle_stop_reading", default=None
+)
+
+
+@contextlib.contextmanager
+def stop_when(requested: Callable[[], bool]) -> Iterator[None]:
+    """Make the reads started inside this block give up once ``requested()`` is true.
+
+    A reader thread whose consumer went away (Ctrl-C, ``close()``) runs its reads inside
+    this block: once ``requested()`` returns true, :func:`retry_async` and
+    :func:`retry_call` start no further try and no further wait, and a request in flight
+    on an event loop is cancelled within :data:`STOP_POLL_S` seconds; they raise
+    :class:`~mixle.errors.ReadsStopped`. The check is a context variable, so requests the
+    block hands to an event loop (fsspec's, zarr's) carry it with them.
+    """
+    token = _STOP.set(requested)
+    try:
+        yield
+    finally:
+        _STOP.reset(token)
+
+
+def stop_requested() -> bool:
+    """Whether the reads of the current thread or task were asked to stop (:func:`stop_when`)."""
+    requested = _STOP.get()
+    return requested is not None and bool(requested())
+
+
+def _stopped(url: str, key: str, secrets: object) -> ReadsStopped:
+    return ReadsStopped(
+        f"reading {redact_text(url, secrets)} (chunk {key}) was stopped: the loop reading it "
+        "stopped (Ctrl-C, close() or an error), so it was not tried again"
+    )
+
+
+async def _await_unless_stopped(call: Awaitable[T], left: float) -> T:
+    """``await call`` for at most ``left`` seconds (``TimeoutError`` past it), stoppable."""
+    import asyncio
+
+    if _STOP.get() is None:
+        return await call if math.isinf(left) else await asyncio.wait_for(call, left)
+    end = time.monotonic() + left
+    task = asyncio.ensure_future(call)
+    try:
+        while not task.done():
+            wait = min(STOP_POLL_S, max(0.0, end - time.monotonic()))
+            await asyncio.wait({task}, timeout=wait)
+            if task.done():
+                break
+            if stop_requested():
+                raise ReadsStopped("stopped")
+            if time.monotonic() >= end:
+                raise TimeoutError(f"no answer within {left:g} s")
+        return task.result()
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+
+
+async def _sleep_unless_stopped(seconds: float) -> None:
+    import asyncio
+
+    end = time.monotonic() + seconds
+    while not stop_requested() and (left := end - time.monotonic()) > 0:
+        await asyncio.sleep(min(left, STOP_POLL_S) if _STOP.get() is not None else left)
 
 
 def retry_policy() -> RetryPolicy:
@@ -365,8 +443,6 @@ async def retry_async(
         At once, its text redacted: the caller decides whether a missing object is a fill
         value.
     """
-    import asyncio  # only ever awaited inside a running event loop
-
     policy = _policy
     end = _DEADLINE.get()
     if end is None:
@@ -376,10 +452,12 @@ async def retry_async(
         left = end - time.monotonic()
         if left <= 0:
             _raise_clean(RemoteTimeoutError(_late(url, key, attempt, last, secrets)))
+        if stop_requested():
+            _raise_clean(_stopped(url, key, secrets))
         try:
-            if math.isinf(left):
-                return await call()
-            return await asyncio.wait_for(call(), left)
+            return await _await_unless_stopped(call(), left)
+        except ReadsStopped:
+            _raise_clean(_stopped(url, key, secrets))
         except Exception as exc:
             if isinstance(exc, CorruptChunkError):
                 raise
@@ -394,7 +472,7 @@ async def retry_async(
                 _raise_clean(kind(_failure(exc, url, key, policy.attempts, secrets)))
             last = _failure_reason(exc, secrets)
         pause = min(policy.wait(attempt), max(0.0, end - time.monotonic()))
-        await asyncio.sleep(pause)
+        await _sleep_unless_stopped(pause)
     raise AssertionError("unreachable")  # pragma: no cover
 
 
@@ -408,6 +486,8 @@ def retry_call(call: Callable[[], T], *, url: str, key: str, secrets: object = N
     """
     policy = _policy
     for attempt in range(policy.attempts):
+        if stop_requested():
+            _raise_clean(_stopped(url, key, secrets))
         try:
             return call()
         except Exception as exc:
@@ -423,8 +503,15 @@ def retry_call(call: Callable[[], T], *, url: str, key: str, secrets: object = N
         # object's finalizer would wait there for h5py's global lock while the next try
         # holds that lock waiting for the same I/O thread, a deadlock (h5py issue 2019).
         gc.collect()
-        time.sleep(policy.wait(attempt))
+        _sleep_until_stopped(policy.wait(attempt))
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _sleep_until_stopped(seconds: float) -> None:
+    """``time.sleep(seconds)``, cut short when the reads are asked to stop."""
+    end = time.monotonic() + seconds
+    while not stop_requested() and (left := end - time.monotonic()) > 0:
+        time.sleep(min(left, STOP_POLL_S) if _STOP.get() is not None else left)
 
 
 def _scrub_in_place(exc: BaseException, secrets: object) -> bool:

@@ -794,3 +794,48 @@ def test_slab_warning_only_when_the_suggested_chunks_read_less(tmp_path):
     assert warning_codes(slices) == {"slab-chunks"}
     better = patch_cost((10000, 256, 256), (64, 64, 64), 4, 32)
     assert f"(read amplification {better.read_amplification:.3g}x)" in slices.warnings[0].message
+
+
+# -- remote options ------------------------------------------------------------------------
+def test_remote_file_systems_get_the_request_timeout_unless_the_user_set_one():
+    import aiohttp
+
+    from mixle.inspection.remote import child_url, timed_options
+    from mixle.reading import retry_policy
+
+    seconds = retry_policy().timeout
+    given = {"client_kwargs": {"trust_env": True}}
+    timed = timed_options("https://h/x.zarr", given)
+    timeout = timed["client_kwargs"]["timeout"]
+    assert isinstance(timeout, aiohttp.ClientTimeout)
+    assert timeout.sock_connect == timeout.sock_read == seconds and timeout.total is None
+    assert timed["client_kwargs"]["trust_env"] is True and given == {
+        "client_kwargs": {"trust_env": True}
+    }  # the user's dict is not changed
+    own = {"client_kwargs": {"timeout": aiohttp.ClientTimeout(total=3)}}
+    assert timed_options("http://h/x.zarr", own) == own
+    assert timed_options("http://h/x.zarr", {"timeout": 3}) == {"timeout": 3}
+    s3 = timed_options("s3://b/x.zarr", {"config_kwargs": {"read_timeout": 7}})
+    assert s3["config_kwargs"] == {"read_timeout": 7, "connect_timeout": seconds}
+    assert timed_options("gs://b/x.zarr", None) == {}
+    assert (
+        child_url("http://u:p@h/v.h5?token=t", "zarr.json") == "http://u:p@h/v.h5/zarr.json?token=t"
+    )
+    assert child_url("http://h/v.zarr/", ".zarray") == "http://h/v.zarr/.zarray"
+    assert child_url("bucket/v.zarr", "zarr.json") == "bucket/v.zarr/zarr.json"
+
+
+def test_warnings_raised_while_inspecting_a_url_are_re_emitted_without_credentials(tmp_path):
+    password = "PASS" + "W0RD"
+    zarr.create_array(tmp_path / "v.zarr", shape=(4,), chunks=(2,), dtype="f4")[...] = 1
+    zarr.create_array(tmp_path / "w.zarr", shape=(4,), chunks=(2,), dtype="f4", zarr_format=2)
+    (tmp_path / "v.zarr" / ".zarray").write_text((tmp_path / "w.zarr" / ".zarray").read_text())
+    with RangeHTTPServer(tmp_path) as server:
+        url = server.url.replace("http://", f"http://user:{password}@") + "/v.zarr"
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            report = inspect_store(url)
+    assert report.root.shape == (4,)
+    texts = [str(w.message) for w in caught]
+    assert any("Zarr v3 will be used" in t for t in texts), texts
+    assert not any(password in t for t in texts), texts

@@ -22,7 +22,7 @@ from mixle.inspection import (
     parse_patch,
 )
 from mixle.inspection.formatting import count_text, fill_text, shape_text, times_text
-from mixle.reading.faults import set_retry_policy
+from mixle.reading.faults import DEFAULT_BATCH_DEADLINE, DEFAULT_REQUEST_TIMEOUT, set_retry_policy
 from mixle.utils.redact import redact_text
 
 __all__ = ["parse_storage_option", "register", "render_report"]
@@ -252,14 +252,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="SECONDS",
         type=_seconds_arg,
         help="URLs: give up on a request that waits this long to connect, for its first byte "
-        "or between two bytes, and retry it (default: the retry policy's, 30)",
+        f"or between two bytes, and retry it (default: the retry policy's, "
+        f"{DEFAULT_REQUEST_TIMEOUT:g})",
     )
     cmd.add_argument(
         "--deadline",
         metavar="SECONDS",
         type=_seconds_arg,
         help="URLs: give up on the whole inspection after this long, with status 1 "
-        "(default: the retry policy's, 300)",
+        f"(default: the retry policy's, {DEFAULT_BATCH_DEADLINE:g})",
     )
     cmd.add_argument("--json", action="store_true", help="print the report as JSON")
     cmd.set_defaults(run=_run)

@@ -19,7 +19,12 @@ from mixle.inspection.findings import (
     SMALL_CHUNK_BYTES,
 )
 from mixle.inspection.formatting import format_bytes
-from mixle.inspection.limits import MAX_METADATA_BYTES, MAX_METADATA_DEPTH, MetadataLimitError
+from mixle.inspection.limits import (
+    MAX_METADATA_BYTES,
+    MAX_METADATA_DEPTH,
+    InvalidMetadataError,
+    MetadataLimitError,
+)
 from mixle.inspection.npy_files import MAX_NPY_HEADER_BYTES, NpyHeaderTooLargeError
 from mixle.inspection.patches import (
     DEFAULT_PATCH_EDGE,
@@ -56,6 +61,7 @@ __all__ = [
     "ArrayReport",
     "GroupReport",
     "LayoutFinding",
+    "InvalidMetadataError",
     "MetadataLimitError",
     "NpyHeaderTooLargeError",
     "PatchCost",

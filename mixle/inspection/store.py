@@ -40,7 +40,8 @@ def inspect_store(
     """Describe the arrays in a zarr store, an HDF5 file or a ``.npy`` file.
 
     Reads metadata and stored object sizes only; chunk data is never read or decoded, and
-    everything is opened read-only.
+    everything is opened read-only. Warnings raised while inspecting are re-emitted with
+    URLs and ``storage_options`` values masked.
 
     Parameters
     ----------
@@ -74,6 +75,14 @@ def inspect_store(
     MetadataLimitError
         When a zarr metadata file is larger than :data:`MAX_METADATA_BYTES` or nests
         deeper than :data:`MAX_METADATA_DEPTH`.
+    InvalidMetadataError
+        When a zarr metadata file is not a JSON object (``null``, a list, truncated, not
+        UTF-8), naming it.
+    RemoteTimeoutError
+        Over a URL, when requests kept stalling past the retry policy's request timeout,
+        or the whole inspection passed its deadline
+        (:func:`~mixle.reading.set_retry_policy`; every file system made for the URL gets
+        that timeout unless ``storage_options`` set one).
     TypeError, ValueError
         For a bad ``path_or_url``, ``storage_options`` or ``patch``.
     ImportError

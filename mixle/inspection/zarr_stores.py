@@ -12,7 +12,6 @@ import numpy as np
 from mixle.inspection.findings import with_findings
 from mixle.inspection.formatting import (
     BLOSC_SHUFFLE,
-    count_text,
     plain_value,
     shape_text,
     spell_codec,
@@ -29,18 +28,17 @@ from mixle.inspection.locations import ZARR_METADATA, is_remote
 from mixle.inspection.patches import chunk_data_elements
 from mixle.inspection.remote import check_remote_metadata, give_up_if_late
 from mixle.inspection.report import ArrayReport, GroupReport, LayoutFinding, UnsupportedStoreError
-from mixle.reading.faults import CorruptChunkError
+from mixle.inspection.zarr_shard_indices import (
+    MAX_PROBED_OBJECTS,
+    count_inner_chunks,
+    damaged_finding,
+)
 from mixle.utils.redact import display_path, redact_text
 
 __all__ = ["MAX_PROBED_OBJECTS", "inspect_zarr"]
 
-#: Most stored objects whose size is asked for one by one (stores that cannot list, such as
-#: plain HTTP) or whose shard index is read to count inner chunks.
-MAX_PROBED_OBJECTS = 4096
 #: Size requests in flight at once when probing objects one by one.
 _PROBE_CONCURRENCY = 32
-#: Damaged shards named one by one in a ``corrupt-shard`` finding (the rest are counted).
-_DAMAGED_SHOWN = 5
 #: zarr v3 codecs that do not compress.
 _ZARR_NOT_COMPRESSING = frozenset({"bytes", "transpose", "crc32c", "sharding_indexed", "vlen-utf8"})
 
@@ -260,10 +258,10 @@ def _zarr_array(
     if sizes is None:
         notes.append(LayoutFinding("sizes-unknown", "info", f"stored sizes unknown: {why}"))
     elif shards is not None:
-        counted = _count_inner_chunks(array, sorted(sizes), where, secrets)
+        counted = count_inner_chunks(array, sorted(sizes), where, secrets)
         chunks_stored, elements, why, damaged = counted
         if damaged:
-            notes.append(_damaged_finding(damaged))
+            notes.append(damaged_finding(damaged))
         if chunks_stored is None:
             notes.append(LayoutFinding("sizes-unknown", "info", f"inner chunks not counted: {why}"))
     else:
@@ -526,79 +524,6 @@ def _probe_sizes(array: Any, grid: tuple[int, ...]) -> dict[tuple[int, ...], int
 
     found = sync(all_sizes())
     return {c: s for c, s in zip(coords, found) if s is not None}
-
-
-def _count_inner_chunks(
-    array: Any, shards: list[tuple[int, ...]], where: str, secrets: Any
-) -> tuple[int | None, int | None, str, list[str]]:
-    """``(inner chunks, array elements they hold, why not, damaged)`` for the stored ``shards``.
-
-    Both are counted from the shard indices (edge chunks without their padding), of the
-    shards whose index reads; ``damaged`` says why each other shard's index does not
-    (:class:`~mixle.reading.faults.CorruptChunkError`: truncated, bad checksum).
-    """
-    from mixle.data.sources.zarr_shards import _EMPTY, ShardedZarrReader
-
-    reader = ShardedZarrReader.for_array(array, where, where, secrets)
-    if reader is None:
-        return None, None, "codecs around the shards that mixle does not read itself", []
-    if len(shards) > MAX_PROBED_OBJECTS:
-        return (
-            None,
-            None,
-            (
-                f"{len(shards)} shards stored, more than MAX_PROBED_OBJECTS={MAX_PROBED_OBJECTS} "
-                "indices to read"
-            ),
-            [],
-        )
-    chunks = tuple(int(c) for c in array.chunks)
-    per_shard = np.asarray([s // c for s, c in zip(array.shards, chunks)], dtype=np.int64)
-    written: list[np.ndarray] = []
-    indices, damaged = _shard_indices(reader, shards)
-    for shard, index in indices.items():
-        if index is not None:
-            local = np.argwhere((index[..., 0] != _EMPTY) | (index[..., 1] != _EMPTY))
-            written.append(local + np.asarray(shard, dtype=np.int64) * per_shard)
-    coords = np.concatenate(written) if written else np.zeros((0, len(chunks)), np.int64)
-    return len(coords), chunk_data_elements(array.shape, chunks, coords), "", damaged
-
-
-def _shard_indices(
-    reader: Any, shards: list[tuple[int, ...]]
-) -> tuple[dict[tuple[int, ...], Any], list[str]]:
-    """The indices of ``shards`` that read, and why each of the others is damaged.
-
-    All are read in one call; only when one of them is corrupt is each read on its own, to
-    tell the damaged shards from the sound ones.
-    """
-    try:
-        return reader.shard_indices(shards), []
-    except CorruptChunkError:
-        pass
-    found: dict[tuple[int, ...], Any] = {}
-    damaged: list[str] = []
-    for shard in shards:
-        try:
-            found.update(reader.shard_indices([shard]))
-        except CorruptChunkError as exc:
-            damaged.append(str(exc))
-    return found, damaged
-
-
-def _damaged_finding(damaged: list[str]) -> LayoutFinding:
-    """The warning for stored shards whose index cannot be read (named, with the reason)."""
-    shown = "; ".join(damaged[:_DAMAGED_SHOWN])
-    more = len(damaged) - _DAMAGED_SHOWN
-    rest = f"; and {more} more" if more > 0 else ""
-    return LayoutFinding(
-        "corrupt-shard",
-        "warning",
-        f"{count_text(len(damaged), 'stored shard')} cannot be read (reads of their chunks "
-        "fail with CorruptChunkError; their inner chunks count as never written above): "
-        f"{shown}{rest}; "
-        "fix: rewrite those shards from a good copy",
-    )
 
 
 def _cannot_list(store: Any) -> bool:

@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from mixle.reading.faults import (
+    CorruptChunkError,
     RangeMismatchError,
     RemoteReadError,
     batch_deadline,
@@ -41,12 +42,14 @@ from mixle.reading.faults import (
     retry_call,
     retry_policy,
 )
+from mixle.utils.redact import redact_text
 
 __all__ = [
     "COALESCE_GAP_BYTES",
     "MAX_COALESCED_BYTES",
     "MAX_INFLIGHT_BYTES",
     "MAX_INFLIGHT_REQUESTS",
+    "READ_BLOCK_BYTES",
     "ByteSpan",
     "Coalesced",
     "check_range",
@@ -74,6 +77,9 @@ COALESCE_GAP_BYTES = 1024 * 1024
 MAX_COALESCED_BYTES = 16 * 1024 * 1024
 
 T = TypeVar("T")
+
+#: Bytes a capped response body is read in at a time (:func:`fetch_range` with ``limit``).
+READ_BLOCK_BYTES = 1024 * 1024
 
 #: A byte range of one object: ``(start, end)`` for bytes ``[start, end)``, ``(start, None)``
 #: for everything from ``start`` on, ``(-n, None)`` for the last ``n`` bytes.
@@ -460,7 +466,9 @@ def _is_http(fs: Any) -> bool:
     return http is not None and isinstance(fs, http.HTTPFileSystem)
 
 
-async def fetch_range(fs: Any, path: str, span: ByteSpan, *, size: int | None = None) -> bytes:
+async def fetch_range(
+    fs: Any, path: str, span: ByteSpan, *, size: int | None = None, limit: int | None = None
+) -> bytes:
     """Bytes ``span`` of ``path`` on the async fsspec file system ``fs``, checked; one try.
 
     Over HTTP and S3 (s3fs) the status, ``Content-Range`` and body length are checked. A
@@ -473,10 +481,20 @@ async def fetch_range(fs: Any, path: str, span: ByteSpan, *, size: int | None = 
     only when the object really ends there. ``span=(0, None)`` of an empty object (a
     ``416``) is ``b""``.
 
+    ``limit`` is the most bytes one request may download (``None``: no cap); pass the
+    largest size the object may have (a chunk's or shard's stored limit, the metadata
+    limit). Over HTTP and S3 a ``Content-Length`` past it is refused before the body is
+    read, and the body is read in blocks and refused once it passes ``limit``. A ``200``
+    to a range ``(start, end)`` (a server that ignores ``Range``) is read only up to
+    ``end`` and its connection dropped, not downloaded whole.
+
     Raises
     ------
     RangeMismatchError
         When the response is not the range asked (see :func:`check_range`).
+    CorruptChunkError
+        When the answer is larger than ``limit`` (not retried); names the URL, without
+        credentials, and the limit.
     FileNotFoundError
         When the object does not exist.
     """
@@ -485,10 +503,11 @@ async def fetch_range(fs: Any, path: str, span: ByteSpan, *, size: int | None = 
         return b""
     try:
         if _is_http(fs):
-            return await _fetch_http(fs, path, span, size)
+            return await _fetch_http(fs, path, span, size, limit)
         if _is_s3(fs):
-            return await _fetch_s3(fs, path, span, size)
+            return await _fetch_s3(fs, path, span, size, limit)
         body = bytes(await fs._cat_file(path, start=start, end=end))
+        _check_limit(len(body), limit, fs, path, span)
     except Exception as exc:
         # "bytes=0-" of an empty object is unsatisfiable (416): the object is empty
         if span == (0, None) and _unsatisfiable(exc) and await _object_size(fs, path) == 0:
@@ -526,25 +545,120 @@ async def _object_size(fs: Any, path: str) -> int | None:
     return None if found is None else int(found)
 
 
-async def _fetch_http(fs: Any, path: str, span: ByteSpan, size: int | None) -> bytes:
+async def _fetch_http(
+    fs: Any, path: str, span: ByteSpan, size: int | None, limit: int | None
+) -> bytes:
     """One ranged GET through fsspec's aiohttp session, its status and headers checked."""
     kwargs = {**fs.kwargs, **request_options(fs)}
     headers = dict(kwargs.pop("headers", None) or {})
     headers["Range"] = range_header(span)
     session = await fs.set_session()
     async with session.get(fs.encode_url(path), headers=headers, **kwargs) as response:
-        body = await response.read()
         fs._raise_not_found_for_status(response, path)
         status = response.status
         content_range = response.headers.get("Content-Range")
         content_type = response.headers.get("Content-Type")
         declared = response.headers.get("Content-Length")
+        body, cut = await _read_capped(
+            response.content.read, status, _length(declared), span, limit, (fs, path)
+        )
+        if cut:  # the rest of a whole object sent for a range: drop it with the connection
+            response.close()
+    return await _checked_answer(
+        fs, path, span, size, body, status, content_range, content_type, declared
+    )
+
+
+async def _read_capped(
+    read: Callable[[int], Awaitable[bytes]],
+    status: int,
+    declared: int | None,
+    span: ByteSpan,
+    limit: int | None,
+    where: tuple[Any, str],
+) -> tuple[bytes, bool]:
+    """The body to keep, read by ``read(n)`` calls, and whether bytes were left unread.
+
+    A ``200`` to a range ``(start, end)`` is read up to ``end`` only; no body past
+    ``limit`` is read (refused by its ``Content-Length`` first, when it has one).
+    """
+    upto = _range_end(span) if status == 200 else None
+    expected = declared if upto is None or declared is None else min(declared, upto)
+    if expected is not None:
+        _check_limit(expected, limit, *where, span)
+    most = upto
+    if limit is not None:
+        most = limit + 1 if most is None else min(most, limit + 1)
+    if most is None:
+        return bytes(await read(-1)), False
+    parts: list[bytes] = []
+    got = 0
+    while got < most:
+        part = await read(min(most - got, READ_BLOCK_BYTES))
+        if not part:
+            break
+        parts.append(bytes(part))
+        got += len(part)
+    _check_limit(got, limit, *where, span)
+    body = b"".join(parts)
+    return body, upto is not None and got >= upto and (declared is None or declared > got)
+
+
+def _range_end(span: ByteSpan) -> int | None:
+    """``end`` of a range ``(start, end)`` that does not ask for the whole object, else ``None``."""
+    start, end = span
+    return end if start >= 0 and end is not None else None
+
+
+def _length(value: object) -> int | None:
+    try:
+        return None if value is None else int(str(value))
+    except ValueError:
+        return None
+
+
+def _check_limit(nbytes: int, limit: int | None, fs: Any, path: str, span: ByteSpan) -> None:
+    """:class:`CorruptChunkError` when one answer brings more than ``limit`` bytes."""
+    if limit is None or nbytes <= limit:
+        return
+    encode = getattr(fs, "encode_url", None)
+    url = redact_text(encode(path) if callable(encode) else str(path))
+    raise CorruptChunkError(
+        f"{url}: the answer to {range_header(span)} holds at least {nbytes} bytes, more than "
+        f"the {limit} bytes this stored object may have: refused without reading the rest "
+        "(the object is damaged or not what its metadata says)"
+    )
+
+
+async def _checked_answer(
+    fs: Any,
+    path: str,
+    span: ByteSpan,
+    size: int | None,
+    body: bytes,
+    status: int,
+    content_range: str | None,
+    content_type: str | None,
+    declared: object,
+) -> bytes:
+    """:func:`check_range` of one HTTP or S3 answer, learning the object's size if needed."""
     if (
         status == 200
         and size is None
         and not _whole_as_declared(span, body, content_type, declared)
     ):
         size = await _object_size(fs, path)  # a 200 is the whole object only if it is this long
+    upto = _range_end(span)
+    if (  # read up to the range's end only: the whole object's length is its Content-Length
+        status == 200
+        and upto is not None
+        and size is not None
+        and upto <= len(body) < size
+        and _length(declared) == size
+        and not _is_text(content_type)
+    ):
+        first, end = _resolve(span, size) or (0, 0)
+        return body[first:end]
     return check_range(
         body,
         span,
@@ -582,33 +696,38 @@ def _is_s3(fs: Any) -> bool:
     return type(fs).__module__.startswith("s3fs") and hasattr(fs, "_call_s3")
 
 
-async def _fetch_s3(fs: Any, path: str, span: ByteSpan, size: int | None) -> bytes:
+async def _fetch_s3(
+    fs: Any, path: str, span: ByteSpan, size: int | None, limit: int | None
+) -> bytes:
     """One ranged ``GetObject`` through s3fs (as its ``_cat_file`` sends it), checked."""
     bucket, key, version = fs.split_path(path)
     extra = {"VersionId": version} if version else {}
     response = await fs._call_s3(
         "get_object", Bucket=bucket, Key=key, Range=range_header(span), **extra
     )
+    status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    status = 206 if status is None else int(status)
+    declared = response.get("ContentLength")
     try:
-        body = await response["Body"].read()
+        stream = response["Body"]
+        if limit is None and (status != 200 or _range_end(span) is None):
+            body = bytes(await stream.read())  # as s3fs reads it (botocore checks checksums)
+        else:
+            body, _ = await _read_capped(
+                stream.read, status, _length(declared), span, limit, (fs, path)
+            )
     finally:
         response["Body"].close()
-    status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-    declared = response.get("ContentLength")
-    content_type = response.get("ContentType")
-    if (
-        status == 200
-        and size is None
-        and not _whole_as_declared(span, body, content_type, declared)
-    ):
-        size = await _object_size(fs, path)
-    return check_range(
-        body,
+    return await _checked_answer(
+        fs,
+        path,
         span,
-        size=size,
-        status=206 if status is None else int(status),
-        content_range=response.get("ContentRange"),
-        content_type=content_type,
+        size,
+        body,
+        status,
+        response.get("ContentRange"),
+        response.get("ContentType"),
+        declared,
     )
 
 
@@ -621,13 +740,15 @@ def read_range(
     key: str,
     size: int | None = None,
     secrets: object = None,
+    limit: int | None = None,
 ) -> bytes:
     """:func:`fetch_range` from blocking code, retried; sync file systems supported too.
 
     Parameters
     ----------
-    fs, path, span, size
-        As for :func:`fetch_range`.
+    fs, path, span, size, limit
+        As for :func:`fetch_range` (on a sync file system the body's length is checked
+        against ``limit`` once read).
     url, key, secrets
         Name the object and the piece in a :class:`~mixle.reading.faults.RemoteReadError`
         (``secrets`` are masked there).
@@ -641,11 +762,11 @@ def read_range(
         from fsspec.asyn import sync  # type: ignore[import-untyped]
 
         def fetch() -> Awaitable[bytes]:
-            return fetch_range(fs, path, span, size=size)
+            return fetch_range(fs, path, span, size=size, limit=limit)
 
         try:
             return bytes(sync(fs.loop, retry_async, fetch, url=url, key=key, secrets=secrets))
-        except (RemoteReadError, FileNotFoundError) as exc:
+        except (RemoteReadError, FileNotFoundError, CorruptChunkError) as exc:
             kind, text = type(exc), str(exc)
         # fsspec's sync() re-raises from a frame that holds the exception, a reference
         # cycle; raised on from the caller's frames (h5py's, holding h5py objects) it would
@@ -657,6 +778,7 @@ def read_range(
 
     def call() -> bytes:
         body = bytes(fs.cat_file(path, start=span[0], end=span[1]))
+        _check_limit(len(body), limit, fs, path, span)
         known = fs.size(path) if size is None and _short(body, span) else size
         return check_range(body, span, size=known)
 

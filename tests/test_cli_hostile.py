@@ -557,3 +557,35 @@ def test_hostile_zarr_metadata_over_http_names_the_file(tmp_path, case):
         status, _, err = run_cli("inspect", f"{server.url}/h.zarr", setup=QUICK_TIMEOUTS)
     line = assert_one_line(status, err, f"{server.url}/h.zarr/{name}'", what)
     assert "a bug?" not in line
+
+
+def _v3_metadata(**over: object) -> bytes:
+    meta = {
+        "zarr_format": 3,
+        "node_type": "array",
+        "shape": [10, 10],
+        "data_type": "float32",
+        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [5, 5]}},
+        "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
+        "fill_value": 0.0,
+        "codecs": [{"name": "bytes", "configuration": {"endian": "little"}}],
+    }
+    return json.dumps({**meta, **over}).encode()
+
+
+@pytest.mark.parametrize(
+    ("over", "what"),
+    [
+        ({"shape": [10.5, 10]}, "holds zarr metadata (zarr.json) but zarr cannot open it"),
+        ({"node_type": "group"}, "holds zarr metadata (zarr.json) but zarr cannot open it"),
+        ({"shape": [10**30, 10]}, "an axis longer than 2**63 - 1"),
+    ],
+    ids=["float-shape", "group-with-array-fields", "huge-shape"],
+)
+def test_zarr_metadata_zarr_refuses_is_one_line_not_a_bug(tmp_path, over, what):
+    store = tmp_path / "m.zarr"
+    store.mkdir()
+    (store / "zarr.json").write_bytes(_v3_metadata(**over))
+    status, _, err = run_cli("inspect", str(store))
+    line = assert_one_line(status, err, str(store), what)
+    assert "a bug?" not in line

@@ -37,6 +37,10 @@ from mixle.utils.redact import display_path, redact_text
 
 __all__ = ["MAX_PROBED_OBJECTS", "inspect_zarr"]
 
+#: Metadata files at the root of a zarr store, named when zarr cannot open it.
+_ROOT_METADATA = ("zarr.json", ".zarray", ".zgroup", ".zattrs")
+#: Longest axis any reader can index (NumPy's int64 indices).
+_MAX_EXTENT = 2**63 - 1
 #: Size requests in flight at once when probing objects one by one.
 _PROBE_CONCURRENCY = 32
 #: zarr v3 codecs that do not compress.
@@ -76,11 +80,20 @@ def inspect_zarr(
             check_remote_metadata(location, storage_options)
         reason = redact_text(f"{type(exc).__name__}: {exc}", storage_options)
         raise UnsupportedStoreError(
-            f"{shown!r} holds zarr metadata but zarr cannot open it: {reason}"
+            f"{shown!r} holds zarr metadata{_root_metadata(location)} but zarr cannot open it: "
+            f"{reason}"
         ) from None
     remote = is_remote(location)
     where = display_path(location)
     return _zarr_node(zarr, node, "/", patch, remote, where, storage_options, False)
+
+
+def _root_metadata(location: str) -> str:
+    """`` (zarr.json)``: the metadata files at the root of a local store, for messages."""
+    if is_remote(location) or not os.path.isdir(location):
+        return ""
+    names = [n for n in _ROOT_METADATA if os.path.lexists(os.path.join(location, n))]
+    return f" ({', '.join(names)})" if names else ""
 
 
 def _zarr_node(
@@ -240,6 +253,11 @@ def _zarr_array(
     chunks = tuple(int(c) for c in array.chunks)
     shards = None if array.shards is None else tuple(int(s) for s in array.shards)
     itemsize = None if dtype is None or dtype.kind in "OT" else dtype.itemsize
+    if any(s > _MAX_EXTENT for s in shape):
+        raise UnsupportedStoreError(
+            f"{where!r}: array {path!r} has shape {shape_text(shape)}, an axis longer than "
+            f"2**63 - 1: no reader can index it (damaged metadata? fix its shape)"
+        )
     for name, edges in (("chunk", chunks), ("shard", shards or ())):
         if any(e < 1 for e in edges):
             raise UnsupportedStoreError(

@@ -621,8 +621,8 @@ def _check_limit(nbytes: int, limit: int | None, fs: Any, path: str, span: ByteS
     """:class:`CorruptChunkError` when one answer brings more than ``limit`` bytes."""
     if limit is None or nbytes <= limit:
         return
-    encode = getattr(fs, "encode_url", None)
-    url = redact_text(encode(path) if callable(encode) else str(path))
+    name = getattr(fs, "encode_url", None) or getattr(fs, "unstrip_protocol", None)
+    url = redact_text(str(name(path) if callable(name) else path))
     raise CorruptChunkError(
         f"{url}: the answer to {range_header(span)} holds at least {nbytes} bytes, more than "
         f"the {limit} bytes this stored object may have: refused without reading the rest "

@@ -8,6 +8,10 @@ source; the answer is always h5py's own read of the same file.
 from __future__ import annotations
 
 import ctypes
+import json
+import subprocess
+import sys
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -424,3 +428,50 @@ def test_random_boxes_and_keys_equal_h5py(exact_files, which, box, key):
         np.testing.assert_array_equal(src[key], want[key])
         rows = [c[0] for c in starts]
         np.testing.assert_array_equal(src.get_batch(rows), want[rows])
+
+
+# -- src[key] reads what read_boxes reads: one bounded path -----------------------------
+
+BOMB = """
+import json, sys
+import mixle
+
+def hwm():
+    with open("/proc/self/status") as status:
+        return int(next(line for line in status if line.startswith("VmHWM")).split()[1])
+
+out = {}
+with mixle.read_hdf5(sys.argv[1], "x") as src:
+    src[-1:, -1:]
+    with open("/proc/self/clear_refs", "w") as refs:
+        refs.write("5")
+    base = hwm()
+    for how in ("getitem", "boxes"):
+        try:
+            src[0:1, 0:1] if how == "getitem" else src.read_boxes([[0, 0]], [1, 1])
+        except Exception as exc:
+            out[how] = [type(exc).__name__, str(exc)]
+out["growth_kib"] = hwm() - base
+print(json.dumps(out))
+"""
+
+
+def test_getitem_on_a_deflate_bomb_is_refused_like_read_boxes_in_bounded_memory(tmp_path):
+    path = tmp_path / "bomb.h5"
+    with h5py.File(path, "w") as f:
+        ds = f.create_dataset(
+            "x", shape=(1024, 512), chunks=(512, 256), dtype="<i4", compression="gzip"
+        )
+        ds[...] = 1
+        ds.id.write_direct_chunk((0, 0), zlib.compress(bytes(256 << 20), 9))  # 256 MiB
+    done = subprocess.run(
+        [sys.executable, "-c", BOMB, str(path)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["getitem"] == out["boxes"]
+    name, message = out["getitem"]
+    assert name == "CorruptChunkError"
+    assert "chunk (0, 0)" in message and "'/x'" in message
+    assert "inflates past 524288 bytes" in message  # not "ends early"
+    assert out["growth_kib"] < 64 * 1024  # a 256 MiB inflate was never made

@@ -318,10 +318,12 @@ def test_virtual_prefix_finds_virtual_sources_in_another_folder_as_h5py(tmp_path
         ({"efile_prefix": 3}, TypeError, r"efile_prefix=3 must be a folder path"),
         ({"virtual_prefix": b"/x"}, TypeError, r"virtual_prefix=b'/x' must be a folder path"),
         ({"efile_prefix": "a\0b"}, ValueError, r"efile_prefix='a\\x00b' contains a NUL"),
-        ({"rdcc_nbytes": -1}, TypeError, r"rdcc_nbytes=-1 must be a non-negative integer"),
+        ({"rdcc_nbytes": -1}, ValueError, r"rdcc_nbytes=-1 must be a non-negative integer"),
         ({"rdcc_nslots": "9"}, TypeError, r"rdcc_nslots='9' must be a non-negative integer"),
         ({"rdcc_w0": 2.0}, ValueError, r"rdcc_w0=2.0 must be a number from 0 to 1"),
         ({"efile_prefx": "/x"}, TypeError, r"h5py.File refused the options .*efile_prefix"),
+        # only the bad keyword, not the defaults mixle passes along with it
+        ({"nosuch": 1}, TypeError, r"refused the options \['nosuch'\] "),
     ],
 )
 def test_dataset_options_are_checked_with_clear_errors(tmp_path, options, error, match):

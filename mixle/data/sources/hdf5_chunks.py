@@ -258,6 +258,8 @@ class HDF5ChunkReader:
                     packed = data if isinstance(data, bytes) else data.tobytes()
                     inflate = zlib.decompressobj()
                     data = inflate.decompress(packed, nbytes + 1)
+                    if len(data) > nbytes:  # before eof: a bomb never reaches its end
+                        raise ValueError(f"the deflate stream inflates past {nbytes} bytes")
                     if not inflate.eof:
                         raise ValueError("the deflate stream ends early")
                 else:

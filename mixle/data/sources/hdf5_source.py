@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 from typing import Any
 
@@ -254,7 +255,8 @@ class HDF5ArraySource(ArraySource):
             raise OSError(f"path={path!r} could not be opened as an HDF5 file: {exc}") from exc
         except TypeError as exc:
             raise TypeError(
-                f"path={path!r}: h5py.File refused the options {sorted(options)} ({exc}); "
+                f"path={path!r}: h5py.File refused the options {_refused(h5py, options)} "
+                f"({exc}); "
                 f"dataset options are {', '.join(_ACCESS)}, rdcc_nbytes, rdcc_nslots, rdcc_w0"
             ) from None
         try:
@@ -307,8 +309,10 @@ class HDF5ArraySource(ArraySource):
     def _read(self, handle: Any, key: tuple[int | slice, ...]) -> np.ndarray:
         mapped = self._memmap_for(handle)
         if mapped is None:
-            planned = self._read_planned(handle, key) if self._remote is not None else None
-            return np.asarray(handle[key]) if planned is None else planned
+            # chunks mixle decodes go through the read planner, as read_boxes does: one
+            # bounded, checked decode per chunk, the same answer on every path
+            reader = self._reader_for(handle)
+            return np.asarray(handle[key]) if reader is None else self._read_chunks(reader, key)
         self._check_file(mapped)
         return np.array(mapped[key], copy=True, subok=False)
 
@@ -365,6 +369,17 @@ def _open_with_access(
         ) from None
     # readonly lets h5py cache shape/dtype lookups, as File.__getitem__ does: 3x faster reads
     return h5py.Dataset(dsid, readonly=file.mode == "r")
+
+
+def _refused(h5py: Any, options: dict[str, Any]) -> list[str]:
+    """The keys of ``options`` that are not named parameters of ``h5py.File``.
+
+    h5py passes unknown keywords on to the file driver, so when every key is a named
+    parameter the refusal came from a value: then every key is listed.
+    """
+    named = inspect.signature(h5py.File.__init__).parameters
+    unknown = sorted(k for k in options if k not in named)
+    return unknown or sorted(options)
 
 
 def _scrubbed(exc: Exception, secrets: object) -> Exception:
@@ -480,8 +495,10 @@ def _check_cache_options(options: dict[str, Any]) -> None:
     """``rdcc_nbytes`` and ``rdcc_nslots`` are counts, ``rdcc_w0`` a number in [0, 1]."""
     for key in ("rdcc_nbytes", "rdcc_nslots"):
         value = options[key]
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
             raise TypeError(f"{key}={value!r} must be a non-negative integer")
+        if value < 0:
+            raise ValueError(f"{key}={value!r} must be a non-negative integer")
     w0 = options.get("rdcc_w0", 0.75)
     if (
         isinstance(w0, bool)

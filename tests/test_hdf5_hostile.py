@@ -436,3 +436,38 @@ def test_a_dataset_open_elsewhere_with_another_efile_prefix_is_a_clear_error(tmp
             mixle.read_hdf5(path, "e", efile_prefix=raw)
         del held
     np.testing.assert_array_equal(mixle.read_hdf5(path, "e", efile_prefix=raw)[...], data)
+
+
+VDS_OPEN = """
+import json, sys
+import mixle
+
+try:
+    mixle.read_hdf5(sys.argv[1], "v")[0:5]
+except Exception as exc:
+    print(json.dumps([type(exc).__name__, str(exc)]))
+else:
+    print(json.dumps(None))
+"""
+
+
+@pytest.mark.parametrize("named", ["absolute", "relative"])
+def test_virtual_sources_that_are_fifos_are_refused_at_open(tmp_path, named):
+    folder = tmp_path / "vds"
+    folder.mkdir()
+    source = folder / "src.h5"
+    with h5py.File(source, "w") as f:
+        f.create_dataset("x", data=np.arange(100.0))
+    layout = h5py.VirtualLayout(shape=(100,), dtype="f8")
+    # a relative name is found in the virtual dataset's own folder, as HDF5 finds it
+    layout[:] = h5py.VirtualSource(str(source) if named == "absolute" else "src.h5", "x", (100,))
+    with h5py.File(folder / "v.h5", "w") as f:
+        f.create_virtual_dataset("v", layout, fillvalue=-1)
+    with mixle.read_hdf5(folder / "v.h5", "v") as src:  # a regular source reads as h5py
+        np.testing.assert_array_equal(src[...], np.arange(100.0))
+    source.unlink()
+    os.mkfifo(source)
+    # in a child: HDF5 opening the FIFO would block this process for ever
+    error = _child(VDS_OPEN, str(folder / "v.h5"), timeout=30)
+    assert error is not None and error[0] == "SpecialFileError"
+    assert "FIFO" in error[1] and str(source) in error[1] and "'v'" in error[1]

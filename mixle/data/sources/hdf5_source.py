@@ -10,6 +10,16 @@ import numpy as np
 
 from mixle.data.schema import Schema
 from mixle.data.sources.base import ArrayMeta, ArraySource, listing
+from mixle.data.sources.hdf5_access import (
+    ACCESS,
+    HDF5_CHUNK_CACHE_BYTES,
+    HDF5_CHUNK_CACHE_SLOTS,
+    check_external,
+    check_virtual,
+    hdf5_args,
+    is_url,
+    open_with_access,
+)
 from mixle.data.sources.hdf5_chunks import HDF5ChunkReader, contiguous_memmap, require_filters
 from mixle.data.sources.hdf5_remote import RemoteHDF5ChunkReader, open_remote_file
 from mixle.data.sources.memmap_check import check_mapped_file
@@ -28,18 +38,6 @@ __all__ = [
     "HDF5ArraySource",
     "list_hdf5_datasets",
 ]
-
-#: Default per-dataset HDF5 chunk cache (``rdcc_nbytes``): room for the chunks a batch of
-#: patches touches, where HDF5's own 1 MiB default holds at most one 64³ float32 chunk.
-HDF5_CHUNK_CACHE_BYTES = 64 * 1024 * 1024
-#: Default hash-table size of the chunk cache (``rdcc_nslots``), a prime well above the
-#: number of chunks that fit.
-HDF5_CHUNK_CACHE_SLOTS = 100_003
-_MODES = ("r", "r+")
-#: Dataset-access options, applied through HDF5's dataset access property list.
-_ACCESS = ("efile_prefix", "virtual_prefix")
-#: How HDF5 names the prefix of an HDF5 file's own folder in ``efile_prefix``.
-_ORIGIN = "${ORIGIN}"
 
 
 def _h5py() -> Any:
@@ -145,10 +143,10 @@ class HDF5ArraySource(ArraySource):
         access = {"efile_prefix": efile_prefix, "virtual_prefix": virtual_prefix}
         if _is_file_like(path):
             self._init_state(None, structure, schema)
-            self._file_like = (path, _hdf5_args("<file-like>", dataset, h5py_options, None, access))
+            self._file_like = (path, hdf5_args("<file-like>", dataset, h5py_options, None, access))
             self._adopt(self._open_file_like())
             return
-        args = _hdf5_args(path, dataset, h5py_options, storage_options, access)
+        args = hdf5_args(path, dataset, h5py_options, storage_options, access)
         self._init_state(args, structure, schema)
         if optional_deps.HAS_H5PY:  # else checked at first use, where h5py is installed
             self._live()
@@ -169,13 +167,14 @@ class HDF5ArraySource(ArraySource):
         reopenable = file.driver not in ("core", "fileobj") and os.path.isfile(file.filename)
         obj = cls.__new__(cls)
         obj._init_state(
-            _hdf5_args(file.filename, dataset.name, {}) if reopenable else None,
+            hdf5_args(file.filename, dataset.name, {}) if reopenable else None,
             structure,
             schema,
         )
         where = f"{dataset.name!r} in {display_path(file.filename)!r}"
         require_filters(dataset, where)
-        _check_external(dataset, file.filename if reopenable else None, where)
+        check_external(dataset, file.filename if reopenable else None, where)
+        check_virtual(dataset, file.filename if reopenable else None, where)
         obj._adopt(dataset)
         return obj
 
@@ -197,7 +196,7 @@ class HDF5ArraySource(ArraySource):
         _h5py()  # a missing h5py is the first thing to say, before any file check
         args = self._args
         path = args["path"]
-        if _is_url(path):
+        if is_url(path):
             return self._open_remote(path, args)
         try:  # a FIFO would block h5py's open for ever, a device never ends
             require_regular_file(path, "HDF5 file")
@@ -257,7 +256,7 @@ class HDF5ArraySource(ArraySource):
             raise TypeError(
                 f"path={path!r}: h5py.File refused the options {_refused(h5py, options)} "
                 f"({exc}); "
-                f"dataset options are {', '.join(_ACCESS)}, rdcc_nbytes, rdcc_nslots, rdcc_w0"
+                f"dataset options are {', '.join(ACCESS)}, rdcc_nbytes, rdcc_nslots, rdcc_w0"
             ) from None
         try:
             kind = file.get(name, getclass=True)
@@ -272,10 +271,12 @@ class HDF5ArraySource(ArraySource):
                     f"dataset={name!r} in {path!r} is a group, not a dataset; pass one of "
                     f"its {listing(inside, 'datasets')}"
                 )
-            node = _open_with_access(h5py, file, name, options, args.get("access", {}))
+            node = open_with_access(h5py, file, name, options, args.get("access", {}))
             where = f"{name!r} in {path!r}"
             require_filters(node, where)
-            _check_external(node, file.filename if isinstance(target, str) else None, where)
+            local = file.filename if isinstance(target, str) else None
+            check_external(node, local, where)
+            check_virtual(node, local, where)
         except BaseException:
             file.close()
             raise
@@ -341,36 +342,6 @@ class HDF5ArraySource(ArraySource):
             remote[2].close()
 
 
-def _open_with_access(
-    h5py: Any, file: Any, name: str, options: dict[str, Any], access: dict[str, str]
-) -> Any:
-    """Open dataset ``name`` with this source's chunk cache and ``access`` prefixes.
-
-    HDF5 keeps one chunk cache per open dataset in a process, set by whoever opens it first:
-    a dataset already open elsewhere in the process keeps that opener's cache (and refuses
-    another ``efile_prefix`` or ``virtual_prefix``).
-    """
-    dapl = h5py.h5p.create(h5py.h5p.DATASET_ACCESS)
-    dapl.set_chunk_cache(
-        options["rdcc_nslots"], options["rdcc_nbytes"], options.get("rdcc_w0", 0.75)
-    )
-    if "efile_prefix" in access:
-        dapl.set_efile_prefix(os.fsencode(access["efile_prefix"]))
-    if "virtual_prefix" in access:
-        dapl.set_virtual_prefix(os.fsencode(access["virtual_prefix"]))
-    try:
-        dsid = h5py.h5d.open(file.id, name.encode(), dapl=dapl)
-    except KeyError as exc:
-        if "prefix" not in str(exc):
-            raise
-        raise ValueError(
-            f"dataset={name!r} is already open in this process with another "
-            f"{' or '.join(_ACCESS)} ({exc}); close the other handle first"
-        ) from None
-    # readonly lets h5py cache shape/dtype lookups, as File.__getitem__ does: 3x faster reads
-    return h5py.Dataset(dsid, readonly=file.mode == "r")
-
-
 def _refused(h5py: Any, options: dict[str, Any]) -> list[str]:
     """The keys of ``options`` that are not named parameters of ``h5py.File``.
 
@@ -399,125 +370,7 @@ def _scrubbed(exc: Exception, secrets: object) -> Exception:
     return exc
 
 
-def _check_external(dataset: Any, file_path: str | None, where: str) -> None:
-    """Refuse a dataset whose external raw-data files are missing or special files.
-
-    Names are resolved as HDF5 resolves them (``HDF5_EXTFILE_PREFIX``, else the dataset's
-    ``efile_prefix``, else the current directory); ``file_path`` is the HDF5 file's path
-    (``None``: not a local file, so ``${ORIGIN}`` cannot be resolved and nothing is checked).
-    HDF5 reads these files itself: a FIFO among them would block the read for ever.
-    """
-    slots = dataset.external
-    if not slots:
-        return
-    prefix = os.environ.get("HDF5_EXTFILE_PREFIX") or os.fsdecode(
-        dataset.id.get_access_plist().get_efile_prefix()
-    )
-    origin = None if file_path is None else os.path.dirname(os.path.abspath(file_path))
-    if prefix.startswith(_ORIGIN):
-        if origin is None:
-            return
-        prefix = origin + prefix[len(_ORIGIN) :]
-    base = None if prefix in ("", ".") else prefix
-    missing = []
-    for name in dict.fromkeys(os.fsdecode(slot[0]) for slot in slots):
-        full = name if base is None or os.path.isabs(name) else os.path.join(base, name)
-        try:
-            require_regular_file(full, f"external raw-data file of HDF5 dataset {where}")
-        except FileNotFoundError:
-            missing.append(full)
-    if not missing:
-        return
-    looked = f"in the current directory {os.getcwd()!r}" if base is None else f"under {prefix!r}"
-    beside = origin is not None and all(
-        os.path.isfile(os.path.join(origin, os.path.basename(m))) for m in missing
-    )
-    hint = f" (they are in the HDF5 file's folder: efile_prefix={_ORIGIN!r})" if beside else ""
-    raise FileNotFoundError(
-        f"HDF5 dataset {where} stores its data in external raw-data files that are "
-        f"missing ({listing(missing, 'files')}); relative names are looked up {looked}: pass "
-        f"efile_prefix= the folder that holds them{hint}, or {_ORIGIN!r} for the HDF5 "
-        "file's own folder"
-    )
-
-
-def _is_url(path: object) -> bool:
-    return isinstance(path, str) and "://" in path and not path.startswith("file://")
-
-
 def _is_file_like(path: object) -> bool:
     return not isinstance(path, (str, os.PathLike)) and all(
         callable(getattr(path, name, None)) for name in ("read", "seek", "tell")
     )
-
-
-def _hdf5_args(
-    path: Any,
-    dataset: Any,
-    options: dict[str, Any],
-    storage_options: Any = None,
-    access: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(
-            f"path={path!r} must be a path to an HDF5 file, an fsspec URL or a binary "
-            "file-like object"
-        )
-    if storage_options is not None and not isinstance(storage_options, dict):
-        raise TypeError("storage_options must be a dict of fsspec options or None")
-    if storage_options and not _is_url(path):
-        raise ValueError(
-            "storage_options only apply to fsspec URLs (such as s3://bucket/x.h5); "
-            f"path={display_path(path)!r} is not one"
-        )
-    if not isinstance(dataset, str) or not dataset:
-        raise TypeError(f"dataset={dataset!r} must be the name of a dataset in the file")
-    options = dict(options)
-    mode = options.setdefault("mode", "r")
-    if mode not in _MODES:
-        raise ValueError(
-            f"mode={mode!r} could create or truncate the file; HDF5ArraySource accepts "
-            f"{' or '.join(map(repr, _MODES))}"
-        )
-    options.setdefault("rdcc_nbytes", HDF5_CHUNK_CACHE_BYTES)
-    options.setdefault("rdcc_nslots", HDF5_CHUNK_CACHE_SLOTS)
-    _check_cache_options(options)
-    args = {"path": os.fspath(path), "dataset": dataset, "options": options}
-    if storage_options:
-        args["storage_options"] = storage_options
-    prefixes = _parse_access(access or {})
-    if prefixes:
-        args["access"] = prefixes
-    return args
-
-
-def _check_cache_options(options: dict[str, Any]) -> None:
-    """``rdcc_nbytes`` and ``rdcc_nslots`` are counts, ``rdcc_w0`` a number in [0, 1]."""
-    for key in ("rdcc_nbytes", "rdcc_nslots"):
-        value = options[key]
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-            raise TypeError(f"{key}={value!r} must be a non-negative integer")
-        if value < 0:
-            raise ValueError(f"{key}={value!r} must be a non-negative integer")
-    w0 = options.get("rdcc_w0", 0.75)
-    if (
-        isinstance(w0, bool)
-        or not isinstance(w0, (int, float, np.integer, np.floating))
-        or not 0 <= w0 <= 1
-    ):
-        raise ValueError(f"rdcc_w0={w0!r} must be a number from 0 to 1")
-
-
-def _parse_access(access: dict[str, Any]) -> dict[str, str]:
-    """The dataset-access prefixes that are set, as strings; refuse any other type."""
-    parsed = {}
-    for key, value in access.items():
-        if value is None:
-            continue
-        if not isinstance(value, (str, os.PathLike)) or isinstance(os.fspath(value), bytes):
-            raise TypeError(f"{key}={value!r} must be a folder path (str or os.PathLike) or None")
-        text = os.fspath(value)
-        if "\0" in text:
-            raise ValueError(f"{key}={text!r} contains a NUL character")
-        parsed[key] = text
-    return parsed

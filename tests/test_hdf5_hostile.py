@@ -471,3 +471,57 @@ def test_virtual_sources_that_are_fifos_are_refused_at_open(tmp_path, named):
     error = _child(VDS_OPEN, str(folder / "v.h5"), timeout=30)
     assert error is not None and error[0] == "SpecialFileError"
     assert "FIFO" in error[1] and str(source) in error[1] and "'v'" in error[1]
+
+
+PLUGIN_BOMBS = """
+import json, struct, sys
+import h5py, hdf5plugin, numcodecs
+import mixle
+
+def hwm():
+    with open("/proc/self/status") as status:
+        return int(next(line for line in status if line.startswith("VmHWM")).split()[1])
+
+def lz4(n):  # hdf5plugin's framing: 8-byte BE total, 4-byte BE block size, sized blocks
+    block = numcodecs.LZ4().encode(bytes(1 << 20))[4:]
+    return struct.pack(">qi", n << 20, 1 << 20) + (struct.pack(">i", len(block)) + block) * n
+
+bombs = {
+    "zstd": (hdf5plugin.Zstd(), bytes(numcodecs.Zstd(1).encode(bytes(64 << 20)))),
+    "lz4": (hdf5plugin.LZ4(), lz4(64)),
+    "blosc": (hdf5plugin.Blosc(), bytes(numcodecs.Blosc("lz4").encode(bytes(64 << 20)))),
+}
+path = sys.argv[1]
+with h5py.File(path, "w") as f:
+    for name, (options, bomb) in bombs.items():
+        ds = f.create_dataset(name, shape=(64, 512), chunks=(32, 256), dtype="<i4", **options)
+        ds[...] = 1
+        ds.id.write_direct_chunk((0, 0), bomb)
+out = {}
+for name in bombs:
+    with mixle.read_hdf5(path, name) as src:
+        assert (src[-1:, -1:] == 1).all()  # a sound chunk reads as h5py
+        with open("/proc/self/clear_refs", "w") as refs:
+            refs.write("5")
+        base = hwm()
+        for how in ("getitem", "boxes"):
+            try:
+                src[0:1, 0:1] if how == "getitem" else src.read_boxes([[0, 0]], [1, 1])
+            except Exception as exc:
+                out[f"{name} {how}"] = [type(exc).__name__, str(exc), hwm() - base]
+print(json.dumps(out))
+"""
+
+
+def test_plugin_chunks_stating_more_than_a_chunk_are_refused_before_hdf5_decodes(tmp_path):
+    out = _child(PLUGIN_BOMBS, str(tmp_path / "bombs.h5"), timeout=120)
+    assert sorted(out) == sorted(
+        f"{n} {h}" for n in ("zstd", "lz4", "blosc") for h in ("getitem", "boxes")
+    )
+    for label, (error, message, growth_kib) in out.items():
+        name = label.split()[0]
+        assert error == "CorruptChunkError", label
+        assert f"chunk (0, 0) of HDF5 dataset '/{name}'" in message, label
+        assert f"its {name} data" in message and "a chunk has 32768" in message, label
+        assert str(64 << 20) in message, label
+        assert growth_kib < 16 * 1024, label  # the 64 MiB HDF5 would allocate never was

@@ -14,10 +14,12 @@ from typing import Any
 import numpy as np
 
 from mixle.data.sources.base import listing
+from mixle.reading import CorruptChunkError
 from mixle.utils.files import require_regular_file
 from mixle.utils.redact import display_path
 
 __all__ = [
+    "PluginSizeCheck",
     "HDF5_CHUNK_CACHE_BYTES",
     "HDF5_CHUNK_CACHE_SLOTS",
     "check_external",
@@ -222,3 +224,93 @@ def check_virtual(dataset: Any, file_path: str | None, where: str) -> None:
                 require_regular_file(candidate, f"source file of HDF5 virtual dataset {where}")
             except FileNotFoundError:
                 continue
+
+
+#: Plugin filters whose stored chunks state their decoded size: zstd (the frame's content
+#: size), blosc (its header's ``nbytes``), hdf5plugin's lz4 (an 8-byte big-endian total).
+FILTER_ZSTD, FILTER_BLOSC, FILTER_LZ4 = 32015, 32001, 32004
+_SIZE_KEEPING = (2,)  # shuffle: the decoded size of the stage below is the chunk's
+_FLETCHER32 = 3  # appends a 4-byte checksum after the filtered bytes
+
+
+class PluginSizeCheck:
+    """Refuse plugin-filtered chunks whose stated decoded size is not their chunk's.
+
+    HDF5's zstd, blosc and lz4 plugins allocate what the stored bytes say they decode to,
+    then silently keep the chunk's worth: a tiny chunk could allocate gigabytes. Each chunk
+    a read touches is checked once, from its stored bytes (``read_direct_chunk``), before
+    h5py reads it. Use :meth:`for_dataset`.
+    """
+
+    def __init__(self, dataset: Any, codes: list[int], where: str) -> None:
+        self._dsid = dataset.id
+        self._chunks = tuple(dataset.chunks)
+        self._nbytes = int(np.prod(self._chunks, dtype=np.int64)) * dataset.id.get_type().get_size()
+        self._codes = codes
+        self._where = where
+        self._checked: set[tuple[int, ...]] = set()
+
+    @classmethod
+    def for_dataset(cls, dataset: Any, where: str) -> PluginSizeCheck | None:
+        """A check for a chunked ``dataset`` with a zstd, blosc or lz4 filter, else ``None``."""
+        if dataset.chunks is None or dataset.is_virtual:
+            return None
+        dcpl = dataset.id.get_create_plist()
+        codes = [int(dcpl.get_filter(i)[0]) for i in range(dcpl.get_nfilters())]
+        if not set(codes) & {FILTER_ZSTD, FILTER_BLOSC, FILTER_LZ4}:
+            return None
+        return cls(dataset, codes, where)
+
+    def check(self, coords_list: list[tuple[int, ...]]) -> None:
+        """Check each chunk of ``coords_list`` (grid coordinates) not checked before.
+
+        Raises
+        ------
+        CorruptChunkError
+            When a chunk states another decoded size than its chunk's, naming both.
+        """
+        for coords in coords_list:
+            if coords in self._checked:
+                continue
+            offset = tuple(c * n for c, n in zip(coords, self._chunks))
+            if self._dsid.get_chunk_info_by_coord(offset).byte_offset is not None:
+                mask, raw = self._dsid.read_direct_chunk(offset)
+                self._check_stored(coords, bytes(raw), mask)
+            self._checked.add(coords)
+
+    def _check_stored(self, coords: tuple[int, ...], raw: bytes, mask: int) -> None:
+        active = [c for i, c in enumerate(self._codes) if not mask & (1 << i)]
+        while active and active[-1] == _FLETCHER32:  # outermost: the checksum is at the end
+            active.pop()
+            raw = raw[:-4]
+        if not active or active[-1] not in (FILTER_ZSTD, FILTER_BLOSC, FILTER_LZ4):
+            return
+        code = active.pop()
+        stated = _stated_size(code, raw)
+        exact = all(c in _SIZE_KEEPING for c in active)
+        if stated is None or stated == self._nbytes or (not exact and stated < self._nbytes):
+            return
+        name = {FILTER_ZSTD: "zstd", FILTER_BLOSC: "blosc", FILTER_LZ4: "lz4"}[code]
+        raise CorruptChunkError(
+            f"chunk {coords} of HDF5 dataset {self._where} is corrupt: its {name} data "
+            f"({len(raw)} stored bytes) states {stated} decoded bytes, a chunk has "
+            f"{self._nbytes}; HDF5's plugin would allocate all of them"
+        )
+
+
+def _stated_size(code: int, raw: bytes) -> int | None:
+    """The decoded size the stored bytes of filter ``code`` state, or ``None`` if none."""
+    if code == FILTER_LZ4:
+        return int.from_bytes(raw[:8], "big") if len(raw) >= 12 else None
+    if code == FILTER_BLOSC:
+        return int.from_bytes(raw[4:8], "little") if len(raw) >= 16 else None
+    if len(raw) < 6 or raw[:4] != b"\x28\xb5\x2f\xfd":  # not a zstd frame: HDF5 refuses it
+        return None
+    descriptor = raw[4]
+    single = (descriptor >> 5) & 1
+    at = 5 + (0 if single else 1) + (0, 1, 2, 4)[descriptor & 3]
+    size = (single, 2, 4, 8)[descriptor >> 6]
+    if size == 0 or len(raw) < at + size:
+        return None  # no content size: the plugin decodes into the chunk's own size
+    value = int.from_bytes(raw[at : at + size], "little")
+    return value + 256 if size == 2 else value

@@ -8,12 +8,14 @@ from typing import Any
 
 import numpy as np
 
+from mixle.data.indexing import plan_key, read_extent
 from mixle.data.schema import Schema
 from mixle.data.sources.base import ArrayMeta, ArraySource, listing
 from mixle.data.sources.hdf5_access import (
     ACCESS,
     HDF5_CHUNK_CACHE_BYTES,
     HDF5_CHUNK_CACHE_SLOTS,
+    PluginSizeCheck,
     check_external,
     check_virtual,
     hdf5_args,
@@ -127,6 +129,7 @@ class HDF5ArraySource(ArraySource):
     _remote: tuple[Any, str, Any] | None = None
     _mapped: tuple[Any, np.memmap | None] | None = None
     _stat: tuple[int, int] | None = None
+    _sized: tuple[Any, PluginSizeCheck | None] | None = None
 
     def __init__(
         self,
@@ -313,9 +316,27 @@ class HDF5ArraySource(ArraySource):
             # chunks mixle decodes go through the read planner, as read_boxes does: one
             # bounded, checked decode per chunk, the same answer on every path
             reader = self._reader_for(handle)
-            return np.asarray(handle[key]) if reader is None else self._read_chunks(reader, key)
+            if reader is not None:
+                return self._read_chunks(reader, key)
+            self._check_plugin_sizes(handle, key)
+            return np.asarray(handle[key])
         self._check_file(mapped)
         return np.array(mapped[key], copy=True, subok=False)
+
+    def _check_plugin_sizes(self, handle: Any, key: tuple[int | slice, ...]) -> None:
+        """Refuse chunks of ``key`` whose zstd/blosc/lz4 data would decode past the chunk."""
+        state = self._sized
+        if state is None or state[0] is not handle:
+            path = "<file-like>" if self._args is None else display_path(self._args["path"])
+            where = f"{handle.name!r} in {path!r}"
+            state = self._sized = (handle, PluginSizeCheck.for_dataset(handle, where))
+        whole = tuple(slice(0, n) for n in handle.shape[len(key) :])  # get_batch: axis 0 only
+        read = tuple(  # read_boxes passes slices without a step
+            slice(k.start, k.stop, k.step or 1) if isinstance(k, slice) else k
+            for k in (*key, *whole)
+        )
+        if state[1] is not None and all(read_extent(read)):
+            state[1].check(plan_key(read, handle.chunks).chunks)
 
     def _check_file(self, mapped: np.memmap) -> None:
         """Refuse to touch the map if the file was cut short or replaced since opening."""
@@ -333,7 +354,7 @@ class HDF5ArraySource(ArraySource):
             read_strided(mapped.view(np.ndarray), starts, size, out)
 
     def _release(self, handle: Any) -> None:
-        self._mapped = None
+        self._mapped = self._sized = None
         file, self._h5file = self._h5file, None
         if file is not None:
             file.close()

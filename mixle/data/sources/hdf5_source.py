@@ -102,7 +102,13 @@ class HDF5ArraySource(ArraySource):
     NotAnArrayError
         When ``dataset`` names a group; the message lists the datasets inside it.
     SpecialFileError
-        When ``path`` or an external raw-data file is a FIFO, a device or a directory.
+        When ``path``, an external raw-data file or a source file of a virtual dataset is a
+        FIFO, a device or a directory.
+    ~mixle.reading.CorruptChunkError
+        On a read (``src[key]``, ``read_boxes``, ``get_batch`` alike), when a chunk's stored
+        bytes do not decode to exactly one chunk: a deflate stream longer or shorter than
+        the chunk, or zstd, blosc or lz4 data stating another decoded size (checked before
+        HDF5's plugin would allocate it).
     FileNotFoundError
         When an external raw-data file of the dataset is missing: the message names each
         one and the ``efile_prefix`` that would find them.

@@ -388,6 +388,13 @@ def exact_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Pat
             root / "d.h5", "shuffle-gzip", h5d.FILL_TIME_NEVER, 7, "<i2"
         ),
     }
+    # standard types, decoded by mixle: src[key] goes through the read planner
+    values = np.random.default_rng(3).standard_normal(SHAPE).astype("<f4")
+    with h5py.File(root / "e.h5", "w") as f:
+        f.create_dataset("x", data=values, chunks=(4, 3, 5), compression="gzip", shuffle=True)
+    with h5py.File(root / "f.h5", "w") as f:
+        f.create_dataset("x", data=values.astype(">i8"), chunks=(5, 7, 2))
+    paths["f4-shuffle-gzip"], paths["i8be-chunked"] = root / "e.h5", root / "f.h5"
     return {k: (p, _h5py_reads(p)[0]) for k, p in paths.items()}
 
 
@@ -414,7 +421,16 @@ def keys(draw: Any) -> tuple[Any, ...]:
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    which=st.sampled_from(["i12at4-gzip", "u12at4-contiguous", "u12-plain", "never-shuffle-gzip"]),
+    which=st.sampled_from(
+        [
+            "i12at4-gzip",
+            "u12at4-contiguous",
+            "u12-plain",
+            "never-shuffle-gzip",
+            "f4-shuffle-gzip",
+            "i8be-chunked",
+        ]
+    ),
     box=boxes(),
     key=keys(),
 )

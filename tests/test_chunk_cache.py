@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import mmap
 import signal
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from mixle.reading import (
     set_chunk_cache_bytes,
     set_decode_threads,
 )
+from mixle.reading.cache import RECYCLED_PAGES_BYTES
 from mixle.reading.pool import run_all
 
 
@@ -386,3 +388,27 @@ def test_a_chunk_reader_collected_inside_the_cache_lock_does_not_deadlock():
     worker.join(timeout=10)
     assert not worker.is_alive()
     assert len(cache) == 1 and cache.get((2, (0,))) is not None
+
+
+def test_page_backed_false_keeps_the_decoders_array_without_a_copy() -> None:
+    chunk = np.arange(64 * 1024, dtype="f4")  # 256 KiB: page-backed by default
+    kept = ChunkCache(1 << 30, page_backed=False).put((1, (0,)), chunk)
+    assert kept is chunk and not kept.flags.writeable
+    paged = ChunkCache(1 << 30).put((1, (0,)), chunk.copy())
+    assert isinstance(paged.base, mmap.mmap) and np.array_equal(paged, chunk)
+    with pytest.raises(TypeError, match="page_backed"):
+        ChunkCache(page_backed=1)  # type: ignore[arg-type]
+
+
+def test_spare_pages_are_bounded_by_an_eighth_of_the_budget() -> None:
+    size = 128 * 1024
+    cache = ChunkCache(8 * size * 4)  # 4 MiB budget: at most 512 KiB of spare pages
+    assert cache.spare_limit() == min(RECYCLED_PAGES_BYTES, cache.budget // 8) == 4 * size
+    for i in range(64):  # every put evicts one chunk, whose pages become spare
+        cache.put((1, (i,)), np.full(size // 4, i, dtype="f4"))
+        assert cache.spare_bytes <= cache.spare_limit()
+    assert cache.spare_bytes > 0  # evicted pages are kept for reuse
+    cache.budget = 8 * size  # 1 MiB budget: 128 KiB spare at most
+    assert cache.spare_bytes <= size
+    last = cache.put((1, (99,)), np.full(size // 4, 99, dtype="f4"))
+    assert np.all(last == 99)

@@ -103,6 +103,10 @@ def read_chunked(
     ``reader.read_chunk`` on the decode pool and kept there. A reader with ``fetch_many``
     (:class:`SupportsFetchMany`) gets every missing chunk in one call instead, and the pool
     only decodes. Returns the plan it executed.
+
+    On ``KeyboardInterrupt`` no thread takes another chunk, but a decode thread in the
+    middle of one still finishes it and copies its pieces into ``out`` after the interrupt
+    has been raised here: do not reuse an ``out`` array of an interrupted read.
     """
     plan = plan_chunks(starts, size, reader.chunks, shape)
     execute_plan(reader, plan, out, cache=cache)

@@ -128,7 +128,9 @@ def run_all(tasks: Sequence[Callable[[], None]]) -> None:
 
     A ``KeyboardInterrupt`` (or another exception that is not an ``Exception``, such as
     ``SystemExit``) in the calling thread is re-raised at once: tasks not yet started are
-    cancelled, running ones are left to finish on their own, and the output is abandoned.
+    cancelled, running ones are left to finish on their own, and the output is abandoned:
+    a task still running may write into it after the interrupt reached the caller (a
+    user's ``out=`` array included), until it ends.
     """
     if len(tasks) <= 1 or _size <= 1 or getattr(_inside, "active", False):
         for task in tasks:

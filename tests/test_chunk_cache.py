@@ -412,3 +412,24 @@ def test_spare_pages_are_bounded_by_an_eighth_of_the_budget() -> None:
     assert cache.spare_bytes <= size
     last = cache.put((1, (99,)), np.full(size // 4, 99, dtype="f4"))
     assert np.all(last == 99)
+
+
+def test_interrupted_run_all_waits_for_running_tasks_before_returning() -> None:
+    started, wrote, stopped = threading.Event(), [], []
+
+    def interrupted() -> None:
+        assert started.wait(10)
+        raise KeyboardInterrupt
+
+    def writer() -> None:
+        started.set()
+        time.sleep(0.2)  # still writing into the output when the caller is interrupted
+        wrote.append(True)
+
+    set_decode_threads(2)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_all([interrupted, writer], on_interrupt=lambda: stopped.append(True))
+        assert wrote and stopped  # the running task ended before the interrupt came back
+    finally:
+        set_decode_threads(None)

@@ -104,9 +104,10 @@ def read_chunked(
     (:class:`SupportsFetchMany`) gets every missing chunk in one call instead, and the pool
     only decodes. Returns the plan it executed.
 
-    On ``KeyboardInterrupt`` no thread takes another chunk, but a decode thread in the
-    middle of one still finishes it and copies its pieces into ``out`` after the interrupt
-    has been raised here: do not reuse an ``out`` array of an interrupted read.
+    On ``KeyboardInterrupt`` no thread takes another chunk and running ones are waited for
+    up to :data:`~mixle.reading.pool.INTERRUPT_GRACE_S`; a decode thread still in a chunk
+    after that (a stalled store) copies its pieces into ``out`` after the interrupt was
+    raised here: do not reuse an ``out`` array of an interrupted read.
     """
     plan = plan_chunks(starts, size, reader.chunks, shape)
     execute_plan(reader, plan, out, cache=cache)
@@ -142,7 +143,7 @@ def execute_plan(
 def _run_abandonable(tasks: list[Callable[[], None]], abandoned: list[bool]) -> None:
     """:func:`run_all`; on Ctrl-C the tasks still running take no further chunk."""
     try:
-        run_all(tasks)
+        run_all(tasks, on_interrupt=lambda: abandoned.append(True))
     except BaseException as exc:
         if not isinstance(exc, Exception):  # KeyboardInterrupt: the output is abandoned
             abandoned.append(True)

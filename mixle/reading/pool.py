@@ -16,7 +16,7 @@ import os
 import queue
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, wait
 
 from mixle.utils.validation import parse_int
 
@@ -24,6 +24,8 @@ __all__ = ["decode_threads", "default_decode_threads", "run_all", "set_decode_th
 
 #: Name prefix of the decode threads (``mixle-decode_0``, ...), as seen by ``threading``.
 THREAD_NAME_PREFIX = "mixle-decode"
+#: After Ctrl-C, :func:`run_all` waits at most this many seconds for running tasks to end.
+INTERRUPT_GRACE_S = 1.0
 
 
 def default_decode_threads() -> int:
@@ -119,7 +121,9 @@ def _pool() -> _DaemonPool:
         return _executor
 
 
-def run_all(tasks: Sequence[Callable[[], None]]) -> None:
+def run_all(
+    tasks: Sequence[Callable[[], None]], *, on_interrupt: Callable[[], None] | None = None
+) -> None:
     """Run every task, in parallel on the decode pool when that can help; wait for all.
 
     The caller runs one task itself while the pool runs the rest. The first exception
@@ -128,9 +132,10 @@ def run_all(tasks: Sequence[Callable[[], None]]) -> None:
 
     A ``KeyboardInterrupt`` (or another exception that is not an ``Exception``, such as
     ``SystemExit``) in the calling thread is re-raised at once: tasks not yet started are
-    cancelled, running ones are left to finish on their own, and the output is abandoned:
-    a task still running may write into it after the interrupt reached the caller (a
-    user's ``out=`` array included), until it ends.
+    cancelled, ``on_interrupt()`` is called (tasks should then stop taking work), and
+    running ones are waited for up to :data:`INTERRUPT_GRACE_S` seconds. A task still
+    running after that may write into the output after the interrupt reached the caller
+    (a user's ``out=`` array included), until it ends.
     """
     if len(tasks) <= 1 or _size <= 1 or getattr(_inside, "active", False):
         for task in tasks:
@@ -160,6 +165,9 @@ def run_all(tasks: Sequence[Callable[[], None]]) -> None:
     except BaseException:  # Ctrl-C while waiting: stop what has not started, do not wait
         for future in futures:
             future.cancel()
+        if on_interrupt is not None:
+            on_interrupt()
+        wait(futures, timeout=INTERRUPT_GRACE_S)  # a second Ctrl-C ends the wait
         raise
     if error is not None:
         raise error

@@ -173,6 +173,26 @@ LAYOUTS: dict[str, tuple[dict[str, Any], str]] = {
         "gzip",
     ),
     "v3 sharded gzip": ({**V3, "shards": CHUNKS, "compressors": GzipCodec()}, "gzip"),
+    # layouts zarr decoded itself before (fixed-width bytes, UTF-32, a dtype-changing filter)
+    "v2 gzip S4": ({**V2, "dtype": "S4", "compressors": numcodecs.GZip()}, "gzip"),
+    "v2 gzip U1": ({**V2, "dtype": "<U1", "compressors": numcodecs.GZip()}, "gzip"),
+    "v3 zstd behind delta to int16": (
+        {
+            **V3,
+            "filters": [_numcodecs_v3(zarr_numcodecs.Delta, dtype="int32", astype="int16")],
+            "compressors": ZstdCodec(),
+        },
+        "zstd",
+    ),
+    "v3 sharded gzip behind delta to int16": (
+        {
+            **V3,
+            "shards": CHUNKS,
+            "filters": [_numcodecs_v3(zarr_numcodecs.Delta, dtype="int32", astype="int16")],
+            "compressors": GzipCodec(),
+        },
+        "gzip",
+    ),
     "v2 gzip, 4.5 MB stored": ({**V2, "compressors": numcodecs.GZip()}, "gzip, 4.5 MB stored"),
     "file:// v2 bz2": ({**V2, "compressors": numcodecs.BZ2()}, "bz2"),
     "file:// v3 gzip": ({**V3, "compressors": GzipCodec()}, "gzip"),
@@ -181,9 +201,13 @@ LAYOUTS: dict[str, tuple[dict[str, Any], str]] = {
 
 def _write(path: Path, layout: str) -> str:
     """Write a small array in ``layout``; the stored key of chunk (0, 0)."""
-    options, _ = LAYOUTS[layout]
-    array = zarr.create_array(str(path), shape=SHAPE, chunks=CHUNKS, dtype="int32", **options)
-    array[...] = np.arange(np.prod(SHAPE), dtype=np.int32).reshape(SHAPE)
+    options = dict(LAYOUTS[layout][0])
+    dtype = options.pop("dtype", "int32")
+    array = zarr.create_array(str(path), shape=SHAPE, chunks=CHUNKS, dtype=dtype, **options)
+    values = np.arange(np.prod(SHAPE), dtype=np.int32).reshape(SHAPE)
+    if dtype != "int32" or "to int16" in layout:
+        values = values % 10
+    array[...] = values.astype(dtype)
     return "0.0" if options["zarr_format"] == 2 else "c/0/0"
 
 

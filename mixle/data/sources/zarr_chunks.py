@@ -66,20 +66,24 @@ __all__ = [
     "CheckedRangeStore",
     "ZarrCodecReader",
     "ZarrPipelineReader",
+    "PLAIN_KINDS",
     "ZarrStoreReader",
     "checked_store",
     "codec_chain",
     "decode_checked",
     "fill_chunk",
     "local_chunk_dir",
+    "plain_dtype",
     "read_local_object",
     "refuse_special",
     "v3_decoder",
     "zarr_chunk_reader",
 ]
 
-#: dtype kinds whose chunks are plain fixed-size bytes (bool, ints, floats, complex, times).
-_PLAIN_KINDS = "biufcmM"
+#: dtype kinds whose chunks are plain fixed-size bytes that mixle decodes itself: bool, ints,
+#: floats, complex, times, fixed-width bytes (``S``), UTF-32 strings (``U``), structured and
+#: raw (``V``) records.
+PLAIN_KINDS = "biufcmMSUV"
 
 #: A ``bytes -> chunk`` decoder (every stage bounded by the chunk's size).
 Decoder = ChunkDecoder
@@ -654,7 +658,7 @@ def codec_chain(array: Any) -> Decoder | None:
     """A ``bytes -> chunk`` decoder for ``array``'s codecs, or ``None`` if mixle lacks one."""
     meta = array.metadata
     dtype = np.dtype(array.dtype)
-    if dtype.kind not in _PLAIN_KINDS or getattr(array, "shards", None) is not None:
+    if not plain_dtype(dtype) or getattr(array, "shards", None) is not None:
         return None
     chunks = tuple(array.chunks)
     if meta.zarr_format == 2:
@@ -663,6 +667,11 @@ def codec_chain(array: Any) -> Decoder | None:
         filters = list(meta.filters or ())
         return numcodecs_decoder(compressor, filters, stored, chunks, meta.order)
     return v3_decoder(meta.codecs, dtype, chunks)
+
+
+def plain_dtype(dtype: np.dtype) -> bool:
+    """Whether chunks of ``dtype`` are fixed-size bytes mixle decodes (:data:`PLAIN_KINDS`)."""
+    return dtype.kind in PLAIN_KINDS and not dtype.hasobject and dtype.itemsize > 0
 
 
 def _local_dir(array: Any) -> str | None:

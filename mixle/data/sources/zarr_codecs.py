@@ -258,8 +258,10 @@ def v3_decoder(
 ) -> ChunkDecoder | None:
     """A decoder for a format 3 codec list, or ``None`` for codecs mixle does not decode.
 
-    Decoded here: ``transpose`` and numcodecs array-to-array codecs that keep the dtype,
-    then ``bytes``, then zstd, gzip, blosc, crc32c and the numcodecs bytes-to-bytes codecs.
+    Decoded here: ``transpose``, numcodecs array-to-array codecs that keep the dtype and
+    the retyping filters (``delta``/``fixedscaleoffset``/``quantize``/``astype`` with an
+    integer ``astype``: their stored size is exact), then ``bytes``, then zstd, gzip,
+    blosc, crc32c and the numcodecs bytes-to-bytes codecs.
     """
     from zarr.codecs import (
         BloscCodec,
@@ -274,6 +276,7 @@ def v3_decoder(
     numcodecs = require("numcodecs", "zarr", feature="ZarrArraySource")
     shape = chunks
     array_steps: list[ArrayStep] = []
+    current = dtype  # the dtype each array -> array codec sees (a retyping filter changes it)
     k = 0
     while k < len(codecs) and not isinstance(codecs[k], BytesCodec):
         codec = codecs[k]
@@ -281,16 +284,27 @@ def v3_decoder(
             order = tuple(int(i) for i in codec.order)
             shape = tuple(shape[i] for i in order)
             array_steps.append(_untranspose(order))
-        elif isinstance(codec, _NumcodecsArrayArrayCodec) and _keeps_dtype(codec._codec, dtype):
+        elif isinstance(codec, _NumcodecsArrayArrayCodec) and _keeps_dtype(codec._codec, current):
             array_steps.append(_array_filter(codec._codec, shape))
+        elif isinstance(codec, _NumcodecsArrayArrayCodec) and (
+            (outer := _retypes(codec._codec, current)) is not None
+        ):
+            array_steps.append(_array_filter(codec._codec, shape, outer))
+            current = outer
         else:
-            return None  # an array -> array codec that changes the dtype, or an unknown one
+            return None  # an unknown array -> array codec
         k += 1
     if k == len(codecs):
         return None  # no bytes serializer (vlen strings, a numcodecs array -> bytes codec)
     endian = codecs[k].endian
+    if endian is not None and current.fields is not None:
+        return None  # zarr's byte order for a whole structured dtype: left to zarr
+    if array_steps and current != dtype and current.byteorder not in "=|":
+        return None  # a retyping filter over a non-native stored dtype: left to zarr
     stored = (
-        dtype if endian is None else dtype.newbyteorder("<" if endian.value == "little" else ">")
+        current
+        if endian is None
+        else current.newbyteorder("<" if endian.value == "little" else ">")
     )
     steps: list[Any] = []
     for codec in codecs[k + 1 :]:
@@ -323,9 +337,31 @@ def _keeps_dtype(codec: Any, dtype: np.dtype) -> bool:
     return all(np.dtype(getattr(codec, a)) == dtype for a in names)
 
 
-def _array_filter(codec: Any, shape: tuple[int, ...]) -> ArrayStep:
-    """An array step undoing numcodecs ``codec``, the result back in ``shape``."""
-    return lambda chunk: np.asarray(codec.decode(chunk)).reshape(shape)
+def _retypes(codec: Any, dtype: np.dtype) -> np.dtype | None:
+    """The dtype a numcodecs retyping filter stores ``dtype`` elements as, else ``None``.
+
+    Covers the filters of :data:`_RETYPED` (``delta``, ``fixedscaleoffset``, ``quantize``,
+    ``astype``) whose decoded dtype is ``dtype``: their stored size is known exactly.
+    """
+    names = _RETYPED.get(getattr(codec, "codec_id", None))
+    if names is None:
+        return None
+    inner, outer = (np.dtype(getattr(codec, a)) for a in names)
+    if inner != dtype or outer.kind not in "biu":
+        return None
+    return outer
+
+
+def _array_filter(codec: Any, shape: tuple[int, ...], stored: np.dtype | None = None) -> ArrayStep:
+    """An array step undoing numcodecs ``codec``, the result back in ``shape``.
+
+    ``stored``: the dtype the codec stored its elements as (a retyping filter); the decoded
+    chunk is first brought to it in native byte order, as the codec reads its input.
+    """
+    if stored is None:
+        return lambda chunk: np.asarray(codec.decode(chunk)).reshape(shape)
+    native = stored.newbyteorder("=")
+    return lambda chunk: np.asarray(codec.decode(chunk.astype(native, copy=False))).reshape(shape)
 
 
 def _declared_size(codec_id: str, raw: bytes | memoryview) -> int | None:

@@ -29,6 +29,7 @@ from mixle.data.sources.zarr_chunks import (
     StoreGetter,
     decode_checked,
     fill_chunk,
+    plain_dtype,
     v3_decoder,
 )
 from mixle.reading import CorruptChunkError, new_token
@@ -96,7 +97,7 @@ class ShardedZarrReader:
         sharding = codecs[0]
         if tuple(sharding.chunk_shape) != tuple(array.chunks):
             return None
-        if np.dtype(array.dtype).kind not in "biufcmM":
+        if not plain_dtype(np.dtype(array.dtype)):
             return None
         decode = v3_decoder(sharding.codecs, np.dtype(array.dtype), tuple(array.chunks))
         index = tuple(sharding.index_codecs)

@@ -543,3 +543,28 @@ def test_planning_a_long_slice_allocates_nothing_per_element():
         tracemalloc.stop()
     assert len(plan.chunks) == -(-(10**9) // 2**20) and len(wide.chunks) == 318
     assert peak < 16 * 2**20, peak
+
+
+# -- fixed-width bytes, UTF-32 and structured dtypes: mixle decodes them as zarr reads them ---
+
+_FIXED_DTYPES = ["S4", "<U3", ">U3", "V6", [("a", "<i4"), ("b", ">f8")]]
+
+
+@pytest.mark.parametrize("dtype", _FIXED_DTYPES, ids=str)
+def test_fixed_width_dtypes_read_as_zarr_reads_them(tmp_path, dtype):
+    path = tmp_path / "a.zarr"
+    array = zarr.create_array(str(path), shape=(10, 7), chunks=(4, 3), dtype=dtype, zarr_format=2)
+    raw = np.random.default_rng(1).integers(0, 256, 70 * array.dtype.itemsize, dtype=np.uint8)
+    values = (
+        raw.view(np.dtype(dtype)).reshape(10, 7)
+        if np.dtype(dtype).kind != "U"
+        else (np.array([chr(65 + b % 26) * 3 for b in raw[:70]], dtype=dtype).reshape(10, 7))
+    )
+    if np.dtype(dtype).fields:
+        values = np.zeros((10, 7), dtype=dtype)
+        values["a"], values["b"] = raw[:70].reshape(10, 7), raw[70:140].reshape(10, 7)
+    array[...] = values
+    opened = zarr.open_array(str(path), mode="r")
+    assert type(zarr_chunk_reader(opened)).__name__ == "ZarrCodecReader"
+    got, expected = mixle.read_zarr(path)[...], opened[...]
+    assert got.dtype == expected.dtype and got.tobytes() == expected.tobytes()

@@ -290,3 +290,17 @@ def test_a_failed_try_is_garbage_collected_in_the_callers_thread_before_the_next
 
     assert retry_call(flaky, url="http://127.0.0.1/x", key="(file)") == "ok"
     assert len(tries) == 2
+
+
+def test_an_error_with_an_empty_message_is_named_by_its_type_alone():
+    # fsspec's FSTimeoutError (like a bare TimeoutError) has no message: no dangling ": "
+    from mixle.reading.faults import retry_call
+
+    def stalls() -> None:
+        raise TimeoutError()
+
+    with pytest.raises(RemoteReadError) as caught:
+        retry_call(stalls, url="http://127.0.0.1:9/a.zarr", key="c/0")
+    message = str(caught.value)
+    assert "tries: TimeoutError (no answer within the" in message
+    assert "TimeoutError: " not in message

@@ -363,7 +363,7 @@ def is_transient(exc: BaseException) -> bool:
 def _failure(exc: BaseException, url: str, key: str, tries: int, secrets: object) -> str:
     if isinstance(exc, FileNotFoundError) and exc.__cause__ is not None:
         exc = exc.__cause__  # fsspec's "not found" over the server error that caused it
-    reason = redact_text(f"{type(exc).__name__}: {exc}", secrets)
+    reason = _failure_reason(exc, secrets)
     status = getattr(exc, "status", None)
     if isinstance(status, int) and str(status) not in reason:
         reason += f" (status {status})"
@@ -418,7 +418,9 @@ def _late(url: str, key: str, tries: int, last: str | None, secrets: object) -> 
 
 
 def _failure_reason(exc: BaseException, secrets: object) -> str:
-    return redact_text(f"{type(exc).__name__}: {exc}", secrets)
+    """``Type: message`` of ``exc``, redacted; just ``Type`` when its message is empty."""
+    text = str(exc)
+    return redact_text(f"{type(exc).__name__}: {text}" if text else type(exc).__name__, secrets)
 
 
 async def retry_async(

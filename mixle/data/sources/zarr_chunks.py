@@ -85,6 +85,12 @@ __all__ = [
 #: raw (``V``) records.
 PLAIN_KINDS = "biufcmMSUV"
 
+#: Bytes of one zarr metadata document mixle lets zarr fetch and parse.
+ZARR_METADATA_LIMIT = 16 * 1024 * 1024
+
+#: Names of zarr's metadata documents (capped at :data:`ZARR_METADATA_LIMIT`).
+_METADATA_NAMES = frozenset({"zarr.json", ".zarray", ".zattrs", ".zgroup", ".zmetadata"})
+
 #: A ``bytes -> chunk`` decoder (every stage bounded by the chunk's size).
 Decoder = ChunkDecoder
 
@@ -408,12 +414,18 @@ class CheckedRangeStore:
     objects there are zarr's plain full-object request (tifffile's store refuses ranges).
     A mismatch raises :class:`~mixle.reading.faults.RangeMismatchError`, which the caller's
     retry retries; a missing key is ``None``, as zarr's stores answer it.
+
+    ``limit`` is the most bytes one fsspec read may download (``None``: no cap; metadata
+    keys are capped at :data:`ZARR_METADATA_LIMIT` whatever it is): a larger answer raises
+    :class:`~mixle.reading.faults.CorruptChunkError` before its body is read, where the
+    server declares its length.
     """
 
-    def __init__(self, store: Any) -> None:
+    def __init__(self, store: Any, limit: int | None = None) -> None:
         from zarr.storage import FsspecStore
 
         self.store = store
+        self.limit = limit
         fs = getattr(store, "fs", None)
         async_fs = isinstance(store, FsspecStore) and getattr(fs, "async_impl", False)
         self._fs = fs if async_fs else None
@@ -425,7 +437,10 @@ class CheckedRangeStore:
             root = self.store.path.rstrip("/")
             try:
                 raw = await fetch_range(
-                    self._fs, f"{root}/{key}" if root else key, (0, None) if span is None else span
+                    self._fs,
+                    f"{root}/{key}" if root else key,
+                    (0, None) if span is None else span,
+                    limit=ZARR_METADATA_LIMIT if is_metadata_key(key) else self.limit,
                 )
             except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as exc:
                 if is_transient(exc):  # fsspec's "not found" raised from a 503
@@ -441,6 +456,11 @@ class CheckedRangeStore:
         except RangeMismatchError:  # short: fine only where the object ends (truncated shard)
             size = await self.store.getsize(key)
             return prototype.buffer.from_bytes(check_range(raw, span, size=size))
+
+
+def is_metadata_key(key: str) -> bool:
+    """Whether stored key ``key`` is a zarr metadata document (capped at the metadata limit)."""
+    return key.rsplit("/", 1)[-1] in _METADATA_NAMES
 
 
 def _span(byte_range: Any) -> ByteSpan | None:
@@ -560,7 +580,7 @@ class StoreGetter:
             wide = widen_connection_pool(store.fs)
             if wide is not store.fs:
                 store = FsspecStore(wide, read_only=True, path=store.path)
-        self._store = CheckedRangeStore(store)
+        self._store = CheckedRangeStore(store, limit or None)
         path = array.path.strip("/")
         self._prefix = f"{path}/" if path else ""
         self._local = _local_dir(array)

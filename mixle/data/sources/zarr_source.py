@@ -2,31 +2,34 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import stat
 import sys
+import urllib.parse
+import warnings
 from typing import Any
 
 import numpy as np
 
 from mixle.data.schema import Schema
 from mixle.data.sources.base import ArrayMeta, ArraySource, listing
-from mixle.data.sources.zarr_chunks import zarr_chunk_reader
+from mixle.data.sources.zarr_chunks import ZARR_METADATA_LIMIT, zarr_chunk_reader
 from mixle.data.structure import EXCHANGEABLE, SampleStructure
 from mixle.errors import ArrayNotFoundError, NotAnArrayError
-from mixle.reading.faults import retry_call
+from mixle.reading.faults import retry_call, retry_policy
 from mixle.utils import optional_deps
 from mixle.utils.files import require_regular_file
 from mixle.utils.optional_deps import require
-from mixle.utils.redact import display_path
+from mixle.utils.redact import display_path, redact_text
 
 __all__ = ["ZARR_METADATA_LIMIT", "ZarrArraySource", "check_chunk_grid", "list_zarr_arrays"]
 
-#: The most bytes mixle lets zarr parse from one local metadata file (``zarr.json``...).
-ZARR_METADATA_LIMIT = 16 * 1024 * 1024
 #: Metadata files zarr reads from a local array's (or group's) directory.
 _METADATA_FILES = (".zarray", ".zgroup", ".zattrs", ".zmetadata", "zarr.json")
+#: Errors zarr raises parsing malformed metadata (named with the store and file by mixle).
+_PARSE_ERRORS = (TypeError, ValueError, AttributeError, json.JSONDecodeError, UnicodeDecodeError)
 #: The largest extent (and byte size of a chunk) NumPy's ``intp`` indexing can address.
 _MAX_EXTENT = 2**63 - 1
 
@@ -134,8 +137,10 @@ class ZarrArraySource(ArraySource):
         assert self._args is not None
         path, component = self._args["path"], self._args["component"]
         kwargs: dict[str, Any] = {"mode": "r"}
-        if self._args["storage_options"]:
-            kwargs["storage_options"] = self._args["storage_options"]
+        secrets = self._args["storage_options"]
+        options = _timed_options(path, secrets)
+        if options:
+            kwargs["storage_options"] = options
         if isinstance(path, str) and "://" not in path and not os.path.exists(path):
             raise FileNotFoundError(f"path={display_path(path)!r}: no such file or directory")
         local = _local_root(path)
@@ -143,10 +148,10 @@ class ZarrArraySource(ArraySource):
             check_local_metadata(local, component or "")
         try:
             node = retry_call(
-                lambda: zarr.open(store=path, path=component or "", **kwargs),
+                lambda: _open_redacted(zarr, path, component or "", kwargs, secrets),
                 url=display_path(path),
                 key="(metadata)",
-                secrets=self._args["storage_options"],
+                secrets=secrets,
             )
         except FileNotFoundError as exc:
             if component:
@@ -168,14 +173,18 @@ class ZarrArraySource(ArraySource):
                 f"path={display_path(path)!r}: the zarr metadata is nested too deeply to "
                 "parse (a JSON file of that depth is not zarr metadata)"
             ) from None
-        except (TypeError, ValueError) as exc:
-            if type(exc) not in (TypeError, ValueError):
+        except (TypeError, ValueError, AttributeError) as exc:
+            if type(exc) not in _PARSE_ERRORS:
                 raise  # zarr's own errors (a missing group...) and mixle's say enough
-            # zarr's parse of malformed metadata: say which store it was
-            raise type(exc)(
+            # zarr's parse of malformed metadata: say which store (and file) it was
+            bad = None if local is None else bad_metadata_file(local, component or "")
+            kind = type(exc) if type(exc) in (TypeError, ValueError) else ValueError
+            raise kind(
                 f"path={display_path(path)!r}"
                 + (f", component={component!r}" if component else "")
-                + f": zarr cannot parse the array metadata: {exc}"
+                + (f": zarr metadata file {bad!r} is not valid zarr metadata" if bad else "")
+                + ": zarr cannot parse the array metadata: "
+                + redact_text(f"{type(exc).__name__}: {exc}", secrets)
             ) from None
         if not isinstance(node, zarr.Array):
             where = f"component={component!r} in " if component else "path="
@@ -260,6 +269,64 @@ def check_chunk_grid(
             f"zarr array {where}: one chunk of {name}={chunks} would hold "
             f"{math.prod(chunks) * itemsize:,} bytes, more than NumPy can address"
         )
+
+
+def _timed_options(path: Any, storage_options: Any) -> dict[str, Any] | None:
+    """``storage_options`` for opening ``path``, over HTTP(S) with the retry policy's timeout.
+
+    fsspec's HTTP session waits 300 s on a silent server by default; an HTTP(S) URL gets
+    ``client_kwargs={"timeout": aiohttp.ClientTimeout(sock_connect=t, sock_read=t)}`` with
+    ``t`` the :func:`~mixle.reading.retry_policy` timeout, unless the user set ``timeout``
+    or ``client_kwargs["timeout"]``. Other paths get ``storage_options`` as they are.
+    """
+    scheme = urllib.parse.urlsplit(path).scheme.lower() if isinstance(path, str) else ""
+    if scheme not in ("http", "https"):
+        return storage_options
+    options = dict(storage_options or {})
+    client = dict(options.get("client_kwargs") or {})
+    if "timeout" not in options and "timeout" not in client:
+        import aiohttp  # fsspec's HTTP file system is built on it (loaded with it anyway)
+
+        seconds = retry_policy().timeout
+        client["timeout"] = aiohttp.ClientTimeout(sock_connect=seconds, sock_read=seconds)
+        options["client_kwargs"] = client
+    return options
+
+
+def _open_redacted(
+    zarr: Any, path: Any, component: str, kwargs: dict[str, Any], secrets: Any
+) -> Any:
+    """``zarr.open``, its warnings re-emitted without credentials (they carry the store URL)."""
+    caught: list[warnings.WarningMessage] = []
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            return zarr.open(store=path, path=component, **kwargs)
+    finally:  # outside catch_warnings: under the caller's filters, not recorded again
+        for w in caught:
+            message = redact_text(str(w.message), secrets)
+            warnings.warn_explicit(message, w.category, w.filename, w.lineno)
+
+
+def bad_metadata_file(root: str, component: str) -> str | None:
+    """The first local zarr metadata file on the way to ``component`` that is not a JSON object.
+
+    Files were checked by :func:`check_local_metadata` (regular, within the limit) first.
+    """
+    parts = [p for p in component.split("/") if p]
+    for depth in range(len(parts) + 1):
+        for name in _METADATA_FILES:
+            path = os.path.join(root, *parts[:depth], name)
+            try:
+                with open(path, "rb") as f:
+                    doc = json.loads(f.read().decode("utf-8"))
+            except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+                continue
+            except (ValueError, RecursionError):  # JSON, UTF-8 or nesting
+                return path
+            if not isinstance(doc, dict):
+                return path
+    return None
 
 
 def _local_root(path: Any) -> str | None:

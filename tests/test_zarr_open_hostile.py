@@ -1,0 +1,91 @@
+"""Remote zarr reads capped and timed, hostile zarr metadata refused with a named file."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import mixle
+from mixle.reading import set_retry_policy
+from mixle.reading.faults import retry_policy
+from mixle.testing_servers import FaultPlan, RangeHTTPServer
+
+zarr = pytest.importorskip("zarr")
+numcodecs = pytest.importorskip("numcodecs")
+
+_BIG_CHUNK_CHILD = r"""
+import sys
+import mixle
+from mixle.reading import CorruptChunkError
+
+def hwm():
+    with open("/proc/self/status") as f:
+        return int(next(l for l in f if l.startswith("VmHWM")).split()[1]) // 1024
+
+s = mixle.read_zarr(sys.argv[1])
+s[-1:, -1:]
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")
+base = hwm()
+try:
+    s[0:1, 0:1]
+    err = "no error"
+except CorruptChunkError as exc:
+    err = "CorruptChunkError"
+print(hwm() - base, err)
+"""
+
+
+def test_remote_chunk_far_past_its_stored_limit_is_refused(tmp_path: Path) -> None:
+    a = zarr.create_array(
+        str(tmp_path / "a.zarr"),
+        shape=(1024, 512),
+        chunks=(512, 256),
+        dtype="int32",
+        zarr_format=2,
+        compressors=numcodecs.Zlib(),
+    )
+    a[...] = 1
+    with open(tmp_path / "a.zarr" / "0.0", "wb") as f:
+        f.truncate(256 << 20)  # sparse: a chunk object far larger than a chunk can be
+    with RangeHTTPServer(str(tmp_path)) as srv:
+        r = subprocess.run(
+            [sys.executable, "-c", _BIG_CHUNK_CHILD, f"{srv.url}/a.zarr"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert r.returncode == 0, r.stderr[-2000:]
+    growth, err = r.stdout.split()
+    assert err == "CorruptChunkError"
+    assert int(growth) < 48
+
+
+@pytest.fixture
+def short_policy():
+    old = retry_policy()
+    set_retry_policy(timeout=0.5, attempts=2)
+    try:
+        yield
+    finally:
+        set_retry_policy(**dataclasses.asdict(old))
+
+
+def test_remote_open_stalled_metadata_times_out(tmp_path: Path, short_policy: None) -> None:
+    zarr.create_array(str(tmp_path / "v3.zarr"), shape=(4,), chunks=(2,), dtype="int32")[...] = 1
+    server = RangeHTTPServer(
+        str(tmp_path), FaultPlan(stall="headers", stall_match="zarr.json", stall_for=60)
+    )
+    server.start()
+    try:
+        t0 = time.monotonic()
+        with pytest.raises((OSError, TimeoutError)):
+            mixle.read_zarr(f"{server.url}/v3.zarr")
+        assert time.monotonic() - t0 < 15
+    finally:
+        server.stop()

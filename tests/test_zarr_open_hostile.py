@@ -89,3 +89,30 @@ def test_remote_open_stalled_metadata_times_out(tmp_path: Path, short_policy: No
         assert time.monotonic() - t0 < 15
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("name", ["zarr.json", ".zarray"])
+@pytest.mark.parametrize("text", ["null", "[1, 2, 3]", '{"zarr_format": '])
+def test_hostile_local_metadata_names_the_file(tmp_path: Path, name: str, text: str) -> None:
+    fmt = 3 if name == "zarr.json" else 2
+    store = tmp_path / "a.zarr"
+    zarr.create_array(str(store), shape=(4,), chunks=(2,), dtype="int32", zarr_format=fmt)
+    (store / name).write_text(text)
+    with pytest.raises(ValueError, match=name.replace(".", r"\.")):
+        mixle.read_zarr(str(store))
+
+
+def test_zarr_warnings_on_open_carry_no_password(tmp_path: Path) -> None:
+    store = tmp_path / "v3.zarr"
+    zarr.create_array(str(store), shape=(4,), chunks=(2,), dtype="int32")[...] = 1
+    v2 = zarr.create_array(
+        str(tmp_path / "v2.zarr"), shape=(4,), chunks=(2,), dtype="int32", zarr_format=2
+    )
+    (store / ".zarray").write_bytes((tmp_path / "v2.zarr" / ".zarray").read_bytes())
+    del v2
+    with RangeHTTPServer(str(tmp_path)) as srv:
+        url = srv.url.replace("http://", "http://user:PASSW0RD@") + "/v3.zarr"
+        with pytest.warns(UserWarning, match="zarr") as record:
+            mixle.read_zarr(url)
+    assert record
+    assert not any("PASSW0RD" in str(w.message) for w in record)

@@ -178,7 +178,7 @@ class ZarrArraySource(ArraySource):
                 raise  # zarr's own errors (a missing group...) and mixle's say enough
             # zarr's parse of malformed metadata: say which store (and file) it was
             bad = None if local is None else bad_metadata_file(local, component or "")
-            kind = type(exc) if type(exc) in (TypeError, ValueError) else ValueError
+            kind = type(exc) if type(exc) is TypeError and bad is None else ValueError
             raise kind(
                 f"path={display_path(path)!r}"
                 + (f", component={component!r}" if component else "")

@@ -30,6 +30,7 @@ import numpy as np
 import pytest
 import zarr
 import zarr.codecs.numcodecs as zarr_numcodecs
+from _special_files import SPECIAL_KINDS, make_special
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from zarr.codecs import BloscCodec, GzipCodec, TransposeCodec, ZstdCodec
@@ -281,21 +282,7 @@ def test_good_chunks_still_read_as_zarr_reads_them(tmp_path):
 #: Layouts whose chunk reads go through different code: mixle's local chunk reads, its
 #: local shard reads, a ``file://`` store, and zarr's own pipeline (``delta`` to ``int16``).
 SPECIAL_LAYOUTS = ["v2 zlib", "v3 sharded gzip", "file:// v2 bz2", "v3 zarr decodes"]
-SPECIAL_KINDS = ["fifo", "/dev/zero", "socket"]
 METADATA_FILES = {".zarray": "v2 zlib", "zarr.json": "v3 gzip"}
-
-
-def _make_special(path: Path, kind: str, held: list[socket.socket]) -> None:
-    """Replace ``path`` by a special file of ``kind`` (sockets are kept open in ``held``)."""
-    path.unlink()
-    if kind == "fifo":
-        os.mkfifo(path)
-    elif kind == "/dev/zero":
-        path.symlink_to("/dev/zero")
-    else:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        held.append(sock)
-        sock.bind(str(path))
 
 
 def _write_special_layout(path: Path, layout: str) -> str:
@@ -318,14 +305,14 @@ def special_reads(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             for kind in SPECIAL_KINDS:
                 path = root / f"{len(cases)}.zarr"
                 key = _write_special_layout(path, layout)
-                _make_special(path.joinpath(*key.split("/")), kind, held)
+                make_special(path.joinpath(*key.split("/")), kind, held)
                 cases.append((f"{layout} {kind}", _url(path, layout), False))
                 keys[f"{layout} {kind}"] = key
         for name, layout in METADATA_FILES.items():
             for kind in SPECIAL_KINDS[:2]:
                 path = root / f"{len(cases)}.zarr"
                 _write(path, layout)
-                _make_special(path / name, kind, held)
+                make_special(path / name, kind, held)
                 cases.append((f"{name} {kind}", str(path), False))
                 keys[f"{name} {kind}"] = name
         results = _run_child(cases)

@@ -11,7 +11,6 @@ names the file (and the value), never ``ZeroDivisionError``, ``OverflowError``,
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -22,6 +21,7 @@ import google_crc32c
 import numpy as np
 import pytest
 import zarr
+from _special_files import SPECIAL_KINDS, make_special
 
 import mixle
 from mixle.data.sources.zarr_source import ZARR_METADATA_LIMIT
@@ -232,24 +232,13 @@ OPENERS = {
 }
 
 
-def _special(path: Path, kind: str, held: list[socket.socket]) -> None:
-    if kind == "fifo":
-        os.mkfifo(path)
-    elif kind == "/dev/zero":
-        path.symlink_to("/dev/zero")
-    else:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        held.append(sock)
-        sock.bind(str(path))
-
-
-@pytest.mark.parametrize("kind", ["fifo", "/dev/zero", "socket"])
+@pytest.mark.parametrize("kind", SPECIAL_KINDS)
 @pytest.mark.parametrize("reader", ["npy", "memmap"])
 def test_a_special_file_given_as_a_volume_is_refused(tmp_path, reader, kind):
     path = tmp_path / f"volume.{reader}"
     held: list[socket.socket] = []
     try:
-        _special(path, kind, held)
+        make_special(path, kind, held)
         with pytest.raises(mixle.SpecialFileError, match="not a regular file") as caught:
             OPENERS[reader](path)
     finally:

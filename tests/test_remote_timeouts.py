@@ -176,6 +176,24 @@ def test_every_request_carries_the_default_timeout_unless_storage_options_set_on
                     assert timeout == "session's"
 
 
+def test_a_zarr_url_opened_before_a_policy_change_takes_the_new_timeout(tree, monkeypatch):
+    # opening gives the session mixle's timeout; it is not mistaken for one the user chose,
+    # so later requests carry the policy's timeout of the moment
+    root, _ = tree
+    old = set_retry_policy(**dataclasses.asdict(mixle.reading.RetryPolicy()))
+    sent = _SentTimeouts(monkeypatch)
+    try:
+        with RangeHTTPServer(root) as server:
+            src = _open(server, "v3.zarr", None)
+            set_retry_policy(timeout=7)
+            chunk_cache().clear()
+            src.read_boxes([[0, 0, 0]], (8, 8, 8))
+            src.close()
+    finally:
+        set_retry_policy(**dataclasses.asdict(old))
+    assert sent.seen and all(t.sock_read == t.sock_connect == 7 for t in sent.seen)
+
+
 def test_s3_file_systems_get_the_timeout_unless_the_user_chose_one():
     s3fs = pytest.importorskip("s3fs")
     set_retry_policy(timeout=12)

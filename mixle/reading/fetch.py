@@ -258,6 +258,31 @@ def widen_connection_pool(fs: Any) -> Any:
     return type(fs)(**options)
 
 
+_NO_TIMEOUT = object()
+#: The session timeouts :func:`session_timeout` made, by seconds: mixle's, not the user's.
+_OWN_SESSION_TIMEOUTS: dict[float, Any] = {}
+
+
+def session_timeout(seconds: float) -> Any:
+    """An aiohttp ``ClientTimeout(sock_connect=seconds, sock_read=seconds)`` for a session.
+
+    For a file system mixle builds itself (opening a zarr URL): :func:`request_options`
+    knows it as mixle's, so later requests still carry the retry policy's timeout of the
+    moment instead of counting it as one the user chose.
+    """
+    import aiohttp  # fsspec's HTTP file system is built on it
+
+    own = _OWN_SESSION_TIMEOUTS.get(seconds)
+    if own is None:
+        made = aiohttp.ClientTimeout(sock_connect=seconds, sock_read=seconds)
+        own = _OWN_SESSION_TIMEOUTS.setdefault(seconds, made)
+    return own
+
+
+def _is_own_session_timeout(timeout: Any) -> bool:
+    return any(timeout is own for own in list(_OWN_SESSION_TIMEOUTS.values()))
+
+
 def request_options(fs: Any) -> dict[str, Any]:
     """Keyword arguments that give one request on ``fs`` mixle's timeout, or ``{}``.
 
@@ -272,7 +297,8 @@ def request_options(fs: Any) -> dict[str, Any]:
         return {}
     if "timeout" in (getattr(fs, "kwargs", None) or {}):
         return {}
-    if "timeout" in (getattr(fs, "client_kwargs", None) or {}):
+    session = (getattr(fs, "client_kwargs", None) or {}).get("timeout", _NO_TIMEOUT)
+    if session is not _NO_TIMEOUT and not _is_own_session_timeout(session):
         return {}
     import aiohttp  # fsspec's HTTP file system is built on it
 

@@ -19,6 +19,7 @@ from mixle.data.sources.zarr_chunks import ZARR_METADATA_LIMIT, zarr_chunk_reade
 from mixle.data.structure import EXCHANGEABLE, SampleStructure
 from mixle.errors import ArrayNotFoundError, NotAnArrayError
 from mixle.reading.faults import retry_call, retry_policy
+from mixle.reading.fetch import session_timeout
 from mixle.utils import optional_deps
 from mixle.utils.files import require_regular_file
 from mixle.utils.optional_deps import require
@@ -285,10 +286,7 @@ def _timed_options(path: Any, storage_options: Any) -> dict[str, Any] | None:
     options = dict(storage_options or {})
     client = dict(options.get("client_kwargs") or {})
     if "timeout" not in options and "timeout" not in client:
-        import aiohttp  # fsspec's HTTP file system is built on it (loaded with it anyway)
-
-        seconds = retry_policy().timeout
-        client["timeout"] = aiohttp.ClientTimeout(sock_connect=seconds, sock_read=seconds)
+        client["timeout"] = session_timeout(retry_policy().timeout)  # still mixle's later
         options["client_kwargs"] = client
     return options
 

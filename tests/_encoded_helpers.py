@@ -129,7 +129,7 @@ def pid_alive(pid: int) -> bool:
     """Whether process ``pid`` runs (Linux ``/proc``; a zombie has exited)."""
     try:
         status = Path(f"/proc/{pid}/status").read_text()
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # gone, or going while we read
         return False
     return "\nState:\tZ" not in status
 

@@ -10,7 +10,8 @@ their own (an anonymous ``mmap``) and the decoder's buffer is freed at once: lon
 chunks then never pin the malloc heaps of the decode threads, whose free space glibc does
 not give back (16 decode threads held 2x the budget that way), and an evicted chunk's pages
 go back to the system, or to the next chunk of the same size. The default budget is one
-job's (:func:`default_chunk_cache_bytes`): a torch DataLoader worker gets its share.
+job's (:func:`default_chunk_cache_bytes`): a torch DataLoader worker, and an
+``MPEncodedData`` worker (:func:`share_default_chunk_cache`), gets its share.
 """
 
 from __future__ import annotations
@@ -41,13 +42,15 @@ __all__ = [
     "drop_cached_chunks",
     "drop_chunks_when_collected",
     "set_chunk_cache_bytes",
+    "share_default_chunk_cache",
+    "user_chunk_cache_bytes",
 ]
 
 #: Default budget of the decoded-chunk cache of one job: 256 decoded 1 MiB chunks (64³
 #: float32), a few batches of random 32³ patches, small next to a training host's RAM.
 #: Worker processes of a torch DataLoader share it (:func:`default_chunk_cache_bytes`).
 DEFAULT_CHUNK_CACHE_BYTES = 256 * 1024 * 1024
-#: The smallest default budget of one DataLoader worker, however many workers there are.
+#: The smallest default budget of one worker process, however many workers there are.
 MIN_WORKER_CHUNK_CACHE_BYTES = 32 * 1024 * 1024
 #: Kept chunks at least this large live in pages of their own rather than the malloc heap.
 PAGE_BACKED_CHUNK_BYTES = 64 * 1024
@@ -322,15 +325,17 @@ def default_chunk_cache_bytes() -> int:
     """The budget the process-wide cache has until :func:`set_chunk_cache_bytes` sets one.
 
     :data:`DEFAULT_CHUNK_CACHE_BYTES` is one job's budget. In a worker process of a torch
-    ``DataLoader`` with ``num_workers=N`` it is split: ``DEFAULT_CHUNK_CACHE_BYTES // N``,
+    ``DataLoader`` with ``num_workers=N``, or of an ``MPEncodedData`` with N workers
+    (:func:`share_default_chunk_cache`), it is split: ``DEFAULT_CHUNK_CACHE_BYTES // N``,
     at least :data:`MIN_WORKER_CHUNK_CACHE_BYTES`, so that N workers together hold about
-    what one process would. A worker is recognised by the worker information torch sets in
-    the worker (``torch.utils.data.get_worker_info()``), read without importing torch.
+    what one process would. A DataLoader worker is recognised by the worker information
+    torch sets in the worker (``torch.utils.data.get_worker_info()``), read without
+    importing torch.
     """
-    workers = _dataloader_workers()
-    if workers <= 1:
+    sharing = _sharing()
+    if sharing <= 1:
         return DEFAULT_CHUNK_CACHE_BYTES
-    return max(MIN_WORKER_CHUNK_CACHE_BYTES, DEFAULT_CHUNK_CACHE_BYTES // workers)
+    return max(MIN_WORKER_CHUNK_CACHE_BYTES, DEFAULT_CHUNK_CACHE_BYTES // sharing)
 
 
 def _dataloader_workers() -> int:
@@ -341,9 +346,15 @@ def _dataloader_workers() -> int:
     return workers if isinstance(workers, int) else 0
 
 
+def _sharing() -> int:
+    """How many processes share one job's default budget with this one (1: none)."""
+    return max(1, _dataloader_workers()) * _pool_workers
+
+
+_pool_workers = 1  # workers of the MPEncodedData this process is one of (1: none)
 _cache = ChunkCache(default_chunk_cache_bytes())
 _user_budget: int | None = None  # what set_chunk_cache_bytes set; None: the default rule
-_default_for = _dataloader_workers()  # the worker count the default budget was made for
+_default_for = _sharing()  # the number of sharers the default budget was made for
 
 
 def chunk_cache() -> ChunkCache:
@@ -351,14 +362,14 @@ def chunk_cache() -> ChunkCache:
 
     Read its counters with ``chunk_cache().stats()``; empty it with ``.clear()``. A forked
     child starts with an empty cache of the same budget; until a budget is set with
-    :func:`set_chunk_cache_bytes`, a DataLoader worker's is its share of the default
-    (:func:`default_chunk_cache_bytes`).
+    :func:`set_chunk_cache_bytes`, a DataLoader or ``MPEncodedData`` worker's is its share
+    of the default (:func:`default_chunk_cache_bytes`).
     """
     global _default_for
     if _user_budget is None:
-        workers = _dataloader_workers()
-        if workers != _default_for:  # this process became a DataLoader worker
-            _default_for = workers
+        sharing = _sharing()
+        if sharing != _default_for:  # this process became a DataLoader worker
+            _default_for = sharing
             _cache.budget = default_chunk_cache_bytes()
     return _cache
 
@@ -367,15 +378,43 @@ def set_chunk_cache_bytes(budget: int | None) -> None:
     """Set the process-wide cache budget in bytes (``0`` disables caching).
 
     ``None`` restores the default rule (:func:`default_chunk_cache_bytes`). A budget set
-    here holds in this process and in processes forked from it, DataLoader workers included.
+    here holds in this process and in processes forked from it, DataLoader workers
+    included, and in the workers an ``MPEncodedData`` starts later (any start method).
     """
     global _user_budget, _default_for
     if budget is None:
-        _user_budget, _default_for = None, _dataloader_workers()
+        _user_budget, _default_for = None, _sharing()
         _cache.budget = default_chunk_cache_bytes()
         return
     _cache.budget = budget
     _user_budget = _cache.budget
+
+
+def user_chunk_cache_bytes() -> int | None:
+    """The budget :func:`set_chunk_cache_bytes` set in this process; ``None``: the default rule."""
+    return _user_budget
+
+
+def share_default_chunk_cache(workers: int) -> None:
+    """Make this process one of ``workers`` worker processes that share one job's default.
+
+    Worker pools call this in each worker they start (``MPEncodedData`` does): the default
+    budget becomes this process's share (:func:`default_chunk_cache_bytes`). A budget set
+    with :func:`set_chunk_cache_bytes` still wins. ``workers=1`` ends the sharing.
+
+    Raises
+    ------
+    TypeError, ValueError
+        ``workers`` is not an integer >= 1.
+    """
+    global _pool_workers, _default_for
+    count = parse_int(workers, "workers")
+    if count < 1:
+        raise ValueError(f"workers={count} must be >= 1")
+    _pool_workers = count
+    if _user_budget is None:
+        _default_for = _sharing()
+        _cache.budget = default_chunk_cache_bytes()
 
 
 def drop_cached_chunks(token: Hashable) -> None:

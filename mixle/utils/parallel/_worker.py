@@ -1,7 +1,7 @@
 """The loop a :class:`~mixle.utils.parallel.multiprocessing.MPEncodedData` worker runs.
 
-Kept apart so that a spawned worker imports only this module, the shard builder and
-NumPy. Messages are pickled tuples ``(seq, kind, *payload)``; every message except
+Kept apart so that a spawned worker imports only this module, the shard builder, the
+chunk cache and NumPy. Messages are pickled tuples ``(seq, kind, *payload)``; every message except
 ``close`` gets exactly one reply ``(seq, "ok", result)`` or
 ``(seq, "error", type name, message, traceback)``; a message the worker cannot unpickle
 gets an error reply with ``seq`` -1.
@@ -10,6 +10,10 @@ A worker never outlives its driver, even while ``fn`` runs: on Linux the kernel 
 SIGKILL when the driver dies (``PR_SET_PDEATHSIG``), and everywhere a watchdog thread ends
 the process within :data:`WATCHDOG_INTERVAL_S` once its parent changes or the driver's
 end of the pipe closes.
+
+A worker is one of ``workers`` processes sharing one job's default chunk-cache budget
+(:func:`~mixle.reading.cache.share_default_chunk_cache`), unless the driver's user set a
+budget (``set_chunk_cache_bytes``), which the worker then keeps, whatever the start method.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import traceback
 from multiprocessing.connection import Connection
 from typing import Any
 
+from mixle.reading.cache import set_chunk_cache_bytes, share_default_chunk_cache
 from mixle.utils.parallel.encoding import build_shard
 
 __all__ = ["CLOSE", "WATCHDOG_INTERVAL_S", "guard_against_orphaning", "worker_main"]
@@ -114,14 +119,25 @@ def _handle(kind: str, payload: tuple[Any, ...], state: dict[str, Any]) -> Any:
     raise ValueError(f"unknown message kind {kind!r}")
 
 
-def worker_main(conn: Connection, parent: int | None = None, pdeathsig: bool = False) -> None:
+def worker_main(
+    conn: Connection,
+    parent: int | None = None,
+    pdeathsig: bool = False,
+    workers: int = 1,
+    cache_budget: int | None = None,
+) -> None:
     """Serve messages from the driver until ``close`` or until the driver goes away.
 
-    ``parent`` and ``pdeathsig`` go to :func:`guard_against_orphaning`.
+    ``parent`` and ``pdeathsig`` go to :func:`guard_against_orphaning`. ``workers`` is
+    how many workers the driver starts; ``cache_budget`` the chunk-cache budget its user
+    set (``None``: this worker's share of the default).
     """
     # Ctrl-C goes to the whole process group; the driver decides what to do with it.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     guard_against_orphaning(conn, parent, pdeathsig)
+    share_default_chunk_cache(workers)
+    if cache_budget is not None:
+        set_chunk_cache_bytes(cache_budget)
     state: dict[str, Any] = {}
     while True:
         try:

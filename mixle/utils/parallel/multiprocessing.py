@@ -22,6 +22,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from mixle.errors import WorkerDiedError, WorkerError, WorkerTimeoutError
+from mixle.reading.cache import user_chunk_cache_bytes
 from mixle.utils.parallel._worker import CLOSE, worker_main
 from mixle.utils.parallel.base import EncodedData, ReadIn, parse_read_in, parse_timeout
 from mixle.utils.parallel.encoding import (
@@ -119,7 +120,10 @@ class MPEncodedData(EncodedData):
     (:meth:`shard_indices` tells which). A worker that dies is detected as soon as its
     process exits. Workers are daemon processes, stopped by :meth:`close`, by garbage
     collection of the handle, at interpreter exit and when a call is interrupted; they
-    exit on their own when the driver dies, even mid-call.
+    exit on their own when the driver dies, even mid-call. Each worker's default
+    decoded-chunk cache budget is its share of one job's (``DEFAULT_CHUNK_CACHE_BYTES //
+    num_workers``, at least ``MIN_WORKER_CHUNK_CACHE_BYTES``); a budget set in the driver
+    with ``set_chunk_cache_bytes`` before the handle is built applies in every worker.
     """
 
     def __init__(
@@ -176,9 +180,13 @@ class MPEncodedData(EncodedData):
         parent = None if method == "forkserver" else os.getpid()
         main = threading.current_thread() is threading.main_thread()
         pdeathsig = parent is not None and main
+        # the workers share one job's default cache budget; one the user set here wins
+        cache = (self.num_workers, user_chunk_cache_bytes())
         for _ in range(self.num_workers):
             mine, theirs = ctx.Pipe(duplex=True)
-            proc = ctx.Process(target=worker_main, args=(theirs, parent, pdeathsig), daemon=True)
+            proc = ctx.Process(
+                target=worker_main, args=(theirs, parent, pdeathsig, *cache), daemon=True
+            )
             self._conns.append(mine)
             proc.start()
             self._procs.append(proc)

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 from mixle.inspection.limits import MAX_METADATA_BYTES, parse_metadata
 from mixle.inspection.locations import url_fs
 from mixle.reading.faults import RemoteTimeoutError, retry_policy
+from mixle.reading.fetch import timed_storage_options
 from mixle.utils.redact import display_path, redact_text
 
 __all__ = [
@@ -34,10 +35,6 @@ __all__ = [
 T = TypeVar("T")
 #: Metadata files at the root of a zarr store (checked when zarr cannot open the store).
 _ROOT_METADATA = ("zarr.json", ".zarray", ".zgroup", ".zattrs")
-#: URL schemes served by fsspec's HTTP file system (aiohttp sessions).
-_HTTP_SCHEMES = frozenset({"http", "https"})
-#: URL schemes served by s3fs (botocore clients).
-_S3_SCHEMES = frozenset({"s3", "s3a"})
 #: Per thread: the ``time.monotonic()`` by which the inspection running there must end.
 _LATE = threading.local()
 
@@ -45,29 +42,10 @@ _LATE = threading.local()
 def timed_options(location: str, storage_options: dict[str, Any] | None) -> dict[str, Any]:
     """``storage_options`` for ``location`` plus the retry policy's request timeout.
 
-    Over HTTP(S), ``client_kwargs={"timeout": aiohttp.ClientTimeout(sock_connect=t,
-    sock_read=t)}`` for the session fsspec makes (so every request on it, zarr's own
-    included, stops waiting on a silent peer after ``t`` seconds); over S3, botocore's
-    ``connect_timeout`` and ``read_timeout`` in ``config_kwargs``. A timeout the user set
-    (``timeout=`` or one inside ``client_kwargs``/``config_kwargs``) is kept. Other file
-    systems get the options as they are.
+    :func:`mixle.reading.fetch.timed_storage_options` (the one helper opening a zarr uses
+    too): HTTP(S) sessions and S3 botocore clients get the timeout unless the user set one.
     """
-    options = dict(storage_options or {})
-    scheme = urllib.parse.urlsplit(location).scheme.lower()
-    seconds = retry_policy().timeout
-    if scheme in _HTTP_SCHEMES:
-        client = dict(options.get("client_kwargs") or {})
-        if "timeout" not in options and "timeout" not in client:
-            import aiohttp  # fsspec's HTTP file system is built on it
-
-            client["timeout"] = aiohttp.ClientTimeout(sock_connect=seconds, sock_read=seconds)
-            options["client_kwargs"] = client
-    elif scheme in _S3_SCHEMES:
-        config = dict(options.get("config_kwargs") or {})
-        for name in ("connect_timeout", "read_timeout"):
-            config.setdefault(name, seconds)
-        options["config_kwargs"] = config
-    return options
+    return timed_storage_options(location, storage_options)
 
 
 def child_url(base: str, name: str) -> str:

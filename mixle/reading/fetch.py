@@ -279,6 +279,47 @@ def session_timeout(seconds: float) -> Any:
     return own
 
 
+#: URL schemes served by fsspec's HTTP file system (aiohttp sessions).
+_HTTP_SCHEMES = frozenset({"http", "https"})
+#: URL schemes served by s3fs (botocore clients).
+_S3_SCHEMES = frozenset({"s3", "s3a"})
+
+
+def timed_storage_options(location: Any, storage_options: dict[str, Any] | None) -> dict[str, Any]:
+    """``storage_options`` for opening ``location``, plus the retry policy's request timeout.
+
+    For a file system fsspec makes from a URL (zarr's, ``mixle inspect``'s), with ``t`` the
+    :attr:`~mixle.reading.faults.RetryPolicy.timeout`:
+
+    - HTTP(S): ``client_kwargs={"timeout": session_timeout(t)}`` for the aiohttp session,
+      so every request on it (zarr's own included) stops waiting on a silent peer after
+      ``t`` seconds; known as mixle's, so :func:`request_options` still gives later
+      requests the policy's timeout of the moment.
+    - S3 (``s3://``, ``s3a://``): botocore's ``connect_timeout`` and ``read_timeout`` in
+      ``config_kwargs``.
+
+    A timeout the user set wins (``timeout=``, or one inside ``client_kwargs`` /
+    ``config_kwargs``). Other locations (other schemes, store objects) get a copy of the
+    options as they are (``{}`` for ``None``). The caller's dicts are never changed.
+    """
+    options = dict(storage_options or {})
+    if not isinstance(location, str):
+        return options
+    scheme = location.partition("://")[0].lower() if "://" in location else ""
+    seconds = retry_policy().timeout
+    if scheme in _HTTP_SCHEMES:
+        client = dict(options.get("client_kwargs") or {})
+        if "timeout" not in options and "timeout" not in client:
+            client["timeout"] = session_timeout(seconds)
+            options["client_kwargs"] = client
+    elif scheme in _S3_SCHEMES:
+        config = dict(options.get("config_kwargs") or {})
+        for name in ("connect_timeout", "read_timeout"):
+            config.setdefault(name, seconds)
+        options["config_kwargs"] = config
+    return options
+
+
 def _is_own_session_timeout(timeout: Any) -> bool:
     return any(timeout is own for own in list(_OWN_SESSION_TIMEOUTS.values()))
 

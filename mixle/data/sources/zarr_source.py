@@ -7,7 +7,6 @@ import math
 import os
 import stat
 import sys
-import urllib.parse
 import warnings
 from typing import Any
 
@@ -18,8 +17,8 @@ from mixle.data.sources.base import ArrayMeta, ArraySource, listing
 from mixle.data.sources.zarr_chunks import ZARR_METADATA_LIMIT, zarr_chunk_reader
 from mixle.data.structure import EXCHANGEABLE, SampleStructure
 from mixle.errors import ArrayNotFoundError, NotAnArrayError
-from mixle.reading.faults import retry_call, retry_policy
-from mixle.reading.fetch import session_timeout
+from mixle.reading.faults import retry_call
+from mixle.reading.fetch import timed_storage_options
 from mixle.utils import optional_deps
 from mixle.utils.files import require_regular_file
 from mixle.utils.optional_deps import require
@@ -139,7 +138,7 @@ class ZarrArraySource(ArraySource):
         path, component = self._args["path"], self._args["component"]
         kwargs: dict[str, Any] = {"mode": "r"}
         secrets = self._args["storage_options"]
-        options = _timed_options(path, secrets)
+        options = timed_storage_options(path, secrets)
         if options:
             kwargs["storage_options"] = options
         if isinstance(path, str) and "://" not in path and not os.path.exists(path):
@@ -270,25 +269,6 @@ def check_chunk_grid(
             f"zarr array {where}: one chunk of {name}={chunks} would hold "
             f"{math.prod(chunks) * itemsize:,} bytes, more than NumPy can address"
         )
-
-
-def _timed_options(path: Any, storage_options: Any) -> dict[str, Any] | None:
-    """``storage_options`` for opening ``path``, over HTTP(S) with the retry policy's timeout.
-
-    fsspec's HTTP session waits 300 s on a silent server by default; an HTTP(S) URL gets
-    ``client_kwargs={"timeout": aiohttp.ClientTimeout(sock_connect=t, sock_read=t)}`` with
-    ``t`` the :func:`~mixle.reading.retry_policy` timeout, unless the user set ``timeout``
-    or ``client_kwargs["timeout"]``. Other paths get ``storage_options`` as they are.
-    """
-    scheme = urllib.parse.urlsplit(path).scheme.lower() if isinstance(path, str) else ""
-    if scheme not in ("http", "https"):
-        return storage_options
-    options = dict(storage_options or {})
-    client = dict(options.get("client_kwargs") or {})
-    if "timeout" not in options and "timeout" not in client:
-        client["timeout"] = session_timeout(retry_policy().timeout)  # still mixle's later
-        options["client_kwargs"] = client
-    return options
 
 
 def _open_redacted(

@@ -1,0 +1,123 @@
+"""Opening a zarr store over S3 carries mixle's request timeout (botocore's config)."""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+zarr = pytest.importorskip("zarr")
+pytest.importorskip("s3fs")
+pytest.importorskip("moto")
+
+import mixle  # noqa: E402
+from mixle.reading import RemoteReadError, chunk_cache, set_retry_policy  # noqa: E402
+from mixle.reading.faults import RemoteTimeoutError  # noqa: E402
+from mixle.testing_servers import MotoS3Server  # noqa: E402
+
+BUCKET = "open-timeouts"
+
+
+@pytest.fixture(autouse=True)
+def policy() -> Iterator[None]:
+    old = set_retry_policy(attempts=2, base_delay=0.001, max_delay=0.004, timeout=12)
+    chunk_cache().clear()
+    yield
+    set_retry_policy(**dataclasses.asdict(old))
+    chunk_cache().clear()
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[MotoS3Server, str, Any]]:
+    root = tmp_path_factory.mktemp("s3open")
+    data = np.arange(60, dtype="int32").reshape(6, 10)
+    array = zarr.create_array(
+        str(Path(root) / "a.zarr"), shape=data.shape, chunks=(3, 5), dtype="int32"
+    )
+    array[...] = data
+    truth = np.asarray(zarr.open_array(str(Path(root) / "a.zarr"), mode="r")[...])
+    with MotoS3Server() as server:
+        yield server, server.upload(root, BUCKET), truth
+
+
+def _open_config(source: Any) -> dict[str, Any]:
+    """The botocore config of the s3fs file system zarr opened the store with."""
+    source._live()
+    return dict(source._handle.store.fs.config_kwargs)
+
+
+def test_read_zarr_over_s3_gives_botocore_the_policy_timeout(served):
+    server, url, truth = served
+    source = mixle.read_zarr(f"{url}/a.zarr", storage_options=server.storage_options())
+    config = _open_config(source)
+    assert config["connect_timeout"] == config["read_timeout"] == 12
+    assert np.array_equal(np.asarray(source[...]), truth)
+
+
+def test_a_timeout_in_the_users_config_kwargs_wins(served):
+    server, url, truth = served
+    options = server.storage_options(config_kwargs={"read_timeout": 3})
+    source = mixle.read_zarr(f"{url}/a.zarr", storage_options=options)
+    config = _open_config(source)
+    assert config["read_timeout"] == 3 and config["connect_timeout"] == 12
+    assert options["config_kwargs"] == {"read_timeout": 3}  # the user's dict is not changed
+    assert np.array_equal(np.asarray(source[...]), truth)
+
+
+@pytest.fixture
+def silent() -> Iterator[str]:
+    """An endpoint on 127.0.0.1 that accepts connections and never answers."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        listener.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                continue
+            held.append(conn)
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    stop.set()
+    thread.join(5)
+    for conn in held:
+        conn.close()
+    listener.close()
+
+
+def test_opening_a_zarr_on_a_silent_s3_endpoint_gives_up_in_bounded_time(silent):
+    set_retry_policy(attempts=1, timeout=0.5)
+    options = {
+        "key": "k",
+        "secret": "s3cret-value",
+        "endpoint_url": silent,
+        "config_kwargs": {"retries": {"max_attempts": 1}},
+    }
+    done: dict[str, BaseException] = {}
+
+    def run() -> None:
+        try:
+            mixle.read_zarr(f"s3://{BUCKET}/a.zarr", storage_options=options)
+        except BaseException as exc:  # handed to the test's thread
+            done["error"] = exc
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(60)  # only catches a hang: botocore's default waits 60 s per try
+    assert not worker.is_alive(), "opening a zarr on a silent S3 endpoint did not give up"
+    error = done["error"]
+    assert isinstance(error, (RemoteReadError, RemoteTimeoutError, OSError)), repr(error)
+    assert "s3cret-value" not in str(error)

@@ -194,6 +194,27 @@ LAYOUTS: dict[str, tuple[dict[str, Any], str]] = {
         },
         "gzip",
     ),
+    "v3 zstd behind delta float32 to float16": (
+        {
+            **V3,
+            "dtype": "float32",
+            "filters": [_numcodecs_v3(zarr_numcodecs.Delta, dtype="float32", astype="float16")],
+            "compressors": ZstdCodec(),
+        },
+        "zstd",
+    ),
+    "v3 sharded gzip behind astype float64 to float32": (
+        {
+            **V3,
+            "dtype": "float64",
+            "shards": CHUNKS,
+            "filters": [
+                _numcodecs_v3(zarr_numcodecs.AsType, decode_dtype="float64", encode_dtype="float32")
+            ],
+            "compressors": GzipCodec(),
+        },
+        "gzip",
+    ),
     "v2 gzip, 4.5 MB stored": ({**V2, "compressors": numcodecs.GZip()}, "gzip, 4.5 MB stored"),
     "file:// v2 bz2": ({**V2, "compressors": numcodecs.BZ2()}, "bz2"),
     "file:// v3 gzip": ({**V3, "compressors": GzipCodec()}, "gzip"),

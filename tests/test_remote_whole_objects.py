@@ -1,17 +1,17 @@
 """Whole zarr chunks over HTTP and S3 are checked like byte ranges, and so are zarr's own reads.
 
 Unsharded chunks are fetched whole (``Range: bytes=0-``, so s3fs sends no ``HEAD``); layouts
-mixle leaves to zarr's codec pipeline (a numcodecs Delta that changes the dtype, sharded or
-not) are read by zarr through a checked, retried store. Servers on 127.0.0.1 answer those
-requests wrongly on purpose (:class:`~mixle.testing_servers.FaultPlan` ``range_fault``):
-every read must equal zarr-python's own local read when the faults are transient, and raise
+mixle leaves to zarr's codec pipeline (a shard compressed as a whole, read whole; a shard
+whose index is big-endian, read as ranges) are read by zarr through a checked, retried
+store. Servers on 127.0.0.1 answer those requests wrongly on purpose
+(:class:`~mixle.testing_servers.FaultPlan` ``range_fault``): every read must equal
+zarr-python's own local read when the faults are transient, and raise
 :class:`~mixle.reading.RemoteReadError` naming the URL and the stored key when they persist.
 """
 
 from __future__ import annotations
 
 import re
-import warnings
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,8 +22,14 @@ import numpy as np
 import pytest
 import zarr
 from _remote_fixtures import ReadPaths
-from zarr.codecs import TransposeCodec, ZstdCodec
-from zarr.codecs import numcodecs as zarr_numcodecs
+from zarr.codecs import (
+    BytesCodec,
+    Crc32cCodec,
+    GzipCodec,
+    ShardingCodec,
+    TransposeCodec,
+    ZstdCodec,
+)
 
 import mixle
 from mixle.data.sources.zarr_chunks import checked_store
@@ -36,21 +42,27 @@ from mixle.reading import (
 )
 from mixle.testing_servers import FaultPlan, MotoS3Server, RangeHTTPServer
 
-_NOT_IN_SPEC = "Numcodecs codecs are not in the Zarr version 3 specification"
 pytestmark = [
     pytest.mark.usefixtures("fast_retries"),
-    # zarr warns whenever it builds the Delta filter below (writing and opening alike)
-    pytest.mark.filterwarnings(f"ignore:{_NOT_IN_SPEC}"),
+    # zarr warns whenever it builds the pipeline of a shard compressed as a whole
+    pytest.mark.filterwarnings("ignore:Combining a `sharding_indexed` codec"),
 ]
 
 SHAPE = (24, 24, 20)
 CHUNKS = (8, 8, 10)
 FILL = 7.0
 BUCKET = "mixle-whole"
-with warnings.catch_warnings():  # zarr: "Numcodecs codecs are not in the ... specification"
-    warnings.filterwarnings("ignore", _NOT_IN_SPEC)
-    #: A filter mixle leaves to zarr (it changes the stored dtype).
-    _DELTA_ASTYPE = zarr_numcodecs.Delta(dtype="float32", astype="float16")
+#: Shards compressed as a whole (``sharding_indexed`` then ``gzip``): zarr reads each whole.
+_SHARD_THEN_GZIP = {"serializer": ShardingCodec(chunk_shape=(4, 4, 5)), "compressors": GzipCodec()}
+#: Shards whose index is big-endian (mixle reads only little-endian indices): zarr reads
+#: the index and the inner chunks as byte ranges.
+_BIG_ENDIAN_INDEX = {
+    "chunks": (12, 12, 10),
+    "serializer": ShardingCodec(
+        chunk_shape=(4, 4, 5), index_codecs=[BytesCodec(endian="big"), Crc32cCodec()]
+    ),
+    "compressors": None,
+}
 #: name -> (create_array options, the reader mixle picks, a stored key pattern)
 LAYOUTS: dict[str, tuple[dict[str, Any], str, str]] = {
     "v2_raw.zarr": ({"zarr_format": 2, "compressors": None}, "ZarrStoreReader", r"\d\.\d\.\d"),
@@ -76,18 +88,13 @@ LAYOUTS: dict[str, tuple[dict[str, Any], str, str]] = {
         "ShardedZarrReader",
         r"c/\d/\d/\d",
     ),
-    "v3_delta_astype.zarr": (  # zarr decodes; whole chunks, through zarr's reads
-        {"filters": [_DELTA_ASTYPE], "compressors": None},
+    "v3_shard_then_gzip.zarr": (  # zarr decodes; whole objects, through zarr's reads
+        _SHARD_THEN_GZIP,
         "ZarrPipelineReader",
         r"c/\d/\d/\d",
     ),
-    "v3_sharded_delta_astype.zarr": (  # zarr decodes; shard index and inner chunks as ranges
-        {
-            "chunks": (4, 4, 5),
-            "shards": (12, 12, 10),
-            "filters": [_DELTA_ASTYPE],
-            "compressors": None,
-        },
+    "v3_sharded_big_endian_index.zarr": (  # zarr decodes; index and inner chunks as ranges
+        _BIG_ENDIAN_INDEX,
         "ZarrPipelineReader",
         r"c/\d/\d/\d",
     ),
@@ -98,7 +105,7 @@ WHOLE_CHUNKS = [
     "v3_raw.zarr",
     "v3_zstd.zarr",
     "v3_transpose.zarr",
-    "v3_delta_astype.zarr",
+    "v3_shard_then_gzip.zarr",
 ]
 STARTS = np.array([[0, 0, 0], [17, 15, 13], [7, 11, 3], [12, 2, 9]])
 PATCH = (7, 9, 7)

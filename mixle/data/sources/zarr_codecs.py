@@ -260,7 +260,7 @@ def v3_decoder(
 
     Decoded here: ``transpose``, numcodecs array-to-array codecs that keep the dtype and
     the retyping filters (``delta``/``fixedscaleoffset``/``quantize``/``astype`` with an
-    integer ``astype``: their stored size is exact), then ``bytes``, then zstd, gzip,
+    integer or float ``astype``: their stored size is exact), then ``bytes``, then zstd, gzip,
     blosc, crc32c and the numcodecs bytes-to-bytes codecs.
     """
     from zarr.codecs import (
@@ -341,13 +341,14 @@ def _retypes(codec: Any, dtype: np.dtype) -> np.dtype | None:
     """The dtype a numcodecs retyping filter stores ``dtype`` elements as, else ``None``.
 
     Covers the filters of :data:`_RETYPED` (``delta``, ``fixedscaleoffset``, ``quantize``,
-    ``astype``) whose decoded dtype is ``dtype``: their stored size is known exactly.
+    ``astype``) whose decoded dtype is ``dtype`` and whose stored dtype is an integer or a
+    float (``float32`` stored as ``float16``, say): their stored size is known exactly.
     """
     names = _RETYPED.get(getattr(codec, "codec_id", None))
     if names is None:
         return None
     inner, outer = (np.dtype(getattr(codec, a)) for a in names)
-    if inner != dtype or outer.kind not in "biu":
+    if inner != dtype or outer.kind not in "biuf":
         return None
     return outer
 

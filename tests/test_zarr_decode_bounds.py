@@ -20,6 +20,7 @@ from zarr.codecs import numcodecs as zarr_numcodecs
 
 import mixle
 from mixle.data.sources.zarr_chunks import zarr_chunk_reader
+from mixle.reading import CorruptChunkError
 
 _NOT_IN_SPEC = "Numcodecs codecs are not in the Zarr version 3 specification"
 pytestmark = pytest.mark.filterwarnings(f"ignore:{_NOT_IN_SPEC}")
@@ -86,3 +87,17 @@ def test_float_retyping_filters_are_decoded_by_mixle_as_zarr_reads_them(tmp_path
     got = mixle.read_zarr(path)[...]
     assert got.dtype == expected.dtype
     np.testing.assert_array_equal(got, expected)
+
+
+def test_a_corrupt_inner_chunk_is_named_as_an_inner_chunk_of_its_shard(tmp_path: Path):
+    path = tmp_path / "a.zarr"
+    array = zarr.create_array(str(path), shape=SHAPE, chunks=CHUNKS, shards=(14, 22), dtype="int32")
+    array[...] = 1
+    shard = path / "c" / "0" / "0"
+    raw = bytearray(shard.read_bytes())
+    raw[:16] = b"not a zstd frame"  # the index (at the end) stays intact
+    shard.write_bytes(bytes(raw))
+    with pytest.raises(CorruptChunkError) as err:
+        mixle.read_zarr(str(path))[0, 0]
+    message = str(err.value)
+    assert f"inner chunk (0, 0) of shard 'c/0/0' of zarr array '{path}'" in message, message

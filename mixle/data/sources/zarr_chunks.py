@@ -204,18 +204,25 @@ def fill_chunk(array: Any, chunks: tuple[int, ...]) -> np.ndarray:
 
 
 def decode_checked(
-    decode: Decoder, raw: bytes, where: str, key: str, coords: tuple[int, ...] | None = None
+    decode: Decoder,
+    raw: bytes,
+    where: str,
+    key: str,
+    coords: tuple[int, ...] | None = None,
+    inner: tuple[int, ...] | None = None,
 ) -> np.ndarray:
     """``decode(raw)``, any failure raised as :class:`CorruptChunkError` naming the chunk.
 
     ``key`` is the chunk's stored key; ``coords``, if given, its chunk grid coordinates.
+    ``inner``, if given, names an inner chunk (its chunk grid coordinates) of shard ``key``.
     """
     try:
         return decode(raw)
     except Exception as exc:
         at = "" if coords is None else f" (chunk grid coordinates {coords})"
+        what = f"chunk {key!r}" if inner is None else f"inner chunk {inner} of shard {key!r}"
         raise CorruptChunkError(
-            f"chunk {key!r} of zarr array {where}{at} is corrupt ({len(raw)} stored bytes do "
+            f"{what} of zarr array {where}{at} is corrupt ({len(raw)} stored bytes do "
             f"not decode to a chunk: {type(exc).__name__}: {exc})"
         ) from None
 

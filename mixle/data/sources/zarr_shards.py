@@ -303,8 +303,8 @@ class ShardedZarrReader:
         if raw is None:
             return self._fill
         shard = tuple(c // n for c, n in zip(coords, self._per_shard))
-        key = f"{self._meta.encode_chunk_key(shard)} inner chunk {coords}"
-        return decode_checked(self._decode, raw, self._where, key)
+        key = self._meta.encode_chunk_key(shard)
+        return decode_checked(self._decode, raw, self._where, key, inner=coords)
 
     def read_chunk(self, coords: tuple[int, ...]) -> np.ndarray:
         """One inner chunk, decoded (the per-chunk path of the reader protocol)."""

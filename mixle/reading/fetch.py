@@ -26,6 +26,8 @@ from __future__ import annotations
 import contextlib
 import re
 import sys
+import threading
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -80,6 +82,8 @@ T = TypeVar("T")
 
 #: Bytes a capped response body is read in at a time (:func:`fetch_range` with ``limit``).
 READ_BLOCK_BYTES = 1024 * 1024
+#: How many objects' sizes, learnt from servers that ignore ``Range``, are remembered.
+IGNORED_RANGE_MEMORY = 1024
 
 #: A byte range of one object: ``(start, end)`` for bytes ``[start, end)``, ``(start, None)``
 #: for everything from ``start`` on, ``(-n, None)`` for the last ``n`` bytes.
@@ -540,7 +544,9 @@ async def fetch_range(
 
     Over HTTP and S3 (s3fs) the status, ``Content-Range`` and body length are checked. A
     ``200`` is taken as the whole object (a server that ignores ``Range``) when its length
-    is the object's size, learnt from a ``HEAD`` if ``size`` is not given, with one
+    is the object's size, learnt from a ``HEAD`` if ``size`` is not given (once per object:
+    the size is remembered, for the last :data:`IGNORED_RANGE_MEMORY` objects, while the
+    server's answers agree with it), with one
     exception that costs no ``HEAD``: for ``span=(0, None)`` a binary (not ``text/...``)
     body exactly as long as its ``Content-Length``. A text ``200`` for ``span=(0, None)``
     whose size cannot be learnt is refused. An honest ``206`` costs no ``HEAD``. Other
@@ -714,7 +720,12 @@ async def _checked_answer(
         and size is None
         and not _whole_as_declared(span, body, content_type, declared)
     ):
-        size = await _object_size(fs, path)  # a 200 is the whole object only if it is this long
+        # a 200 is the whole object only if it is this long; a server that ignored Range
+        # once is asked the size once, not once per answer
+        size = _remembered_size(fs, path, body, declared)
+        if size is None:
+            size = await _object_size(fs, path)
+            _remember_size(fs, path, size)
     upto = _range_end(span)
     if (  # read up to the range's end only: the whole object's length is its Content-Length
         status == 200
@@ -734,6 +745,49 @@ async def _checked_answer(
         content_range=content_range,
         content_type=content_type,
     )
+
+
+#: ``(file system's protocol, path) -> size`` of objects whose server ignored ``Range``,
+#: least recently used first; at most :data:`IGNORED_RANGE_MEMORY` entries.
+_IGNORED_RANGE_SIZES: OrderedDict[tuple[str, str], int] = OrderedDict()
+_IGNORED_RANGE_LOCK = threading.Lock()
+
+
+def _size_key(fs: Any, path: str) -> tuple[str, str]:
+    protocol = getattr(fs, "protocol", "")
+    return (str(protocol if isinstance(protocol, str) else protocol[0]), str(path))
+
+
+def _remembered_size(fs: Any, path: str, body: bytes, declared: object) -> int | None:
+    """The size a ``HEAD`` gave for ``path`` when its server last ignored ``Range``, or ``None``.
+
+    Trusted only while the answer agrees with it: its ``Content-Length`` (the whole
+    object's) is that size, or with none declared the body is that long. An answer that
+    disagrees (the object was replaced) is probed again.
+    """
+    key = _size_key(fs, path)
+    with _IGNORED_RANGE_LOCK:
+        size = _IGNORED_RANGE_SIZES.get(key)
+        if size is None:
+            return None
+        length = _length(declared)
+        if length != size and not (length is None and len(body) == size):
+            del _IGNORED_RANGE_SIZES[key]
+            return None
+        _IGNORED_RANGE_SIZES.move_to_end(key)
+        return size
+
+
+def _remember_size(fs: Any, path: str, size: int | None) -> None:
+    """Remember ``size`` for ``path`` (its server ignores ``Range``); the oldest goes first."""
+    if size is None:
+        return
+    key = _size_key(fs, path)
+    with _IGNORED_RANGE_LOCK:
+        _IGNORED_RANGE_SIZES[key] = size
+        _IGNORED_RANGE_SIZES.move_to_end(key)
+        while len(_IGNORED_RANGE_SIZES) > IGNORED_RANGE_MEMORY:
+            _IGNORED_RANGE_SIZES.popitem(last=False)
 
 
 def _whole_as_declared(

@@ -8,22 +8,31 @@ with zarr-python's own read of the same store.
 
 from __future__ import annotations
 
+import gzip
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numcodecs
 import numpy as np
 import pytest
 import zarr
+from test_decode_bombs import BOMBS, GROWTH_LIMIT, _run_child
 from zarr.codecs import GzipCodec, ZstdCodec
 from zarr.codecs import numcodecs as zarr_numcodecs
+from zarr.core.dtype import VariableLengthBytes
 
 import mixle
 from mixle.data.sources.zarr_chunks import zarr_chunk_reader
 from mixle.reading import CorruptChunkError
 
 _NOT_IN_SPEC = "Numcodecs codecs are not in the Zarr version 3 specification"
-pytestmark = pytest.mark.filterwarnings(f"ignore:{_NOT_IN_SPEC}")
+pytestmark = [
+    pytest.mark.filterwarnings(f"ignore:{_NOT_IN_SPEC}"),
+    # zarr warns on writing variable-length bytes to format 3 (no spec for the data type yet)
+    pytest.mark.filterwarnings("ignore:The data type .* does not have a Zarr V3 specification"),
+]
 
 SHAPE = (20, 30)
 CHUNKS = (7, 11)
@@ -101,3 +110,98 @@ def test_a_corrupt_inner_chunk_is_named_as_an_inner_chunk_of_its_shard(tmp_path:
         mixle.read_zarr(str(path))[0, 0]
     message = str(err.value)
     assert f"inner chunk (0, 0) of shard 'c/0/0' of zarr array '{path}'" in message, message
+
+
+# -- variable-length strings and bytes ---------------------------------------------------
+
+VLEN_SHAPE = (128, 128)
+VLEN_CHUNKS = (64, 64)  # 4,096 elements: a stored chunk may decode to about 17 MB
+#: name -> create_array options
+VLEN_LAYOUTS: dict[str, dict[str, Any]] = {
+    "v3 vlen-utf8 zstd": {"dtype": str, "compressors": ZstdCodec()},
+    "v3 vlen-utf8 gzip": {"dtype": str, "compressors": GzipCodec()},
+    "v3 vlen-bytes gzip": {"dtype": VariableLengthBytes(), "compressors": GzipCodec()},
+    "v3 vlen-utf8 raw": {"dtype": str, "compressors": None},
+    "v2 VLenUTF8 gzip": {"dtype": str, "zarr_format": 2, "compressors": numcodecs.GZip()},
+    "v2 VLenUTF8 zlib": {"dtype": str, "zarr_format": 2, "compressors": numcodecs.Zlib()},
+    "v2 VLenBytes zstd": {
+        "dtype": VariableLengthBytes(),
+        "zarr_format": 2,
+        "compressors": numcodecs.Zstd(),
+    },
+}
+
+
+def _vlen_values(layout: str) -> np.ndarray:
+    rng = np.random.default_rng(2)
+    lengths = rng.integers(0, 40, VLEN_SHAPE)
+    words = ["é" * n + str(n) for n in lengths.ravel()]
+    if "bytes" in layout.lower():
+        return np.array([w.encode() for w in words], dtype=object).reshape(VLEN_SHAPE)
+    return np.array(words, dtype=object).reshape(VLEN_SHAPE)
+
+
+def _write_vlen(path: Path, layout: str) -> str:
+    """Write ``layout`` (the last 28 rows never written); the stored key of chunk (0, 0)."""
+    options = VLEN_LAYOUTS[layout]
+    array = zarr.create_array(str(path), shape=VLEN_SHAPE, chunks=VLEN_CHUNKS, **options)
+    array[:100] = _vlen_values(layout)[:100]
+    return "0.0" if options.get("zarr_format") == 2 else "c/0/0"
+
+
+@pytest.mark.parametrize("layout", list(VLEN_LAYOUTS))
+def test_vlen_chunks_are_decoded_by_mixle_as_zarr_reads_them(tmp_path: Path, layout):
+    path = tmp_path / "a.zarr"
+    _write_vlen(path, layout)
+    opened = zarr.open_array(str(path), mode="r")
+    expected = np.asarray(opened[...])
+    assert type(zarr_chunk_reader(opened)).__name__ == "ZarrCodecReader"
+    src = mixle.read_zarr(str(path))
+    got = src[...]
+    assert got.dtype == expected.dtype
+    np.testing.assert_array_equal(got, expected)
+    np.testing.assert_array_equal(src[60:70, 3:90], expected[60:70, 3:90])
+    # the same chunks from a memory store (the concurrent, checked store reader)
+    memory = zarr.storage.MemoryStore()
+    copy = zarr.create_array(memory, shape=VLEN_SHAPE, chunks=VLEN_CHUNKS, **VLEN_LAYOUTS[layout])
+    copy[...] = expected
+    assert type(zarr_chunk_reader(copy)).__name__ == "ZarrStoreReader"
+    np.testing.assert_array_equal(mixle.read_zarr(copy)[...], np.asarray(copy[...]))
+
+
+#: name -> (layout, the stored bytes of chunk (0, 0))
+VLEN_BOMBS: dict[str, tuple[str, Callable[[], bytes]]] = {
+    "v3 vlen-utf8 gzip bomb": ("v3 vlen-utf8 gzip", BOMBS["gzip"]),
+    "v3 vlen-utf8 zstd bomb": ("v3 vlen-utf8 zstd", BOMBS["zstd"]),
+    "v2 VLenUTF8 zlib bomb": ("v2 VLenUTF8 zlib", BOMBS["zlib"]),
+    "v2 VLenBytes zstd bomb": ("v2 VLenBytes zstd", BOMBS["zstd"]),
+    # an item count of 2**31 - 1 (numcodecs would allocate 16 GiB of object pointers)
+    "v3 vlen-utf8 raw huge count": ("v3 vlen-utf8 raw", lambda: b"\xff\xff\xff\x7f" + bytes(8)),
+    "v3 vlen-utf8 gzip huge count": (
+        "v3 vlen-utf8 gzip",
+        lambda: gzip.compress(b"\xff\xff\xff\x7f" + bytes(8), mtime=0),
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def vlen_bomb_reads(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    root = tmp_path_factory.mktemp("vlen-bombs")
+    cases, facts = [], {}
+    for k, (name, (layout, blob)) in enumerate(VLEN_BOMBS.items()):
+        path = root / f"{k}.zarr"
+        key = _write_vlen(path, layout)
+        path.joinpath(*key.split("/")).write_bytes(blob())
+        cases.append((name, str(path), True))
+        facts[name] = (str(path), key)
+    return {name: (result, *facts[name]) for name, result in _run_child(cases).items()}
+
+
+@pytest.mark.parametrize("name", list(VLEN_BOMBS))
+def test_a_vlen_bomb_chunk_raises_with_bounded_memory(vlen_bomb_reads, name):
+    got, path, key = vlen_bomb_reads[name]
+    assert got["error"] == "CorruptChunkError", got
+    assert path in got["message"] and key in got["message"], got["message"]
+    # the child's address space is capped: an attempt at a huge allocation is a MemoryError
+    assert "MemoryError" not in got["message"], got["message"]
+    assert got["growth"] < GROWTH_LIMIT, f"{name}: peak RSS grew {got['growth'] / 2**20:.0f} MiB"

@@ -49,6 +49,7 @@ from typing import Any
 import numpy as np
 
 from mixle.data.sources.zarr_codecs import ChunkDecoder, numcodecs_decoder, v3_decoder
+from mixle.data.sources.zarr_vlen import VlenChunkDecoder, vlen_decoder
 from mixle.errors import SpecialFileError
 from mixle.reading import CorruptChunkError, new_token
 from mixle.reading.faults import RangeMismatchError, is_transient, retry_async
@@ -92,7 +93,7 @@ ZARR_METADATA_LIMIT = 16 * 1024 * 1024
 _METADATA_NAMES = frozenset({"zarr.json", ".zarray", ".zattrs", ".zgroup", ".zmetadata"})
 
 #: A ``bytes -> chunk`` decoder (every stage bounded by the chunk's size).
-Decoder = ChunkDecoder
+Decoder = ChunkDecoder | VlenChunkDecoder
 
 
 class ZarrPipelineReader:
@@ -685,6 +686,8 @@ def codec_chain(array: Any) -> Decoder | None:
     """A ``bytes -> chunk`` decoder for ``array``'s codecs, or ``None`` if mixle lacks one."""
     meta = array.metadata
     dtype = np.dtype(array.dtype)
+    if dtype.kind in "OT":  # variable-length strings or bytes
+        return vlen_decoder(array)
     if not plain_dtype(dtype) or getattr(array, "shards", None) is not None:
         return None
     chunks = tuple(array.chunks)

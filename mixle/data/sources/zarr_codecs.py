@@ -39,6 +39,7 @@ __all__ = [
     "UNKNOWN_CODEC_FACTOR",
     "ChunkDecoder",
     "bounded_decompress",
+    "bytes_steps",
     "numcodecs_decoder",
     "v3_decoder",
 ]
@@ -263,17 +264,9 @@ def v3_decoder(
     integer or float ``astype``: their stored size is exact), then ``bytes``, then zstd, gzip,
     blosc, crc32c and the numcodecs bytes-to-bytes codecs.
     """
-    from zarr.codecs import (
-        BloscCodec,
-        BytesCodec,
-        Crc32cCodec,
-        GzipCodec,
-        TransposeCodec,
-        ZstdCodec,
-    )
-    from zarr.codecs.numcodecs import _NumcodecsArrayArrayCodec, _NumcodecsBytesBytesCodec
+    from zarr.codecs import BytesCodec, TransposeCodec
+    from zarr.codecs.numcodecs import _NumcodecsArrayArrayCodec
 
-    numcodecs = require("numcodecs", "zarr", feature="ZarrArraySource")
     shape = chunks
     array_steps: list[ArrayStep] = []
     current = dtype  # the dtype each array -> array codec sees (a retyping filter changes it)
@@ -306,8 +299,24 @@ def v3_decoder(
         if endian is None
         else current.newbyteorder("<" if endian.value == "little" else ">")
     )
+    steps = bytes_steps(codecs[k + 1 :])
+    if steps is None:
+        return None
+    return ChunkDecoder(steps[::-1], stored, shape, "C", array_steps[::-1])
+
+
+def bytes_steps(codecs: Sequence[Any]) -> list[Any] | None:
+    """numcodecs codecs for format 3 bytes-to-bytes ``codecs`` (in order), or ``None``.
+
+    zstd, gzip, blosc and crc32c become their numcodecs equivalents, numcodecs codecs stay;
+    any other codec makes it ``None`` (left to zarr).
+    """
+    from zarr.codecs import BloscCodec, Crc32cCodec, GzipCodec, ZstdCodec
+    from zarr.codecs.numcodecs import _NumcodecsBytesBytesCodec
+
+    numcodecs = require("numcodecs", "zarr", feature="ZarrArraySource")
     steps: list[Any] = []
-    for codec in codecs[k + 1 :]:
+    for codec in codecs:
         if isinstance(codec, ZstdCodec):
             steps.append(numcodecs.Zstd())
         elif isinstance(codec, GzipCodec):
@@ -320,7 +329,7 @@ def v3_decoder(
             steps.append(codec._codec)
         else:
             return None
-    return ChunkDecoder(steps[::-1], stored, shape, "C", array_steps[::-1])
+    return steps
 
 
 def _untranspose(order: tuple[int, ...]) -> ArrayStep:

@@ -7,6 +7,7 @@ import math
 import os
 import stat
 import sys
+import urllib.parse
 import warnings
 from typing import Any
 
@@ -137,8 +138,8 @@ class ZarrArraySource(ArraySource):
         assert self._args is not None
         path, component = self._args["path"], self._args["component"]
         kwargs: dict[str, Any] = {"mode": "r"}
-        secrets = self._args["storage_options"]
-        options = timed_storage_options(path, secrets)
+        secrets = _secrets(self._args)
+        path, options = _query_as_params(path, timed_storage_options(path, secrets[0]))
         if options:
             kwargs["storage_options"] = options
         if isinstance(path, str) and "://" not in path and not os.path.exists(path):
@@ -206,7 +207,7 @@ class ZarrArraySource(ArraySource):
         url = display_path(args.get("path", "")) if isinstance(args.get("path"), str) else ""
         if url and args.get("component"):
             url = f"{url.rstrip('/')}/{args['component']}"
-        return zarr_chunk_reader(handle, self._location(), url, secrets=args.get("storage_options"))
+        return zarr_chunk_reader(handle, self._location(), url, secrets=_secrets(args))
 
     def _describe(self, handle: Any) -> ArrayMeta:
         shards = getattr(handle, "shards", None)
@@ -269,6 +270,44 @@ def check_chunk_grid(
             f"zarr array {where}: one chunk of {name}={chunks} would hold "
             f"{math.prod(chunks) * itemsize:,} bytes, more than NumPy can address"
         )
+
+
+def _secrets(args: dict[str, Any]) -> list[Any]:
+    """What error messages mask: ``storage_options`` (first), a URL's query and its values."""
+    path = args.get("path")
+    query = urllib.parse.urlsplit(path).query if isinstance(path, str) else ""
+    values = [v for _, v in urllib.parse.parse_qsl(query, keep_blank_values=True)]
+    return [args.get("storage_options"), *([query] if query else []), *values]
+
+
+def _query_as_params(path: Any, options: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """An HTTP(S) URL with a query string as the URL without it, the query sent as ``params``.
+
+    zarr appends each key to the store's URL, which would put ``/zarr.json`` inside the
+    query of a presigned ``https://host/a.zarr?token=...``. fsspec's HTTP file system sends
+    its ``params`` option (the query's decoded pairs, which aiohttp encodes again) with every
+    request instead, so each key goes into the path and the query stays at the end, where
+    the server reads it: the same names and values, in the same order, though a character
+    the URL escaped needlessly (``%2F``) may travel unescaped.
+    Other paths, and URLs without a query, are returned as they are.
+
+    Raises
+    ------
+    ValueError
+        When ``storage_options`` has ``params`` too (the URL is named without its query).
+    """
+    if not isinstance(path, str):
+        return path, options
+    parts = urllib.parse.urlsplit(path)
+    if parts.scheme.lower() not in ("http", "https") or not parts.query:
+        return path, options
+    if "params" in options:
+        raise ValueError(
+            f"path={display_path(path)!r} has a query string and storage_options has "
+            "params= as well: give the query once, in the URL or in params"
+        )
+    params = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
+    return urllib.parse.urlunsplit(parts._replace(query="")), {**options, "params": params}
 
 
 def _open_redacted(

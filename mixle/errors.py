@@ -1,28 +1,42 @@
-"""Exceptions raised by mixle; each subclasses the builtin a caller would catch."""
+"""Exceptions raised by mixle, and its warning; each subclasses the builtin a caller catches.
+
+Every layer's errors live here, so that any module may import them without importing
+upward; the modules that raise them keep them under their old names too.
+"""
 
 from __future__ import annotations
 
 __all__ = [
-    "UncheckpointedWALError",
-    "LeafMismatchError",
-    "FileChangedError",
-    "FilterUnavailableError",
     "ArrayNotFoundError",
     "BrokenEncodedDataError",
     "ColumnNotFoundError",
+    "DiskFullError",
     "EncodedDataClosedError",
+    "FileChangedError",
+    "FilterUnavailableError",
+    "InvalidMetadataError",
+    "LeafMismatchError",
     "MalformedRowError",
+    "MetadataLimitError",
     "NotAnArrayError",
+    "NpyHeaderTooLargeError",
+    "ParquetReadError",
     "ReadsStopped",
+    "RemoteReadError",
+    "RemoteTimeoutError",
+    "RowIndexCacheWarning",
     "SchemaMismatchError",
     "SourceClosedError",
     "SpecialFileError",
+    "UncheckpointedWALError",
+    "UnsupportedStoreError",
     "WorkerDiedError",
     "WorkerError",
     "WorkerTimeoutError",
 ]
 
 
+# -- sources: opening, naming, parsing -----------------------------------------------------
 class SourceClosedError(ValueError):
     """An operation was attempted on a source after ``close()``."""
 
@@ -66,6 +80,89 @@ class SchemaMismatchError(ValueError):
     """A source or sampler does not match the ``schema`` it was given."""
 
 
+class LeafMismatchError(ValueError):
+    """Array leaves of one column differ in shape or dtype, or mix with plain Python values.
+
+    Attributes
+    ----------
+    column
+        The column (record key).
+    index
+        The record whose leaf differs from the first one.
+    """
+
+    def __init__(self, message: str, *, column: str, index: int) -> None:
+        super().__init__(message)
+        self.column = column
+        self.index = index
+
+
+class ParquetReadError(ValueError, OSError):
+    """pyarrow could not read a Parquet file's footer or decode one of its row groups.
+
+    A ``ValueError`` and an ``OSError``, as pyarrow's own errors for a truncated file and for
+    damaged pages are; the message names the file and the row group (number and rows).
+
+    Attributes
+    ----------
+    path
+        The file, safe to show.
+    row_group
+        The row group's number in that file, or ``None`` for the footer.
+    """
+
+    def __init__(self, message: str, *, path: str, row_group: int | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+        self.row_group = row_group
+
+
+class RowIndexCacheWarning(RuntimeWarning):
+    """A row index could not be written to the cache directory (disk full, quota...).
+
+    The index is kept in memory instead; the message names the directory and the error.
+    """
+
+
+# -- files: what is on disk, and whether it changed ----------------------------------------
+class FileChangedError(OSError):
+    """A file was truncated, replaced, rewritten or deleted after the source opened it."""
+
+
+class UncheckpointedWALError(OSError):
+    """A WAL-mode SQLite file has a write-ahead log with content but no ``-shm`` file.
+
+    SQLite can read such a database only by creating the ``-shm`` file beside it, and
+    opening it ``immutable`` would ignore the log's transactions (stale rows).
+    """
+
+
+class SpecialFileError(OSError):
+    """A path that must be a regular file is a FIFO, device, socket or directory."""
+
+
+class FilterUnavailableError(ImportError):
+    """An HDF5 dataset needs a filter plugin that HDF5 cannot load in this process."""
+
+
+# -- reading and loading -------------------------------------------------------------------
+class RemoteReadError(OSError):
+    """A request kept failing after every retry; the message names the URL and the chunk."""
+
+
+class RemoteTimeoutError(RemoteReadError):
+    """A request kept stalling past the request timeout, or its batch passed its deadline.
+
+    Not a :class:`TimeoutError`: fsspec's ``sync`` would turn one into its own
+    ``FSTimeoutError`` and lose the message.
+    """
+
+
+class ReadsStopped(RuntimeError):
+    """A loop's reads were stopped from another thread (its loader was closed)."""
+
+
+# -- worker-resident data (MPEncodedData, DaskEncodedData) ---------------------------------
 class WorkerError(RuntimeError):
     """A worker of an encoded-data handle raised; the message carries the worker's traceback.
 
@@ -108,42 +205,25 @@ class BrokenEncodedDataError(RuntimeError):
     """An encoded-data handle lost a worker or timed out earlier and cannot be used again."""
 
 
-class FileChangedError(OSError):
-    """A file was truncated, replaced, rewritten or deleted after the source opened it."""
+# -- mixle inspect and mixle demo ----------------------------------------------------------
+class UnsupportedStoreError(ValueError):
+    """A path exists but is not a zarr store, an HDF5 file or a ``.npy`` file."""
 
 
-class LeafMismatchError(ValueError):
-    """Array leaves of one column differ in shape or dtype, or mix with plain Python values.
-
-    Attributes
-    ----------
-    column
-        The column (record key).
-    index
-        The record whose leaf differs from the first one.
-    """
-
-    def __init__(self, message: str, *, column: str, index: int) -> None:
-        super().__init__(message)
-        self.column = column
-        self.index = index
+class MetadataLimitError(ValueError):
+    """A metadata file is larger or nested deeper than inspect parses."""
 
 
-class UncheckpointedWALError(OSError):
-    """A WAL-mode SQLite file has a write-ahead log with content but no ``-shm`` file.
+class InvalidMetadataError(UnsupportedStoreError):
+    """A zarr metadata file is not a JSON object (not UTF-8, truncated, ``null``, a list)."""
 
-    SQLite can read such a database only by creating the ``-shm`` file beside it, and
-    opening it ``immutable`` would ignore the log's transactions (stale rows).
+
+class NpyHeaderTooLargeError(UnsupportedStoreError):
+    """A ``.npy`` file claims a header longer than inspect reads.
+
+    The limit is :data:`mixle.inspection.npy_files.MAX_NPY_HEADER_BYTES` (NumPy's own).
     """
 
 
-class SpecialFileError(OSError):
-    """A path that must be a regular file is a FIFO, device, socket or directory."""
-
-
-class FilterUnavailableError(ImportError):
-    """An HDF5 dataset needs a filter plugin that HDF5 cannot load in this process."""
-
-
-class ReadsStopped(RuntimeError):
-    """A loop's reads were stopped from another thread (its loader was closed)."""
+class DiskFullError(OSError):
+    """The demo volume did not fit on the disk (``errno`` is that of the failed write)."""

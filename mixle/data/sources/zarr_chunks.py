@@ -49,6 +49,7 @@ from typing import Any
 import numpy as np
 
 from mixle.data.sources.zarr_codecs import ChunkDecoder, numcodecs_decoder, v3_decoder
+from mixle.data.sources.zarr_limits import check_region, pipeline_stored_limit, refuse_oversized
 from mixle.data.sources.zarr_vlen import VlenChunkDecoder, vlen_decoder
 from mixle.errors import SpecialFileError
 from mixle.reading import CorruptChunkError, new_token
@@ -107,6 +108,12 @@ class ZarrPipelineReader:
     :func:`checked_store`: each request checked and retried, a request that keeps failing
     raised as :class:`~mixle.reading.RemoteReadError` naming ``url`` and the stored key.
 
+    zarr's decoding is bounded only after the fact (:mod:`mixle.data.sources.zarr_limits`):
+    a stored object over :func:`~mixle.data.sources.zarr_limits.pipeline_stored_limit`
+    bytes is refused (a local file by ``stat``, a download by its length) and the region
+    zarr returns must have the shape and dtype asked; the memory zarr's codecs take while
+    decoding is not bounded.
+
     Parameters
     ----------
     array
@@ -123,7 +130,9 @@ class ZarrPipelineReader:
         self.chunks: tuple[int, ...] = tuple(array.chunks)
         self.token = new_token()
         self._array = array
-        self._reads = _checked_async_array(array, url or where or repr(array.store), secrets)
+        self._stored_limit = pipeline_stored_limit(array)
+        shown = url or where or repr(array.store)
+        self._reads = _checked_async_array(array, shown, secrets, self._stored_limit)
         self._shape = tuple(array.shape)
         self._where = where or repr(array.store)
         shards = getattr(array, "shards", None)
@@ -142,11 +151,12 @@ class ZarrPipelineReader:
         key = self._array.metadata.encode_chunk_key(stored)
         if self._base is not None:
             refuse_special(self._base, key, self._where, coords)
+            refuse_oversized(self._base, key, self._where, coords, self._stored_limit)
         region = tuple(
             slice(c * n, min((c + 1) * n, d)) for c, n, d in zip(coords, self.chunks, self._shape)
         )
         try:
-            return np.asarray(await self._reads.getitem(region))
+            out = np.asarray(await self._reads.getitem(region))
         except Exception as exc:
             if isinstance(exc, (OSError, CorruptChunkError)) or _from_network_client(exc):
                 raise  # I/O failures (missing files, remote errors) are not corruption
@@ -156,6 +166,8 @@ class ZarrPipelineReader:
                 f"{what} {key!r} of zarr array {self._where} ({inner}chunk grid coordinates "
                 f"{coords}) is corrupt (zarr could not decode it: {type(exc).__name__}: {exc})"
             ) from exc
+        shape = tuple(r.stop - r.start for r in region)
+        return check_region(out, shape, np.dtype(self._array.dtype), key, self._where)
 
     def fetch_each(
         self, coords: Sequence[tuple[int, ...]]
@@ -484,7 +496,9 @@ def _span(byte_range: Any) -> ByteSpan | None:
     return None
 
 
-def checked_store(store: Any, url: str, secrets: Any = None, prefix: str = "") -> Any:
+def checked_store(
+    store: Any, url: str, secrets: Any = None, prefix: str = "", limit: int | None = None
+) -> Any:
     """``store`` for zarr's own reads: on an fsspec store, each ``get`` checked and retried.
 
     Parameters
@@ -497,6 +511,9 @@ def checked_store(store: Any, url: str, secrets: Any = None, prefix: str = "") -
         Values masked in error messages (the ``storage_options``).
     prefix
         The array's path inside the store (``"group/array/"``), left out of keys in errors.
+    limit
+        The most bytes one download of a stored chunk or shard may bring (``None``: no cap;
+        metadata keys are capped at :data:`ZARR_METADATA_LIMIT` whatever it is).
 
     Returns
     -------
@@ -509,7 +526,7 @@ def checked_store(store: Any, url: str, secrets: Any = None, prefix: str = "") -
 
     if not isinstance(store, FsspecStore):
         return store
-    return _retried_store_type()(store, url, secrets, prefix)
+    return _retried_store_type()(store, url, secrets, prefix, limit)
 
 
 @functools.cache
@@ -520,13 +537,21 @@ def _retried_store_type() -> type:
     class RetriedCheckedStore(WrapperStore):  # type: ignore[type-arg,misc]
         """A zarr store whose reads are :class:`CheckedRangeStore` reads, retried."""
 
-        def __init__(self, store: Any, url: str, secrets: Any = None, prefix: str = "") -> None:
+        def __init__(
+            self,
+            store: Any,
+            url: str,
+            secrets: Any = None,
+            prefix: str = "",
+            limit: int | None = None,
+        ) -> None:
             super().__init__(store)
-            self._checked = CheckedRangeStore(store)
+            self._checked = CheckedRangeStore(store, limit)
             self._url, self._secrets, self._prefix = url.rstrip("/"), secrets, prefix
 
         def _with_store(self, store: Any) -> Any:
-            return type(self)(store, self._url, self._secrets, self._prefix)
+            limit = self._checked.limit
+            return type(self)(store, self._url, self._secrets, self._prefix, limit)
 
         async def get(self, key: str, prototype: Any, byte_range: Any = None) -> Any:
             name = key.removeprefix(self._prefix)
@@ -543,10 +568,10 @@ def _retried_store_type() -> type:
     return RetriedCheckedStore
 
 
-def _checked_async_array(array: Any, url: str, secrets: Any) -> Any:
+def _checked_async_array(array: Any, url: str, secrets: Any, limit: int | None = None) -> Any:
     """``array.async_array``, over :func:`checked_store` where its store is an fsspec one."""
     path = array.path.strip("/")
-    store = checked_store(array.store, url, secrets, f"{path}/" if path else "")
+    store = checked_store(array.store, url, secrets, f"{path}/" if path else "", limit)
     if store is array.store:
         return array.async_array
     from zarr.core.array import AsyncArray

@@ -85,3 +85,31 @@ def test_a_budget_set_in_the_driver_is_every_workers_budget(tmp_path, method):
 def test_a_disabled_cache_stays_disabled_in_workers(tmp_path):
     got = _budgets(tmp_path, "spawn", 2, 0)
     assert got["workers"] == [0, 0]
+
+
+def test_share_default_chunk_cache_in_this_process_and_its_bad_counts():
+    from mixle.reading.cache import (
+        chunk_cache,
+        set_chunk_cache_bytes,
+        share_default_chunk_cache,
+        user_chunk_cache_bytes,
+    )
+
+    old = user_chunk_cache_bytes()
+    try:
+        set_chunk_cache_bytes(None)
+        share_default_chunk_cache(8)
+        assert chunk_cache().budget == DEFAULT_CHUNK_CACHE_BYTES // 8
+        set_chunk_cache_bytes(5 * 2**20)  # a budget set wins over the share...
+        share_default_chunk_cache(2)
+        assert chunk_cache().budget == 5 * 2**20 == user_chunk_cache_bytes()
+        set_chunk_cache_bytes(None)  # ... until the rule is back
+        assert chunk_cache().budget == DEFAULT_CHUNK_CACHE_BYTES // 2
+        with pytest.raises(ValueError, match="workers=0 must be >= 1"):
+            share_default_chunk_cache(0)
+        with pytest.raises(TypeError, match="workers=True"):
+            share_default_chunk_cache(True)
+    finally:
+        share_default_chunk_cache(1)
+        set_chunk_cache_bytes(old)
+    assert chunk_cache().budget == (DEFAULT_CHUNK_CACHE_BYTES if old is None else old)

@@ -9,6 +9,7 @@ with zarr-python's own read of the same store.
 from __future__ import annotations
 
 import gzip
+import os
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -19,17 +20,19 @@ import numpy as np
 import pytest
 import zarr
 from test_decode_bombs import BOMBS, GROWTH_LIMIT, _run_child
-from zarr.codecs import GzipCodec, ZstdCodec
+from zarr.codecs import BytesCodec, Crc32cCodec, GzipCodec, ShardingCodec, ZstdCodec
 from zarr.codecs import numcodecs as zarr_numcodecs
 from zarr.core.dtype import VariableLengthBytes
 
 import mixle
 from mixle.data.sources.zarr_chunks import zarr_chunk_reader
 from mixle.reading import CorruptChunkError
+from mixle.testing_servers import RangeHTTPServer
 
 _NOT_IN_SPEC = "Numcodecs codecs are not in the Zarr version 3 specification"
 pytestmark = [
     pytest.mark.filterwarnings(f"ignore:{_NOT_IN_SPEC}"),
+    pytest.mark.filterwarnings("ignore:Combining a `sharding_indexed` codec"),
     # zarr warns on writing variable-length bytes to format 3 (no spec for the data type yet)
     pytest.mark.filterwarnings("ignore:The data type .* does not have a Zarr V3 specification"),
 ]
@@ -205,3 +208,78 @@ def test_a_vlen_bomb_chunk_raises_with_bounded_memory(vlen_bomb_reads, name):
     # the child's address space is capped: an attempt at a huge allocation is a MemoryError
     assert "MemoryError" not in got["message"], got["message"]
     assert got["growth"] < GROWTH_LIMIT, f"{name}: peak RSS grew {got['growth'] / 2**20:.0f} MiB"
+
+
+# -- zarr's own pipeline: stored objects capped, decoded regions checked -------------------
+
+PIPE_SHAPE = (64, 64)
+PIPE_CHUNKS = (32, 32)  # 4 KiB of float32 per chunk: a stored object may have ~96 KiB
+#: Layouts mixle leaves to zarr's pipeline: name -> create_array options
+PIPELINE_LAYOUTS: dict[str, dict[str, Any]] = {
+    "shard then gzip": {
+        "serializer": ShardingCodec(chunk_shape=(16, 16)),
+        "compressors": GzipCodec(),
+    },
+    "big-endian shard index": {
+        "serializer": ShardingCodec(
+            chunk_shape=(16, 16), index_codecs=[BytesCodec(endian="big"), Crc32cCodec()]
+        ),
+        "compressors": None,
+    },
+}
+
+
+def _write_pipeline(path: Path, layout: str) -> str:
+    """Write ``layout`` in full; the stored key of object (0, 0)."""
+    array = zarr.create_array(
+        str(path), shape=PIPE_SHAPE, chunks=PIPE_CHUNKS, dtype="float32", **PIPELINE_LAYOUTS[layout]
+    )
+    array[...] = np.arange(np.prod(PIPE_SHAPE), dtype="float32").reshape(PIPE_SHAPE)
+    return "c/0/0"
+
+
+@pytest.mark.parametrize("layout", list(PIPELINE_LAYOUTS))
+def test_pipeline_layouts_still_read_as_zarr_reads_them(tmp_path: Path, layout):
+    path = tmp_path / "a.zarr"
+    _write_pipeline(path, layout)
+    opened = zarr.open_array(str(path), mode="r")
+    assert type(zarr_chunk_reader(opened)).__name__ == "ZarrPipelineReader"
+    np.testing.assert_array_equal(mixle.read_zarr(str(path))[...], np.asarray(opened[...]))
+
+
+@pytest.fixture(scope="module")
+def oversized_reads(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Each pipeline layout with object (0, 0) a sparse 1 TiB file, read by one child."""
+    root = tmp_path_factory.mktemp("oversized")
+    cases, facts = [], {}
+    for k, layout in enumerate(PIPELINE_LAYOUTS):
+        path = root / f"{k}.zarr"
+        key = _write_pipeline(path, layout)
+        os.truncate(path.joinpath(*key.split("/")), 2**40)
+        cases.append((layout, str(path), True))
+        facts[layout] = (str(path), key)
+    return {name: (result, *facts[name]) for name, result in _run_child(cases).items()}
+
+
+@pytest.mark.parametrize("layout", list(PIPELINE_LAYOUTS))
+def test_an_oversized_local_object_is_refused_unread_on_the_pipeline_path(oversized_reads, layout):
+    got, path, key = oversized_reads[layout]
+    assert got["error"] == "CorruptChunkError", got
+    assert path in got["message"] and repr(key) in got["message"], got["message"]
+    assert "refused unread" in got["message"] and "MemoryError" not in got["message"], got
+    assert got["growth"] < GROWTH_LIMIT, f"{layout}: peak RSS grew {got['growth'] / 2**20:.0f} MiB"
+
+
+def test_an_oversized_download_is_refused_on_the_pipeline_path(tmp_path: Path):
+    path = tmp_path / "a.zarr"
+    key = _write_pipeline(path, "shard then gzip")  # read by zarr as whole objects
+    expected = np.asarray(zarr.open_array(str(path), mode="r")[32:, 32:])
+    # 1 MiB: far more than a stored object of 4 KiB chunks can have (about 96 KiB)
+    path.joinpath(*key.split("/")).write_bytes(os.urandom(2**20))
+    with RangeHTTPServer(tmp_path) as server:
+        src = mixle.read_zarr(f"{server.url}/a.zarr")
+        np.testing.assert_array_equal(src[32:, 32:], expected)
+        with pytest.raises(CorruptChunkError) as err:
+            src[0, 0]
+    message = str(err.value)
+    assert f"a.zarr/{key}" in message and "refused without reading the rest" in message, message

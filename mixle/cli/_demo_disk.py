@@ -22,6 +22,8 @@ import io
 import os
 from typing import BinaryIO
 
+from mixle.errors import DiskFullError
+
 __all__ = [
     "FULL_DISK_ERRNOS",
     "SETTLE_TIMEOUT_S",
@@ -40,10 +42,6 @@ FULL_DISK_ERRNOS = frozenset(
 )
 #: Longest wait for zarr's writes still in flight after one failed.
 SETTLE_TIMEOUT_S = 30.0
-
-
-class DiskFullError(OSError):
-    """The demo volume did not fit on the disk (``errno`` is that of the failed write)."""
 
 
 def is_disk_full(exc: BaseException) -> bool:

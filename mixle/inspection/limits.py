@@ -18,8 +18,9 @@ import re
 
 import numpy as np
 
+from mixle.errors import InvalidMetadataError, MetadataLimitError
 from mixle.inspection.locations import ZARR_METADATA
-from mixle.inspection.report import LayoutFinding, UnsupportedStoreError
+from mixle.inspection.report import LayoutFinding
 from mixle.utils.files import read_regular_file, require_regular_file
 
 __all__ = [
@@ -49,14 +50,6 @@ MAX_TREE_DEPTH = 256
 _DEPTH_BLOCK_BYTES = 1 << 20
 #: A JSON string, escapes included (its brackets are not nesting).
 _JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
-
-
-class MetadataLimitError(ValueError):
-    """A metadata file is larger or nested deeper than inspect parses."""
-
-
-class InvalidMetadataError(UnsupportedStoreError):
-    """A zarr metadata file is not a JSON object (not UTF-8, truncated, ``null``, a list)."""
 
 
 #: How the JSON values that are not objects are named in an :class:`InvalidMetadataError`.

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from mixle.errors import NpyHeaderTooLargeError
 from mixle.inspection.findings import with_findings
 from mixle.inspection.formatting import format_bytes
 from mixle.inspection.locations import NPY_MAGIC, is_remote, open_head, url_fs
@@ -24,10 +25,6 @@ __all__ = ["MAX_NPY_HEADER_BYTES", "NpyHeaderTooLargeError", "inspect_npy"]
 MAX_NPY_HEADER_BYTES = 10_000
 #: ``struct`` format of the header length, by format version.
 _LENGTH_FORMATS = {(1, 0): "<H", (2, 0): "<I", (3, 0): "<I"}
-
-
-class NpyHeaderTooLargeError(UnsupportedStoreError):
-    """A ``.npy`` file claims a header longer than :data:`MAX_NPY_HEADER_BYTES`."""
 
 
 def inspect_npy(

@@ -6,6 +6,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from mixle.errors import UnsupportedStoreError
+
 __all__ = [
     "ArrayReport",
     "GroupReport",
@@ -17,10 +19,6 @@ __all__ = [
 ]
 
 Severity = Literal["warning", "info"]
-
-
-class UnsupportedStoreError(ValueError):
-    """A path exists but is not a zarr store, an HDF5 file or a ``.npy`` file."""
 
 
 # -- the report ----------------------------------------------------------------------------

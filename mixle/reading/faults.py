@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import NoReturn, TypeVar
 
-from mixle.errors import ReadsStopped
+from mixle.errors import ReadsStopped, RemoteReadError, RemoteTimeoutError
 from mixle.utils.redact import from_network_client, redact_text, scrub_error
 from mixle.utils.validation import parse_int
 
@@ -95,18 +95,6 @@ _TRANSIENT_ERRNO = frozenset(
 _PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
 
 T = TypeVar("T")
-
-
-class RemoteReadError(OSError):
-    """A request kept failing after every retry; the message names the URL and the chunk."""
-
-
-class RemoteTimeoutError(RemoteReadError):
-    """A request kept stalling past the request timeout, or its batch passed its deadline.
-
-    Not a :class:`TimeoutError`: fsspec's ``sync`` would turn one into its own
-    ``FSTimeoutError`` and lose the message.
-    """
 
 
 class RangeMismatchError(OSError):

@@ -23,6 +23,7 @@ from numpy.typing import NDArray
 from mixle.data.sources.columns import OBJECT, check_columns
 from mixle.data.sources.records import Batch, RecordSource, TableMeta
 from mixle.data.spec import ArraySpec
+from mixle.errors import ParquetReadError
 from mixle.utils import optional_deps
 from mixle.utils.files import require_regular_file
 from mixle.utils.optional_deps import require
@@ -42,26 +43,6 @@ __all__ = [
 ROW_GROUP_CACHE_BYTES = 64 * 2**20
 #: Read buffer of a streaming Parquet reader.
 STREAM_BUFFER_BYTES = 2**20
-
-
-class ParquetReadError(ValueError, OSError):
-    """pyarrow could not read a Parquet file's footer or decode one of its row groups.
-
-    A ``ValueError`` and an ``OSError``, as pyarrow's own errors for a truncated file and for
-    damaged pages are; the message names the file and the row group (number and rows).
-
-    Attributes
-    ----------
-    path
-        The file, safe to show.
-    row_group
-        The row group's number in that file, or ``None`` for the footer.
-    """
-
-    def __init__(self, message: str, *, path: str, row_group: int | None = None) -> None:
-        super().__init__(message)
-        self.path = path
-        self.row_group = row_group
 
 
 #: Errors that pass through as they are: the file is gone or not readable by this user.

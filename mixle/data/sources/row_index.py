@@ -35,6 +35,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from mixle.data.sources.memmap_check import FileSignature, check_file_unchanged, file_signature
+from mixle.errors import RowIndexCacheWarning
 from mixle.utils.progress import progress_bar
 
 __all__ = [
@@ -396,13 +397,6 @@ def load_row_index(
             check_file_unchanged(real_path, signature, file_signature(os.fstat(fd)))
 
         return _store(scan, bar.update, size, folder, target, file_key, unchanged)
-
-
-class RowIndexCacheWarning(RuntimeWarning):
-    """A row index could not be written to the cache directory (disk full, quota...).
-
-    The index is kept in memory instead; the message names the directory and the error.
-    """
 
 
 def _in_memory(parts: Iterator[NDArray[np.int64]], size: int) -> NDArray[np.int64]:

@@ -227,8 +227,21 @@ def check_virtual(dataset: Any, file_path: str | None, where: str) -> None:
 
 
 #: Plugin filters whose stored chunks state their decoded size: zstd (the frame's content
-#: size), blosc (its header's ``nbytes``), hdf5plugin's lz4 (an 8-byte big-endian total).
+#: size), blosc (its header's ``nbytes``), hdf5plugin's lz4 (an 8-byte big-endian total),
+#: bitshuffle with lz4 or zstd (an 8-byte big-endian total, then the block size), blosc2 (the
+#: ``uncompressed_size`` of its contiguous frame). bzip2 states none: its stream is decoded
+#: (in bounded memory, the output dropped) to learn the size.
 FILTER_ZSTD, FILTER_BLOSC, FILTER_LZ4 = 32015, 32001, 32004
+FILTER_BZIP2, FILTER_BITSHUFFLE, FILTER_BLOSC2 = 307, 32008, 32026
+_CHECKED_FILTERS = {
+    FILTER_ZSTD: "zstd",
+    FILTER_BLOSC: "blosc",
+    FILTER_LZ4: "lz4",
+    FILTER_BZIP2: "bzip2",
+    FILTER_BITSHUFFLE: "bitshuffle",
+    FILTER_BLOSC2: "blosc2",
+}
+_BITSHUFFLE_COMPRESSED = (2, 3)  # cd_values[4]: lz4, zstd (0: bitshuffle alone, no header)
 _SIZE_KEEPING = (2,)  # shuffle: the decoded size of the stage below is the chunk's
 _FLETCHER32 = 3  # appends a 4-byte checksum after the filtered bytes
 
@@ -236,30 +249,40 @@ _FLETCHER32 = 3  # appends a 4-byte checksum after the filtered bytes
 class PluginSizeCheck:
     """Refuse plugin-filtered chunks whose stated decoded size is not their chunk's.
 
-    HDF5's zstd, blosc and lz4 plugins allocate what the stored bytes say they decode to,
-    then silently keep the chunk's worth: a tiny chunk could allocate gigabytes. Each chunk
-    a read touches is checked once, from its stored bytes (``read_direct_chunk``), before
-    h5py reads it. Use :meth:`for_dataset`.
+    HDF5's zstd, blosc, lz4, bitshuffle and blosc2 plugins allocate what the stored bytes
+    say they decode to, and bzip2's grows its buffer until the stream ends, then silently
+    keep the chunk's worth: a tiny chunk could allocate gigabytes. Each chunk a read touches
+    is checked once, from its stored bytes (``read_direct_chunk``), before h5py reads it
+    (bzip2's stream is decoded once more for it, its output dropped). Use
+    :meth:`for_dataset`.
     """
 
-    def __init__(self, dataset: Any, codes: list[int], where: str) -> None:
+    def __init__(
+        self,
+        dataset: Any,
+        codes: list[int],
+        where: str,
+        values: list[tuple[int, ...]] | None = None,
+    ) -> None:
         self._dsid = dataset.id
         self._chunks = tuple(dataset.chunks)
         self._nbytes = int(np.prod(self._chunks, dtype=np.int64)) * dataset.id.get_type().get_size()
         self._codes = codes
+        self._values = values if values is not None else [() for _ in codes]
         self._where = where
         self._checked: set[tuple[int, ...]] = set()
 
     @classmethod
     def for_dataset(cls, dataset: Any, where: str) -> PluginSizeCheck | None:
-        """A check for a chunked ``dataset`` with a zstd, blosc or lz4 filter, else ``None``."""
+        """A check for a chunked ``dataset`` with a filter it checks (see above), else ``None``."""
         if dataset.chunks is None or dataset.is_virtual:
             return None
         dcpl = dataset.id.get_create_plist()
-        codes = [int(dcpl.get_filter(i)[0]) for i in range(dcpl.get_nfilters())]
-        if not set(codes) & {FILTER_ZSTD, FILTER_BLOSC, FILTER_LZ4}:
+        found = [dcpl.get_filter(i) for i in range(dcpl.get_nfilters())]
+        codes = [int(f[0]) for f in found]
+        if not set(codes) & set(_CHECKED_FILTERS):
             return None
-        return cls(dataset, codes, where)
+        return cls(dataset, codes, where, [tuple(int(v) for v in f[2]) for f in found])
 
     def check(self, coords_list: list[tuple[int, ...]]) -> None:
         """Check each chunk of ``coords_list`` (grid coordinates) not checked before.
@@ -279,29 +302,40 @@ class PluginSizeCheck:
             self._checked.add(coords)
 
     def _check_stored(self, coords: tuple[int, ...], raw: bytes, mask: int) -> None:
-        active = [c for i, c in enumerate(self._codes) if not mask & (1 << i)]
-        while active and active[-1] == _FLETCHER32:  # outermost: the checksum is at the end
+        active = [
+            (c, v) for i, (c, v) in enumerate(zip(self._codes, self._values)) if not mask & (1 << i)
+        ]
+        while active and active[-1][0] == _FLETCHER32:  # outermost: the checksum is at the end
             active.pop()
             raw = raw[:-4]
-        if not active or active[-1] not in (FILTER_ZSTD, FILTER_BLOSC, FILTER_LZ4):
+        if not active or active[-1][0] not in _CHECKED_FILTERS:
             return
-        code = active.pop()
-        stated = _stated_size(code, raw)
-        exact = all(c in _SIZE_KEEPING for c in active)
+        code, values = active.pop()
+        if code == FILTER_BITSHUFFLE and (
+            len(values) < 5 or values[4] not in _BITSHUFFLE_COMPRESSED
+        ):
+            return  # bitshuffle alone keeps the size and writes no header
+        bzip2 = code == FILTER_BZIP2
+        stated = _bzip2_size(raw, self._nbytes) if bzip2 else _stated_size(code, raw)
+        exact = all(c in _SIZE_KEEPING for c, _ in active)
         if stated is None or stated == self._nbytes or (not exact and stated < self._nbytes):
             return
-        name = {FILTER_ZSTD: "zstd", FILTER_BLOSC: "blosc", FILTER_LZ4: "lz4"}[code]
+        over = bzip2 and stated > self._nbytes  # its decoding stopped one byte past
+        states = "decodes to" + (" more than" if over else "") if bzip2 else "states"
+        shown = self._nbytes if over else stated
         raise CorruptChunkError(
-            f"chunk {coords} of HDF5 dataset {self._where} is corrupt: its {name} data "
-            f"({len(raw)} stored bytes) states {stated} decoded bytes, a chunk has "
-            f"{self._nbytes}; HDF5's plugin would allocate all of them"
+            f"chunk {coords} of HDF5 dataset {self._where} is corrupt: its "
+            f"{_CHECKED_FILTERS[code]} data ({len(raw)} stored bytes) {states} {shown} decoded "
+            f"bytes, a chunk has {self._nbytes}; HDF5's plugin would allocate all of them"
         )
 
 
 def _stated_size(code: int, raw: bytes) -> int | None:
     """The decoded size the stored bytes of filter ``code`` state, or ``None`` if none."""
-    if code == FILTER_LZ4:
+    if code in (FILTER_LZ4, FILTER_BITSHUFFLE):  # 8-byte big-endian total, 4-byte block
         return int.from_bytes(raw[:8], "big") if len(raw) >= 12 else None
+    if code == FILTER_BLOSC2:
+        return _blosc2_frame_size(raw)
     if code == FILTER_BLOSC:
         return int.from_bytes(raw[4:8], "little") if len(raw) >= 16 else None
     if len(raw) < 6 or raw[:4] != b"\x28\xb5\x2f\xfd":  # not a zstd frame: HDF5 refuses it
@@ -314,3 +348,45 @@ def _stated_size(code: int, raw: bytes) -> int | None:
         return None  # no content size: the plugin decodes into the chunk's own size
     value = int.from_bytes(raw[at : at + size], "little")
     return value + 256 if size == 2 else value
+
+
+#: The start of a blosc2 contiguous frame: a msgpack array, then the str ``"b2frame\\0"``.
+_B2FRAME = b"\xa8b2frame\x00"
+
+
+def _blosc2_frame_size(raw: bytes) -> int | None:
+    """The ``uncompressed_size`` a blosc2 contiguous frame states, or ``None`` if not one.
+
+    hdf5plugin's blosc2 filter stores each chunk as a frame (a super-chunk of one chunk):
+    ``header_size`` (``0xd2`` int32) at 10, ``frame_size`` (``0xcf`` uint64) at 15, four
+    flag bytes (``0xa4``) at 24, then ``uncompressed_size`` (``0xd3`` int64, big-endian)
+    at 29. Anything else (a frame of another layout) is not checked.
+    """
+    if len(raw) < 38 or raw[1:10] != _B2FRAME or raw[10] != 0xD2 or raw[15] != 0xCF:
+        return None
+    if raw[24] != 0xA4 or raw[29] != 0xD3:
+        return None
+    return int.from_bytes(raw[30:38], "big", signed=True)
+
+
+def _bzip2_size(raw: bytes, nbytes: int) -> int | None:
+    """The size ``raw``'s bzip2 stream decodes to, up to ``nbytes + 1``; ``None`` if bad.
+
+    Decoded in steps of at most 1 MiB whose output is dropped, so checking a chunk holds
+    about 1 MiB however much its stream would decode to. A stream that is not bzip2 or is
+    cut short is ``None``: HDF5's filter fails on it itself.
+    """
+    import bz2
+
+    decoder = bz2.BZ2Decompressor()
+    step = 1 << 20
+    try:
+        total = len(decoder.decompress(raw, max_length=min(step, nbytes + 1)))
+        while not decoder.eof and total <= nbytes:
+            part = decoder.decompress(b"", max_length=min(step, nbytes + 1 - total))
+            if not part:
+                return None  # cut short: no more output without more input
+            total += len(part)
+    except (OSError, ValueError, EOFError):
+        return None
+    return total

@@ -19,7 +19,7 @@ import numcodecs
 import numpy as np
 import pytest
 import zarr
-from test_decode_bombs import BOMBS, GROWTH_LIMIT, _run_child
+from test_decode_bombs import BOMBS, GROWTH_LIMIT, _run_child, _shard
 from zarr.codecs import BytesCodec, Crc32cCodec, GzipCodec, ShardingCodec, ZstdCodec
 from zarr.codecs import numcodecs as zarr_numcodecs
 from zarr.core.dtype import VariableLengthBytes
@@ -125,6 +125,17 @@ VLEN_LAYOUTS: dict[str, dict[str, Any]] = {
     "v3 vlen-utf8 gzip": {"dtype": str, "compressors": GzipCodec()},
     "v3 vlen-bytes gzip": {"dtype": VariableLengthBytes(), "compressors": GzipCodec()},
     "v3 vlen-utf8 raw": {"dtype": str, "compressors": None},
+    "v3 sharded vlen-utf8 gzip": {"dtype": str, "shards": (64, 128), "compressors": GzipCodec()},
+    "v3 one-chunk shards vlen-bytes zstd": {
+        "dtype": VariableLengthBytes(),
+        "shards": VLEN_CHUNKS,
+        "compressors": ZstdCodec(),
+    },
+    "v3 one-chunk shards vlen-utf8 gzip": {
+        "dtype": str,
+        "shards": VLEN_CHUNKS,
+        "compressors": GzipCodec(),
+    },
     "v2 VLenUTF8 gzip": {"dtype": str, "zarr_format": 2, "compressors": numcodecs.GZip()},
     "v2 VLenUTF8 zlib": {"dtype": str, "zarr_format": 2, "compressors": numcodecs.Zlib()},
     "v2 VLenBytes zstd": {
@@ -158,7 +169,9 @@ def test_vlen_chunks_are_decoded_by_mixle_as_zarr_reads_them(tmp_path: Path, lay
     _write_vlen(path, layout)
     opened = zarr.open_array(str(path), mode="r")
     expected = np.asarray(opened[...])
-    assert type(zarr_chunk_reader(opened)).__name__ == "ZarrCodecReader"
+    sharded = "shard" in layout
+    want = "ShardedZarrReader" if sharded else "ZarrCodecReader"
+    assert type(zarr_chunk_reader(opened)).__name__ == want
     src = mixle.read_zarr(str(path))
     got = src[...]
     assert got.dtype == expected.dtype
@@ -168,7 +181,8 @@ def test_vlen_chunks_are_decoded_by_mixle_as_zarr_reads_them(tmp_path: Path, lay
     memory = zarr.storage.MemoryStore()
     copy = zarr.create_array(memory, shape=VLEN_SHAPE, chunks=VLEN_CHUNKS, **VLEN_LAYOUTS[layout])
     copy[...] = expected
-    assert type(zarr_chunk_reader(copy)).__name__ == "ZarrStoreReader"
+    want = "ShardedZarrReader" if sharded else "ZarrStoreReader"
+    assert type(zarr_chunk_reader(copy)).__name__ == want
     np.testing.assert_array_equal(mixle.read_zarr(copy)[...], np.asarray(copy[...]))
 
 
@@ -178,6 +192,14 @@ VLEN_BOMBS: dict[str, tuple[str, Callable[[], bytes]]] = {
     "v3 vlen-utf8 zstd bomb": ("v3 vlen-utf8 zstd", BOMBS["zstd"]),
     "v2 VLenUTF8 zlib bomb": ("v2 VLenUTF8 zlib", BOMBS["zlib"]),
     "v2 VLenBytes zstd bomb": ("v2 VLenBytes zstd", BOMBS["zstd"]),
+    "v3 vlen-bytes zstd bomb in a shard": (
+        "v3 one-chunk shards vlen-bytes zstd",
+        lambda: _shard(BOMBS["zstd"]()),
+    ),
+    "v3 vlen-utf8 gzip bomb in a shard": (
+        "v3 one-chunk shards vlen-utf8 gzip",
+        lambda: _shard(BOMBS["gzip"]()),
+    ),
     # an item count of 2**31 - 1 (numcodecs would allocate 16 GiB of object pointers)
     "v3 vlen-utf8 raw huge count": ("v3 vlen-utf8 raw", lambda: b"\xff\xff\xff\x7f" + bytes(8)),
     "v3 vlen-utf8 gzip huge count": (

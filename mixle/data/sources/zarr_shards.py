@@ -32,6 +32,7 @@ from mixle.data.sources.zarr_chunks import (
     plain_dtype,
     v3_decoder,
 )
+from mixle.data.sources.zarr_vlen import v3_vlen_decoder
 from mixle.reading import CorruptChunkError, new_token
 from mixle.reading.fetch import coalesce_ranges
 
@@ -97,9 +98,14 @@ class ShardedZarrReader:
         sharding = codecs[0]
         if tuple(sharding.chunk_shape) != tuple(array.chunks):
             return None
-        if not plain_dtype(np.dtype(array.dtype)):
+        dtype = np.dtype(array.dtype)
+        decode: Decoder | None
+        if dtype.kind in "OT":  # variable-length strings or bytes
+            decode = v3_vlen_decoder(sharding.codecs, dtype, tuple(array.chunks))
+        elif plain_dtype(dtype):
+            decode = v3_decoder(sharding.codecs, dtype, tuple(array.chunks))
+        else:
             return None
-        decode = v3_decoder(sharding.codecs, np.dtype(array.dtype), tuple(array.chunks))
         index = tuple(sharding.index_codecs)
         if decode is None or not index or not isinstance(index[0], BytesCodec):
             return None

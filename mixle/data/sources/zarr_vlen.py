@@ -13,9 +13,9 @@ capped buffer.
 
 Layouts: format 2 with a ``VLenUTF8`` or ``VLenBytes`` filter (the first one; any filters
 after it and the compressor are bytes-to-bytes), format 3 with ``vlen-utf8`` or
-``vlen-bytes`` then bytes-to-bytes codecs. ``VLenArray`` (arrays of arrays) and sharded vlen
-arrays are left to zarr's pipeline. Values equal zarr-python's read: strings as the array's
-native string dtype, bytes as ``object``.
+``vlen-bytes`` then bytes-to-bytes codecs, sharded or not (the inner chunks of a shard).
+``VLenArray`` (arrays of arrays) is left to zarr's pipeline. Values equal zarr-python's
+read: strings as the array's native string dtype, bytes as ``object``.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ __all__ = [
     "VLEN_SLACK_BYTES",
     "VlenChunkDecoder",
     "vlen_decoder",
+    "v3_vlen_decoder",
     "vlen_stage_limit",
 ]
 
@@ -130,9 +131,19 @@ def vlen_decoder(array: Any) -> VlenChunkDecoder | None:
             return None
         codecs = ([] if meta.compressor is None else [meta.compressor]) + rest[::-1]
         return VlenChunkDecoder(codecs, filters[0].codec_id == "vlen-utf8", chunks, dtype)
+    return v3_vlen_decoder(meta.codecs, dtype, chunks)
+
+
+def v3_vlen_decoder(
+    codecs: Sequence[Any], dtype: np.dtype, chunks: tuple[int, ...]
+) -> VlenChunkDecoder | None:
+    """A decoder for a format 3 codec list ``vlen-utf8``/``vlen-bytes`` then bytes codecs.
+
+    ``None`` for any other codec list (the inner codecs of a shard count as one).
+    """
     from zarr.codecs import VLenBytesCodec, VLenUTF8Codec
 
-    codecs = list(meta.codecs)
+    codecs = list(codecs)
     if not codecs or not isinstance(codecs[0], (VLenUTF8Codec, VLenBytesCodec)):
         return None
     steps = bytes_steps(codecs[1:])

@@ -5,9 +5,11 @@ Ways to get a decoded chunk:
 - :class:`ZarrCodecReader` reads the stored bytes of one chunk itself (a file read for
   local stores) and decodes them with numcodecs directly into a new array. It covers the
   common layouts: format 2 with any numcodecs compressor and filters, format 3 with
-  ``transpose`` and numcodecs array codecs that keep the dtype, the ``bytes`` codec, then
-  zstd, gzip, blosc, crc32c or numcodecs bytes codecs. Decoding is bounded by the chunk's
-  size at every stage (:mod:`mixle.data.sources.zarr_codecs`): a decompression bomb raises
+  ``transpose``, numcodecs array codecs that keep the dtype or store it as a smaller
+  integer or float, the ``bytes`` codec, then zstd, gzip, blosc, crc32c or numcodecs bytes
+  codecs; variable-length strings and bytes too (:mod:`mixle.data.sources.zarr_vlen`).
+  Decoding is bounded by the chunk's size at every stage
+  (:mod:`mixle.data.sources.zarr_codecs`): a decompression bomb raises
   :class:`~mixle.reading.CorruptChunkError` having produced at most about one chunk.
   Decoders release the GIL.
 - :class:`ZarrStoreReader` decodes the same layouts from any other zarr store (fsspec URLs
@@ -17,6 +19,8 @@ Ways to get a decoded chunk:
   arrays, reading each shard index once and merging nearby inner chunks into few requests.
 - :class:`ZarrPipelineReader` asks zarr for the chunk's region (``array[chunk]``), through
   zarr's own codec pipeline: every layout zarr handles, for codecs mixle does not know.
+  Bounded only after the fact (:mod:`mixle.data.sources.zarr_limits`): stored objects are
+  capped and decoded regions checked, but zarr's decoding itself is not bounded.
 
 Every read from an fsspec store (``http://``, ``s3://``...) goes through
 :class:`CheckedRangeStore`, whole objects too (asked as ``bytes=0-``): a response that is

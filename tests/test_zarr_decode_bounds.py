@@ -118,7 +118,7 @@ def test_a_corrupt_inner_chunk_is_named_as_an_inner_chunk_of_its_shard(tmp_path:
 # -- variable-length strings and bytes ---------------------------------------------------
 
 VLEN_SHAPE = (128, 128)
-VLEN_CHUNKS = (64, 64)  # 4,096 elements: a stored chunk may decode to about 17 MB
+VLEN_CHUNKS = (64, 32)  # 2,048 elements: a stored chunk may decode to about 9 MB
 #: name -> create_array options
 VLEN_LAYOUTS: dict[str, dict[str, Any]] = {
     "v3 vlen-utf8 zstd": {"dtype": str, "compressors": ZstdCodec()},

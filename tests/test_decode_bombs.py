@@ -33,13 +33,16 @@ import zarr.codecs.numcodecs as zarr_numcodecs
 from _special_files import SPECIAL_KINDS, make_special
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from zarr.codecs import BloscCodec, GzipCodec, TransposeCodec, ZstdCodec
+from zarr.codecs import BloscCodec, GzipCodec, ShardingCodec, TransposeCodec, ZstdCodec
 
 import mixle
 from mixle.data.sources.zarr_codecs import bounded_decompress
 
 _NOT_IN_SPEC = "Numcodecs codecs are not in the Zarr version 3 specification"
-pytestmark = pytest.mark.filterwarnings(f"ignore:{_NOT_IN_SPEC}")
+pytestmark = [
+    pytest.mark.filterwarnings(f"ignore:{_NOT_IN_SPEC}"),
+    pytest.mark.filterwarnings("ignore:Combining a `sharding_indexed` codec"),
+]
 
 SHAPE = (1024, 512)
 CHUNKS = (512, 256)  # one chunk: 512 KiB of int32, so a stored chunk may have 640 KiB
@@ -214,6 +217,14 @@ LAYOUTS: dict[str, tuple[dict[str, Any], str]] = {
             "compressors": GzipCodec(),
         },
         "gzip",
+    ),
+    "v3 shard compressed whole by gzip": (
+        {**V3, "serializer": ShardingCodec(chunk_shape=(256, 128)), "compressors": GzipCodec()},
+        "gzip",
+    ),
+    "v3 shard compressed whole by zstd": (
+        {**V3, "serializer": ShardingCodec(chunk_shape=(256, 128)), "compressors": ZstdCodec()},
+        "zstd",
     ),
     "v2 gzip, 4.5 MB stored": ({**V2, "compressors": numcodecs.GZip()}, "gzip, 4.5 MB stored"),
     "file:// v2 bz2": ({**V2, "compressors": numcodecs.BZ2()}, "bz2"),

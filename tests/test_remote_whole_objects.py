@@ -1,7 +1,7 @@
 """Whole zarr chunks over HTTP and S3 are checked like byte ranges, and so are zarr's own reads.
 
 Unsharded chunks are fetched whole (``Range: bytes=0-``, so s3fs sends no ``HEAD``); layouts
-mixle leaves to zarr's codec pipeline (a shard compressed as a whole, read whole; a shard
+mixle leaves to zarr's codec pipeline (a shard behind a transpose, read whole; a shard
 whose index is big-endian, read as ranges) are read by zarr through a checked, retried
 store. Servers on 127.0.0.1 answer those requests wrongly on purpose
 (:class:`~mixle.testing_servers.FaultPlan` ``range_fault``): every read must equal
@@ -52,8 +52,14 @@ SHAPE = (24, 24, 20)
 CHUNKS = (8, 8, 10)
 FILL = 7.0
 BUCKET = "mixle-whole"
-#: Shards compressed as a whole (``sharding_indexed`` then ``gzip``): zarr reads each whole.
+#: Shards compressed as a whole (``sharding_indexed`` then ``gzip``): mixle decodes them.
 _SHARD_THEN_GZIP = {"serializer": ShardingCodec(chunk_shape=(4, 4, 5)), "compressors": GzipCodec()}
+#: Shards behind a transpose (``transpose`` then ``sharding_indexed``): zarr reads each whole.
+_TRANSPOSED_SHARD = {
+    "filters": [TransposeCodec(order=(1, 0, 2))],
+    "serializer": ShardingCodec(chunk_shape=(4, 4, 5)),
+    "compressors": None,
+}
 #: Shards whose index is big-endian (mixle reads only little-endian indices): zarr reads
 #: the index and the inner chunks as byte ranges.
 _BIG_ENDIAN_INDEX = {
@@ -88,8 +94,13 @@ LAYOUTS: dict[str, tuple[dict[str, Any], str, str]] = {
         "ShardedZarrReader",
         r"c/\d/\d/\d",
     ),
-    "v3_shard_then_gzip.zarr": (  # zarr decodes; whole objects, through zarr's reads
+    "v3_shard_then_gzip.zarr": (  # mixle decodes the whole shard; whole objects
         _SHARD_THEN_GZIP,
+        "ZarrStoreReader",
+        r"c/\d/\d/\d",
+    ),
+    "v3_transposed_shard.zarr": (  # zarr decodes; whole objects, through zarr's reads
+        _TRANSPOSED_SHARD,
         "ZarrPipelineReader",
         r"c/\d/\d/\d",
     ),
@@ -106,6 +117,7 @@ WHOLE_CHUNKS = [
     "v3_zstd.zarr",
     "v3_transpose.zarr",
     "v3_shard_then_gzip.zarr",
+    "v3_transposed_shard.zarr",
 ]
 STARTS = np.array([[0, 0, 0], [17, 15, 13], [7, 11, 3], [12, 2, 9]])
 PATCH = (7, 9, 7)

@@ -20,7 +20,14 @@ import numpy as np
 import pytest
 import zarr
 from test_decode_bombs import BOMBS, GROWTH_LIMIT, _run_child, _shard
-from zarr.codecs import BytesCodec, Crc32cCodec, GzipCodec, ShardingCodec, ZstdCodec
+from zarr.codecs import (
+    BytesCodec,
+    Crc32cCodec,
+    GzipCodec,
+    ShardingCodec,
+    TransposeCodec,
+    ZstdCodec,
+)
 from zarr.codecs import numcodecs as zarr_numcodecs
 from zarr.core.dtype import VariableLengthBytes
 
@@ -238,9 +245,10 @@ PIPE_SHAPE = (64, 64)
 PIPE_CHUNKS = (32, 32)  # 4 KiB of float32 per chunk: a stored object may have ~96 KiB
 #: Layouts mixle leaves to zarr's pipeline: name -> create_array options
 PIPELINE_LAYOUTS: dict[str, dict[str, Any]] = {
-    "shard then gzip": {
+    "shard behind a transpose": {
+        "filters": [TransposeCodec(order=(1, 0))],
         "serializer": ShardingCodec(chunk_shape=(16, 16)),
-        "compressors": GzipCodec(),
+        "compressors": None,
     },
     "big-endian shard index": {
         "serializer": ShardingCodec(
@@ -294,7 +302,7 @@ def test_an_oversized_local_object_is_refused_unread_on_the_pipeline_path(oversi
 
 def test_an_oversized_download_is_refused_on_the_pipeline_path(tmp_path: Path):
     path = tmp_path / "a.zarr"
-    key = _write_pipeline(path, "shard then gzip")  # read by zarr as whole objects
+    key = _write_pipeline(path, "shard behind a transpose")  # read by zarr as whole objects
     expected = np.asarray(zarr.open_array(str(path), mode="r")[32:, 32:])
     # 1 MiB: far more than a stored object of 4 KiB chunks can have (about 96 KiB)
     path.joinpath(*key.split("/")).write_bytes(os.urandom(2**20))
@@ -305,3 +313,77 @@ def test_an_oversized_download_is_refused_on_the_pipeline_path(tmp_path: Path):
             src[0, 0]
     message = str(err.value)
     assert f"a.zarr/{key}" in message and "refused without reading the rest" in message, message
+
+
+# -- shards compressed as a whole (sharding_indexed, then bytes-to-bytes codecs) -----------
+
+#: name -> create_array options (``chunks`` is the shard)
+OUTER_SHARDS: dict[str, dict[str, Any]] = {
+    "shard then gzip": {
+        "serializer": ShardingCodec(chunk_shape=(16, 16)),
+        "compressors": GzipCodec(),
+    },
+    "shard of zstd chunks then zstd and crc32c, index first": {
+        "serializer": ShardingCodec(
+            chunk_shape=(16, 8), codecs=[BytesCodec(), ZstdCodec()], index_location="start"
+        ),
+        "compressors": [ZstdCodec(), Crc32cCodec()],
+    },
+    "shard of transposed big-endian chunks, index without crc32c, then gzip": {
+        "serializer": ShardingCodec(
+            chunk_shape=(16, 16),
+            codecs=[TransposeCodec(order=(1, 0)), BytesCodec(endian="big")],
+            index_codecs=[BytesCodec()],
+        ),
+        "compressors": GzipCodec(),
+    },
+}
+
+
+@pytest.mark.parametrize("layout", list(OUTER_SHARDS))
+def test_shards_compressed_whole_are_decoded_by_mixle_as_zarr_reads_them(tmp_path: Path, layout):
+    path = tmp_path / "a.zarr"
+    array = zarr.create_array(
+        str(path),
+        shape=PIPE_SHAPE,
+        chunks=PIPE_CHUNKS,
+        dtype="float32",
+        fill_value=2.5,
+        **OUTER_SHARDS[layout],
+    )
+    values = np.random.default_rng(3).standard_normal(PIPE_SHAPE).astype("float32")
+    array[:40] = values[:40]  # rows 40.. hold inner chunks never written, and a whole shard
+    array[50:, 40:48] = values[50:, 40:48]
+    opened = zarr.open_array(str(path), mode="r")
+    expected = np.asarray(opened[...])
+    assert type(zarr_chunk_reader(opened)).__name__ == "ZarrCodecReader"
+    src = mixle.read_zarr(str(path))
+    np.testing.assert_array_equal(src[...], expected)
+    np.testing.assert_array_equal(src[7:51, 13:45], expected[7:51, 13:45])
+    memory = zarr.storage.MemoryStore()
+    copy = zarr.create_array(
+        memory, shape=PIPE_SHAPE, chunks=PIPE_CHUNKS, dtype="float32", **OUTER_SHARDS[layout]
+    )
+    copy[...] = expected
+    assert type(zarr_chunk_reader(copy)).__name__ == "ZarrStoreReader"
+    np.testing.assert_array_equal(mixle.read_zarr(copy)[...], np.asarray(copy[...]))
+
+
+def test_a_damaged_index_in_a_shard_compressed_whole_raises_naming_the_chunk(tmp_path: Path):
+    path = tmp_path / "a.zarr"
+    array = zarr.create_array(
+        str(path),
+        shape=PIPE_SHAPE,
+        chunks=PIPE_CHUNKS,
+        dtype="float32",
+        serializer=ShardingCodec(chunk_shape=(16, 16), index_codecs=[BytesCodec()]),
+        compressors=GzipCodec(),
+    )
+    array[...] = 1
+    shard = path / "c" / "0" / "0"
+    inner = gzip.decompress(shard.read_bytes())
+    index = np.frombuffer(inner[-64:], dtype="<u8").copy()
+    index[1] = 2**40  # inner chunk (0, 0): a terabyte long
+    shard.write_bytes(gzip.compress(inner[:-64] + index.tobytes(), mtime=0))
+    with pytest.raises(CorruptChunkError, match=r"chunk 'c/0/0' of zarr array .*a\.zarr"):
+        mixle.read_zarr(str(path))[0, 0]

@@ -7,7 +7,8 @@ Ways to get a decoded chunk:
   common layouts: format 2 with any numcodecs compressor and filters, format 3 with
   ``transpose``, numcodecs array codecs that keep the dtype or store it as a smaller
   integer or float, the ``bytes`` codec, then zstd, gzip, blosc, crc32c or numcodecs bytes
-  codecs; variable-length strings and bytes too (:mod:`mixle.data.sources.zarr_vlen`).
+  codecs; variable-length strings and bytes too (:mod:`mixle.data.sources.zarr_vlen`), and
+  shards compressed as a whole (:mod:`mixle.data.sources.zarr_outer_shards`).
   Decoding is bounded by the chunk's size at every stage
   (:mod:`mixle.data.sources.zarr_codecs`): a decompression bomb raises
   :class:`~mixle.reading.CorruptChunkError` having produced at most about one chunk.
@@ -54,6 +55,7 @@ import numpy as np
 
 from mixle.data.sources.zarr_codecs import ChunkDecoder, numcodecs_decoder, v3_decoder
 from mixle.data.sources.zarr_limits import check_region, pipeline_stored_limit, refuse_oversized
+from mixle.data.sources.zarr_outer_shards import OuterShardDecoder, outer_shard_decoder
 from mixle.data.sources.zarr_vlen import VlenChunkDecoder, vlen_decoder
 from mixle.errors import SpecialFileError
 from mixle.reading import CorruptChunkError, new_token
@@ -98,7 +100,7 @@ ZARR_METADATA_LIMIT = 16 * 1024 * 1024
 _METADATA_NAMES = frozenset({"zarr.json", ".zarray", ".zattrs", ".zgroup", ".zmetadata"})
 
 #: A ``bytes -> chunk`` decoder (every stage bounded by the chunk's size).
-Decoder = ChunkDecoder | VlenChunkDecoder
+Decoder = ChunkDecoder | VlenChunkDecoder | OuterShardDecoder
 
 
 class ZarrPipelineReader:
@@ -725,7 +727,7 @@ def codec_chain(array: Any) -> Decoder | None:
         compressor = meta.compressor
         filters = list(meta.filters or ())
         return numcodecs_decoder(compressor, filters, stored, chunks, meta.order)
-    return v3_decoder(meta.codecs, dtype, chunks)
+    return v3_decoder(meta.codecs, dtype, chunks) or outer_shard_decoder(array)
 
 
 def plain_dtype(dtype: np.dtype) -> bool:

@@ -3,9 +3,10 @@
 :class:`~mixle.data.sources.zarr_chunks.ZarrPipelineReader` hands a chunk to zarr-python
 when mixle has no bounded decoder for its codecs: a codec mixle does not know (a numcodecs
 array-to-bytes codec such as ``pcodec`` or ``zfpy``, an array-to-array codec whose dtypes
-do not match), a shard with codecs around it (``sharding_indexed`` followed by ``gzip``, or
-behind ``transpose``), a shard index mixle does not read (big-endian, compressed),
-``VLenArray``. What mixle bounds there, after the fact:
+do not match), a shard behind other codecs (``transpose`` then ``sharding_indexed``), a
+shard index mixle does not read (big-endian, compressed), ``VLenArray``. (A shard followed
+by bytes-to-bytes codecs is decoded by mixle, bounded:
+:mod:`mixle.data.sources.zarr_outer_shards`.) What mixle bounds there, after the fact:
 
 - **stored bytes**: one stored object (a chunk, or a whole shard) may have at most
   :func:`pipeline_stored_limit` bytes: :data:`~mixle.data.sources.zarr_codecs.UNKNOWN_CODEC_FACTOR`

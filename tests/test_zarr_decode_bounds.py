@@ -387,3 +387,14 @@ def test_a_damaged_index_in_a_shard_compressed_whole_raises_naming_the_chunk(tmp
     shard.write_bytes(gzip.compress(inner[:-64] + index.tobytes(), mtime=0))
     with pytest.raises(CorruptChunkError, match=r"chunk 'c/0/0' of zarr array .*a\.zarr"):
         mixle.read_zarr(str(path))[0, 0]
+
+
+def test_a_pipeline_region_of_the_wrong_shape_or_dtype_is_corrupt_never_reshaped():
+    from mixle.data.sources.zarr_limits import check_region
+
+    good = np.zeros((2, 3), dtype=">i4")
+    assert check_region(good, (2, 3), np.dtype("<i4"), "c/0/0", "'a.zarr'") is good
+    with pytest.raises(CorruptChunkError, match=r"chunk 'c/0/0' of zarr array 'a\.zarr'.*\(3, 2\)"):
+        check_region(np.zeros((3, 2), dtype="i4"), (2, 3), np.dtype("i4"), "c/0/0", "'a.zarr'")
+    with pytest.raises(CorruptChunkError, match="float64"):
+        check_region(np.zeros((2, 3)), (2, 3), np.dtype("i4"), "c/0/0", "'a.zarr'")

@@ -7,7 +7,7 @@ Run: python benchmarks/loader.py
    ``num_threads=0`` row does exactly the same reads in the caller's thread, so its ratio is
    the Loader's own cost (target: >= 0.95, i.e. overhead <= 5 %). Rows with threads show
    what prefetch buys on this machine.
-2. Permutation speed: ``mixle.data.permutation.permute`` over all of ``[0, n)`` against
+2. Permutation speed: ``mixle.data.index_math.permutation.permute`` over all of ``[0, n)`` against
    ``np.random.permutation(n)``, and one batch of positions (which NumPy cannot do without
    the whole permutation).
 Best of several interleaved repeats; the page cache is warmed first.
@@ -24,7 +24,7 @@ import numpy as np
 
 import mixle
 from mixle import Loader, PatchSampler
-from mixle.data.permutation import permute
+from mixle.data.index_math.permutation import permute
 
 VOLUME = (96, 256, 256)  # float32, 24 MiB
 PATCH = (32, 32, 32)  # 128 KiB per patch

@@ -261,7 +261,7 @@ def chunks_per_patch(size: int, count: int) -> float:
 def zarr_reader_rates(folder: Path) -> tuple[float, float]:
     """Chunks/s through numcodecs directly vs through zarr's codec pipeline (one thread)."""
     import mixle
-    from mixle.data.sources.zarr_chunks import ZarrCodecReader, ZarrPipelineReader
+    from mixle.data.sources.arrays.zarr.chunks import ZarrCodecReader, ZarrPipelineReader
 
     src = mixle.read_zarr(folder / "v.zarr")
     direct = src._reader_for(src.array)  # what mixle picks for this array

@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from mixle.data.placement import patch_corners
+from mixle.data.sampling.placement import patch_corners
 
 COUNTS = (481, 449, 417)  # grid positions per axis of a 512^3 volume, 32^3 patches
 STRIDE = (1, 1, 1)

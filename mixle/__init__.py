@@ -6,9 +6,11 @@ adapters that need them, and the parallel backends on first use.
 
 from typing import TYPE_CHECKING, Any
 
-from mixle.data.aligned import AlignedArrays, read_hdf5_arrays, read_zarr_arrays
-from mixle.data.grid import GridSampler
-from mixle.data.patch_sampler import PatchSampler
+from mixle import _moved
+from mixle.data.sampling.aligned import AlignedArrays, read_hdf5_arrays, read_zarr_arrays
+from mixle.data.sampling.grid import GridSampler
+from mixle.data.sampling.patch_sampler import PatchSampler
+from mixle.data.sampling.stitch import GridAggregator, stitch
 from mixle.data.schema import Schema
 from mixle.data.sources.array_source import (
     ArraySource,
@@ -30,7 +32,6 @@ from mixle.data.sources.tabular import (
     read_sql,
 )
 from mixle.data.spec import ArraySpec, validate_batch
-from mixle.data.stitch import GridAggregator, stitch
 from mixle.data.structure import (
     EXCHANGEABLE,
     IID,
@@ -159,3 +160,6 @@ def __getattr__(name: str) -> Any:
 
         return importlib.import_module("mixle.plot")
     raise AttributeError(f"module 'mixle' has no attribute {name!r}")
+
+
+_moved.install()  # module paths from before the layered layout keep importing

@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from mixle.data.sources.base import ArraySource
+from mixle.data.sources.arrays.base import ArraySource
 from mixle.data.sources.protocols import SupportsArrayRead, SupportsBatchRead, SupportsRecords
-from mixle.data.sources.records import RecordSource
+from mixle.data.sources.records.base import RecordSource
 from mixle.errors import SourceClosedError
 
 __all__ = ["assert_unchanged", "check_array_source", "check_record_source", "snapshot_tree"]

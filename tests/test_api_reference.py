@@ -46,7 +46,7 @@ class Reference:
         for d in self.directives:
             if d.target == f"{package}.{name}":
                 return True
-            # documented under its defining module's path, e.g. mixle.data.grid.GridSampler
+            # documented under its defining module's path, e.g. mixle.data.sampling.grid.GridSampler
             if d.target.startswith("mixle.") and d.target.rsplit(".", 1)[-1] == name:
                 return True
             if name in module_members(d):
@@ -192,11 +192,11 @@ def test_coverage_rules() -> None:
     ref = Reference(
         [
             Directive("mixle.read_zarr"),
-            Directive("mixle.data.grid.GridSampler"),
+            Directive("mixle.data.sampling.grid.GridSampler"),
             Directive("mixle.jax", members=["to_jax"]),
             Directive("mixle.errors"),
             Directive("mixle.testing", no_members=True),
-            Directive("mixle.data.permutation", members=["permute"]),
+            Directive("mixle.data.index_math.permutation", members=["permute"]),
         ]
     )
     assert ref.covers("mixle", "read_zarr")
@@ -206,8 +206,8 @@ def test_coverage_rules() -> None:
     assert ref.covers("mixle.errors", "WorkerError")  # module with all its members
     assert not ref.covers("mixle.testing", "check_array_source")  # members: false
     assert not ref.covers("mixle", "read_hdf5")
-    assert ref.covers("mixle.data.permutation", "permute")
-    assert not ref.covers("mixle.data.permutation", "inverse_permute")
+    assert ref.covers("mixle.data.index_math.permutation", "permute")
+    assert not ref.covers("mixle.data.index_math.permutation", "inverse_permute")
 
 
 COMMAND_LINE = re.compile(r"\bmixle (?P<command>[a-z]+)\b(?P<rest>[^`\n#|]*)")

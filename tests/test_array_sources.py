@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import mixle
-from mixle.data.sources.adopt import ArrayLikeSource, as_array_source
+from mixle.data.sources.arrays.adopt import ArrayLikeSource, as_array_source
 from mixle.errors import SourceClosedError
 from mixle.testing import assert_unchanged, check_array_source
 
@@ -76,7 +76,7 @@ def test_hdf5_scalar_dataset(stores):
 
 
 def test_hdf5_chunk_cache_defaults_and_override(stores):
-    from mixle.data.sources.hdf5_source import HDF5_CHUNK_CACHE_BYTES
+    from mixle.data.sources.arrays.hdf5.source import HDF5_CHUNK_CACHE_BYTES
 
     def cache_bytes(src):
         return src.array.id.get_access_plist().get_chunk_cache()[1]

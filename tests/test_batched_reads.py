@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 from zarr.codecs import BloscCodec, GzipCodec, ZstdCodec
 
 import mixle
-from mixle.data.sources.hdf5_chunks import HDF5ChunkReader
-from mixle.data.sources.zarr_chunks import ZarrCodecReader, ZarrPipelineReader
-from mixle.data.sources.zarr_shards import ShardedZarrReader
+from mixle.data.sources.arrays.hdf5.chunks import HDF5ChunkReader
+from mixle.data.sources.arrays.zarr.chunks import ZarrCodecReader, ZarrPipelineReader
+from mixle.data.sources.arrays.zarr.shards import ShardedZarrReader
 from mixle.reading import chunk_cache
 from mixle.testing import assert_unchanged
 

@@ -20,8 +20,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import mixle
-from mixle.data.sources.adopt import as_array_source
-from mixle.data.sources.base import ArraySource
+from mixle.data.sources.arrays.adopt import as_array_source
+from mixle.data.sources.arrays.base import ArraySource
 from mixle.testing_servers import RangeHTTPServer
 
 

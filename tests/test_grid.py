@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 import mixle
 from mixle import GridAggregator, GridSampler, PatchSampler, stitch
-from mixle.data.grid import axis_starts
-from mixle.data.placement import permuted_corners
+from mixle.data.sampling.grid import axis_starts
+from mixle.data.sampling.placement import permuted_corners
 from mixle.reading import chunk_cache
 
 

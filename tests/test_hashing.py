@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mixle.data.hashing import MASK64, hash_words, parse_seed, splitmix64, uniform_below
+from mixle.data.index_math.hashing import MASK64, hash_words, parse_seed, splitmix64, uniform_below
 
 _GAMMA = 0x9E3779B97F4A7C15
 _MIX1 = 0xBF58476D1CE4E5B9

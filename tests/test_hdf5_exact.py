@@ -23,13 +23,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import mixle
-from mixle.data.sources.hdf5_chunks import (
+from mixle.data.sources.arrays.hdf5.chunks import (
     HDF5ChunkReader,
     contiguous_memmap,
     decodable_filters,
     stores_numpy_bits,
 )
-from mixle.data.sources.hdf5_remote import RemoteHDF5ChunkReader
+from mixle.data.sources.arrays.hdf5.remote import RemoteHDF5ChunkReader
 from mixle.inspection import inspect_store
 from mixle.testing import check_array_source
 from mixle.testing_servers import RangeHTTPServer

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 import mixle
-from mixle.data.sources.hdf5_source import HDF5ArraySource
+from mixle.data.sources.arrays.hdf5.source import HDF5ArraySource
 from mixle.errors import SpecialFileError
 from mixle.reading.faults import RemoteReadError
 from mixle.testing import check_array_source
@@ -180,7 +180,7 @@ BLOCKED = (
 import json
 import h5py
 import mixle
-from mixle.data.sources.hdf5_source import HDF5ArraySource
+from mixle.data.sources.arrays.hdf5.source import HDF5ArraySource
 
 path, names = sys.argv[1], json.loads(sys.argv[2])
 out = {"errors": {}, "wrapped": {}}

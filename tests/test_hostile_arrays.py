@@ -24,7 +24,7 @@ import zarr
 from _special_files import SPECIAL_KINDS, make_special
 
 import mixle
-from mixle.data.sources.zarr_source import ZARR_METADATA_LIMIT
+from mixle.data.sources.arrays.zarr.source import ZARR_METADATA_LIMIT
 from mixle.reading import CorruptChunkError
 
 SHAPE = (8, 8)

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mixle.data.indexing import BasicKey, parse_key
+from mixle.data.sources.indexing import BasicKey, parse_key
 
 shapes = st.lists(st.integers(0, 6), min_size=0, max_size=4).map(tuple)
 

@@ -776,7 +776,7 @@ def test_remote_npy_reads_its_header_not_its_data(tmp_path):
 
 
 def test_sharded_reader_counts_written_inner_chunks(samples):
-    from mixle.data.sources.zarr_shards import ShardedZarrReader
+    from mixle.data.sources.arrays.zarr.shards import ShardedZarrReader
 
     reader = ShardedZarrReader.for_array(zarr.open_array(str(samples / "sharded.zarr"), mode="r"))
     assert reader is not None

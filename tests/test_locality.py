@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import mixle
-from mixle.data.hashing import below, below_each, hash_words
-from mixle.data.placement import local_patch_corners
+from mixle.data.index_math.hashing import below, below_each, hash_words
+from mixle.data.sampling.placement import local_patch_corners
 from mixle.reading import chunk_cache, set_chunk_cache_bytes
 
 

@@ -27,7 +27,7 @@ from test_peer_parity import (
 )
 
 import mixle
-from mixle.data.stitch import MONAI_WEIGHT_FLOOR, monai_gaussian_window, window_1d
+from mixle.data.sampling.stitch import MONAI_WEIGHT_FLOOR, monai_gaussian_window, window_1d
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "migration.md"
 

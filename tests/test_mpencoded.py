@@ -39,8 +39,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import mixle
+from mixle.data.index_math.sharding import group_shards, plan_shards
 from mixle.utils.parallel.multiprocessing import MPEncodedData
-from mixle.utils.parallel.sharding import group_shards, plan_shards
 
 #: Hang guard for every call in this module; no test relies on it for timing.
 T = 60

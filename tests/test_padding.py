@@ -9,9 +9,9 @@ from hypothesis import strategies as st
 
 import mixle
 from mixle import PatchSampler
-from mixle.data.padding import map_axis, parse_pad_value, parse_padding, read_boxes_padded
-from mixle.data.patch_args import centred_grid
-from mixle.data.sources.adopt import ArrayLikeSource
+from mixle.data.sampling.padding import map_axis, parse_pad_value, parse_padding, read_boxes_padded
+from mixle.data.sampling.patch_args import centred_grid
+from mixle.data.sources.arrays.adopt import ArrayLikeSource
 
 MARGIN = 40
 

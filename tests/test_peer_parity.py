@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import mixle
-from mixle.data.stitch import MONAI_WEIGHT_FLOOR, monai_gaussian_window
+from mixle.data.sampling.stitch import MONAI_WEIGHT_FLOOR, monai_gaussian_window
 
 GOLDEN = Path(__file__).parent / "data" / "peer_parity"
 TIO_PATCH, TIO_OVERLAP = (8, 6, 4), (4, 2, 2)  # as in make_golden.py

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mixle.data import permutation
-from mixle.data.permutation import inverse_permute, permutation_key, permute
+from mixle.data.index_math import permutation
+from mixle.data.index_math.permutation import inverse_permute, permutation_key, permute
 
 # n = 1, 2, 3 and 2**k - 1, 2**k, 2**k + 1 for k up to 20: a popular shuffle duplicates a
 # record at n = 2**k + 1.

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import mixle
 from mixle import PatchSampler
-from mixle.data.placement import grid_counts, patch_corners
+from mixle.data.sampling.placement import grid_counts, patch_corners
 
 
 def _chi_square_over_cells(cells: np.ndarray, k: int) -> float:

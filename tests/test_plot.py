@@ -11,8 +11,8 @@ import pytest
 
 import mixle
 import mixle.plot
-from mixle.data.sources.adopt import as_array_source
-from mixle.data.sources.zarr_source import ZarrArraySource
+from mixle.data.sources.arrays.adopt import as_array_source
+from mixle.data.sources.arrays.zarr.source import ZarrArraySource
 from mixle.plot import plot_chunk_grid, plot_patches, plot_sampler, plot_sampling_density
 from mixle.plot.patches import INDIVIDUAL_PATCHES
 from mixle.plot.planes import parse_plane, plan_blocks, read_plane, sum_along

@@ -126,7 +126,7 @@ def test_threads_share_one_lazily_opened_source(stores, backend):
 def test_forked_child_keeps_a_handle_that_cannot_be_reopened():
     import h5py
 
-    from mixle.data.sources.adopt import as_array_source
+    from mixle.data.sources.arrays.adopt import as_array_source
 
     with h5py.File("in-memory.h5", "w", driver="core", backing_store=False) as f:
         src = as_array_source(f.create_dataset("x", data=np.arange(6)))

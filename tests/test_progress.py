@@ -20,9 +20,9 @@ import tqdm
 from _encoded_helpers import shard_sum
 
 import mixle
-from mixle.data import stitch as stitch_module
-from mixle.data import weighted
-from mixle.data.sources import row_index
+from mixle.data.sampling import stitch as stitch_module
+from mixle.data.sampling import weighted
+from mixle.data.sources.records import row_index
 from mixle.utils import progress
 from mixle.utils.parallel.multiprocessing import MPEncodedData
 from mixle.utils.progress import PROGRESS_DELAY_S, progress_bar, progress_setting

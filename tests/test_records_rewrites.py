@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 
 import mixle
-from mixle.data.sources import row_index
-from mixle.data.sources.memmap_check import FileChangedError
-from mixle.data.sources.row_index import cache_dir, content_fingerprint
+from mixle.data.sources.arrays.memmap.check import FileChangedError
+from mixle.data.sources.records import row_index
+from mixle.data.sources.records.row_index import cache_dir, content_fingerprint
 
 
 @pytest.fixture(autouse=True)

@@ -13,7 +13,7 @@ import pytest
 from _remote_fixtures import PATCH, boxes, expected_boxes, write_stores
 
 import mixle
-from mixle.data.sources.memmap_check import FileChangedError
+from mixle.data.sources.arrays.memmap.check import FileChangedError
 from mixle.reading import CorruptChunkError, RemoteReadError, chunk_cache, set_retry_policy
 from mixle.testing_servers import FaultPlan, MotoS3Server, RangeHTTPServer
 

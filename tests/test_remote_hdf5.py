@@ -11,7 +11,7 @@ import pytest
 from _remote_fixtures import PATCH, boxes, expected_boxes, write_stores
 
 import mixle
-from mixle.data.sources.hdf5_remote import RemoteHDF5ChunkReader
+from mixle.data.sources.arrays.hdf5.remote import RemoteHDF5ChunkReader
 from mixle.reading import chunk_cache
 from mixle.testing import check_array_source
 from mixle.testing_servers import FaultPlan, MotoS3Server, RangeHTTPServer
@@ -158,7 +158,7 @@ def test_automatic_collection_is_paused_while_h5py_reads_through_the_file(big_h5
     # thread: a collection there that finalises an h5py object would wait for that lock
     import gc
 
-    from mixle.data.sources import hdf5_remote
+    from mixle.data.sources.arrays.hdf5 import remote as hdf5_remote
 
     root, data = big_h5
     seen: list[bool] = []

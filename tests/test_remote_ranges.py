@@ -25,7 +25,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import mixle
-from mixle.data.sources import hdf5_remote
+from mixle.data.sources.arrays.hdf5 import remote as hdf5_remote
 from mixle.reading import RemoteReadError, chunk_cache, set_retry_policy
 from mixle.reading.faults import RangeMismatchError, is_transient
 from mixle.reading.fetch import check_range, fetch_range, range_header, read_range

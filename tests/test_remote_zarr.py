@@ -12,8 +12,8 @@ import zarr
 from _remote_fixtures import PATCH, boxes, expected_boxes, write_stores
 
 import mixle
-from mixle.data.sources.zarr_chunks import ZarrStoreReader
-from mixle.data.sources.zarr_shards import ShardedZarrReader
+from mixle.data.sources.arrays.zarr.chunks import ZarrStoreReader
+from mixle.data.sources.arrays.zarr.shards import ShardedZarrReader
 from mixle.reading import chunk_cache
 from mixle.testing import check_array_source
 from mixle.testing_servers import MotoS3Server, RangeHTTPServer

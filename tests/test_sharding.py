@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mixle.data.sharding import ShardLayout, parse_drop_last, worker_batches
+from mixle.data.index_math.sharding import ShardLayout, parse_drop_last, worker_batches
 
 policies = st.sampled_from([False, True, "pad"])
 #: Every (records, batch size, shards, remainder policy) a layout test draws.

@@ -12,7 +12,7 @@ import pytest
 from numpy.typing import NDArray
 
 import mixle
-from mixle.data.sources.records import Batch, MemorySource
+from mixle.data.sources.records.base import Batch, MemorySource
 from mixle.testing import assert_unchanged, check_record_source
 
 

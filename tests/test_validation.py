@@ -10,7 +10,7 @@ import pytest
 import zarr
 
 import mixle
-from mixle.data.sources.adopt import as_array_source
+from mixle.data.sources.arrays.adopt import as_array_source
 from mixle.data.structure import SampleStructure, parse_structure
 from mixle.errors import ArrayNotFoundError, NotAnArrayError, SchemaMismatchError
 from mixle.testing import assert_unchanged

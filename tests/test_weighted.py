@@ -14,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mixle import PatchSampler
-from mixle.data import weighted
-from mixle.data.sources.adopt import ArrayLikeSource
+from mixle.data.sampling import weighted
+from mixle.data.sources.arrays.adopt import ArrayLikeSource
 
 
 def _chi_square(observed: np.ndarray, expected: np.ndarray) -> float:

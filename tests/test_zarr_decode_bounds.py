@@ -32,7 +32,7 @@ from zarr.codecs import numcodecs as zarr_numcodecs
 from zarr.core.dtype import VariableLengthBytes
 
 import mixle
-from mixle.data.sources.zarr_chunks import zarr_chunk_reader
+from mixle.data.sources.arrays.zarr.chunks import zarr_chunk_reader
 from mixle.reading import CorruptChunkError
 from mixle.testing_servers import RangeHTTPServer
 
@@ -390,7 +390,7 @@ def test_a_damaged_index_in_a_shard_compressed_whole_raises_naming_the_chunk(tmp
 
 
 def test_a_pipeline_region_of_the_wrong_shape_or_dtype_is_corrupt_never_reshaped():
-    from mixle.data.sources.zarr_limits import check_region
+    from mixle.data.sources.arrays.zarr.limits import check_region
 
     good = np.zeros((2, 3), dtype=">i4")
     assert check_region(good, (2, 3), np.dtype("<i4"), "c/0/0", "'a.zarr'") is good

@@ -27,8 +27,8 @@ from zarr.codecs import BloscCodec, Crc32cCodec, GzipCodec, TransposeCodec, Zstd
 from zarr.codecs import numcodecs as zarr_numcodecs
 
 import mixle
-from mixle.data.indexing import parse_key, plan_key, read_extent
-from mixle.data.sources.zarr_chunks import zarr_chunk_reader
+from mixle.data.sources.arrays.zarr.chunks import zarr_chunk_reader
+from mixle.data.sources.indexing import parse_key, plan_key, read_extent
 from mixle.reading import CorruptChunkError, chunk_cache
 
 SHAPE = (12, 10, 7)

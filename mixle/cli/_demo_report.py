@@ -7,8 +7,8 @@ from pathlib import Path
 
 from mixle.cli._demo_runs import MIB, RunStats
 from mixle.cli._demo_volume import AXIAL_SLICE, CORONAL_SLICE
-from mixle.data.grid import GridSampler
-from mixle.data.patch_sampler import PatchSampler
+from mixle.data.sampling.grid import GridSampler
+from mixle.data.sampling.patch_sampler import PatchSampler
 from mixle.inspection.formatting import count_text, format_bytes, shape_text
 from mixle.utils.optional_deps import require
 

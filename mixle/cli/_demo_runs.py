@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 
 from mixle.cli._demo_volume import checksum
-from mixle.data.grid import GridSampler
-from mixle.data.patch_sampler import PatchSampler
+from mixle.data.sampling.grid import GridSampler
+from mixle.data.sampling.patch_sampler import PatchSampler
 from mixle.loading import Loader
 from mixle.reading import chunk_cache
 from mixle.utils.optional_deps import require

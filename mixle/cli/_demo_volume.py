@@ -20,7 +20,7 @@ import numpy as np
 
 from mixle.cli._demo_disk import WriteGuard, disk_full_error, is_disk_full, settle_zarr_writes
 from mixle.data.sources.array_source import read_hdf5, read_memmap, read_zarr
-from mixle.data.sources.base import ArraySource
+from mixle.data.sources.arrays.base import ArraySource
 from mixle.utils.optional_deps import HAS_H5PY, HAS_ZARR, require
 
 __all__ = [

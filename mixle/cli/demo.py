@@ -39,8 +39,8 @@ from mixle.cli._demo_volume import (
     resolve_backend,
     write_volume,
 )
-from mixle.data.grid import GridSampler
-from mixle.data.patch_sampler import PatchSampler
+from mixle.data.sampling.grid import GridSampler
+from mixle.data.sampling.patch_sampler import PatchSampler
 from mixle.reading import chunk_cache, default_chunk_cache_bytes, set_chunk_cache_bytes
 from mixle.reading.pool import decode_threads
 from mixle.utils.optional_deps import HAS_JAX, HAS_MATPLOTLIB

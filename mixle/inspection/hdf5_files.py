@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from mixle.data.sources.hdf5_chunks import (
+from mixle.data.sources.arrays.hdf5.chunks import (
     FILTER_DEFLATE,
     FILTER_SHUFFLE,
     chunk_filters,
@@ -51,7 +51,7 @@ def inspect_hdf5(
         require_regular_file(location, "path")  # a FIFO or a device: refused, nothing read
     handle = None
     if remote:
-        from mixle.data.sources.hdf5_remote import open_remote_file
+        from mixle.data.sources.arrays.hdf5.remote import open_remote_file
 
         _fs, _path, handle = open_remote_file(location, storage_options)
     try:

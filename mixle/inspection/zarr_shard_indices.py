@@ -29,7 +29,7 @@ def count_inner_chunks(
     shards whose index reads; ``damaged`` says why each other shard's index does not
     (:class:`~mixle.reading.faults.CorruptChunkError`: truncated, bad checksum).
     """
-    from mixle.data.sources.zarr_shards import _EMPTY, ShardedZarrReader
+    from mixle.data.sources.arrays.zarr.shards import _EMPTY, ShardedZarrReader
 
     reader = ShardedZarrReader.for_array(array, where, where, secrets)
     if reader is None:

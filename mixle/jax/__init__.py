@@ -23,6 +23,7 @@ from mixle.jax.convert import (
 )
 from mixle.jax.loader import JaxLoader, batch_axis_blocks, process_shard
 from mixle.jax.prefetch import THREAD_NAME, prefetch_to_device
+from mixle.loading.adapters import register_adapter
 
 __all__ = [
     "DTYPE_POLICIES",
@@ -39,3 +40,5 @@ __all__ = [
     "to_jax",
     "x64_enabled",
 ]
+
+register_adapter("jax", JaxLoader.from_loader)  # Loader.to_jax() finds it here

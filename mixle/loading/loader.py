@@ -9,11 +9,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import NDArray
 
-from mixle.data.hashing import parse_seed
-from mixle.data.sharding import SHARD_LAYOUTS, DropLast, ShardLayout
+from mixle.data.index_math.hashing import parse_seed
+from mixle.data.index_math.sharding import SHARD_LAYOUTS, DropLast, ShardLayout
 from mixle.data.sources.protocols import SupportsBatchRead
 from mixle.data.spec import ArraySpec, SpecTree, batch_spec, spec_of
 from mixle.data.structure import SampleStructure
+from mixle.loading.adapters import adapt
 from mixle.loading.batching import attach_mask, stack_records, unstack_batch
 from mixle.loading.plan import INDEX_WINDOW_ROWS, BatchPlan, batch_plans, record_rng, window
 from mixle.loading.prefetch import StopSignal, ordered_map
@@ -69,7 +70,7 @@ class Loader(ActiveRun):
     batch_size
         Rows per batch (``>= 1``).
     shuffle
-        Read each epoch in its own seeded order (:func:`mixle.data.permutation.permute`).
+        Read each epoch in its own seeded order (:func:`mixle.data.index_math.permutation.permute`).
     seed
         Any int; with ``epoch`` and the record index it keys every shuffle and
         ``record_transform``'s randomness. The default ``0`` is fixed on purpose: every run
@@ -81,7 +82,7 @@ class Loader(ActiveRun):
     drop_last
         ``False`` (last batch may be short), ``True`` (drop the remainder) or ``"pad"``
         (pad it to full batches and add a mask of real rows); see
-        :mod:`mixle.data.sharding`.
+        :mod:`mixle.data.index_math.sharding`.
     shard_index, num_shards
         This process's shard of the epoch; the shards together read each record once.
     shard_layout
@@ -89,7 +90,7 @@ class Loader(ActiveRun):
         ``"interleaved"`` (default; shard ``s`` takes rows ``s, s + num_shards, ...``) or
         ``"blocked"`` (shard ``s`` takes the ``s``-th block of ``batch_size`` rows, so the
         shards' batches stacked in shard order equal one process's batch of the global
-        size); see :mod:`mixle.data.sharding`.
+        size); see :mod:`mixle.data.index_math.sharding`.
     transform
         ``transform(batch) -> batch``, run in the reader threads.
     record_transform
@@ -121,7 +122,7 @@ class Loader(ActiveRun):
     - With ``drop_last="pad"`` the mask of real rows is ``batch["mask"]`` for dict records,
       the last element for tuple and list records, and ``(batch, mask)`` for array records.
       It is attached after ``transform``. Padding rows repeat real records (see
-      :mod:`mixle.data.sharding`).
+      :mod:`mixle.data.index_math.sharding`).
     - Reader threads stop when the loop ends, on ``break`` (the iterator is collected),
       ``close()``, ``with`` exit or an exception, which is re-raised with its traceback.
       The source is not closed: it belongs to the caller.
@@ -324,9 +325,7 @@ class Loader(ActiveRun):
         ``options`` are :meth:`mixle.jax.JaxLoader.from_loader`'s: ``sharding``, ``device``,
         ``prefetch``, ``dtype_policy``.
         """
-        from mixle.jax import JaxLoader  # the optional JAX adapter, imported on use
-
-        return JaxLoader.from_loader(self, **options)
+        return adapt("jax", self, **options)  # type: ignore[no-any-return]
 
     # -- element spec -------------------------------------------------------------------
     def element_spec(self) -> SpecTree:

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from mixle.data.hashing import hash_int, parse_seed
-from mixle.data.permutation import permute
-from mixle.data.sharding import ShardLayout
+from mixle.data.index_math.hashing import hash_int, parse_seed
+from mixle.data.index_math.permutation import permute
+from mixle.data.index_math.sharding import ShardLayout
 
 __all__ = ["INDEX_WINDOW_ROWS", "BatchPlan", "batch_plans", "record_rng", "window"]
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from mixle.data.sources.adopt import as_array_source
+from mixle.data.sources.arrays.adopt import as_array_source
 from mixle.plot.figure import draw_plane, parse_axis_names, parse_clip, where
 from mixle.plot.planes import MAX_PIXELS, Plane, parse_plane
 

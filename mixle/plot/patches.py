@@ -8,9 +8,9 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from mixle.data.patch_args import per_axis
-from mixle.data.sources.adopt import as_array_source
-from mixle.data.sources.base import ArraySource
+from mixle.data.sampling.patch_args import per_axis
+from mixle.data.sources.arrays.adopt import as_array_source
+from mixle.data.sources.arrays.base import ArraySource
 from mixle.plot.figure import draw_plane, parse_axis_names, parse_clip, where
 from mixle.plot.planes import MAX_PIXELS, Plane, parse_plane
 from mixle.utils.validation import parse_int

@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from mixle.data.sources.adopt import as_array_source
-from mixle.data.sources.base import ArraySource
+from mixle.data.sources.arrays.adopt import as_array_source
+from mixle.data.sources.arrays.base import ArraySource
 from mixle.utils.validation import parse_choice, parse_int
 
 __all__ = [

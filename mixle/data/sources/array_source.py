@@ -24,13 +24,13 @@ from typing import Any
 
 from numpy.typing import DTypeLike
 
-from mixle.data.patch_sampler import PatchSampler
+from mixle.data.sampling.patch_sampler import PatchSampler
 from mixle.data.schema import Schema
-from mixle.data.sources.adopt import ArrayLikeSource, as_array_source
-from mixle.data.sources.base import ArraySource
-from mixle.data.sources.hdf5_source import HDF5ArraySource
-from mixle.data.sources.memmap_source import MemmapArraySource, NpyArraySource
-from mixle.data.sources.zarr_source import ZarrArraySource
+from mixle.data.sources.arrays.adopt import ArrayLikeSource, as_array_source
+from mixle.data.sources.arrays.base import ArraySource
+from mixle.data.sources.arrays.hdf5.source import HDF5ArraySource
+from mixle.data.sources.arrays.memmap.source import MemmapArraySource, NpyArraySource
+from mixle.data.sources.arrays.zarr.source import ZarrArraySource
 from mixle.data.structure import EXCHANGEABLE, SampleStructure
 
 __all__ = [

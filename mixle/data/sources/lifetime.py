@@ -1,8 +1,8 @@
 """The life of a source's one handle: opened lazily under a lock, reopened after ``fork``,
 closed by ``close()`` or ``with``, a clear error after.
 
-Array sources (:mod:`mixle.data.sources.base`) and record sources
-(:mod:`mixle.data.sources.records`) both keep one live handle and the metadata read with
+Array sources (:mod:`mixle.data.sources.arrays.base`) and record sources
+(:mod:`mixle.data.sources.records.base`) both keep one live handle and the metadata read with
 it; this mixin opens, reopens and closes it the same way for both.
 """
 

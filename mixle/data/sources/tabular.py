@@ -9,13 +9,13 @@ pyarrow (``mixle[tabular]``) and SQLAlchemy (``mixle[sql]``) are imported only w
 Parquet file or a database URL is opened.
 """
 
-from mixle.data.sources.csv_source import CSVSource, read_csv
-from mixle.data.sources.dataframe_source import read_dataframe
-from mixle.data.sources.jsonl_source import JSONLSource, read_jsonl
-from mixle.data.sources.parquet_source import ParquetSource, read_parquet
-from mixle.data.sources.records import MemorySource, RecordSource
-from mixle.data.sources.row_index import cache_dir
-from mixle.data.sources.sql_source import SQLSource, read_sql
+from mixle.data.sources.records.base import MemorySource, RecordSource
+from mixle.data.sources.records.csv_source import CSVSource, read_csv
+from mixle.data.sources.records.dataframe_source import read_dataframe
+from mixle.data.sources.records.jsonl_source import JSONLSource, read_jsonl
+from mixle.data.sources.records.parquet_source import ParquetSource, read_parquet
+from mixle.data.sources.records.row_index import cache_dir
+from mixle.data.sources.records.sql_source import SQLSource, read_sql
 
 __all__ = [
     "CSVSource",

@@ -1,6 +1,6 @@
 """The contract every encoded-data backend keeps, and the logic they share.
 
-A backend shards ``data`` by index (:mod:`mixle.utils.parallel.sharding`), has each worker
+A backend shards ``data`` by index (:mod:`mixle.data.index_math.sharding`), has each worker
 build and keep its encoded shard, and runs ``fn(encoded_shard, *args)`` where the shards
 live. Backends implement :meth:`EncodedData._map` and :meth:`EncodedData._shutdown`.
 """
@@ -17,9 +17,9 @@ from typing import Any, Literal
 import numpy as np
 from numpy.typing import NDArray
 
+from mixle.data.index_math.sharding import ShardPlan
 from mixle.errors import BrokenEncodedDataError, EncodedDataClosedError
 from mixle.utils.parallel.encoding import pickled_size, read_piece, tree_nbytes
-from mixle.utils.parallel.sharding import ShardPlan
 from mixle.utils.validation import parse_choice
 
 __all__ = [

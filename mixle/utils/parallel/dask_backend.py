@@ -16,6 +16,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from mixle.data.index_math.sharding import parse_count, plan_shards
 from mixle.errors import WorkerDiedError, WorkerError, WorkerTimeoutError
 from mixle.utils.optional_deps import require
 from mixle.utils.parallel.base import EncodedData, ReadIn, parse_read_in, parse_timeout
@@ -26,7 +27,6 @@ from mixle.utils.parallel.encoding import (
     parse_encoder,
     reads_batches,
 )
-from mixle.utils.parallel.sharding import parse_count, plan_shards
 from mixle.utils.progress import ProgressBar, parse_progress, progress_bar
 
 __all__ = ["KILL_GRACE_S", "POLL_INTERVAL_S", "QUIET_SCHEDULER", "DaskEncodedData"]

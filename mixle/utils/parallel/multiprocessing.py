@@ -21,6 +21,7 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import Any
 
+from mixle.data.index_math.sharding import parse_count, plan_shards
 from mixle.errors import WorkerDiedError, WorkerError, WorkerTimeoutError
 from mixle.reading.cache import user_chunk_cache_bytes
 from mixle.utils.parallel._worker import CLOSE, worker_main
@@ -31,7 +32,6 @@ from mixle.utils.parallel.encoding import (
     parse_encoder,
     reads_batches,
 )
-from mixle.utils.parallel.sharding import parse_count, plan_shards
 from mixle.utils.progress import parse_progress, progress_bar
 
 __all__ = ["SHUTDOWN_GRACE_S", "MPEncodedData"]

@@ -1,0 +1,1 @@
+"""Patch placement math and the samplers over a source: patch, grid, stitch, weighted, aligned."""

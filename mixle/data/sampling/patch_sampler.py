@@ -1,0 +1,480 @@
+"""Seeded random N-D patches cut from a lazy volume, addressable by index."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from mixle.data.index_math.hashing import MASK64, parse_seed
+from mixle.data.sampling.aligned import COORDS_KEY, AlignedArrays
+from mixle.data.sampling.padding import parse_padding, read_spatial_boxes
+from mixle.data.sampling.patch_args import (
+    centred_grid,
+    check_combination,
+    fingerprint_digest,
+    parse_epoch,
+    parse_index,
+    parse_num_patches,
+    parse_patch_size,
+    parse_region,
+    parse_stride,
+    patch_entries,
+    record_indices,
+    source_identity,
+    split_channels,
+)
+from mixle.data.sampling.placement import (
+    grid_counts,
+    local_patch_corners,
+    patch_corners,
+    permuted_corners,
+)
+from mixle.data.sampling.weighted import WeightedPlacement, weighted_placement
+from mixle.data.schema import Schema, parse_schema
+from mixle.data.sources.arrays.adopt import as_array_source
+from mixle.data.sources.arrays.base import ArraySource
+from mixle.data.spec import ArraySpec
+from mixle.data.structure import EXCHANGEABLE, SampleStructure, parse_structure
+from mixle.utils.progress import parse_progress
+from mixle.utils.validation import parse_int
+
+__all__ = ["PatchSampler", "parse_patch_size", "parse_stride"]
+
+Patch = tuple[np.ndarray, tuple[int, ...]]
+Record = Patch | dict[str, Any]
+
+
+class PatchSampler:
+    """``num_patches`` seeded random patches of ``patch_size`` from an N-D array (or several).
+
+    Parameters
+    ----------
+    array
+        A mixle source, or any N-D array-like with ``.shape`` and basic ``__getitem__``
+        (ndarray, ``np.memmap``, zarr array, h5py dataset). h5py datasets, zarr arrays and
+        memmaps are wrapped so that the sampler pickles by reference. A dict
+        ``{name: array}`` samples all of them at the same physical place (see Notes).
+    patch_size
+        An int (same on every axis) or one int per spatial axis, each in
+        ``[1, shape[axis]]`` (any size >= 1 with padding). Its length sets the spatial
+        axes: they are the trailing ones, and leading axes beyond them are channels that
+        every patch holds whole (see Notes).
+    num_patches
+        How many patches the sampler addresses (``len(sampler)``); with
+        ``replacement=False`` it defaults to the number of grid positions.
+    seed
+        Any int, taken modulo 2**64; patch corners are a pure function of
+        ``(seed, epoch, index)``.
+    epoch
+        The epoch whose corners are drawn (:meth:`set_epoch` changes it).
+    stride
+        Corners lie on the grid ``0, stride, 2*stride, ...`` (int or per spatial axis);
+        ``None`` allows every position (every multiple of the scale factors for a dict).
+    replacement
+        ``False`` visits each stride-grid position once per epoch (a Feistel permutation
+        of the grid) instead of drawing corners independently.
+    patches_per_chunk
+        Locality: every ``patches_per_chunk`` consecutive indices share one region of the
+        array (``1``, the default, draws every patch independently from the whole array).
+    region
+        Extent of those regions (int or per spatial axis, at least ``patch_size``);
+        default: the store's chunk shape on the spatial axes grown to ``patch_size``, or
+        ``2 * patch_size`` when unchunked.
+    padding
+        ``"none"`` keeps patches inside the volume. ``"constant"``, ``"reflect"`` or
+        ``"edge"`` let a patch hang over the edge (its centre voxel anywhere in the volume)
+        and pad what lies outside (:mod:`mixle.data.sampling.padding`).
+    pad_value
+        Fill value for ``padding="constant"`` (a dict of them for a dict of arrays).
+    weights
+        A weight map (array, source, or the name of one of the dict's arrays): patches are
+        centred on voxels drawn with probability proportional to the weight. It may be at
+        a coarser integer scale than the patches.
+    labels, label_probabilities
+        A label volume (array, source or name) and ``{label value: probability}``: each
+        patch picks a class with that probability and is centred on a voxel of that class,
+        uniformly among them. Probabilities must be finite, ``>= 0`` and not all zero;
+        they are divided by their sum (``{0: 1, 1: 3}`` means ``{0: 0.25, 1: 0.75}``;
+        ``sampler.weighted.label_probabilities`` shows the values used).
+    scales
+        For a dict: ``{name: factor}`` to state scale factors instead of inferring them.
+    structure
+        How patches relate (see :mod:`mixle.data.structure`).
+    schema
+        When given, checked against one patch: ``patch_size`` and the array's dtype.
+    progress
+        Show a progress bar while a ``weights``/``labels`` map is indexed: ``True``,
+        ``False`` or ``None`` (automatic; see :mod:`mixle.utils.progress`).
+
+    Raises
+    ------
+    TypeError, ValueError, KeyError
+        On bad arguments, naming the argument, the value and what is accepted.
+
+    Notes
+    -----
+    Channels first: with fewer ``patch_size`` entries than the array has axes, a
+    ``(C, Z, Y, X)`` array with ``patch_size=(pz, py, px)`` gives patches
+    ``(C, pz, py, px)`` (``vol[:, z:z+pz, y:y+py, x:x+px]``, as torchio and MONAI cut
+    them). ``coords`` holds the corner on the spatial axes only, ``(z, y, x)`` (one row
+    of ``coords[B, len(patch_size)]`` per patch, as for :class:`~mixle.GridSampler` and
+    dict samplers); ``stride``, ``region``, ``padding`` and a ``weights``/``labels`` map
+    (given without channel axes) all refer to the spatial axes. Channel axes are never
+    padded. An int ``patch_size`` covers every axis, channels included.
+
+    Corner ``i`` on each axis is a grid position drawn exactly uniformly from the in-bounds
+    positions with a counter-based hash of ``(seed, epoch, i, axis)``: O(1) memory for any
+    ``num_patches``, the same in every process, on every NumPy release and whatever order
+    patches are asked for in. Returned patches are new arrays, never views into the file.
+
+    With ``patches_per_chunk=k > 1`` the array is tiled by regions and indices
+    ``[b*k, (b+1)*k)`` draw their corners inside one region chosen uniformly for block
+    ``b``; with the default region (one stored chunk) a batch of those patches decodes
+    about one chunk per ``k`` patches instead of several per patch. The trade: patches of a
+    block are correlated (same neighbourhood), and a patch never straddles two regions
+    (except in the last, partial region of an axis), so voxels near region borders are
+    drawn less often than with independent placement. Keep blocks together in a batch
+    (no per-record shuffle) to get the speed.
+
+    With a dict, records are ``{name: patch, ..., "coords": corner}``. Trailing
+    ``len(patch_size)`` axes are spatial; leading extra axes of an array are channels, read
+    whole. Arrays may be coarser than the finest one by integer factors (a label at half
+    resolution); corners are on the finest grid and each array reads
+    ``[corner // f, (corner + patch_size) // f)``.
+
+    Weighted and label sampling build a per-block index of the map once, at construction,
+    reading it one block at a time; it is pickled with the sampler. Without padding a
+    map voxel can centre a patch only where the patch fits inside the volume, so a class
+    (or weight) found only near the edge is an error that suggests ``padding=``.
+
+    Pickling (to worker processes, Dask, :class:`~mixle.MPEncodedData`) carries a map
+    given as an in-memory ndarray whole, as it carries an in-memory ``array``: a
+    ``(300, 300, 200)`` float32 map adds 72 MB to every pickle. Save it once and pass a
+    source that pickles by reference (path and options, a few KB), e.g.
+    ``labels=mixle.read_npy("labels.npy")`` or ``mixle.read_zarr(...)``.
+
+    :meth:`fingerprint` (kept in a Loader's resume state) covers every argument that
+    changes which patch an index means; ``structure``, ``schema`` and ``progress`` do not.
+    """
+
+    def __init__(
+        self,
+        array: Any,
+        patch_size: int | Sequence[int],
+        num_patches: int | None = None,
+        *,
+        seed: int = 0,
+        epoch: int = 0,
+        stride: int | Sequence[int] | None = None,
+        replacement: bool = True,
+        patches_per_chunk: int = 1,
+        region: int | Sequence[int] | None = None,
+        padding: str = "none",
+        pad_value: float | Mapping[str, float] = 0,
+        weights: Any = None,
+        labels: Any = None,
+        label_probabilities: Mapping[int, float] | None = None,
+        scales: Mapping[str, object] | None = None,
+        structure: SampleStructure = EXCHANGEABLE,
+        schema: Schema | None = None,
+        progress: bool | None = None,
+    ) -> None:
+        progress = parse_progress(progress)
+        self._padding = parse_padding(padding)
+        padded = self._padding != "none"
+        self._arrays: AlignedArrays | None = None
+        if isinstance(array, Mapping):
+            spatial = patch_entries(patch_size)  # None for an int: the arrays' smallest ndim
+            self._arrays = AlignedArrays(array, spatial_ndim=spatial, scales=scales)
+            self._source = next(iter(self._arrays.sources.values()))
+            self._lead: tuple[int, ...] = ()
+            shape, step = self._arrays.shape, self._arrays.step
+        else:
+            self._source = as_array_source(array, name="array")
+            if not self._source.shape:
+                raise ValueError("array is 0-dimensional; patches need at least one axis")
+            self._lead, shape = split_channels(patch_size, self._source.shape)
+            step = (1,) * len(shape)
+        self._shape = shape
+        self._patch_size = parse_patch_size(patch_size, shape, padded=padded)
+        arrays = self._arrays or AlignedArrays({"array": self._source}, spatial_ndim=len(shape))
+        arrays.check_patch_size(self._patch_size)
+        constant = self._padding == "constant"
+        self._pad_values = (
+            arrays.pad_values(pad_value) if constant else dict.fromkeys(arrays.names, 0)
+        )
+        self._seed = parse_seed(seed)
+        self._epoch = parse_epoch(epoch)
+        self._stride = step if stride is None else parse_stride(stride, len(shape))
+        off = [a for a, (st, m) in enumerate(zip(self._stride, step)) if st % m]
+        if off:
+            raise ValueError(
+                f"stride={self._stride} must be a multiple of {step} (the arrays' scale "
+                f"factors) on every axis; axis {off[0]} is not"
+            )
+        if not isinstance(replacement, (bool, np.bool_)):
+            raise TypeError(f"replacement={replacement!r} must be True or False")
+        self._replacement = bool(replacement)
+        if padded:
+            self._origin, self._counts = centred_grid(shape, self._patch_size, self._stride, step)
+        else:
+            self._origin = (0,) * len(shape)
+            self._counts = grid_counts(shape, self._patch_size, self._stride)
+        self._per_region = parse_int(patches_per_chunk, "patches_per_chunk")
+        if self._per_region < 1:
+            raise ValueError(f"patches_per_chunk={patches_per_chunk} must be >= 1")
+        chunks = self._source.chunks if self._arrays is None else None
+        chunks = None if chunks is None else chunks[len(self._lead) :]
+        self._region = parse_region(region, self._patch_size, chunks)
+        self._weighted = weighted_placement(
+            weights,
+            labels,
+            label_probabilities,
+            stride=stride,
+            arrays=self._arrays,
+            shape=shape,
+            patch_size=self._patch_size,
+            step=step,
+            padded=padded,
+            progress=progress,
+        )
+        check_combination(self._per_region, self._replacement, self._weighted, self._padding)
+        self._num_patches = parse_num_patches(num_patches, self._replacement, self._counts)
+        self._structure = parse_structure(structure)
+        self._schema = parse_schema(schema)
+        if self._schema is not None:
+            if self._arrays is not None:
+                raise ValueError("schema= applies to a single array; pass one array, not a dict")
+            patch = (*self._lead, *self._patch_size)
+            self._schema.check(self._source.dtype, patch, what="PatchSampler patch")
+
+    # -- description --------------------------------------------------------------------
+    @property
+    def source(self) -> ArraySource:
+        """The source patches are cut from (the first array's for a dict)."""
+        return self._source
+
+    @property
+    def sources(self) -> dict[str, ArraySource]:
+        """``{name: source}`` of a dict sampler (``{"array": source}`` otherwise)."""
+        return {"array": self._source} if self._arrays is None else self._arrays.sources
+
+    @property
+    def arrays(self) -> AlignedArrays | None:
+        """The aligned arrays of a dict sampler (scale factors, channels), else ``None``."""
+        return self._arrays
+
+    @property
+    def patch_size(self) -> tuple[int, ...]:
+        """Patch extent per (spatial) axis."""
+        return self._patch_size
+
+    @property
+    def channel_shape(self) -> tuple[int, ...]:
+        """Leading axes of the array every patch holds whole (``()`` if none or for a dict)."""
+        return self._lead
+
+    @property
+    def stride(self) -> tuple[int, ...]:
+        """Spacing of the corner grid per axis."""
+        return self._stride
+
+    @property
+    def seed(self) -> int:
+        """The seed corners are derived from."""
+        return self._seed
+
+    @property
+    def epoch(self) -> int:
+        """The epoch whose corners are drawn."""
+        return self._epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Draw the corners of ``epoch`` from now on (a fresh, deterministic set per epoch)."""
+        self._epoch = parse_epoch(epoch)
+
+    @property
+    def replacement(self) -> bool:
+        """Whether corners are drawn independently (``False``: each grid position once)."""
+        return self._replacement
+
+    @property
+    def padding(self) -> str:
+        """The edge policy (``"none"``: patches stay inside the volume)."""
+        return self._padding
+
+    @property
+    def patches_per_chunk(self) -> int:
+        """How many consecutive indices share one region (1: independent placement)."""
+        return self._per_region
+
+    @property
+    def region(self) -> tuple[int, ...]:
+        """Extent of the regions that locality sampling tiles the array with."""
+        return self._region
+
+    @property
+    def grid_shape(self) -> tuple[int, ...]:
+        """Number of possible corner positions per axis."""
+        return self._counts
+
+    @property
+    def weighted(self) -> WeightedPlacement | None:
+        """The weighted or label placement (its index), if any."""
+        return self._weighted
+
+    @property
+    def structure(self) -> SampleStructure:
+        """How patches relate to each other."""
+        return self._structure
+
+    @property
+    def schema(self) -> Schema | None:
+        """The schema one patch was checked against, if any."""
+        return self._schema
+
+    def element_spec(self) -> Any:
+        """Spec of one record, from metadata: ``(patch, coords)`` or a dict for a dict."""
+        coords = ArraySpec((len(self._patch_size),), np.dtype(np.int64))
+        if self._arrays is not None:
+            return {**self._arrays.element_specs(self._patch_size), COORDS_KEY: coords}
+        return (ArraySpec((*self._lead, *self._patch_size), self._source.dtype), coords)
+
+    def __len__(self) -> int:
+        return self._num_patches
+
+    def __repr__(self) -> str:
+        extra = ""
+        if self._per_region > 1:
+            extra += f", patches_per_chunk={self._per_region}, region={self._region}"
+        if self._epoch:
+            extra += f", epoch={self._epoch}"
+        if not self._replacement:
+            extra += ", replacement=False"
+        if self._padding != "none":
+            extra += f", padding={self._padding!r}"
+        if self._weighted is not None:
+            extra += ", weighted"
+        what = self._arrays if self._arrays is not None else self._source
+        return (
+            f"PatchSampler({what!r}, patch_size={self._patch_size}, "
+            f"num_patches={self._num_patches}, seed={self._seed}, stride={self._stride}{extra})"
+        )
+
+    def fingerprint(self) -> str:
+        """A digest of everything that decides which patch an index means (no I/O).
+
+        The Loader's resume state stores it (:func:`mixle.loading.state.source_fingerprint`).
+        It covers the arrays (type, shape, dtype, chunks; names and scale factors of a
+        dict), ``patch_size``, ``num_patches``, ``seed``, the current ``epoch``, ``stride``,
+        ``replacement``, ``patches_per_chunk`` (and ``region`` when it is above 1),
+        ``padding`` and the fill values, and the weighted or label placement (the map's
+        identity and a hash of its voxels taken while it was indexed). Paths are left out
+        (a moved store resumes), and so is the volume's content (it is never read here).
+        """
+        weighted = self._weighted
+        return fingerprint_digest(
+            "PatchSampler",
+            {
+                "arrays": (
+                    source_identity(self._source)
+                    if self._arrays is None
+                    else self._arrays.fingerprint()
+                ),
+                "dict": self._arrays is not None,
+                "patch_size": self._patch_size,
+                "num_patches": self._num_patches,
+                "seed": self._seed & MASK64,  # the hash takes it modulo 2**64
+                "epoch": self._epoch,
+                "stride": self._stride,
+                "replacement": self._replacement,
+                "patches_per_chunk": self._per_region,
+                "region": self._region if self._per_region > 1 else None,
+                "padding": self._padding,
+                "pad_values": self._pad_values,
+                "weighted": None if weighted is None else weighted.fingerprint(),
+            },
+        )
+
+    # -- placement (no I/O) -------------------------------------------------------------
+    def coords_array(self, indices: ArrayLike | None = None) -> NDArray[np.int64]:
+        """Corners of patches ``indices`` (default: all) as an int64 ``(N, ndim)`` array."""
+        return self._corners(record_indices(indices, self._num_patches))
+
+    def _corners(self, idx: ArrayLike) -> NDArray[np.int64]:
+        seed, epoch = self._seed, self._epoch
+        if self._weighted is not None:
+            return self._weighted.corners(seed, idx, epoch=epoch)
+        if not self._replacement:
+            out = permuted_corners(seed, idx, self._counts, self._stride, epoch=epoch)
+        elif self._per_region == 1:
+            out = patch_corners(seed, idx, self._counts, self._stride, epoch=epoch)
+        else:
+            out = local_patch_corners(
+                seed,
+                idx,
+                self._shape,
+                self._patch_size,
+                self._stride,
+                self._per_region,
+                self._region,
+                epoch=epoch,
+            )
+        if any(self._origin):
+            out += np.asarray(self._origin, dtype=np.int64)
+        return out
+
+    def coords(self) -> list[tuple[int, ...]]:
+        """Corners of every patch as tuples of ints (no I/O)."""
+        return [tuple(row) for row in self.coords_array().tolist()]
+
+    # -- reading ------------------------------------------------------------------------
+    def _read(self, corners: NDArray[np.int64]) -> Any:
+        if self._arrays is not None:
+            return self._arrays.read(
+                corners, self._patch_size, padding=self._padding, pad_values=self._pad_values
+            )
+        return read_spatial_boxes(
+            self._source,
+            corners,
+            self._lead,
+            self._patch_size,
+            padding=self._padding,
+            pad_value=self._pad_values["array"],
+        )
+
+    def __getitem__(self, index: int) -> Record:
+        """Patch ``index`` and its corner: ``(patch, coords)``, or a dict for a dict."""
+        n = self._num_patches
+        i = parse_index(index, n, f"a sampler of {n} patches")
+        corner = tuple(self._corners((i,))[0].tolist())
+        if self._arrays is None and self._padding == "none":
+            start = (0,) * len(self._lead) + corner
+            return self._source.read_box(start, (*self._lead, *self._patch_size)), corner
+        patches = self._read(np.array([corner], dtype=np.int64))
+        if self._arrays is None:
+            return patches[0], corner
+        return {**{k: v[0] for k, v in patches.items()}, COORDS_KEY: corner}
+
+    def get_batch(self, indices: ArrayLike) -> Any:
+        """Patches ``indices`` stacked: ``(patches[B, *channels, *patch_size], coords[B, ndim])``.
+
+        ``ndim`` is ``len(patch_size)`` (the spatial axes). For a dict:
+        ``{name: patches[B, *channels, *patch_size // factor], "coords": ...}``.
+        """
+        corners = self.coords_array(indices)
+        patches = self._read(corners)
+        if self._arrays is None:
+            return patches, corners
+        return {**patches, COORDS_KEY: corners}
+
+    def records(self) -> Iterator[Record]:
+        """Yield the record of every index in order."""
+        for i in range(self._num_patches):
+            yield self[i]
+
+    def __iter__(self) -> Iterator[Record]:
+        return self.records()

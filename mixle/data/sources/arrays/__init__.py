@@ -1,0 +1,1 @@
+"""N-D array sources: the shared ``ArraySource`` contract and one sub-package per storage family."""

@@ -1,0 +1,520 @@
+"""The shared surface of every lazy N-D array source.
+
+A backend subclass says how to open its store (:meth:`ArraySource._open`), which
+constructor arguments reopen it (:attr:`ArraySource._args`), and how to describe it. This
+base class gives every backend the same contract: metadata-only opening, N-D basic
+indexing with NumPy's semantics (plus an integer array or mask on axis 0), rows along
+axis 0 as records, multi-row batch reads, pickling by reference, reopening after
+``fork``, and a clear error after ``close()``.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, TypeGuard
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from mixle.data.schema import Schema, parse_schema
+from mixle.data.sources.indexing import (
+    KeyLike,
+    ReadItem,
+    RowsKey,
+    consecutive_runs,
+    parse_key,
+    plan_key,
+    read_extent,
+)
+from mixle.data.sources.lifetime import SourceLifetime
+from mixle.data.spec import ArraySpec
+from mixle.data.structure import SampleStructure, parse_structure
+from mixle.errors import SourceClosedError
+from mixle.reading import ChunkReader, read_chunked
+from mixle.reading.cache import drop_cached_chunks, drop_chunks_when_collected
+from mixle.reading.executor import execute_plan
+from mixle.utils.optional_deps import not_opened_note
+
+__all__ = [
+    "LISTED_NAMES",
+    "RECORD_BLOCK_BYTES",
+    "ArrayMeta",
+    "ArraySource",
+    "listing",
+    "parse_indices",
+]
+
+#: How many bytes of rows ``records()`` reads at a time when the store has no chunking.
+RECORD_BLOCK_BYTES = 16 * 1024 * 1024
+#: How many names an error message lists before it says "and N more".
+LISTED_NAMES = 40
+
+
+def listing(names: list[str], noun: str) -> str:
+    """``"<noun>: a, b, c"`` for error messages, shortened past :data:`LISTED_NAMES`."""
+    if not names:
+        return f"it holds no {noun}"
+    more = f" and {len(names) - LISTED_NAMES} more" if len(names) > LISTED_NAMES else ""
+    return f"{noun}: {', '.join(names[:LISTED_NAMES])}{more}"
+
+
+@dataclass(frozen=True)
+class ArrayMeta:
+    """Metadata read when a source opens."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    chunks: tuple[int, ...] | None = None
+    shards: tuple[int, ...] | None = None
+
+
+def parse_indices(indices: ArrayLike, length: int, *, name: str = "indices") -> NDArray[np.int64]:
+    """Validate record indices: a 1-D integer array in ``[-length, length)``, made non-negative."""
+    idx = np.asarray(indices)
+    if idx.dtype == np.bool_ or (idx.size and idx.dtype.kind not in "iu"):
+        raise TypeError(f"{name} must be integers, got dtype {idx.dtype}")
+    if idx.dtype.kind == "u" and idx.size and int(idx.max()) >= length:
+        # checked before the cast: 2**64 - 1 as int64 is -1, the last row
+        raise IndexError(f"{name} contains {int(idx.max())}, out of range for length {length}")
+    idx = idx.astype(np.int64, copy=False).reshape(-1)
+    if idx.size:
+        lo, hi = int(idx.min()), int(idx.max())
+        if lo < -length or hi >= length:
+            bad = lo if lo < -length else hi
+            raise IndexError(f"{name} contains {bad}, out of range for length {length}")
+        if lo < 0:
+            idx = np.where(idx < 0, idx + length, idx)
+    return idx
+
+
+class ArraySource(SourceLifetime, abc.ABC):
+    """Base class of lazy N-D array sources (zarr, HDF5, memmap, ``.npy``, in-memory).
+
+    Notes
+    -----
+    - Opening reads metadata only. ``src[key]`` reads exactly the region asked for and
+      returns a new NumPy array (never a view into the user's file).
+    - Records are rows along axis 0: ``len(src) == src.shape[0]``.
+    - Pickling stores the constructor arguments, never data; the copy reopens lazily on
+      first use. A source used in a forked child reopens its handles there.
+    - Reads are safe from several threads.
+    """
+
+    #: The optional module a backend needs, named in its repr when missing.
+    _library: str | None = None
+
+    _args: dict[str, Any] | None
+    _structure: SampleStructure
+    _schema: Schema | None
+    _meta: ArrayMeta | None
+    _reader: tuple[Any, ChunkReader | None] | None
+    #: Whether a 0-d array is stored as one chunk the backend's chunk reader can read.
+    _zero_d_chunk: bool = False
+
+    # -- construction -------------------------------------------------------------------
+    def _init_state(self, args: dict[str, Any] | None, structure: object, schema: object) -> None:
+        """Store arguments and reset handles; no I/O."""
+        self._args = args
+        self._structure = parse_structure(structure)
+        self._schema = parse_schema(schema)
+        self._reader = None
+        self._init_lifetime()
+
+    @abc.abstractmethod
+    def _open(self) -> Any:
+        """Open the store and return the live array object."""
+
+    @abc.abstractmethod
+    def _describe(self, handle: Any) -> ArrayMeta:
+        """Read metadata from the live array object."""
+
+    @abc.abstractmethod
+    def _location(self) -> str:
+        """Where the data lives, safe to show (no credentials)."""
+
+    def _drop_derived(self) -> None:
+        state, self._reader = self._reader, None
+        reader = None if state is None else state[1]
+        if reader is not None:  # its chunks can never be asked for again: free them now
+            drop_cached_chunks(reader.token)
+
+    def _chunk_reader(self, handle: Any) -> ChunkReader | None:
+        """A reader of whole decoded chunks for the read planner, or ``None`` (no chunks)."""
+        return None
+
+    def _read(self, handle: Any, key: tuple[int | slice, ...]) -> np.ndarray:
+        """Read a region given as non-negative ints and positive-step slices."""
+        return np.asarray(handle[key])
+
+    # -- handles ------------------------------------------------------------------------
+    def _open_described(self) -> tuple[Any, ArrayMeta]:
+        handle = self._open()
+        meta = self._describe(handle)
+        if self._schema is not None:
+            self._schema.check(meta.dtype, meta.shape, what=self._location())
+        return handle, meta
+
+    def _forked(self, handle: Any) -> Any:
+        # never share the parent's handle, unless it cannot be reopened (an in-memory file)
+        return handle if self._args is None else None
+
+    def _metadata(self) -> ArrayMeta:
+        self._live()
+        assert self._meta is not None
+        return self._meta
+
+    def _adopt(self, handle: Any) -> None:
+        """Use an already-open array object as this source's live handle."""
+        self._handle = handle
+        self._meta = self._describe(handle)
+        if self._schema is not None:
+            self._schema.check(self._meta.dtype, self._meta.shape, what=self._location())
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        if self._closed:
+            raise self._closed_error("pickle it")
+        if self._args is None:
+            raise TypeError(
+                f"{self!r} cannot be pickled by reference: it wraps an object that cannot "
+                "be reopened from a path; open it with a mixle read_* function instead"
+            )
+        return (_reopen, (type(self), self._args, self._structure, self._schema))
+
+    # -- metadata -----------------------------------------------------------------------
+    @property
+    def array(self) -> Any:
+        """The live lazy array object (zarr ``Array``, h5py ``Dataset``, ``np.memmap``...)."""
+        return self._live()
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Shape of the whole array."""
+        return self._metadata().shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        """Element dtype."""
+        return self._metadata().dtype
+
+    @property
+    def ndim(self) -> int:
+        """Number of dimensions."""
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        """Number of elements."""
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the whole array, decoded."""
+        return self.size * self.dtype.itemsize
+
+    @property
+    def chunks(self) -> tuple[int, ...] | None:
+        """Shape of one stored chunk (the unit of decoding), or ``None`` if unchunked."""
+        return self._metadata().chunks
+
+    @property
+    def shards(self) -> tuple[int, ...] | None:
+        """Shape of one shard for sharded zarr arrays, else ``None``."""
+        return self._metadata().shards
+
+    @property
+    def structure(self) -> SampleStructure:
+        """How the records (rows along axis 0) relate to each other."""
+        return self._structure
+
+    @property
+    def schema(self) -> Schema | None:
+        """The schema checked at open, if any."""
+        return self._schema
+
+    def element_spec(self) -> ArraySpec:
+        """Shape and dtype of one record (a row along axis 0), from metadata."""
+        shape = self.shape
+        if not shape:
+            raise TypeError(f"{self!r} is 0-dimensional and has no records")
+        return ArraySpec(shape[1:], self.dtype)
+
+    # -- reading ------------------------------------------------------------------------
+    def __len__(self) -> int:
+        shape = self.shape
+        if not shape:
+            raise TypeError(f"len() of a 0-dimensional source: {self!r}")
+        return shape[0]
+
+    def __getitem__(self, key: KeyLike) -> Any:
+        """Read ``key`` with NumPy's semantics for the keys :func:`parse_key` takes.
+
+        Ints, negative ints, slices with any step, ``...`` and tuples of those, plus one 1-D
+        integer array (or list) or boolean mask on axis 0: ``src[[3, 1], 2:5]``. Rows asked
+        for by an array are each read once, like :meth:`get_batch`. ``None``, arrays on
+        other axes and multidimensional arrays raise ``TypeError`` naming what to use.
+        """
+        handle = self._live()
+        parsed = parse_key(key, self.shape)
+        try:
+            if isinstance(parsed, RowsKey):
+                return _owned(parsed.finish(self._read_rows(handle, parsed)))
+            block = parsed.finish(self._read(handle, parsed.read))
+        except Exception as exc:
+            self._raise_if_closed(exc)
+            raise
+        if parsed.scalar:
+            return block[()]
+        return _owned(block)
+
+    def _read_rows(self, handle: Any, key: RowsKey) -> np.ndarray:
+        """The distinct rows of ``key`` with its basic key on the other axes, unflipped.
+
+        Chunked stores read them through the read planner (each chunk once); others read
+        each run of consecutive rows in one :meth:`_read`.
+        """
+        reader = self._reader_for(handle)
+        if reader is not None:
+            return self._read_chunks(reader, key.read)
+        extent = read_extent(key.read)
+        out = np.empty([n for k, n in zip(key.read, extent) if not isinstance(k, int)], self.dtype)
+        if not all(extent):
+            return out
+        firsts, ends = consecutive_runs(key.unique)
+        at = 0
+        for lo, hi in zip(firsts.tolist(), ends.tolist()):
+            out[at : at + hi - lo] = self._read(handle, (slice(lo, hi), *key.rest.read))
+            at += hi - lo
+        return out
+
+    def read_box(self, start: ArrayLike, size: ArrayLike) -> np.ndarray:
+        """Read the box ``[start, start + size)``; it must lie inside the array."""
+        ext = _int_list(size, "size")
+        box = np.empty(ext if all(n >= 0 for n in ext) else 0, dtype=self.dtype)
+        self.read_boxes([_int_list(start, "start")], ext, out=box[np.newaxis])
+        return box
+
+    def read_boxes(
+        self, starts: ArrayLike, size: ArrayLike, *, out: np.ndarray | None = None
+    ) -> np.ndarray:
+        """Read boxes of one ``size`` at each row of ``starts`` into ``out[B, *size]``.
+
+        ``starts`` is ``(B, ndim)``; every box must lie inside the array. ``out`` (optional)
+        must have shape ``(B, *size)`` and this source's dtype.
+        """
+        handle = self._live()
+        shape = self.shape
+        rows: list[Any] = starts if _is_int_rows(starts) else _int_array(starts, "starts").tolist()
+        ext = _int_list(size, "size")
+        bad_rows = [r for r in rows if not isinstance(r, list) or len(r) != len(shape)]
+        if len(ext) != len(shape) or bad_rows:
+            shown = f"start={bad_rows[0]}" if bad_rows else f"size={tuple(ext)}"
+            raise ValueError(
+                f"{shown}: every box needs {len(shape)} start and size entries for an array "
+                f"of shape {shape} (starts is (B, {len(shape)}))"
+            )
+        for row in rows:
+            if any(a < 0 or n < 0 or a + n > d for a, n, d in zip(row, ext, shape)):
+                raise IndexError(
+                    f"box start={tuple(row)}, size={tuple(ext)} is outside the array of "
+                    f"shape {shape}"
+                )
+        want = (len(rows), *ext)
+        if out is None:
+            out = np.empty(want, dtype=self.dtype)
+        elif out.shape != want or out.dtype != self.dtype:
+            raise ValueError(
+                f"out has shape {out.shape} and dtype {out.dtype}; expected {want} {self.dtype}"
+            )
+        if rows and all(ext):
+            try:
+                self._read_boxes_into(handle, rows, ext, out)
+            except Exception as exc:
+                self._raise_if_closed(exc)
+                raise
+        return out
+
+    def _read_boxes_into(
+        self, handle: Any, starts: list[list[int]], size: list[int], out: np.ndarray
+    ) -> None:
+        """Fill ``out`` with validated boxes: by chunk when the store has a chunk reader."""
+        reader = self._reader_for(handle) if self.shape else None
+        if reader is not None:
+            read_chunked(reader, starts, size, self.shape, out)
+            return
+        for i, row in enumerate(starts):
+            key = tuple(slice(a, a + n) for a, n in zip(row, size))
+            self._read_into(handle, key, out[i, ...])  # a view, also of a 0-d box
+
+    def _reader_for(self, handle: Any) -> ChunkReader | None:
+        """The chunk reader of the current handle, made on first use."""
+        state = self._reader
+        if state is None or state[0] is not handle:
+            chunked = bool(self.shape) or self._zero_d_chunk  # most 0-d arrays have no chunks
+            with self._lock:
+                state = self._reader
+                if state is None or state[0] is not handle:
+                    state = (handle, self._chunk_reader(handle) if chunked else None)
+                    if state[1] is not None:
+                        drop_chunks_when_collected(state[1])
+                    if not self._closed:  # a reader made after close() is not kept
+                        self._reader = state
+        return state[1]
+
+    def _read_planned(self, handle: Any, key: tuple[int | slice, ...]) -> np.ndarray | None:
+        """Read ``key`` through the read planner when the chunk reader fetches in batches.
+
+        Remote stores read this way get the same concurrent, retried, checked fetches as
+        batch reads. Returns ``None`` (read some other way) for other readers.
+        """
+        reader = self._reader_for(handle)
+        if reader is None or getattr(reader, "fetch_many", None) is None:
+            return None
+        return self._read_chunks(reader, key)
+
+    def _read_chunks(self, reader: ChunkReader, key: tuple[ReadItem, ...]) -> np.ndarray:
+        """Read ``key`` chunk by chunk, as ``read_boxes`` does.
+
+        ``key`` is a ``BasicKey.read`` (ints, positive-step slices) or a ``RowsKey.read``
+        (sorted distinct rows on axis 0, then those). Only the chunks holding selected
+        elements are read, each once (from the shared cache when it is there), straight into
+        an output of the selection's shape.
+        """
+        extent = read_extent(key)
+        out = np.empty([n for k, n in zip(key, extent) if not isinstance(k, int)], self.dtype)
+        if all(extent):  # integer axes as length 1 in a view, so that ``out`` owns its memory
+            execute_plan(reader, plan_key(key, reader.chunks), out.reshape(1, *extent))
+        return out
+
+    def _read_into(self, handle: Any, key: tuple[int | slice, ...], out: np.ndarray) -> None:
+        """Write a region into ``out``; backends that can skip the temporary override this."""
+        out[...] = self._read(handle, key)
+
+    def get_batch(self, indices: ArrayLike) -> np.ndarray:
+        """Rows ``indices`` stacked on axis 0.
+
+        Chunked stores read the rows through the read planner (each chunk the rows touch is
+        decoded once, from the shared cache when it is there); others read each contiguous
+        run of rows in one call.
+        """
+        handle = self._live()
+        shape = self.shape
+        if not shape:
+            raise TypeError(f"{self!r} is 0-dimensional and has no records")
+        idx = parse_indices(indices, shape[0])
+        out = np.empty((idx.size, *shape[1:]), dtype=self.dtype)
+        if not idx.size or 0 in shape:
+            return out
+        try:
+            return self._get_rows(handle, shape, idx, out)
+        except Exception as exc:
+            self._raise_if_closed(exc)
+            raise
+
+    def _get_rows(
+        self, handle: Any, shape: tuple[int, ...], idx: NDArray[np.int64], out: np.ndarray
+    ) -> np.ndarray:
+        """Fill ``out`` with rows ``idx`` (validated, non-negative) of ``handle``."""
+        reader = self._reader_for(handle)
+        if reader is not None:
+            starts = np.zeros((idx.size, len(shape)), dtype=np.int64)
+            starts[:, 0] = idx
+            read_chunked(reader, starts.tolist(), (1, *shape[1:]), shape, out[:, np.newaxis])
+            return out
+        unique = np.unique(idx)
+        breaks = np.flatnonzero(np.diff(unique) != 1) + 1
+        rows = np.empty((unique.size, *shape[1:]), dtype=self.dtype)
+        for run in np.split(np.arange(unique.size), breaks):
+            lo, hi = int(unique[run[0]]), int(unique[run[-1]]) + 1
+            rows[run[0] : run[-1] + 1] = self._read(handle, (slice(lo, hi),))
+        position = np.searchsorted(unique, idx)
+        np.take(rows, position, axis=0, out=out)
+        return out
+
+    def records(self) -> Iterator[np.ndarray]:
+        """Yield rows along axis 0 in order, reading a block of rows at a time."""
+        n = len(self)
+        for lo in range(0, n, self._rows_per_block()):
+            block = self[lo : lo + self._rows_per_block()]
+            yield from block
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        return self.records()
+
+    def _rows_per_block(self) -> int:
+        chunks = self.chunks
+        if chunks:
+            return max(1, chunks[0])
+        row_bytes = max(1, int(np.prod(self.shape[1:], dtype=np.int64)) * self.dtype.itemsize)
+        return max(1, RECORD_BLOCK_BYTES // row_bytes)
+
+    def _raise_if_closed(self, exc: Exception) -> None:
+        """Raise :class:`SourceClosedError` from ``exc`` if :meth:`close` ran during the read.
+
+        Closing a source while another thread reads it makes the backend fail in its own
+        words (h5py: "identifier is not of specified type"); the reader gets the same
+        error as a read started after ``close()``.
+        """
+        if self._closed and not isinstance(exc, SourceClosedError):
+            raise SourceClosedError(
+                f"{type(self).__name__}({self._location()}) was closed by another thread "
+                f"while this read was in flight ({type(exc).__name__}: {exc}); open it again "
+                "to read it"
+            ) from exc
+
+    # -- lifetime -----------------------------------------------------------------------
+    def __repr__(self) -> str:
+        name = type(self).__name__
+        if self._closed:
+            return f"<{name} {self._location()} (closed)>"
+        meta = self._meta
+        if meta is None:
+            return f"<{name} {self._location()} ({not_opened_note(self._library)})>"
+        parts = [self._location(), f"shape={meta.shape}", f"dtype={meta.dtype}"]
+        if meta.chunks is not None:
+            parts.append(f"chunks={meta.chunks}")
+        if meta.shards is not None:
+            parts.append(f"shards={meta.shards}")
+        return f"{name}({', '.join(parts)})"
+
+
+def _is_int_rows(starts: object) -> TypeGuard[list[Any]]:
+    """Whether ``starts`` is already a list of lists of Python ints (the per-index path)."""
+    return isinstance(starts, list) and all(
+        isinstance(row, list) and all(type(v) is int for v in row) for row in starts
+    )
+
+
+def _int_array(values: ArrayLike, name: str) -> np.ndarray:
+    """Box coordinates as int64; floats and bools are refused, never truncated."""
+    arr = np.asarray(values)
+    if arr.size and arr.dtype.kind not in "iu":
+        raise TypeError(f"{name} must be integers, got dtype {arr.dtype} ({values!r:.80})")
+    return arr.astype(np.int64, copy=False)
+
+
+def _int_list(values: ArrayLike, name: str) -> list[int]:
+    """Box coordinates as Python ints (tuples of ints pass straight through)."""
+    if isinstance(values, tuple) and all(type(v) is int for v in values):
+        return list(values)
+    return _int_array(values, name).reshape(-1).tolist()
+
+
+def _owned(block: np.ndarray) -> np.ndarray:
+    """A plain ndarray that owns its memory (no memmap subclass, no view into a file)."""
+    if type(block) is np.ndarray and block.base is None:
+        return block
+    return np.array(block, copy=True, subok=False)
+
+
+def _reopen(
+    cls: type[ArraySource],
+    args: dict[str, Any],
+    structure: SampleStructure,
+    schema: Schema | None,
+) -> ArraySource:
+    """Rebuild a pickled source without opening it; it opens on first use."""
+    obj = cls.__new__(cls)
+    obj._init_state(args, structure, schema)
+    return obj

@@ -1,0 +1,407 @@
+"""Lazy HDF5 datasets through h5py, opened read-only with a chunk cache sized for patches."""
+
+from __future__ import annotations
+
+import inspect
+import os
+from typing import Any
+
+import numpy as np
+
+from mixle.data.schema import Schema
+from mixle.data.sources.arrays.base import ArrayMeta, ArraySource, listing
+from mixle.data.sources.arrays.hdf5.access import (
+    ACCESS,
+    HDF5_CHUNK_CACHE_BYTES,
+    HDF5_CHUNK_CACHE_SLOTS,
+    PluginSizeCheck,
+    check_external,
+    check_virtual,
+    hdf5_args,
+    is_url,
+    open_with_access,
+)
+from mixle.data.sources.arrays.hdf5.chunks import (
+    HDF5ChunkReader,
+    contiguous_memmap,
+    require_filters,
+)
+from mixle.data.sources.arrays.hdf5.remote import RemoteHDF5ChunkReader, open_remote_file
+from mixle.data.sources.arrays.memmap.check import check_mapped_file
+from mixle.data.sources.indexing import plan_key, read_extent
+from mixle.data.structure import EXCHANGEABLE, SampleStructure
+from mixle.errors import ArrayNotFoundError, NotAnArrayError
+from mixle.reading import read_strided
+from mixle.reading.faults import RemoteReadError, retry_call
+from mixle.utils import optional_deps
+from mixle.utils.files import require_regular_file
+from mixle.utils.optional_deps import require
+from mixle.utils.redact import display_path, redact_text
+
+__all__ = [
+    "HDF5_CHUNK_CACHE_BYTES",
+    "HDF5_CHUNK_CACHE_SLOTS",
+    "HDF5ArraySource",
+    "list_hdf5_datasets",
+]
+
+
+def _h5py() -> Any:
+    return require("h5py", "hdf5", feature="HDF5ArraySource")
+
+
+def list_hdf5_datasets(group: Any) -> list[str]:
+    """Describe every dataset below an h5py group as ``"name shape dtype"`` strings."""
+    h5py = _h5py()
+    found: list[str] = []
+
+    def visit(name: str, node: Any) -> None:
+        if isinstance(node, h5py.Dataset):
+            found.append(f"{node.name} {node.shape} {node.dtype}")
+
+    group.visititems(visit)
+    return found
+
+
+class HDF5ArraySource(ArraySource):
+    """An HDF5 dataset, opened read-only by default and read lazily.
+
+    Parameters
+    ----------
+    path
+        Path of the HDF5 file, an fsspec URL (``https://``, ``s3://``...) or an open binary
+        file-like object (read through h5py; such a source cannot be pickled).
+    dataset
+        Name of the dataset inside the file (e.g. ``"volume"`` or ``"/scans/ct"``).
+    storage_options
+        Passed to fsspec for URLs (credentials, endpoints). Never shown in reprs or errors.
+    efile_prefix
+        The folder where relative names of external raw-data files (datasets made with
+        h5py's ``external=``) are looked up; ``"${ORIGIN}"`` (optionally followed by
+        ``/sub/folder``) means the HDF5 file's own folder. Default: HDF5's, the current
+        directory (or the ``HDF5_EXTFILE_PREFIX`` environment variable, which wins).
+    virtual_prefix
+        The same for the source files of virtual datasets (``HDF5_VDS_PREFIX`` wins).
+    structure, schema
+        See :mod:`mixle.data.structure` and :class:`mixle.data.schema.Schema`.
+    **h5py_options
+        Passed to :class:`h5py.File`. ``mode`` may be ``"r"`` (default) or ``"r+"``; modes
+        that create or truncate files are refused. The chunk cache defaults to
+        ``rdcc_nbytes=HDF5_CHUNK_CACHE_BYTES`` and ``rdcc_nslots=HDF5_CHUNK_CACHE_SLOTS``.
+
+    Raises
+    ------
+    TypeError, ValueError
+        When an argument has the wrong type, ``mode`` could create or truncate the file, or
+        ``storage_options`` is given for a path that is not a URL (always at construction).
+    ImportError
+        At first use (``shape``, ``len``, a read, ``element_spec``...) when h5py is not
+        installed here: ``pip install -e ".[hdf5]"``. Construction from a path or URL
+        succeeds without I/O, so a process without h5py can build a source and pickle it
+        to workers that have it (a file-like ``path`` is opened at construction).
+    FileNotFoundError
+        When ``path`` does not exist.
+    ArrayNotFoundError
+        When ``dataset`` does not exist; the message lists the datasets that do.
+    NotAnArrayError
+        When ``dataset`` names a group; the message lists the datasets inside it.
+    SpecialFileError
+        When ``path``, an external raw-data file or a source file of a virtual dataset is a
+        FIFO, a device or a directory.
+    ~mixle.reading.CorruptChunkError
+        On a read (``src[key]``, ``read_boxes``, ``get_batch`` alike), when a chunk's stored
+        bytes do not decode to exactly one chunk: a deflate stream longer or shorter than
+        the chunk, or zstd, blosc or lz4 data stating another decoded size (checked before
+        HDF5's plugin would allocate it).
+    FileNotFoundError
+        When an external raw-data file of the dataset is missing: the message names each
+        one and the ``efile_prefix`` that would find them.
+    ~mixle.FilterUnavailableError
+        An ``ImportError``: the dataset uses a filter HDF5 cannot load (such as blosc or
+        zstd) and ``hdf5plugin`` is not installed, or does not provide it. Where it is
+        installed, ``hdf5plugin`` is imported to register its filters before this check.
+
+    Notes
+    -----
+    ``FileNotFoundError``, ``ArrayNotFoundError`` and ``NotAnArrayError`` are raised at
+    construction when h5py is installed (the metadata is read eagerly), at first use when it
+    is not (the repr then says so).
+
+    HDF5 keeps one chunk cache per dataset per process, sized by whichever handle opened
+    the dataset first; close other handles to the same dataset for ``rdcc_*`` to apply.
+    The file stays open while anything derived from the source is alive: ``.array`` of a
+    discarded source keeps working. :meth:`close` closes the file explicitly.
+    """
+
+    _library = "h5py"  # the module it needs (repr says when it is missing)
+
+    _h5file: Any = None
+    _remote: tuple[Any, str, Any] | None = None
+    _mapped: tuple[Any, np.memmap | None] | None = None
+    _stat: tuple[int, int] | None = None
+    _sized: tuple[Any, PluginSizeCheck | None] | None = None
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | Any,
+        dataset: str,
+        *,
+        storage_options: dict[str, Any] | None = None,
+        efile_prefix: str | os.PathLike[str] | None = None,
+        virtual_prefix: str | os.PathLike[str] | None = None,
+        structure: SampleStructure = EXCHANGEABLE,
+        schema: Schema | None = None,
+        **h5py_options: Any,
+    ) -> None:
+        access = {"efile_prefix": efile_prefix, "virtual_prefix": virtual_prefix}
+        if _is_file_like(path):
+            self._init_state(None, structure, schema)
+            self._file_like = (path, hdf5_args("<file-like>", dataset, h5py_options, None, access))
+            self._adopt(self._open_file_like())
+            return
+        args = hdf5_args(path, dataset, h5py_options, storage_options, access)
+        self._init_state(args, structure, schema)
+        if optional_deps.HAS_H5PY:  # else checked at first use, where h5py is installed
+            self._live()
+
+    @classmethod
+    def from_dataset(
+        cls,
+        dataset: Any,
+        *,
+        structure: SampleStructure = EXCHANGEABLE,
+        schema: Schema | None = None,
+    ) -> HDF5ArraySource:
+        """Wrap an open ``h5py.Dataset``; pickling reopens its file by path, read-only.
+
+        Closing the returned source does not close the caller's file.
+        """
+        file = dataset.file
+        reopenable = file.driver not in ("core", "fileobj") and os.path.isfile(file.filename)
+        obj = cls.__new__(cls)
+        obj._init_state(
+            hdf5_args(file.filename, dataset.name, {}) if reopenable else None,
+            structure,
+            schema,
+        )
+        where = f"{dataset.name!r} in {display_path(file.filename)!r}"
+        require_filters(dataset, where)
+        check_external(dataset, file.filename if reopenable else None, where)
+        check_virtual(dataset, file.filename if reopenable else None, where)
+        obj._adopt(dataset)
+        return obj
+
+    def _location(self) -> str:
+        if self._args is None:
+            file_like = getattr(self, "_file_like", None)
+            if file_like is not None:
+                kind, name = type(file_like[0]).__name__, file_like[1]["dataset"]
+                return f"<file-like {kind}>, dataset={name!r}"
+            return "<h5py dataset>"
+        return f"{display_path(self._args['path'])!r}, dataset={self._args['dataset']!r}"
+
+    def _open_file_like(self) -> Any:
+        fileobj, args = self._file_like
+        return self._open_in(fileobj, "<file-like>", args)
+
+    def _open(self) -> Any:
+        assert self._args is not None
+        _h5py()  # a missing h5py is the first thing to say, before any file check
+        args = self._args
+        path = args["path"]
+        if is_url(path):
+            return self._open_remote(path, args)
+        try:  # a FIFO would block h5py's open for ever, a device never ends
+            require_regular_file(path, "HDF5 file")
+        except FileNotFoundError:
+            raise FileNotFoundError(f"path={path!r}: no such file") from None
+        handle = self._open_in(path, path, args)
+        st = os.stat(path)
+        self._stat = (st.st_dev, st.st_ino)
+        return handle
+
+    def _open_remote(self, url: str, args: dict[str, Any]) -> Any:
+        """Open the dataset of the HDF5 file at ``url``; no error carries a secret.
+
+        fsspec's and aiohttp's errors hold the URL (password, ``?token=``) and the request
+        headers: what is raised is redacted (:func:`_scrubbed`) and raised outside the
+        ``except`` block, so that neither ``__cause__`` nor ``__context__`` keeps them.
+        """
+        secrets = args.get("storage_options")
+        shown = display_path(url)
+
+        reached = [False]  # whether the object was found (its size known)
+
+        def attempt() -> Any:
+            # h5py reads the superblock and object headers through the remote file while
+            # opening: a transient failure there retries the whole open, file included
+            reached[0] = False
+            remote = open_remote_file(url, secrets)
+            reached[0] = True
+            try:
+                handle = self._open_in(remote[2], shown, args)
+            except BaseException:
+                remote[2].close()
+                raise
+            self._remote = remote
+            return handle
+
+        failure: BaseException
+        try:
+            return retry_call(attempt, url=shown, key="(file)", secrets=secrets)
+        except Exception as exc:
+            if isinstance(exc, FileNotFoundError) and not reached[0]:  # not an external file's
+                exc = FileNotFoundError(f"path={shown!r}: no such file")
+            failure = _scrubbed(exc, secrets)
+        raise failure  # out of the except block: nothing is chained to it
+
+    def _open_in(self, target: Any, path: str, args: dict[str, Any]) -> Any:
+        """Open the dataset of ``args`` in the HDF5 file ``target`` (a path or a file object)."""
+        h5py = _h5py()
+        name, options = args["dataset"], args["options"]
+        try:
+            file = h5py.File(target, **options)
+        except RemoteReadError:
+            raise  # the bytes could not be fetched: nothing is known of the file's format
+        except OSError as exc:
+            raise OSError(f"path={path!r} could not be opened as an HDF5 file: {exc}") from exc
+        except TypeError as exc:
+            raise TypeError(
+                f"path={path!r}: h5py.File refused the options {_refused(h5py, options)} "
+                f"({exc}); "
+                f"dataset options are {', '.join(ACCESS)}, rdcc_nbytes, rdcc_nslots, rdcc_w0"
+            ) from None
+        try:
+            kind = file.get(name, getclass=True)
+            if kind is None:
+                raise ArrayNotFoundError(
+                    f"dataset={name!r} does not exist in {path!r}; "
+                    f"{listing(list_hdf5_datasets(file), 'datasets')}"
+                )
+            if kind is not h5py.Dataset:
+                inside = list_hdf5_datasets(file[name]) if kind is h5py.Group else []
+                raise NotAnArrayError(
+                    f"dataset={name!r} in {path!r} is a group, not a dataset; pass one of "
+                    f"its {listing(inside, 'datasets')}"
+                )
+            node = open_with_access(h5py, file, name, options, args.get("access", {}))
+            where = f"{name!r} in {path!r}"
+            require_filters(node, where)
+            local = file.filename if isinstance(target, str) else None
+            check_external(node, local, where)
+            check_virtual(node, local, where)
+        except BaseException:
+            file.close()
+            raise
+        self._h5file = file
+        return node
+
+    def _describe(self, handle: Any) -> ArrayMeta:
+        chunks = handle.chunks
+        return ArrayMeta(
+            shape=tuple(handle.shape),
+            dtype=handle.dtype,
+            chunks=None if chunks is None else tuple(chunks),
+        )
+
+    def _chunk_reader(self, handle: Any) -> HDF5ChunkReader | None:
+        if self._remote is not None and self._args is not None:
+            fs, path, _file = self._remote
+            url = display_path(self._args["path"])
+            return RemoteHDF5ChunkReader.for_remote(
+                handle, fs, path, self._location(), url, self._args.get("storage_options")
+            )
+        return HDF5ChunkReader.for_dataset(handle)
+
+    def _memmap_for(self, handle: Any) -> np.memmap | None:
+        """A memmap of the dataset when it is contiguous and unfiltered (read-only files)."""
+        state = self._mapped
+        if state is None or state[0] is not handle:
+            state = self._mapped = (handle, contiguous_memmap(handle))
+        return state[1]
+
+    def _read(self, handle: Any, key: tuple[int | slice, ...]) -> np.ndarray:
+        mapped = self._memmap_for(handle)
+        if mapped is None:
+            # chunks mixle decodes go through the read planner, as read_boxes does: one
+            # bounded, checked decode per chunk, the same answer on every path
+            reader = self._reader_for(handle)
+            if reader is not None:
+                return self._read_chunks(reader, key)
+            self._check_plugin_sizes(handle, key)
+            return np.asarray(handle[key])
+        self._check_file(mapped)
+        return np.array(mapped[key], copy=True, subok=False)
+
+    def _check_plugin_sizes(self, handle: Any, key: tuple[int | slice, ...]) -> None:
+        """Refuse chunks of ``key`` whose zstd/blosc/lz4 data would decode past the chunk."""
+        state = self._sized
+        if state is None or state[0] is not handle:
+            path = "<file-like>" if self._args is None else display_path(self._args["path"])
+            where = f"{handle.name!r} in {path!r}"
+            state = self._sized = (handle, PluginSizeCheck.for_dataset(handle, where))
+        whole = tuple(slice(0, n) for n in handle.shape[len(key) :])  # get_batch: axis 0 only
+        read = tuple(  # read_boxes passes slices without a step
+            slice(k.start, k.stop, k.step or 1) if isinstance(k, slice) else k
+            for k in (*key, *whole)
+        )
+        if state[1] is not None and all(read_extent(read)):
+            state[1].check(plan_key(read, handle.chunks).chunks)
+
+    def _check_file(self, mapped: np.memmap) -> None:
+        """Refuse to touch the map if the file was cut short or replaced since opening."""
+        assert self._args is not None
+        check_mapped_file(self._args["path"], mapped.offset + mapped.nbytes, self._stat)
+
+    def _read_boxes_into(
+        self, handle: Any, starts: list[list[int]], size: list[int], out: np.ndarray
+    ) -> None:
+        mapped = self._memmap_for(handle)
+        if mapped is None:
+            super()._read_boxes_into(handle, starts, size, out)
+        else:
+            self._check_file(mapped)
+            read_strided(mapped.view(np.ndarray), starts, size, out)
+
+    def _release(self, handle: Any) -> None:
+        self._mapped = self._sized = None
+        file, self._h5file = self._h5file, None
+        if file is not None:
+            file.close()
+        remote, self._remote = self._remote, None
+        if remote is not None:
+            remote[2].close()
+
+
+def _refused(h5py: Any, options: dict[str, Any]) -> list[str]:
+    """The keys of ``options`` that are not named parameters of ``h5py.File``.
+
+    h5py passes unknown keywords on to the file driver, so when every key is a named
+    parameter the refusal came from a value: then every key is listed.
+    """
+    named = inspect.signature(h5py.File.__init__).parameters
+    unknown = sorted(k for k in options if k not in named)
+    return unknown or sorted(options)
+
+
+def _scrubbed(exc: Exception, secrets: object) -> Exception:
+    """``exc`` with its text redacted and its chain dropped, safe to raise.
+
+    An error of a third-party library (fsspec, aiohttp...) becomes an ``OSError`` carrying
+    its redacted text: such errors keep the request, headers included, in attributes.
+    """
+    if type(exc).__module__.split(".")[0] not in ("builtins", "mixle"):
+        exc = OSError(redact_text(f"{type(exc).__name__}: {exc}", secrets))
+    else:
+        exc.args = tuple(redact_text(a, secrets) if isinstance(a, str) else a for a in exc.args)
+        if isinstance(exc, OSError) and isinstance(exc.filename, str):
+            exc.filename = redact_text(exc.filename, secrets)
+    exc.__cause__ = exc.__context__ = None
+    exc.__suppress_context__ = True
+    return exc
+
+
+def _is_file_like(path: object) -> bool:
+    return not isinstance(path, (str, os.PathLike)) and all(
+        callable(getattr(path, name, None)) for name in ("read", "seek", "tell")
+    )

@@ -1,0 +1,1 @@
+"""Raw and ``.npy`` memory-mapped volumes, guarded against files cut short."""

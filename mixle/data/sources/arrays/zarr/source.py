@@ -1,0 +1,406 @@
+"""Lazy zarr arrays (format 2 and 3, sharded or not) on local paths or fsspec URLs."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import stat
+import sys
+import urllib.parse
+import warnings
+from typing import Any
+
+import numpy as np
+
+from mixle.data.schema import Schema
+from mixle.data.sources.arrays.base import ArrayMeta, ArraySource, listing
+from mixle.data.sources.arrays.zarr.chunks import ZARR_METADATA_LIMIT, zarr_chunk_reader
+from mixle.data.structure import EXCHANGEABLE, SampleStructure
+from mixle.errors import ArrayNotFoundError, NotAnArrayError
+from mixle.reading.faults import retry_call
+from mixle.reading.fetch import timed_storage_options
+from mixle.utils import optional_deps
+from mixle.utils.files import require_regular_file
+from mixle.utils.optional_deps import require
+from mixle.utils.redact import display_path, redact_text
+
+__all__ = ["ZARR_METADATA_LIMIT", "ZarrArraySource", "check_chunk_grid", "list_zarr_arrays"]
+
+#: Metadata files zarr reads from a local array's (or group's) directory.
+_METADATA_FILES = (".zarray", ".zgroup", ".zattrs", ".zmetadata", "zarr.json")
+#: Errors zarr raises parsing malformed metadata (named with the store and file by mixle).
+_PARSE_ERRORS = (TypeError, ValueError, AttributeError, json.JSONDecodeError, UnicodeDecodeError)
+#: The largest extent (and byte size of a chunk) NumPy's ``intp`` indexing can address.
+_MAX_EXTENT = 2**63 - 1
+
+
+def _zarr() -> Any:
+    return require("zarr", "zarr", feature="ZarrArraySource")
+
+
+def list_zarr_arrays(group: Any, prefix: str = "") -> list[str]:
+    """Describe every array below a zarr group as ``"component shape dtype"`` strings.
+
+    ``prefix`` is the group's own component, so the names can be passed as ``component=``.
+    """
+    zarr = _zarr()
+    prefix = f"{prefix.strip('/')}/" if prefix and prefix.strip("/") else ""
+    return [
+        f"{prefix}{name} {node.shape} {node.dtype}"
+        for name, node in group.members(max_depth=None)
+        if isinstance(node, zarr.Array)
+    ]
+
+
+class ZarrArraySource(ArraySource):
+    """A zarr array (format 2 or 3, sharded or not), opened read-only and read lazily.
+
+    Parameters
+    ----------
+    path
+        A local path, an fsspec URL (``memory://``, ``file://``, ``http://``, ``s3://``...),
+        a zarr store object (``LocalStore``, ``MemoryStore``, tifffile's ``aszarr=True``
+        store...) or an open ``zarr.Array`` (as :meth:`from_array`).
+    component
+        Path of the array inside the store when ``path`` is a group.
+    storage_options
+        Passed to fsspec for URLs (credentials, endpoints). Never shown in reprs or errors.
+    structure, schema
+        See :mod:`mixle.data.structure` and :class:`mixle.data.schema.Schema`.
+
+    Raises
+    ------
+    TypeError, ValueError
+        When an argument has the wrong type, or ``storage_options`` is given for a path
+        that is not a URL (always at construction).
+    ImportError
+        At first use (``shape``, ``len``, a read, ``element_spec``...) when zarr is not
+        installed here: ``pip install -e ".[zarr]"``. Construction itself succeeds without
+        I/O, so a process without zarr can build a source and pickle it to workers that
+        have it.
+    FileNotFoundError
+        When nothing exists at ``path``.
+    NotAnArrayError
+        When ``path``/``component`` is a group; the message lists the arrays inside it.
+    ArrayNotFoundError
+        When ``component`` does not exist; the message lists the arrays that do.
+
+    Notes
+    -----
+    The last three are raised at construction when zarr is installed (the metadata is
+    read eagerly), at first use when it is not (the repr then says so).
+    """
+
+    _library = "zarr"  # the module it needs (repr says when it is missing)
+
+    _zero_d_chunk = True  # a 0-d zarr array is one stored chunk, read like any other
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | Any,
+        component: str | None = None,
+        *,
+        storage_options: dict[str, Any] | None = None,
+        structure: SampleStructure = EXCHANGEABLE,
+        schema: Schema | None = None,
+    ) -> None:
+        zarr = sys.modules.get("zarr")  # a zarr.Array can only exist once zarr is imported
+        if zarr is not None and isinstance(path, zarr.Array):
+            if component is not None or storage_options is not None:
+                raise ValueError(
+                    f"path={display_path(path.store)!r} is an open zarr.Array: component= and "
+                    "storage_options= only apply to paths and URLs; pass the array alone"
+                )
+            self._init_state(_zarr_args(path.store, path.path or None, None), structure, schema)
+            self._adopt(path)
+            return
+        self._init_state(_zarr_args(path, component, storage_options), structure, schema)
+        if optional_deps.HAS_ZARR:  # else checked at first use, where zarr is installed
+            self._live()
+
+    @classmethod
+    def from_array(
+        cls, array: Any, *, structure: SampleStructure = EXCHANGEABLE, schema: Schema | None = None
+    ) -> ZarrArraySource:
+        """Wrap an open ``zarr.Array``; pickling reopens it from its store, read-only."""
+        return cls(array, structure=structure, schema=schema)
+
+    def _location(self) -> str:
+        args = self._args or {}
+        where = repr(display_path(args.get("path", "?")))
+        if args.get("component"):
+            where += f", component={args['component']!r}"
+        return where
+
+    def _open(self) -> Any:
+        zarr = _zarr()
+        assert self._args is not None
+        path, component = self._args["path"], self._args["component"]
+        kwargs: dict[str, Any] = {"mode": "r"}
+        secrets = _secrets(self._args)
+        path, options = _query_as_params(path, timed_storage_options(path, secrets[0]))
+        if options:
+            kwargs["storage_options"] = options
+        if isinstance(path, str) and "://" not in path and not os.path.exists(path):
+            raise FileNotFoundError(f"path={display_path(path)!r}: no such file or directory")
+        local = _local_root(path)
+        if local is not None:
+            check_local_metadata(local, component or "")
+        try:
+            node = retry_call(
+                lambda: _open_redacted(zarr, path, component or "", kwargs, secrets),
+                url=display_path(path),
+                key="(metadata)",
+                secrets=secrets,
+            )
+        except FileNotFoundError as exc:
+            if component:
+                try:
+                    root = zarr.open_group(store=path, **kwargs)
+                except FileNotFoundError:
+                    pass
+                else:
+                    raise ArrayNotFoundError(
+                        f"component={component!r} does not exist in zarr store "
+                        f"{display_path(path)!r}; {listing(list_zarr_arrays(root), 'arrays')}"
+                    ) from None
+            raise FileNotFoundError(
+                f"path={display_path(path)!r}: no zarr array or group found there"
+                f" ({type(exc).__name__})"
+            ) from None
+        except RecursionError:
+            raise ValueError(
+                f"path={display_path(path)!r}: the zarr metadata is nested too deeply to "
+                "parse (a JSON file of that depth is not zarr metadata)"
+            ) from None
+        except (TypeError, ValueError, AttributeError) as exc:
+            if type(exc) not in _PARSE_ERRORS:
+                raise  # zarr's own errors (a missing group...) and mixle's say enough
+            # zarr's parse of malformed metadata: say which store (and file) it was
+            bad = None if local is None else bad_metadata_file(local, component or "")
+            kind = type(exc) if type(exc) is TypeError and bad is None else ValueError
+            raise kind(
+                f"path={display_path(path)!r}"
+                + (f", component={component!r}" if component else "")
+                + (f": zarr metadata file {bad!r} is not valid zarr metadata" if bad else "")
+                + ": zarr cannot parse the array metadata: "
+                + redact_text(f"{type(exc).__name__}: {exc}", secrets)
+            ) from None
+        if not isinstance(node, zarr.Array):
+            where = f"component={component!r} in " if component else "path="
+            arrays = listing(list_zarr_arrays(node, component or ""), "arrays")
+            raise NotAnArrayError(
+                f"{where}{display_path(path)!r} is a zarr group, not an array; pass "
+                f"component= to pick one of its {arrays}"
+            )
+        return node
+
+    def _read(self, handle: Any, key: tuple[int | slice, ...]) -> np.ndarray:
+        # the same chunk reader and plan executor as read_boxes, for every store and layout
+        reader = self._reader_for(handle)
+        assert reader is not None  # zarr_chunk_reader has a reader for every layout
+        return self._read_chunks(reader, key)
+
+    def _chunk_reader(self, handle: Any) -> Any:
+        args = self._args or {}
+        url = display_path(args.get("path", "")) if isinstance(args.get("path"), str) else ""
+        if url and args.get("component"):
+            url = f"{url.rstrip('/')}/{args['component']}"
+        return zarr_chunk_reader(handle, self._location(), url, secrets=_secrets(args))
+
+    def _describe(self, handle: Any) -> ArrayMeta:
+        shards = getattr(handle, "shards", None)
+        shape, chunks = tuple(handle.shape), tuple(handle.chunks)
+        check_chunk_grid(shape, chunks, np.dtype(handle.dtype).itemsize, self._location())
+        if shards is not None:
+            check_chunk_grid(shape, tuple(shards), 0, self._location(), "shards")
+            if any(s % c for s, c in zip(shards, chunks)):
+                raise ValueError(
+                    f"zarr array {self._location()}: shards={tuple(shards)} are not a whole "
+                    f"number of chunks={chunks} on every axis (damaged metadata)"
+                )
+        return ArrayMeta(
+            shape=shape,
+            dtype=handle.dtype,
+            chunks=chunks,
+            shards=None if shards is None else tuple(shards),
+        )
+
+
+def check_chunk_grid(
+    shape: tuple[int, ...], chunks: tuple[int, ...], itemsize: int, where: str, name: str = "chunks"
+) -> None:
+    """Refuse metadata whose chunk grid cannot be read: clear ``ValueError``, early.
+
+    Parameters
+    ----------
+    shape, chunks
+        The array's shape and chunk (or shard) shape from its metadata.
+    itemsize
+        Bytes per element (``0``: do not check the bytes of one chunk).
+    where
+        How the message names the array.
+    name
+        What ``chunks`` is called in the message (``"chunks"``, ``"shards"``).
+
+    Raises
+    ------
+    ValueError
+        When an extent is not an int, is negative (``shape``) or below 1 (``chunks``),
+        when an extent or one chunk's bytes pass ``2**63 - 1`` (NumPy cannot index it), or
+        when ``chunks`` has not one entry per axis.
+    """
+    if len(chunks) != len(shape):
+        raise ValueError(
+            f"zarr array {where}: {name}={chunks} has {len(chunks)} axes but shape={shape} "
+            f"has {len(shape)} (damaged metadata)"
+        )
+    for label, values, low in (("shape", shape, 0), (name, chunks, 1)):
+        for v in values:
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+                raise ValueError(f"zarr array {where}: {label}={values} must hold ints")
+            if not low <= int(v) <= _MAX_EXTENT:
+                raise ValueError(
+                    f"zarr array {where}: {label}={values} must hold ints from {low} to "
+                    f"2**63 - 1 (damaged metadata?)"
+                )
+    if itemsize and math.prod(chunks) * itemsize > _MAX_EXTENT:
+        raise ValueError(
+            f"zarr array {where}: one chunk of {name}={chunks} would hold "
+            f"{math.prod(chunks) * itemsize:,} bytes, more than NumPy can address"
+        )
+
+
+def _secrets(args: dict[str, Any]) -> list[Any]:
+    """What error messages mask: ``storage_options`` (first), a URL's query and its values."""
+    path = args.get("path")
+    query = urllib.parse.urlsplit(path).query if isinstance(path, str) else ""
+    values = [v for _, v in urllib.parse.parse_qsl(query, keep_blank_values=True)]
+    return [args.get("storage_options"), *([query] if query else []), *values]
+
+
+def _query_as_params(path: Any, options: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """An HTTP(S) URL with a query string as the URL without it, the query sent as ``params``.
+
+    zarr appends each key to the store's URL, which would put ``/zarr.json`` inside the
+    query of a presigned ``https://host/a.zarr?token=...``. fsspec's HTTP file system sends
+    its ``params`` option (the query's decoded pairs, which aiohttp encodes again) with every
+    request instead, so each key goes into the path and the query stays at the end, where
+    the server reads it: the same names and values, in the same order, though a character
+    the URL escaped needlessly (``%2F``) may travel unescaped.
+    Other paths, and URLs without a query, are returned as they are.
+
+    Raises
+    ------
+    ValueError
+        When ``storage_options`` has ``params`` too (the URL is named without its query).
+    """
+    if not isinstance(path, str):
+        return path, options
+    parts = urllib.parse.urlsplit(path)
+    if parts.scheme.lower() not in ("http", "https") or not parts.query:
+        return path, options
+    if "params" in options:
+        raise ValueError(
+            f"path={display_path(path)!r} has a query string and storage_options has "
+            "params= as well: give the query once, in the URL or in params"
+        )
+    params = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
+    return urllib.parse.urlunsplit(parts._replace(query="")), {**options, "params": params}
+
+
+def _open_redacted(
+    zarr: Any, path: Any, component: str, kwargs: dict[str, Any], secrets: Any
+) -> Any:
+    """``zarr.open``, its warnings re-emitted without credentials (they carry the store URL)."""
+    caught: list[warnings.WarningMessage] = []
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            return zarr.open(store=path, path=component, **kwargs)
+    finally:  # outside catch_warnings: under the caller's filters, not recorded again
+        for w in caught:
+            message = redact_text(str(w.message), secrets)
+            warnings.warn_explicit(message, w.category, w.filename, w.lineno)
+
+
+def bad_metadata_file(root: str, component: str) -> str | None:
+    """The first local zarr metadata file on the way to ``component`` that is not a JSON object.
+
+    Files were checked by :func:`check_local_metadata` (regular, within the limit) first.
+    """
+    parts = [p for p in component.split("/") if p]
+    for depth in range(len(parts) + 1):
+        for name in _METADATA_FILES:
+            path = os.path.join(root, *parts[:depth], name)
+            try:
+                with open(path, "rb") as f:
+                    doc = json.loads(f.read().decode("utf-8"))
+            except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+                continue
+            except (ValueError, RecursionError):  # JSON, UTF-8 or nesting
+                return path
+            if not isinstance(doc, dict):
+                return path
+    return None
+
+
+def _local_root(path: Any) -> str | None:
+    """The local directory of a store path (a local path or a ``LocalStore``), else ``None``."""
+    if isinstance(path, str):
+        if "://" in path:
+            return path.removeprefix("file://") if path.startswith("file://") else None
+        return path
+    root = getattr(path, "root", None)
+    zarr = sys.modules.get("zarr")
+    if zarr is not None and isinstance(path, zarr.storage.LocalStore) and root is not None:
+        return os.fspath(root)
+    return None
+
+
+def check_local_metadata(root: str, component: str) -> None:
+    """Refuse local zarr metadata files that are not regular files or are too large.
+
+    Every metadata file zarr may read on the way from ``root`` to ``component`` is checked
+    by ``stat`` before zarr opens it: a FIFO would block zarr's read for ever and
+    ``/dev/zero`` never ends (:class:`~mixle.SpecialFileError`); a file larger than
+    :data:`ZARR_METADATA_LIMIT` raises ``ValueError`` naming it.
+    """
+    if not os.path.isdir(root):
+        return  # a zip file or another kind of store: zarr opens it
+    parts = [p for p in component.split("/") if p]
+    for depth in range(len(parts) + 1):
+        folder = os.path.join(root, *parts[:depth])
+        for name in _METADATA_FILES:
+            path = os.path.join(folder, name)
+            try:
+                info = os.stat(path)
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            if not stat.S_ISREG(info.st_mode):
+                require_regular_file(path, "zarr metadata file")  # raises SpecialFileError
+            if info.st_size > ZARR_METADATA_LIMIT:
+                raise ValueError(
+                    f"zarr metadata file {path!r} has {info.st_size:,} bytes, more than the "
+                    f"{ZARR_METADATA_LIMIT:,} mixle lets zarr parse (ZARR_METADATA_LIMIT): it "
+                    "is not zarr metadata"
+                )
+
+
+def _zarr_args(path: Any, component: str | None, storage_options: Any) -> dict[str, Any]:
+    if isinstance(path, os.PathLike):
+        path = os.fspath(path)
+    if path is None or isinstance(path, (bytes, int, float)):
+        raise TypeError(f"path={path!r} must be a local path, an fsspec URL or a zarr store")
+    if component is not None and not isinstance(component, str):
+        raise TypeError(f"component={component!r} must be a str (a path inside the store)")
+    if storage_options is not None and not isinstance(storage_options, dict):
+        raise TypeError("storage_options must be a dict of fsspec options or None")
+    if storage_options and not (isinstance(path, str) and "://" in path):
+        raise ValueError(
+            "storage_options only apply to fsspec URLs (such as s3://bucket/x.zarr); "
+            f"path={display_path(path)!r} is not one"
+        )
+    component = component.strip("/") if component else None
+    return {"path": path, "component": component, "storage_options": storage_options}

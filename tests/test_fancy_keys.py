@@ -22,7 +22,8 @@ from hypothesis import strategies as st
 import mixle
 from mixle.data.sources.arrays.adopt import ArrayLikeSource
 from mixle.data.sources.arrays.base import ArraySource
-from mixle.data.sources.indexing import RowsKey, parse_key, plan_key, read_extent
+from mixle.data.sources.indexing import RowsKey, parse_key
+from mixle.data.sources.key_plan import plan_key, read_extent
 from mixle.reading.cache import chunk_cache
 from mixle.testing import check_array_source
 

@@ -25,9 +25,8 @@ from mixle.data.sources.indexing import (
     RowsKey,
     consecutive_runs,
     parse_key,
-    plan_key,
-    read_extent,
 )
+from mixle.data.sources.key_plan import plan_key, read_extent
 from mixle.data.sources.lifetime import SourceLifetime
 from mixle.data.spec import ArraySpec
 from mixle.data.structure import SampleStructure, parse_structure

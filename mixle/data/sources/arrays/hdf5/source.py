@@ -28,7 +28,7 @@ from mixle.data.sources.arrays.hdf5.chunks import (
 )
 from mixle.data.sources.arrays.hdf5.remote import RemoteHDF5ChunkReader, open_remote_file
 from mixle.data.sources.arrays.memmap.check import check_mapped_file
-from mixle.data.sources.indexing import plan_key, read_extent
+from mixle.data.sources.key_plan import plan_key, read_extent
 from mixle.data.structure import EXCHANGEABLE, SampleStructure
 from mixle.errors import ArrayNotFoundError, NotAnArrayError
 from mixle.reading import read_strided

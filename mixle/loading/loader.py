@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -12,10 +11,18 @@ from numpy.typing import NDArray
 from mixle.data.index_math.hashing import parse_seed
 from mixle.data.index_math.sharding import SHARD_LAYOUTS, DropLast, ShardLayout
 from mixle.data.sources.protocols import SupportsBatchRead
-from mixle.data.spec import ArraySpec, SpecTree, batch_spec, spec_of
-from mixle.data.structure import SampleStructure
+from mixle.data.spec import SpecTree, spec_of
 from mixle.loading.adapters import adapt
+from mixle.loading.arguments import (
+    DEFAULT_NUM_THREADS,
+    PREFETCH_PER_THREAD,
+    check_source,
+    parse_callable,
+    parse_count,
+    parse_threads,
+)
 from mixle.loading.batching import attach_mask, stack_records, unstack_batch
+from mixle.loading.element_spec import spec_from_metadata, widen_leading
 from mixle.loading.plan import INDEX_WINDOW_ROWS, BatchPlan, batch_plans, record_rng, window
 from mixle.loading.prefetch import StopSignal, ordered_map
 from mixle.loading.runs import ActiveRun
@@ -38,24 +45,6 @@ __all__ = [
     "Loader",
     "record_rng",
 ]
-
-#: Reader threads when ``num_threads`` is not given (fewer on machines with fewer cores).
-DEFAULT_NUM_THREADS = 4
-#: Batches prefetched per reader thread when ``prefetch`` is not given.
-PREFETCH_PER_THREAD = 2
-
-
-def _positive(value: object, name: str, minimum: int) -> int:
-    out = parse_int(value, name)
-    if out < minimum:
-        raise ValueError(f"{name}={out} must be an int >= {minimum}")
-    return out
-
-
-def _optional_callable(fn: object, name: str) -> Callable[..., Any] | None:
-    if fn is not None and not callable(fn):
-        raise TypeError(f"{name}={fn!r} must be a callable or None")
-    return fn  # type: ignore[return-value]
 
 
 class Loader(ActiveRun):
@@ -151,19 +140,7 @@ class Loader(ActiveRun):
         num_threads: int | None = None,
         prefetch: int | None = None,
     ) -> None:
-        if not (hasattr(source, "__len__") and hasattr(source, "__getitem__")):
-            raise TypeError(
-                f"source={type(source).__name__} must be map-style: a mixle source or "
-                "sampler, or any object with __len__ and __getitem__(int)"
-            )
-        if not isinstance(shuffle, bool):
-            raise TypeError(f"shuffle={shuffle!r} must be True or False")
-        structure = getattr(source, "structure", None)
-        if shuffle and isinstance(structure, SampleStructure) and not structure.shuffleable:
-            raise ValueError(
-                f"shuffle=True, but the source's records are {structure!r} and may not be "
-                "reordered; use shuffle=False"
-            )
+        check_source(source, shuffle)
         self._source = source
         parse_choice(shard_layout, "shard_layout", SHARD_LAYOUTS)
         self._layout = ShardLayout(
@@ -176,15 +153,10 @@ class Loader(ActiveRun):
         )
         self._shuffle = shuffle
         self._seed = parse_seed(seed)
-        self._num_epochs = None if num_epochs is None else _positive(num_epochs, "num_epochs", 1)
-        self._transform = _optional_callable(transform, "transform")
-        self._record_transform = _optional_callable(record_transform, "record_transform")
-        if num_threads is None:
-            num_threads = min(DEFAULT_NUM_THREADS, os.cpu_count() or 1)
-        self._num_threads = _positive(num_threads, "num_threads", 0)
-        if prefetch is None:
-            prefetch = PREFETCH_PER_THREAD * max(1, self._num_threads)
-        self._prefetch = _positive(prefetch, "prefetch", 1)
+        self._num_epochs = None if num_epochs is None else parse_count(num_epochs, "num_epochs", 1)
+        self._transform = parse_callable(transform, "transform")
+        self._record_transform = parse_callable(record_transform, "record_transform")
+        self._num_threads, self._prefetch = parse_threads(num_threads, prefetch)
         self._batched = isinstance(source, SupportsBatchRead)
         self._spec: SpecTree | None = None
         self._epoch = 0
@@ -337,24 +309,15 @@ class Loader(ActiveRun):
         ``drop_last=False`` the last batch of an epoch may be shorter.
         """
         if self._spec is None:
-            self._spec = self._spec_from_metadata() or self._spec_from_batch()
+            transformed = self._transform is not None or self._record_transform is not None
+            padded = self._layout.drop_last == "pad"
+            self._spec = (
+                spec_from_metadata(
+                    self._source, self.batch_size, transformed=transformed, padded=padded
+                )
+                or self._spec_from_batch()
+            )
         return self._spec
-
-    def _spec_from_metadata(self) -> SpecTree | None:
-        report = getattr(self._source, "element_spec", None)
-        if (
-            self._transform is not None
-            or self._record_transform is not None
-            or not callable(report)
-        ):
-            return None
-        try:
-            spec = batch_spec(report(), self.batch_size)
-        except TypeError:
-            return None
-        if self._layout.drop_last == "pad":
-            spec = attach_mask(spec, ArraySpec((self.batch_size,), np.dtype(np.bool_)))
-        return spec
 
     def _spec_from_batch(self) -> SpecTree:
         if self._layout.num_batches == 0:
@@ -362,7 +325,7 @@ class Loader(ActiveRun):
         indices, mask = self._window(0, 0, 1)
         rows = indices.size
         spec = spec_of(self._read(BatchPlan(0, 0, indices, mask)))
-        return _with_leading(spec, rows, self.batch_size)
+        return widen_leading(spec, rows, self.batch_size)
 
     # -- resume -------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -412,14 +375,3 @@ class Loader(ActiveRun):
         nb = lay.num_batches
         self.close()
         self._epoch, self._batch = (epoch + 1, 0) if batch == nb and nb else (epoch, batch)
-
-
-def _with_leading(spec: SpecTree, rows: int, batch_size: int) -> SpecTree:
-    """``spec`` with leading axes of length ``rows`` widened to ``batch_size``."""
-    if isinstance(spec, dict):
-        return {key: _with_leading(item, rows, batch_size) for key, item in spec.items()}
-    if isinstance(spec, (tuple, list)):
-        return type(spec)(_with_leading(item, rows, batch_size) for item in spec)
-    if spec.shape and spec.shape[0] == rows:
-        return ArraySpec((batch_size, *spec.shape[1:]), spec.dtype)
-    return spec

@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 
 import mixle
-from mixle.data.sources.records import sql_connect
-from mixle.data.sources.records.sql_connect import UncheckpointedWALError, sqlite_read_uri
+from mixle.data.sources.records import sqlite_backend as sql_connect
+from mixle.data.sources.records.sqlite_backend import UncheckpointedWALError, sqlite_read_uri
 from mixle.errors import FileChangedError
 
 ROWS = [(i, f"name {i}", i / 4) for i in range(40)]

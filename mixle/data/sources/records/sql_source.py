@@ -20,10 +20,10 @@ from mixle.data.sources.records.columns import (
     parse_dtypes,
     values_to_array,
 )
+from mixle.data.sources.records.sql_backend import SQLBackend
 from mixle.data.sources.records.sql_connect import (
     ConnectionLike,
     Params,
-    SQLBackend,
     connection_args,
     open_backend,
     show_connection,

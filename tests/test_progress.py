@@ -21,8 +21,8 @@ from _encoded_helpers import shard_sum
 
 import mixle
 from mixle.data.sampling import stitch as stitch_module
-from mixle.data.sampling import weighted
-from mixle.data.sources.records import row_index
+from mixle.data.sampling import weight_index as weighted
+from mixle.data.sources.records import row_scan
 from mixle.utils import progress
 from mixle.utils.parallel.multiprocessing import MPEncodedData
 from mixle.utils.progress import PROGRESS_DELAY_S, progress_bar, progress_setting
@@ -237,7 +237,7 @@ def test_row_index_bar_counts_every_byte_of_the_file(
     path = _csv(tmp_path / "rows.csv", bom=bom)
     size = path.stat().st_size
     assert size < 1000  # shown unscaled, so the text holds the exact count
-    monkeypatch.setattr(row_index, "INDEX_BLOCK_BYTES", 64)  # many coarse steps
+    monkeypatch.setattr(row_scan, "INDEX_BLOCK_BYTES", 64)  # many coarse steps
     quiet = mixle.read_csv(path, progress=False)
     want = quiet.get_batch(np.arange(len(quiet)))
     assert capsys.readouterr().err == ""

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mixle import PatchSampler
-from mixle.data.sampling import weighted
+from mixle.data.sampling import weight_index as weighted
 from mixle.data.sources.arrays.adopt import ArrayLikeSource
 
 

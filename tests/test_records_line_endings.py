@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import mixle
-from mixle.data.sources.records import row_index
+from mixle.data.sources.records import row_scan
 from mixle.errors import MalformedRowError
 
 ENDS = ["\n", "\r\n", "\r"]
@@ -93,7 +93,7 @@ def test_csv_rows_end_where_the_csv_module_ends_them(tmp_path: Path, case, block
         assume(False)
     assert truth[0] == [f"c{k}" for k in range(width)]
     want = truth[1:]
-    with mock.patch.object(row_index, "INDEX_BLOCK_BYTES", block):
+    with mock.patch.object(row_scan, "INDEX_BLOCK_BYTES", block):
         src = _open(path, width)
         assert [list(r.values()) for r in src.records()] == want
         assert len(src) == len(want)
@@ -165,7 +165,7 @@ def test_jsonl_rows_end_at_newlines_with_crlf_allowed(tmp_path: Path, lines, las
     path.write_bytes(text.encode())
     want = [json.loads(line)["v"] for line in text.split("\n") if line.strip()]
     assume(want)
-    with mock.patch.object(row_index, "INDEX_BLOCK_BYTES", block):
+    with mock.patch.object(row_scan, "INDEX_BLOCK_BYTES", block):
         src = mixle.read_jsonl(path)
         assert len(src) == len(want)
         assert [int(src[i]["v"]) for i in range(len(want))] == want

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import mixle
-from mixle.data.sources.records import row_index
+from mixle.data.sources.records import row_scan
 from mixle.data.sources.records.row_index import cache_dir
 from mixle.testing import assert_unchanged, check_record_source
 
@@ -286,7 +286,7 @@ def test_row_index_reads_literal_quotes_like_the_csv_module(tmp_path, rows, crlf
     path = Path(tempfile.mkdtemp(dir=tmp_path)) / "quotes.csv"
     path.write_bytes(text.encode())
     want = [row for row in csv.reader(io.StringIO(text, newline=""), strict=True) if row]
-    with mock.patch.object(row_index, "INDEX_BLOCK_BYTES", block):
+    with mock.patch.object(row_scan, "INDEX_BLOCK_BYTES", block):
         src = mixle.read_csv(path, header=False, dtypes={"0": str, "1": str}, na_values=())
         assert len(src) == len(want)
         got = src.get_batch(np.arange(len(want)))
@@ -313,7 +313,7 @@ def test_jsonl_whitespace_lines_are_blank_for_the_index_too(tmp_path, lines, blo
     want = [json.loads(line)["v"] for line in lines if line.strip()]
     if not want:
         return
-    with mock.patch.object(row_index, "INDEX_BLOCK_BYTES", block):
+    with mock.patch.object(row_scan, "INDEX_BLOCK_BYTES", block):
         src = mixle.read_jsonl(path)
         assert len(src) == len(want)
         assert src.get_batch(np.arange(len(want)))["v"].tolist() == want

@@ -43,7 +43,8 @@ from mixle.data.sources.arrays.memmap.check import (
 from mixle.data.sources.indexing import consecutive_runs
 from mixle.data.sources.records.base import Batch, RecordSource, TableMeta
 from mixle.data.sources.records.columns import LineOf
-from mixle.data.sources.records.row_index import RowIndex, line_number, load_row_index
+from mixle.data.sources.records.row_index import RowIndex, load_row_index
+from mixle.data.sources.records.row_scan import line_number
 from mixle.errors import MalformedRowError
 from mixle.utils.files import open_regular_file
 from mixle.utils.progress import parse_progress

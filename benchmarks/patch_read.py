@@ -261,7 +261,8 @@ def chunks_per_patch(size: int, count: int) -> float:
 def zarr_reader_rates(folder: Path) -> tuple[float, float]:
     """Chunks/s through numcodecs directly vs through zarr's codec pipeline (one thread)."""
     import mixle
-    from mixle.data.sources.arrays.zarr.chunks import ZarrCodecReader, ZarrPipelineReader
+    from mixle.data.sources.arrays.zarr.chunks import ZarrCodecReader
+    from mixle.data.sources.arrays.zarr.pipeline import ZarrPipelineReader
 
     src = mixle.read_zarr(folder / "v.zarr")
     direct = src._reader_for(src.array)  # what mixle picks for this array

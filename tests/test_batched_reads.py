@@ -18,7 +18,8 @@ from zarr.codecs import BloscCodec, GzipCodec, ZstdCodec
 
 import mixle
 from mixle.data.sources.arrays.hdf5.chunks import HDF5ChunkReader
-from mixle.data.sources.arrays.zarr.chunks import ZarrCodecReader, ZarrPipelineReader
+from mixle.data.sources.arrays.zarr.chunks import ZarrCodecReader
+from mixle.data.sources.arrays.zarr.pipeline import ZarrPipelineReader
 from mixle.data.sources.arrays.zarr.shards import ShardedZarrReader
 from mixle.reading import chunk_cache
 from mixle.testing import assert_unchanged

@@ -32,7 +32,7 @@ from zarr.codecs import (
 )
 
 import mixle
-from mixle.data.sources.arrays.zarr.chunks import checked_store
+from mixle.data.sources.arrays.zarr.stores import checked_store
 from mixle.reading import (
     CorruptChunkError,
     RangeMismatchError,

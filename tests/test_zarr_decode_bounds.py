@@ -32,7 +32,7 @@ from zarr.codecs import numcodecs as zarr_numcodecs
 from zarr.core.dtype import VariableLengthBytes
 
 import mixle
-from mixle.data.sources.arrays.zarr.chunks import zarr_chunk_reader
+from mixle.data.sources.arrays.zarr.readers import zarr_chunk_reader
 from mixle.reading import CorruptChunkError
 from mixle.testing_servers import RangeHTTPServer
 

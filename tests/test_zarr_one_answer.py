@@ -27,7 +27,7 @@ from zarr.codecs import BloscCodec, Crc32cCodec, GzipCodec, TransposeCodec, Zstd
 from zarr.codecs import numcodecs as zarr_numcodecs
 
 import mixle
-from mixle.data.sources.arrays.zarr.chunks import zarr_chunk_reader
+from mixle.data.sources.arrays.zarr.readers import zarr_chunk_reader
 from mixle.data.sources.indexing import parse_key
 from mixle.data.sources.key_plan import plan_key, read_extent
 from mixle.reading import CorruptChunkError, chunk_cache

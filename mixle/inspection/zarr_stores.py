@@ -245,7 +245,7 @@ def _zarr_array(
     secrets: Any,
     found: list[LayoutFinding],
 ) -> ArrayReport:
-    from mixle.data.sources.arrays.zarr.chunks import codec_chain
+    from mixle.data.sources.arrays.zarr.readers import codec_chain
 
     meta = array.metadata
     dtype = np.dtype(array.dtype) if isinstance(array.dtype, np.dtype) else None
@@ -441,7 +441,7 @@ def _zarr_object_sizes(
     """
     from zarr.storage import FsspecStore, LocalStore
 
-    from mixle.data.sources.arrays.zarr.chunks import local_chunk_dir
+    from mixle.data.sources.arrays.zarr.local_files import local_chunk_dir
 
     parse = _key_parser(array.metadata, len(grid))
     store = array.store

@@ -1,6 +1,6 @@
 """Bounds on zarr's own codec pipeline, for the layouts mixle leaves to it.
 
-:class:`~mixle.data.sources.arrays.zarr.chunks.ZarrPipelineReader` hands a chunk to zarr-python
+:class:`~mixle.data.sources.arrays.zarr.pipeline.ZarrPipelineReader` hands a chunk to zarr-python
 when mixle has no bounded decoder for its codecs: a codec mixle does not know (a numcodecs
 array-to-bytes codec such as ``pcodec`` or ``zfpy``, an array-to-array codec whose dtypes
 do not match), a shard behind other codecs (``transpose`` then ``sharding_indexed``), a
@@ -37,7 +37,10 @@ from mixle.data.sources.arrays.zarr.codecs import COMPRESSED_SLACK_BYTES, UNKNOW
 from mixle.data.sources.arrays.zarr.vlen import vlen_stage_limit
 from mixle.reading import CorruptChunkError
 
-__all__ = ["check_region", "pipeline_stored_limit", "refuse_oversized"]
+__all__ = ["ZARR_METADATA_LIMIT", "check_region", "pipeline_stored_limit", "refuse_oversized"]
+
+#: Bytes of one zarr metadata document mixle lets zarr fetch and parse.
+ZARR_METADATA_LIMIT = 16 * 1024 * 1024
 
 #: Bytes of one shard index entry (offset and length, ``uint64`` each).
 _INDEX_ENTRY_BYTES = 16

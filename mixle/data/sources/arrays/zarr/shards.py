@@ -7,7 +7,7 @@ for every inner chunk and each inner chunk in its own request; :class:`ShardedZa
 keeps parsed indices (:data:`SHARD_INDEX_CACHE_ENTRIES` of them) and, for a batch, merges
 the byte ranges of the inner chunks it needs from one shard into one or a few requests
 (:func:`~mixle.reading.fetch.coalesce_ranges`). Every range answer is checked before its
-bytes are cut into chunks (:class:`~mixle.data.sources.arrays.zarr.chunks.CheckedRangeStore`,
+bytes are cut into chunks (:class:`~mixle.data.sources.arrays.zarr.stores.CheckedRangeStore`,
 also importable from here): a shifted ``Content-Range``, a short body or an error page
 served as data is retried, then raised, never decoded.
 """
@@ -23,15 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from mixle.data.sources.arrays.zarr.chunks import (
-    CheckedRangeStore,
-    Decoder,
-    StoreGetter,
-    decode_checked,
-    fill_chunk,
-    plain_dtype,
-    v3_decoder,
-)
+from mixle.data.sources.arrays.zarr.chunks import Decoder, decode_checked, fill_chunk, plain_dtype
+from mixle.data.sources.arrays.zarr.codecs import v3_decoder
+from mixle.data.sources.arrays.zarr.stores import CheckedRangeStore, StoreGetter
 from mixle.data.sources.arrays.zarr.vlen import v3_vlen_decoder
 from mixle.reading import CorruptChunkError, new_token
 from mixle.reading.fetch import coalesce_ranges

@@ -15,7 +15,8 @@ import numpy as np
 
 from mixle.data.schema import Schema
 from mixle.data.sources.arrays.base import ArrayMeta, ArraySource, listing
-from mixle.data.sources.arrays.zarr.chunks import ZARR_METADATA_LIMIT, zarr_chunk_reader
+from mixle.data.sources.arrays.zarr.limits import ZARR_METADATA_LIMIT
+from mixle.data.sources.arrays.zarr.readers import zarr_chunk_reader
 from mixle.data.structure import EXCHANGEABLE, SampleStructure
 from mixle.errors import ArrayNotFoundError, NotAnArrayError
 from mixle.reading.faults import retry_call

@@ -1,0 +1,152 @@
+"""Local files of a zarr store, checked before they are read: stored chunks and shards.
+
+zarr reads a directory where a chunk's file should be as a chunk never written, and a FIFO
+or a device as if it were data. The functions here refuse those (and objects larger than a
+stored chunk can be) by ``stat`` or on the opened descriptor, before anything is read.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from typing import Any
+
+from mixle.errors import SpecialFileError
+from mixle.reading import CorruptChunkError
+from mixle.utils.files import open_regular_file, require_regular_file
+
+__all__ = [
+    "ByteRange",
+    "directory_message",
+    "local_chunk_dir",
+    "local_dir",
+    "read_local_object",
+    "refuse_special",
+]
+
+#: A byte range request: ``None`` (whole object), ``(start, end)`` or ``(-n, None)`` (suffix).
+ByteRange = tuple[int, int | None] | None
+
+
+def refuse_special(base: str, key: str, where: str, coords: tuple[int, ...]) -> None:
+    """Refuse stored key ``key`` under ``base`` unless it is a regular file or missing.
+
+    zarr reads a directory where a chunk's file should be as a chunk never written (the
+    fill value): mixle raises :class:`CorruptChunkError` for it, on every read path. A
+    FIFO, device or socket (which would block a read or never end) raises
+    :class:`~mixle.SpecialFileError`, found by ``stat`` before anything is read.
+    """
+    path = os.path.join(base, *key.split("/"))
+    try:
+        info = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    if stat.S_ISDIR(info.st_mode):
+        raise CorruptChunkError(directory_message(key, where, coords, path))
+    require_regular_file(path, f"chunk {key!r} of zarr array {where}: file")
+
+
+def read_local_object(
+    path: str, what: str, limit: int, byte_range: ByteRange = None
+) -> bytes | None:
+    """The bytes of a local stored object (``None`` when it does not exist), at most ``limit``.
+
+    Parameters
+    ----------
+    path
+        The object's file.
+    what
+        How messages name it (array, key).
+    limit
+        The most bytes it may have (a whole object) or a range may ask.
+    byte_range
+        ``None`` (the whole object), ``(start, end)`` or ``(-n, None)`` (the last ``n``
+        bytes); a range past the end of the file returns what the file holds.
+
+    Raises
+    ------
+    SpecialFileError
+        When the path is a FIFO, device or socket (checked on the opened descriptor).
+    CorruptChunkError
+        When the object (or the range asked) is larger than ``limit`` bytes, or the path is
+        a directory.
+    """
+    try:
+        if byte_range is None:
+            with open_regular_file(path, what) as file:
+                size = os.fstat(file.fileno()).st_size
+                if size > limit:  # refused unread
+                    raise ValueError(
+                        f"{what} {path!r} has {size:,} bytes, more than the {limit:,} a stored "
+                        "chunk of this array can have"
+                    )
+                data = file.read(size + 1)  # one buffer of the file's size (a cap of it, too)
+            if len(data) > limit:
+                raise ValueError(f"{what} {path!r} grew past {limit:,} bytes while read")
+            return data
+        start, end = byte_range
+        length = -start if end is None else end - start
+        if length > limit:
+            raise ValueError(
+                f"{what} {path!r}: a read of {length} bytes asked, more than {limit:,}"
+            )
+        with open_regular_file(path, what) as file:
+            size = os.fstat(file.fileno()).st_size
+            first = max(size + start, 0) if end is None else min(start, size)
+            file.seek(first)
+            return file.read(size - first if end is None else max(min(end, size) - first, 0))
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except SpecialFileError:
+        if os.path.isdir(path):
+            raise CorruptChunkError(
+                f"{what} {path!r} is a directory, not a stored chunk or shard"
+            ) from None
+        raise
+    except ValueError as exc:
+        raise CorruptChunkError(str(exc)) from None
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:  # a socket cannot be opened: say what it is
+            require_regular_file(path, what)
+        raise
+
+
+def directory_message(key: str, where: str, coords: tuple[int, ...], path: str) -> str:
+    return (
+        f"chunk {key!r} of zarr array {where} (chunk grid coordinates {coords}) cannot be "
+        f"read: {path!r} is a directory, not a stored chunk (a chunk never written has no file)"
+    )
+
+
+def local_dir(array: Any) -> str | None:
+    """The local directory holding ``array``'s stored objects, or ``None`` for other stores.
+
+    Covers ``LocalStore`` and fsspec's local filesystem (``file://`` URLs).
+    """
+    from zarr.storage import FsspecStore, LocalStore
+
+    store = array.store
+    if isinstance(store, LocalStore):
+        return local_chunk_dir(array)
+    if isinstance(store, FsspecStore):
+        protocol = store.fs.protocol
+        if set((protocol,) if isinstance(protocol, str) else protocol) & {"file", "local"}:
+            return os.path.join(store.path, *filter(None, array.path.split("/")))
+    return None
+
+
+def local_chunk_dir(array: Any) -> str:
+    """The directory of ``array``'s chunk files in its ``LocalStore``.
+
+    Parameters
+    ----------
+    array
+        A zarr array whose store is a ``zarr.storage.LocalStore``.
+
+    Returns
+    -------
+    str
+        The store's root joined with the array's path inside the store.
+    """
+    return os.path.join(os.fspath(array.store.root), *filter(None, array.path.split("/")))

@@ -3,21 +3,35 @@
 Each shard is a task pinned to one Dask worker that reads and encodes it there; the
 resulting future stays held, so the shard stays in that worker's memory. ``map`` submits
 ``fn(shard, *args)`` pinned to the same worker, so it runs where the shard lives.
+
+Chunk cache: the Dask worker processes on one host share one job's default budget, as
+``MPEncodedData`` workers do (:func:`~mixle.reading.cache.share_default_chunk_cache` with
+the number of Dask workers on that host), unless the driver's user set a budget
+(``set_chunk_cache_bytes``), which each worker then keeps. Workers running inside the
+driver's own process (``processes=False``) are left alone.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import socket
 import time
 import traceback
 import uuid
 import weakref
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
 from mixle.data.index_math.sharding import parse_count, plan_shards
 from mixle.errors import WorkerDiedError, WorkerError, WorkerTimeoutError
+from mixle.reading.cache import (
+    set_chunk_cache_bytes,
+    share_default_chunk_cache,
+    user_chunk_cache_bytes,
+)
 from mixle.utils.optional_deps import require
 from mixle.utils.parallel.base import EncodedData, ReadIn, parse_read_in, parse_timeout
 from mixle.utils.parallel.encoding import (
@@ -39,8 +53,31 @@ POLL_INTERVAL_S = 0.2
 KILL_GRACE_S = 0.5
 
 
-def _build_remote(data: Any, pieces: Any, encoder: Any, batched: bool, raw: Any) -> Any:
+#: ``(num_workers_on_host, driver_budget, driver)``: the chunk-cache rule a shard's build applies.
+CacheRule = tuple[int, int | None, tuple[str, int]]
+
+
+def _driver() -> tuple[str, int]:
+    """This process's ``(host name, pid)``: a build running in it is not a worker's."""
+    return socket.gethostname(), os.getpid()
+
+
+def _build_remote(
+    data: Any, pieces: Any, encoder: Any, batched: bool, raw: Any, cache: CacheRule
+) -> Any:
+    workers, budget, driver = cache
+    if _driver() != driver:  # a Dask worker process, not the driver's own (processes=False)
+        share_default_chunk_cache(workers)
+        if budget is not None:
+            set_chunk_cache_bytes(budget)
     return build_shard(data, pieces, encoder, batched, raw_pieces=raw)
+
+
+def _workers_per_host(workers: dict[str, Any]) -> dict[str, int]:
+    """Dask worker address -> how many Dask workers share its host (its ``host`` field)."""
+    hosts = {address: info.get("host", address) for address, info in workers.items()}
+    counts = Counter(hosts.values())
+    return {address: counts[host] for address, host in hosts.items()}
 
 
 def _call_remote(fn: Callable[..., Any], shard: Any, *args: Any) -> Any:
@@ -138,9 +175,11 @@ class DaskEncodedData(EncodedData):
         self._own = own
         self._finalizer = weakref.finalize(self, _release, client, self._shards, own)
         try:
-            addresses = sorted(client.scheduler_info(n_workers=-1)["workers"])
+            workers = client.scheduler_info(n_workers=-1)["workers"]
+            addresses = sorted(workers)
             if not addresses:
                 raise ValueError(f"client={client!r} has no workers; start some first")
+            self._sharing = _workers_per_host(workers)
             shards = len(addresses) if num_workers is None else num_workers
             self._plan = plan_shards(data, len(data), shards, chunks)
             self._homes = [addresses[w % len(addresses)] for w in range(shards)]
@@ -164,6 +203,7 @@ class DaskEncodedData(EncodedData):
         shards = self.num_workers
         driver = self._read_in == "driver"
         show = self._progress if driver else False  # a reading bar only when reading here
+        budget, here = user_chunk_cache_bytes(), _driver()
         with progress_bar(shards, "reading shards", "shard", enabled=show) as reading:
             for w, pieces in enumerate(self._plan.pieces):
                 home = self._homes[w]
@@ -174,10 +214,12 @@ class DaskEncodedData(EncodedData):
                     [raw] = self._client.scatter([raw], workers=[home])
                     args = (None, None, encoder, batched, raw)
                 self._bytes_sent += len(dumps_for_workers(args[:4], "data and encoder"))
+                cache: CacheRule = (self._sharing[home], budget, here)
                 self._shards.append(
                     self._client.submit(
                         _build_remote,
                         *args,
+                        cache,
                         key=f"mixle-shard-{w}-{token}",
                         workers=[home],
                         allow_other_workers=False,

@@ -1,0 +1,68 @@
+"""DaskEncodedData workers share one job's default chunk-cache budget per host; a set one wins."""
+
+from __future__ import annotations
+
+import multiprocessing
+from collections.abc import Iterator
+
+import pytest
+
+from mixle.reading import DEFAULT_CHUNK_CACHE_BYTES, MIN_WORKER_CHUNK_CACHE_BYTES
+from mixle.reading.cache import chunk_cache, set_chunk_cache_bytes
+
+distributed = pytest.importorskip("distributed", reason="needs mixle[dask]")
+from mixle.utils.parallel.dask_backend import QUIET_SCHEDULER, DaskEncodedData  # noqa: E402
+
+#: Hang guard for every call in this module; no test relies on it for timing.
+T = 60
+
+
+def budget(shard: object) -> int:
+    """The chunk-cache budget of the Dask worker process holding ``shard``."""
+    return chunk_cache().budget
+
+
+@pytest.fixture(params=[2, 4])
+def client(request) -> Iterator[distributed.Client]:
+    """``request.param`` single-threaded worker processes, all on 127.0.0.1 (one host)."""
+    cluster = distributed.LocalCluster(
+        n_workers=request.param,
+        threads_per_worker=1,
+        processes=True,
+        host="127.0.0.1",
+        dashboard_address=None,
+        scheduler_kwargs=QUIET_SCHEDULER,
+    )
+    dask_client = distributed.Client(cluster, set_as_default=False)
+    dask_client.wait_for_workers(request.param, timeout=T)
+    yield dask_client
+    dask_client.close()
+    cluster.close()
+    assert multiprocessing.active_children() == []
+
+
+def _worker_budgets(client: distributed.Client, read_in: str) -> list[int]:
+    workers = len(client.scheduler_info(n_workers=-1)["workers"])
+    data = list(range(3 * workers))
+    with DaskEncodedData(data, client=client, read_in=read_in, timeout=T) as enc:
+        assert enc.num_workers == workers and len(set(enc.homes)) == workers
+        return enc.map(budget, timeout=T)
+
+
+@pytest.mark.parametrize("read_in", ["workers", "driver"])
+def test_workers_on_one_host_share_the_default_budget(client, read_in):
+    workers = len(client.scheduler_info(n_workers=-1)["workers"])
+    share = max(MIN_WORKER_CHUNK_CACHE_BYTES, DEFAULT_CHUNK_CACHE_BYTES // workers)
+    driver = chunk_cache().budget
+    assert _worker_budgets(client, read_in) == [share] * workers
+    assert chunk_cache().budget == driver  # the driver keeps its own budget
+
+
+def test_a_budget_set_in_the_driver_is_every_workers_budget(client):
+    workers = len(client.scheduler_info(n_workers=-1)["workers"])
+    chosen = 48 * 1024 * 1024 + 4096
+    set_chunk_cache_bytes(chosen)
+    try:
+        assert _worker_budgets(client, "workers") == [chosen] * workers
+    finally:
+        set_chunk_cache_bytes(None)

@@ -24,8 +24,9 @@ from _remote_fixtures import write_stores
 
 import mixle
 from mixle.reading import RemoteReadError, chunk_cache, retry_policy, set_retry_policy
-from mixle.reading.faults import DEFAULT_REQUEST_TIMEOUT, RemoteTimeoutError
+from mixle.reading.faults import RemoteTimeoutError
 from mixle.reading.fetch import widen_connection_pool
+from mixle.reading.policy import DEFAULT_REQUEST_TIMEOUT
 from mixle.testing_servers import FaultPlan, RangeHTTPServer
 
 BIG = (64, 64, 64)  # 1 MiB of float32: more than one 512 KiB block of the remote HDF5 file

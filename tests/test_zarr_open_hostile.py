@@ -12,7 +12,7 @@ import pytest
 
 import mixle
 from mixle.reading import set_retry_policy
-from mixle.reading.faults import retry_policy
+from mixle.reading.policy import retry_policy
 from mixle.testing_servers import FaultPlan, RangeHTTPServer
 
 zarr = pytest.importorskip("zarr")

@@ -22,7 +22,7 @@ from mixle.inspection import (
     parse_patch,
 )
 from mixle.inspection.formatting import count_text, fill_text, shape_text, times_text
-from mixle.reading.faults import DEFAULT_BATCH_DEADLINE, DEFAULT_REQUEST_TIMEOUT, set_retry_policy
+from mixle.reading.policy import DEFAULT_BATCH_DEADLINE, DEFAULT_REQUEST_TIMEOUT, set_retry_policy
 from mixle.utils.redact import redact_text
 
 __all__ = ["parse_storage_option", "register", "render_report"]

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Generic, TypeVar
 
 from mixle.errors import ReadsStopped
-from mixle.reading.faults import stop_when
+from mixle.reading.stopping import stop_when
 
 __all__ = [
     "STOP_GRACE_S",

@@ -24,17 +24,19 @@ from mixle.reading.executor import (
     read_strided,
 )
 from mixle.reading.faults import (
-    DEFAULT_BATCH_DEADLINE,
-    DEFAULT_REQUEST_TIMEOUT,
     CorruptChunkError,
     RangeMismatchError,
     RemoteReadError,
     RemoteTimeoutError,
+)
+from mixle.reading.plan import ChunkPlan, order_by_offset, plan_chunks
+from mixle.reading.policy import (
+    DEFAULT_BATCH_DEADLINE,
+    DEFAULT_REQUEST_TIMEOUT,
     RetryPolicy,
     retry_policy,
     set_retry_policy,
 )
-from mixle.reading.plan import ChunkPlan, order_by_offset, plan_chunks
 from mixle.reading.pool import decode_threads, default_decode_threads, set_decode_threads
 
 __all__ = [

@@ -38,12 +38,10 @@ from mixle.reading.faults import (
     CorruptChunkError,
     RangeMismatchError,
     RemoteReadError,
-    batch_deadline,
-    keep_deadline,
     retry_async,
     retry_call,
-    retry_policy,
 )
+from mixle.reading.policy import batch_deadline, keep_deadline, retry_policy
 from mixle.utils.redact import redact_text
 
 __all__ = [

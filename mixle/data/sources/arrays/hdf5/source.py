@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import inspect
 import os
 from typing import Any
 
 import numpy as np
 
 from mixle.data.schema import Schema
-from mixle.data.sources.arrays.base import ArrayMeta, ArraySource, listing
+from mixle.data.sources.arrays.base import ArrayMeta, ArraySource
 from mixle.data.sources.arrays.hdf5.access import (
-    ACCESS,
     HDF5_CHUNK_CACHE_BYTES,
     HDF5_CHUNK_CACHE_SLOTS,
     PluginSizeCheck,
@@ -19,48 +17,32 @@ from mixle.data.sources.arrays.hdf5.access import (
     check_virtual,
     hdf5_args,
     is_url,
-    open_with_access,
 )
 from mixle.data.sources.arrays.hdf5.chunks import (
     HDF5ChunkReader,
     contiguous_memmap,
     require_filters,
 )
-from mixle.data.sources.arrays.hdf5.remote import RemoteHDF5ChunkReader, open_remote_file
+from mixle.data.sources.arrays.hdf5.opening import (
+    h5py_module,
+    is_file_like,
+    open_dataset,
+    open_remote_dataset,
+)
+from mixle.data.sources.arrays.hdf5.remote import RemoteHDF5ChunkReader
 from mixle.data.sources.arrays.memmap.check import check_mapped_file
 from mixle.data.sources.key_plan import plan_key, read_extent
 from mixle.data.structure import EXCHANGEABLE, SampleStructure
-from mixle.errors import ArrayNotFoundError, NotAnArrayError
 from mixle.reading import read_strided
-from mixle.reading.faults import RemoteReadError, retry_call
 from mixle.utils import optional_deps
 from mixle.utils.files import require_regular_file
-from mixle.utils.optional_deps import require
-from mixle.utils.redact import display_path, redact_text
+from mixle.utils.redact import display_path
 
 __all__ = [
     "HDF5_CHUNK_CACHE_BYTES",
     "HDF5_CHUNK_CACHE_SLOTS",
     "HDF5ArraySource",
-    "list_hdf5_datasets",
 ]
-
-
-def _h5py() -> Any:
-    return require("h5py", "hdf5", feature="HDF5ArraySource")
-
-
-def list_hdf5_datasets(group: Any) -> list[str]:
-    """Describe every dataset below an h5py group as ``"name shape dtype"`` strings."""
-    h5py = _h5py()
-    found: list[str] = []
-
-    def visit(name: str, node: Any) -> None:
-        if isinstance(node, h5py.Dataset):
-            found.append(f"{node.name} {node.shape} {node.dtype}")
-
-    group.visititems(visit)
-    return found
 
 
 class HDF5ArraySource(ArraySource):
@@ -154,7 +136,7 @@ class HDF5ArraySource(ArraySource):
         **h5py_options: Any,
     ) -> None:
         access = {"efile_prefix": efile_prefix, "virtual_prefix": virtual_prefix}
-        if _is_file_like(path):
+        if is_file_like(path):
             self._init_state(None, structure, schema)
             self._file_like = (path, hdf5_args("<file-like>", dataset, h5py_options, None, access))
             self._adopt(self._open_file_like())
@@ -206,7 +188,7 @@ class HDF5ArraySource(ArraySource):
 
     def _open(self) -> Any:
         assert self._args is not None
-        _h5py()  # a missing h5py is the first thing to say, before any file check
+        h5py_module()  # a missing h5py is the first thing to say, before any file check
         args = self._args
         path = args["path"]
         if is_url(path):
@@ -221,79 +203,13 @@ class HDF5ArraySource(ArraySource):
         return handle
 
     def _open_remote(self, url: str, args: dict[str, Any]) -> Any:
-        """Open the dataset of the HDF5 file at ``url``; no error carries a secret.
-
-        fsspec's and aiohttp's errors hold the URL (password, ``?token=``) and the request
-        headers: what is raised is redacted (:func:`_scrubbed`) and raised outside the
-        ``except`` block, so that neither ``__cause__`` nor ``__context__`` keeps them.
-        """
-        secrets = args.get("storage_options")
-        shown = display_path(url)
-
-        reached = [False]  # whether the object was found (its size known)
-
-        def attempt() -> Any:
-            # h5py reads the superblock and object headers through the remote file while
-            # opening: a transient failure there retries the whole open, file included
-            reached[0] = False
-            remote = open_remote_file(url, secrets)
-            reached[0] = True
-            try:
-                handle = self._open_in(remote[2], shown, args)
-            except BaseException:
-                remote[2].close()
-                raise
-            self._remote = remote
-            return handle
-
-        failure: BaseException
-        try:
-            return retry_call(attempt, url=shown, key="(file)", secrets=secrets)
-        except Exception as exc:
-            if isinstance(exc, FileNotFoundError) and not reached[0]:  # not an external file's
-                exc = FileNotFoundError(f"path={shown!r}: no such file")
-            failure = _scrubbed(exc, secrets)
-        raise failure  # out of the except block: nothing is chained to it
+        """Open the dataset of the HDF5 file at ``url``; no error carries a secret."""
+        self._remote, self._h5file, node = open_remote_dataset(url, args)
+        return node
 
     def _open_in(self, target: Any, path: str, args: dict[str, Any]) -> Any:
         """Open the dataset of ``args`` in the HDF5 file ``target`` (a path or a file object)."""
-        h5py = _h5py()
-        name, options = args["dataset"], args["options"]
-        try:
-            file = h5py.File(target, **options)
-        except RemoteReadError:
-            raise  # the bytes could not be fetched: nothing is known of the file's format
-        except OSError as exc:
-            raise OSError(f"path={path!r} could not be opened as an HDF5 file: {exc}") from exc
-        except TypeError as exc:
-            raise TypeError(
-                f"path={path!r}: h5py.File refused the options {_refused(h5py, options)} "
-                f"({exc}); "
-                f"dataset options are {', '.join(ACCESS)}, rdcc_nbytes, rdcc_nslots, rdcc_w0"
-            ) from None
-        try:
-            kind = file.get(name, getclass=True)
-            if kind is None:
-                raise ArrayNotFoundError(
-                    f"dataset={name!r} does not exist in {path!r}; "
-                    f"{listing(list_hdf5_datasets(file), 'datasets')}"
-                )
-            if kind is not h5py.Dataset:
-                inside = list_hdf5_datasets(file[name]) if kind is h5py.Group else []
-                raise NotAnArrayError(
-                    f"dataset={name!r} in {path!r} is a group, not a dataset; pass one of "
-                    f"its {listing(inside, 'datasets')}"
-                )
-            node = open_with_access(h5py, file, name, options, args.get("access", {}))
-            where = f"{name!r} in {path!r}"
-            require_filters(node, where)
-            local = file.filename if isinstance(target, str) else None
-            check_external(node, local, where)
-            check_virtual(node, local, where)
-        except BaseException:
-            file.close()
-            raise
-        self._h5file = file
+        self._h5file, node = open_dataset(target, path, args)
         return node
 
     def _describe(self, handle: Any) -> ArrayMeta:
@@ -371,37 +287,3 @@ class HDF5ArraySource(ArraySource):
         remote, self._remote = self._remote, None
         if remote is not None:
             remote[2].close()
-
-
-def _refused(h5py: Any, options: dict[str, Any]) -> list[str]:
-    """The keys of ``options`` that are not named parameters of ``h5py.File``.
-
-    h5py passes unknown keywords on to the file driver, so when every key is a named
-    parameter the refusal came from a value: then every key is listed.
-    """
-    named = inspect.signature(h5py.File.__init__).parameters
-    unknown = sorted(k for k in options if k not in named)
-    return unknown or sorted(options)
-
-
-def _scrubbed(exc: Exception, secrets: object) -> Exception:
-    """``exc`` with its text redacted and its chain dropped, safe to raise.
-
-    An error of a third-party library (fsspec, aiohttp...) becomes an ``OSError`` carrying
-    its redacted text: such errors keep the request, headers included, in attributes.
-    """
-    if type(exc).__module__.split(".")[0] not in ("builtins", "mixle"):
-        exc = OSError(redact_text(f"{type(exc).__name__}: {exc}", secrets))
-    else:
-        exc.args = tuple(redact_text(a, secrets) if isinstance(a, str) else a for a in exc.args)
-        if isinstance(exc, OSError) and isinstance(exc.filename, str):
-            exc.filename = redact_text(exc.filename, secrets)
-    exc.__cause__ = exc.__context__ = None
-    exc.__suppress_context__ = True
-    return exc
-
-
-def _is_file_like(path: object) -> bool:
-    return not isinstance(path, (str, os.PathLike)) and all(
-        callable(getattr(path, name, None)) for name in ("read", "seek", "tell")
-    )

@@ -36,7 +36,7 @@ from hypothesis import strategies as st
 from zarr.codecs import BloscCodec, GzipCodec, ShardingCodec, TransposeCodec, ZstdCodec
 
 import mixle
-from mixle.data.sources.arrays.zarr.codecs import bounded_decompress
+from mixle.data.sources.arrays.zarr.decompress import bounded_decompress
 
 _NOT_IN_SPEC = "Numcodecs codecs are not in the Zarr version 3 specification"
 pytestmark = [

@@ -8,7 +8,8 @@ back from the chunk's own ``prod(chunks) * itemsize``:
 - compressors (``zlib``, ``gzip``, ``bz2``, ``lzma``, ``zstd``, ``blosc``, ``lz4``) decode
   into at most the size their stage must have: a streaming decompressor asked for no more
   than that (``max_length``), or, where the stored header records the decoded size (zstd
-  frames, blosc and lz4 headers), that size checked before anything is allocated;
+  frames, blosc and lz4 headers), that size checked before anything is allocated
+  (:mod:`mixle.data.sources.arrays.zarr.decompress`);
 - checksums (``crc32c``, ``adler32``...) and the filters whose encoded size follows from
   the decoded one (``shuffle``, ``bitround``, ``delta``, ``fixedscaleoffset``,
   ``quantize``, ``astype``, ``packbits``) have an exact size at every stage;
@@ -23,22 +24,19 @@ naming the array and the chunk; memory never grows past a small multiple of one 
 
 from __future__ import annotations
 
-import bz2
-import lzma
 import math
-import zlib
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import numpy as np
 
+from mixle.data.sources.arrays.zarr.decompress import BOUNDED_COMPRESSORS, bounded_decompress
 from mixle.utils.optional_deps import require
 
 __all__ = [
     "COMPRESSED_SLACK_BYTES",
     "UNKNOWN_CODEC_FACTOR",
     "ChunkDecoder",
-    "bounded_decompress",
     "bytes_steps",
     "numcodecs_decoder",
     "v3_decoder",
@@ -48,8 +46,6 @@ __all__ = [
 UNKNOWN_CODEC_FACTOR = 8
 #: Bytes a compressor may add to incompressible data (plus 1/8 of it): headers, block framing.
 COMPRESSED_SLACK_BYTES = 64 * 1024
-#: Compressors whose output mixle caps while decoding.
-BOUNDED_COMPRESSORS = frozenset({"zlib", "gzip", "bz2", "lzma", "zstd", "blosc", "lz4"})
 #: Checksum codecs: the stored bytes are the data and a 4-byte checksum.
 _CHECKSUMS = frozenset({"crc32", "crc32c", "adler32", "fletcher32", "jenkins_lookup3"})
 #: Filters storing exactly as many bytes as they decode to.
@@ -61,9 +57,6 @@ _RETYPED = {
     "quantize": ("dtype", "astype"),
     "astype": ("decode_dtype", "encode_dtype"),
 }
-_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
-#: Bytes 1-3 of a skippable zstd frame's magic number (byte 0 is 0x50 to 0x5F).
-_SKIPPABLE_MAGIC_TAIL = b"\x2a\x4d\x18"
 
 #: An array-to-array step of a format 3 chain, undone on the decoded array.
 ArrayStep = Callable[[np.ndarray], np.ndarray]
@@ -162,84 +155,6 @@ def _decode_step(codec: Any, buf: Any, limit: int, exact: bool) -> Any:
         bound = f"{limit}" if exact else f"at most {limit}"
         raise ValueError(f"the {codec_id} codec decoded {got} bytes, its stage holds {bound}")
     return out
-
-
-def bounded_decompress(codec: Any, raw: Any, limit: int, exact: bool = False) -> Any:
-    """``codec.decode(raw)`` for a compressor, never producing more than ``limit`` bytes.
-
-    Parameters
-    ----------
-    codec
-        A numcodecs compressor whose ``codec_id`` is in :data:`BOUNDED_COMPRESSORS`.
-    raw
-        Its stored bytes.
-    limit
-        The most decoded bytes allowed.
-    exact
-        Whether the decoded bytes must be exactly ``limit``.
-
-    Returns
-    -------
-    bytes-like
-        The decoded bytes.
-
-    Raises
-    ------
-    ValueError
-        When the stream would decode to more than ``limit`` bytes (found before more than
-        ``limit + 1`` bytes are produced, or from the header before any allocation), or
-        when it is truncated or damaged.
-    """
-    codec_id = codec.codec_id
-    data = memoryview(raw).cast("B")
-    if codec_id in ("zstd", "blosc", "lz4"):
-        declared = _declared_size(codec_id, bytes(data[:16]) if codec_id != "zstd" else data)
-        if declared is None:
-            if not exact:
-                raise ValueError(
-                    f"the {codec_id} stream does not record its decoded size and its stage "
-                    "has no exact size, so it cannot be decoded within a bound"
-                )
-            declared = limit
-        if declared > limit or (exact and declared != limit):
-            bound = f"{limit}" if exact else f"at most {limit}"
-            raise ValueError(
-                f"the stored {codec_id} header says {declared} bytes, its stage holds {bound}"
-            )
-        out = np.empty(declared, dtype=np.uint8)
-        codec.decode(data, out=out)
-        return out
-    if codec_id == "zlib":
-        return _stream(lambda: zlib.decompressobj(), data, limit, codec_id, members=False)
-    if codec_id == "gzip":
-        return _stream(lambda: zlib.decompressobj(16 + zlib.MAX_WBITS), data, limit, codec_id)
-    if codec_id == "bz2":
-        return _stream(bz2.BZ2Decompressor, data, limit, codec_id)
-    fmt, filters = codec.format, codec.filters
-    return _stream(lambda: lzma.LZMADecompressor(format=fmt, filters=filters), data, limit, "lzma")
-
-
-def _stream(
-    new: Callable[[], Any], data: memoryview, limit: int, codec_id: str, members: bool = True
-) -> bytes:
-    """Decode ``data`` (one stream, or concatenated ones if ``members``) into <= ``limit``."""
-    parts: list[bytes] = []
-    total = 0
-    rest: bytes | memoryview = data
-    while True:
-        dec = new()
-        part = dec.decompress(rest, limit - total + 1)
-        total += len(part)
-        parts.append(part)
-        if total > limit:
-            raise ValueError(f"the {codec_id} stream decodes to more than {limit} bytes")
-        if not dec.eof:
-            raise ValueError(f"the {codec_id} stream is truncated (no end-of-stream marker)")
-        rest = dec.unused_data
-        if codec_id == "gzip":
-            rest = rest.lstrip(b"\0")  # gzip members may be padded with zeros
-        if not members or not rest:
-            return b"".join(parts)
 
 
 def numcodecs_decoder(
@@ -372,62 +287,3 @@ def _array_filter(codec: Any, shape: tuple[int, ...], stored: np.dtype | None = 
         return lambda chunk: np.asarray(codec.decode(chunk)).reshape(shape)
     native = stored.newbyteorder("=")
     return lambda chunk: np.asarray(codec.decode(chunk.astype(native, copy=False))).reshape(shape)
-
-
-def _declared_size(codec_id: str, raw: bytes | memoryview) -> int | None:
-    """The decoded size the stored header(s) record, or ``None`` where they do not say.
-
-    Blosc: its header. lz4 (numcodecs): the 4-byte size before the block. Zstd: the sum
-    over every frame (numcodecs decodes concatenated frames, and so does zarr); ``None``
-    when a frame omits its content size, or when the frames cannot be walked.
-    """
-    if codec_id == "blosc":
-        return int.from_bytes(raw[4:8], "little") if len(raw) >= 16 else None
-    if codec_id == "lz4":
-        return int.from_bytes(raw[:4], "little") if len(raw) >= 4 else None
-    total, pos = 0, 0
-    while pos < len(raw):
-        frame = _zstd_frame(raw, pos)
-        if frame is None:
-            return None
-        content, pos = frame
-        if content is None:
-            return None
-        total += content
-    return total if len(raw) else None
-
-
-def _zstd_frame(raw: bytes | memoryview, pos: int) -> tuple[int | None, int] | None:
-    """``(content size or None, end)`` of the zstd frame at ``raw[pos:]``; ``None``: not one.
-
-    Walks the frame header and block headers (RFC 8878), as ``ZSTD_findFrameCompressedSize``
-    does; skippable frames hold no content.
-    """
-    magic = bytes(raw[pos : pos + 4])
-    if len(magic) == 4 and magic[1:] == _SKIPPABLE_MAGIC_TAIL and magic[0] & 0xF0 == 0x50:
-        end = pos + 8 + int.from_bytes(raw[pos + 4 : pos + 8], "little")
-        return (0, end) if pos + 8 <= end <= len(raw) else None
-    if magic != _ZSTD_MAGIC or len(raw) < pos + 6:
-        return None
-    descriptor = raw[pos + 4]
-    single_segment = (descriptor >> 5) & 1
-    at = pos + 5 + (0 if single_segment else 1) + (0, 1, 2, 4)[descriptor & 3]
-    width = (single_segment, 2, 4, 8)[descriptor >> 6]
-    if len(raw) < at + width:
-        return None
-    content: int | None = None
-    if width:
-        content = int.from_bytes(raw[at : at + width], "little") + (256 if width == 2 else 0)
-    at += width
-    while True:  # blocks: a 3-byte header (last flag, type, size) and its payload
-        if len(raw) < at + 3:
-            return None
-        header = int.from_bytes(raw[at : at + 3], "little")
-        kind, size = (header >> 1) & 3, header >> 3
-        at += 3 + (1 if kind == 1 else size)  # an RLE block stores one byte
-        if kind == 3 or at > len(raw):
-            return None
-        if header & 1:
-            break
-    at += 4 if descriptor & 4 else 0  # the content checksum
-    return (content, at) if at <= len(raw) else None

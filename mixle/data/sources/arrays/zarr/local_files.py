@@ -1,29 +1,39 @@
-"""Local files of a zarr store, checked before they are read: stored chunks and shards.
+"""Local files of a zarr store, checked before they are read: chunks, shards, metadata.
 
 zarr reads a directory where a chunk's file should be as a chunk never written, and a FIFO
-or a device as if it were data. The functions here refuse those (and objects larger than a
-stored chunk can be) by ``stat`` or on the opened descriptor, before anything is read.
+or a device as if it were data. The functions here refuse those (and stored objects or
+metadata documents larger than they can be) by ``stat`` or on the opened descriptor,
+before anything is read.
 """
 
 from __future__ import annotations
 
 import errno
+import json
 import os
 import stat
+import sys
 from typing import Any
 
+from mixle.data.sources.arrays.zarr.limits import ZARR_METADATA_LIMIT
 from mixle.errors import SpecialFileError
 from mixle.reading import CorruptChunkError
 from mixle.utils.files import open_regular_file, require_regular_file
 
 __all__ = [
     "ByteRange",
+    "bad_metadata_file",
+    "check_local_metadata",
     "directory_message",
     "local_chunk_dir",
     "local_dir",
+    "local_root",
     "read_local_object",
     "refuse_special",
 ]
+
+#: Metadata files zarr reads from a local array's (or group's) directory.
+_METADATA_FILES = (".zarray", ".zgroup", ".zattrs", ".zmetadata", "zarr.json")
 
 #: A byte range request: ``None`` (whole object), ``(start, end)`` or ``(-n, None)`` (suffix).
 ByteRange = tuple[int, int | None] | None
@@ -150,3 +160,66 @@ def local_chunk_dir(array: Any) -> str:
         The store's root joined with the array's path inside the store.
     """
     return os.path.join(os.fspath(array.store.root), *filter(None, array.path.split("/")))
+
+
+def bad_metadata_file(root: str, component: str) -> str | None:
+    """The first local zarr metadata file on the way to ``component`` that is not a JSON object.
+
+    Files were checked by :func:`check_local_metadata` (regular, within the limit) first.
+    """
+    parts = [p for p in component.split("/") if p]
+    for depth in range(len(parts) + 1):
+        for name in _METADATA_FILES:
+            path = os.path.join(root, *parts[:depth], name)
+            try:
+                with open(path, "rb") as f:
+                    doc = json.loads(f.read().decode("utf-8"))
+            except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+                continue
+            except (ValueError, RecursionError):  # JSON, UTF-8 or nesting
+                return path
+            if not isinstance(doc, dict):
+                return path
+    return None
+
+
+def local_root(path: Any) -> str | None:
+    """The local directory of a store path (a local path or a ``LocalStore``), else ``None``."""
+    if isinstance(path, str):
+        if "://" in path:
+            return path.removeprefix("file://") if path.startswith("file://") else None
+        return path
+    root = getattr(path, "root", None)
+    zarr = sys.modules.get("zarr")
+    if zarr is not None and isinstance(path, zarr.storage.LocalStore) and root is not None:
+        return os.fspath(root)
+    return None
+
+
+def check_local_metadata(root: str, component: str) -> None:
+    """Refuse local zarr metadata files that are not regular files or are too large.
+
+    Every metadata file zarr may read on the way from ``root`` to ``component`` is checked
+    by ``stat`` before zarr opens it: a FIFO would block zarr's read for ever and
+    ``/dev/zero`` never ends (:class:`~mixle.SpecialFileError`); a file larger than
+    :data:`ZARR_METADATA_LIMIT` raises ``ValueError`` naming it.
+    """
+    if not os.path.isdir(root):
+        return  # a zip file or another kind of store: zarr opens it
+    parts = [p for p in component.split("/") if p]
+    for depth in range(len(parts) + 1):
+        folder = os.path.join(root, *parts[:depth])
+        for name in _METADATA_FILES:
+            path = os.path.join(folder, name)
+            try:
+                info = os.stat(path)
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            if not stat.S_ISREG(info.st_mode):
+                require_regular_file(path, "zarr metadata file")  # raises SpecialFileError
+            if info.st_size > ZARR_METADATA_LIMIT:
+                raise ValueError(
+                    f"zarr metadata file {path!r} has {info.st_size:,} bytes, more than the "
+                    f"{ZARR_METADATA_LIMIT:,} mixle lets zarr parse (ZARR_METADATA_LIMIT): it "
+                    "is not zarr metadata"
+                )

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import stat
 import sys
 import urllib.parse
 import warnings
@@ -16,20 +15,22 @@ import numpy as np
 from mixle.data.schema import Schema
 from mixle.data.sources.arrays.base import ArrayMeta, ArraySource, listing
 from mixle.data.sources.arrays.zarr.limits import ZARR_METADATA_LIMIT
+from mixle.data.sources.arrays.zarr.local_files import (
+    bad_metadata_file,
+    check_local_metadata,
+    local_root,
+)
 from mixle.data.sources.arrays.zarr.readers import zarr_chunk_reader
 from mixle.data.structure import EXCHANGEABLE, SampleStructure
 from mixle.errors import ArrayNotFoundError, NotAnArrayError
 from mixle.reading.faults import retry_call
-from mixle.reading.fetch import timed_storage_options
+from mixle.reading.fs_options import timed_storage_options
 from mixle.utils import optional_deps
-from mixle.utils.files import require_regular_file
 from mixle.utils.optional_deps import require
 from mixle.utils.redact import display_path, redact_text
 
 __all__ = ["ZARR_METADATA_LIMIT", "ZarrArraySource", "check_chunk_grid", "list_zarr_arrays"]
 
-#: Metadata files zarr reads from a local array's (or group's) directory.
-_METADATA_FILES = (".zarray", ".zgroup", ".zattrs", ".zmetadata", "zarr.json")
 #: Errors zarr raises parsing malformed metadata (named with the store and file by mixle).
 _PARSE_ERRORS = (TypeError, ValueError, AttributeError, json.JSONDecodeError, UnicodeDecodeError)
 #: The largest extent (and byte size of a chunk) NumPy's ``intp`` indexing can address.
@@ -145,7 +146,7 @@ class ZarrArraySource(ArraySource):
             kwargs["storage_options"] = options
         if isinstance(path, str) and "://" not in path and not os.path.exists(path):
             raise FileNotFoundError(f"path={display_path(path)!r}: no such file or directory")
-        local = _local_root(path)
+        local = local_root(path)
         if local is not None:
             check_local_metadata(local, component or "")
         try:
@@ -324,69 +325,6 @@ def _open_redacted(
         for w in caught:
             message = redact_text(str(w.message), secrets)
             warnings.warn_explicit(message, w.category, w.filename, w.lineno)
-
-
-def bad_metadata_file(root: str, component: str) -> str | None:
-    """The first local zarr metadata file on the way to ``component`` that is not a JSON object.
-
-    Files were checked by :func:`check_local_metadata` (regular, within the limit) first.
-    """
-    parts = [p for p in component.split("/") if p]
-    for depth in range(len(parts) + 1):
-        for name in _METADATA_FILES:
-            path = os.path.join(root, *parts[:depth], name)
-            try:
-                with open(path, "rb") as f:
-                    doc = json.loads(f.read().decode("utf-8"))
-            except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
-                continue
-            except (ValueError, RecursionError):  # JSON, UTF-8 or nesting
-                return path
-            if not isinstance(doc, dict):
-                return path
-    return None
-
-
-def _local_root(path: Any) -> str | None:
-    """The local directory of a store path (a local path or a ``LocalStore``), else ``None``."""
-    if isinstance(path, str):
-        if "://" in path:
-            return path.removeprefix("file://") if path.startswith("file://") else None
-        return path
-    root = getattr(path, "root", None)
-    zarr = sys.modules.get("zarr")
-    if zarr is not None and isinstance(path, zarr.storage.LocalStore) and root is not None:
-        return os.fspath(root)
-    return None
-
-
-def check_local_metadata(root: str, component: str) -> None:
-    """Refuse local zarr metadata files that are not regular files or are too large.
-
-    Every metadata file zarr may read on the way from ``root`` to ``component`` is checked
-    by ``stat`` before zarr opens it: a FIFO would block zarr's read for ever and
-    ``/dev/zero`` never ends (:class:`~mixle.SpecialFileError`); a file larger than
-    :data:`ZARR_METADATA_LIMIT` raises ``ValueError`` naming it.
-    """
-    if not os.path.isdir(root):
-        return  # a zip file or another kind of store: zarr opens it
-    parts = [p for p in component.split("/") if p]
-    for depth in range(len(parts) + 1):
-        folder = os.path.join(root, *parts[:depth])
-        for name in _METADATA_FILES:
-            path = os.path.join(folder, name)
-            try:
-                info = os.stat(path)
-            except (FileNotFoundError, NotADirectoryError):
-                continue
-            if not stat.S_ISREG(info.st_mode):
-                require_regular_file(path, "zarr metadata file")  # raises SpecialFileError
-            if info.st_size > ZARR_METADATA_LIMIT:
-                raise ValueError(
-                    f"zarr metadata file {path!r} has {info.st_size:,} bytes, more than the "
-                    f"{ZARR_METADATA_LIMIT:,} mixle lets zarr parse (ZARR_METADATA_LIMIT): it "
-                    "is not zarr metadata"
-                )
 
 
 def _zarr_args(path: Any, component: str | None, storage_options: Any) -> dict[str, Any]:

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
-import sys
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -27,7 +25,17 @@ from mixle.data.sources.records.sql_connect import (
     connection_args,
     open_backend,
     show_connection,
-    split_identifier,
+)
+from mixle.data.sources.records.sql_statements import (
+    ALIAS,
+    Binder,
+    SQLHandle,
+    plain_params,
+    relation_of,
+    sa_error,
+    select_by_keys,
+    select_run,
+    sqlite_rowid,
 )
 from mixle.data.spec import ArraySpec
 from mixle.errors import ColumnNotFoundError
@@ -41,46 +49,6 @@ SQL_CHUNK_ROWS = 10_000
 IN_LIST_MAX = 500
 #: Runs of at least this many consecutive rows are read with one ``BETWEEN`` range.
 RANGE_MIN_ROWS = 16
-_ALIAS = "_mixle_q"
-_KEY = "_mixle_key"
-
-
-class _Binder:
-    """Placeholders for bound values, in the style the user's ``params`` use.
-
-    mixle's own named parameters (``:_mixle_0``, ``:_mixle_1``...) skip every name the
-    user's ``params`` hold and every ``:name`` written in the query, so a user's value is
-    never overwritten and a placeholder of the user's is never filled by mixle.
-    """
-
-    def __init__(self, positional: bool, user: Params, query: str = "") -> None:
-        self.positional = positional
-        self.values: Any = list(user or ()) if positional else dict(user or {})
-        self._query = query
-        self._n = 0
-
-    def __call__(self, value: Any) -> str:
-        if self.positional:
-            self.values.append(value)
-            return "?"
-        name = f"_mixle_{self._n}"
-        while name in self.values or f":{name}" in self._query:
-            self._n += 1
-            name = f"_mixle_{self._n}"
-        self._n += 1
-        self.values[name] = value
-        return f":{name}"
-
-
-@dataclass
-class _SQLHandle:
-    backend: SQLBackend
-    relation: str  # "<table> AS _mixle_q" or "(<query>) AS _mixle_q"
-    key_expr: str | None  # None: rows are addressed by LIMIT/OFFSET
-    names: list[str]
-    count: int | None = None
-    dense_start: int | None = None  # integer keys lo, lo + 1, ..., lo + count - 1
-    keys: np.ndarray | None = None
 
 
 class SQLSource(RecordSource):
@@ -126,7 +94,7 @@ class SQLSource(RecordSource):
                 "query": query_or_table.strip().rstrip(";").strip(),
                 "kind": kind,
                 "con": reference,
-                "params": None if params is None else _plain(params),
+                "params": None if params is None else plain_params(params),
                 "key": key,
                 "chunk_size": chunk_size,
                 "dtypes": dtypes,
@@ -149,20 +117,20 @@ class SQLSource(RecordSource):
         shown = query if len(query) <= 60 else query[:57] + "..."
         return f"{shown!r} on {show_connection(self._args['kind'], self._args['con'])}"
 
-    def _binder(self, backend: SQLBackend) -> _Binder:
+    def _binder(self, backend: SQLBackend) -> Binder:
         user = self._args["params"]
         positional = backend.positional and not isinstance(user, Mapping)
-        return _Binder(positional, user, self._args["query"])
+        return Binder(positional, user, self._args["query"])
 
-    def _fetch(self, handle_or_backend: Any, sql: str, bind: _Binder) -> tuple[list[str], list]:
+    def _fetch(self, handle_or_backend: Any, sql: str, bind: Binder) -> tuple[list[str], list]:
         backend = getattr(handle_or_backend, "backend", handle_or_backend)
         try:
             return backend.fetch(sql, bind.values)  # type: ignore[no-any-return]
-        except (sqlite3.Error, _sa_error()) as exc:
+        except (sqlite3.Error, sa_error()) as exc:
             raise ValueError(f"{self._location()} failed: {exc}".split("\n")[0]) from exc
 
     # -- open ---------------------------------------------------------------------------
-    def _open(self) -> tuple[_SQLHandle, TableMeta]:
+    def _open(self) -> tuple[SQLHandle, TableMeta]:
         args = self._args
         # a forked child never uses the caller's connection: it opens its own
         live = self._connection if self._connection_pid == os.getpid() else None
@@ -175,13 +143,9 @@ class SQLSource(RecordSource):
             backend.close()
             raise
 
-    def _describe(self, backend: SQLBackend) -> tuple[_SQLHandle, TableMeta]:
+    def _describe(self, backend: SQLBackend) -> tuple[SQLHandle, TableMeta]:
         args, query = self._args, self._args["query"]
-        parts = split_identifier(query)
-        if parts is not None:
-            relation = f"{'.'.join(backend.quote(p) for p in parts)} AS {_ALIAS}"
-        else:
-            relation = f"({query}) AS {_ALIAS}"
+        relation, parts = relation_of(query, backend)
         bind = self._binder(backend)
         names, sample = self._fetch(
             backend, f"SELECT * FROM {relation} LIMIT {bind(INFER_ROWS)}", bind
@@ -199,9 +163,9 @@ class SQLSource(RecordSource):
                     f"key={args['key']!r} is not a column of {self._location()}; "
                     f"{listing(names, 'its columns')}"
                 )
-            key_expr = f"{_ALIAS}.{backend.quote(args['key'])}"
+            key_expr = f"{ALIAS}.{backend.quote(args['key'])}"
         elif parts is not None and args["kind"] == "sqlite":
-            key_expr = _sqlite_rowid(backend, relation)
+            key_expr = sqlite_rowid(backend, relation)
         overrides = parse_dtypes(args["dtypes"], names, self._location())
         specs: dict[str, ArraySpec] = {}
         for k, name in enumerate(names):
@@ -211,10 +175,10 @@ class SQLSource(RecordSource):
                 dtype, shape = overrides[name], ()
             values_to_array(values, dtype, shape, name, lambda j: j + 1, self._location(), "row")
             specs[name] = ArraySpec(shape, dtype)
-        return _SQLHandle(backend, relation, key_expr, names), TableMeta(specs)
+        return SQLHandle(backend, relation, key_expr, names), TableMeta(specs)
 
     # -- addressing rows ----------------------------------------------------------------
-    def _count(self, handle: _SQLHandle) -> int:
+    def _count(self, handle: SQLHandle) -> int:
         if handle.count is None:
             if handle.key_expr is None:
                 bind = self._binder(handle.backend)
@@ -225,7 +189,7 @@ class SQLSource(RecordSource):
         assert handle.count is not None
         return handle.count
 
-    def _index_keys(self, handle: _SQLHandle) -> None:
+    def _index_keys(self, handle: SQLHandle) -> None:
         """Count rows and learn the key of each position: a dense range, or gathered once."""
         k, rel = handle.key_expr, handle.relation
         bind = self._binder(handle.backend)
@@ -260,7 +224,7 @@ class SQLSource(RecordSource):
         ]
         handle.keys = np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
 
-    def _keys_at(self, handle: _SQLHandle, rows: NDArray[np.int64]) -> list[Any]:
+    def _keys_at(self, handle: SQLHandle, rows: NDArray[np.int64]) -> list[Any]:
         if handle.count is None:
             self._count(handle)
         if handle.dense_start is not None:
@@ -268,7 +232,7 @@ class SQLSource(RecordSource):
         assert handle.keys is not None
         return handle.keys[rows].tolist()  # type: ignore[no-any-return]
 
-    def _read_rows(self, handle: _SQLHandle, rows: NDArray[np.int64]) -> Batch:
+    def _read_rows(self, handle: SQLHandle, rows: NDArray[np.int64]) -> Batch:
         """Read ``rows`` with one or more statements that all see one version of the data."""
         if handle.key_expr is None:
             fetched = handle.backend.snapshot(lambda: self._read_by_offset(handle, rows))
@@ -277,21 +241,18 @@ class SQLSource(RecordSource):
             fetched = handle.backend.snapshot(lambda: self._read_by_key(handle, rows, keys))
         return self._to_columns(fetched, [int(r) + 1 for r in rows])
 
-    def _read_by_offset(self, handle: _SQLHandle, rows: NDArray[np.int64]) -> list[tuple]:
+    def _read_by_offset(self, handle: SQLHandle, rows: NDArray[np.int64]) -> list[tuple]:
         out: list[tuple] = []
         for run in np.split(rows, np.flatnonzero(np.diff(rows) != 1) + 1):
             bind = self._binder(handle.backend)
-            sql = (
-                f"SELECT * FROM {handle.relation} LIMIT {bind(int(run.size))} "
-                f"OFFSET {bind(int(run[0]))}"
-            )
+            sql = select_run(handle.relation, bind, int(run.size), int(run[0]))
             out.extend(self._fetch(handle, sql, bind)[1])
         if len(out) != rows.size:
             raise RuntimeError(f"{self._location()} returned fewer rows than it counted")
         return out
 
     def _read_by_key(
-        self, handle: _SQLHandle, rows: NDArray[np.int64], keys: list[Any]
+        self, handle: SQLHandle, rows: NDArray[np.int64], keys: list[Any]
     ) -> list[tuple]:
         """The rows at sorted positions ``rows`` (whose keys are ``keys``), built afresh."""
         by_key: dict[Any, tuple] = {}
@@ -311,13 +272,9 @@ class SQLSource(RecordSource):
                 "changed after the source counted its rows; open it again"
             ) from None
 
-    def _select(self, handle: _SQLHandle, into: dict, condition: str, *values: Any) -> None:
+    def _select(self, handle: SQLHandle, into: dict, condition: str, *values: Any) -> None:
         bind = self._binder(handle.backend)
-        if "{values}" in condition:
-            where = condition.format(k=handle.key_expr, values=", ".join(map(bind, values)))
-        else:
-            where = condition.format(k=handle.key_expr, a=bind(values[0]), b=bind(values[1]))
-        sql = f"SELECT {handle.key_expr} AS {_KEY}, {_ALIAS}.* FROM {handle.relation} WHERE {where}"
+        sql = select_by_keys(handle, bind, condition, values)
         for row in self._fetch(handle, sql, bind)[1]:
             into[row[0]] = tuple(row[1:])
 
@@ -332,7 +289,7 @@ class SQLSource(RecordSource):
             )
         return out
 
-    def _stream(self, handle: _SQLHandle, block_rows: int) -> Iterator[Batch]:
+    def _stream(self, handle: SQLHandle, block_rows: int) -> Iterator[Batch]:
         order = "" if handle.key_expr is None else f" ORDER BY {handle.key_expr}"
         sql = f"SELECT * FROM {handle.relation}{order}"
         bind = self._binder(handle.backend)
@@ -347,40 +304,11 @@ class SQLSource(RecordSource):
         if pending:
             yield self._to_columns(pending, range(done + 1, done + 1 + len(pending)))
 
-    def _release(self, handle: _SQLHandle) -> None:
+    def _release(self, handle: SQLHandle) -> None:
         handle.backend.close()
 
-    def _forget(self, handle: _SQLHandle) -> None:
+    def _forget(self, handle: SQLHandle) -> None:
         handle.backend.forget()
-
-
-def _sqlite_rowid(backend: SQLBackend, relation: str) -> str | None:
-    """``_mixle_q.rowid`` if the named SQLite relation has one, else ``None`` (LIMIT/OFFSET).
-
-    Every table but ``WITHOUT ROWID`` ones has a rowid (selecting it fails on those); a
-    view's ``rowid`` is ``NULL`` in every row, so a view is read like a query.
-    """
-    try:
-        _, rows = backend.fetch(f"SELECT {_ALIAS}.rowid FROM {relation} LIMIT 1", [])
-    except sqlite3.Error:
-        return None
-    if rows and rows[0][0] is None:
-        return None
-    return f"{_ALIAS}.rowid"
-
-
-def _plain(params: Mapping[str, Any] | Sequence[Any]) -> Any:
-    return dict(params) if isinstance(params, Mapping) else list(params)
-
-
-def _sa_error() -> type[BaseException]:
-    """SQLAlchemy's base error when SQLAlchemy is imported, else a class nothing raises."""
-    module = sys.modules.get("sqlalchemy.exc")
-    return module.SQLAlchemyError if module is not None else _Never  # type: ignore[no-any-return]
-
-
-class _Never(Exception):
-    """Never raised: stands in for SQLAlchemy's error class when it is not imported."""
 
 
 def read_sql(

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import mixle
-from mixle.data.sources.records.columns import LeafMismatchError
+from mixle.data.sources.records.array_leaves import LeafMismatchError
 from mixle.testing import check_record_source
 from mixle.utils.optional_deps import HAS_JAX
 

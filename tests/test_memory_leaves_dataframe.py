@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import mixle
-from mixle.data.sources.records.columns import LeafMismatchError
+from mixle.data.sources.records.array_leaves import LeafMismatchError
 from mixle.testing import check_record_source
 
 

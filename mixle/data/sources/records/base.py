@@ -20,13 +20,8 @@ from numpy.typing import ArrayLike, NDArray
 
 from mixle.data.sources.arrays.base import parse_indices
 from mixle.data.sources.lifetime import SourceLifetime
-from mixle.data.sources.records.columns import (
-    OBJECT,
-    infer_value_spec,
-    is_array_leaf,
-    stack_leaves,
-    values_to_array,
-)
+from mixle.data.sources.records.array_leaves import is_array_leaf, stack_leaves
+from mixle.data.sources.records.columns import OBJECT, infer_value_spec, values_to_array
 from mixle.data.spec import ArraySpec
 from mixle.errors import ColumnNotFoundError
 from mixle.utils.optional_deps import not_opened_note

@@ -11,8 +11,9 @@ from typing import Any
 
 import numpy as np
 
+from mixle.data.sources.records.array_leaves import is_array_leaf, stack_leaves
 from mixle.data.sources.records.base import MemorySource
-from mixle.data.sources.records.columns import OBJECT, check_columns, is_array_leaf, stack_leaves
+from mixle.data.sources.records.columns import OBJECT, check_columns
 from mixle.data.sources.records.parquet_source import arrow_spec, arrow_to_numpy
 from mixle.utils.optional_deps import require
 

@@ -13,7 +13,8 @@ from _remote_fixtures import write_stores
 
 import mixle
 from mixle.reading import chunk_cache, read_chunked
-from mixle.reading.fetch import MAX_INFLIGHT_REQUESTS, stream_bounded, widen_connection_pool
+from mixle.reading.fs_options import widen_connection_pool
+from mixle.reading.inflight import MAX_INFLIGHT_REQUESTS, stream_bounded
 from mixle.testing_servers import FaultPlan, MotoS3Server
 
 pytestmark = pytest.mark.usefixtures("fast_retries")
@@ -194,7 +195,7 @@ def test_a_corrupt_chunk_stops_the_fetch_and_raises():
 
 
 def test_a_fetch_left_unfinished_on_a_closed_loop_is_dropped_quietly():
-    from mixle.reading.fetch import gather_bounded
+    from mixle.reading.inflight import gather_bounded
 
     async def slow() -> int:
         await asyncio.sleep(60)

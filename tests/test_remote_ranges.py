@@ -28,7 +28,8 @@ import mixle
 from mixle.data.sources.arrays.hdf5 import remote as hdf5_remote
 from mixle.reading import RemoteReadError, chunk_cache, set_retry_policy
 from mixle.reading.faults import RangeMismatchError, is_transient
-from mixle.reading.fetch import check_range, fetch_range, range_header, read_range
+from mixle.reading.fetch import fetch_range, read_range
+from mixle.reading.ranges import check_range, range_header
 from mixle.testing_servers import ERROR_PAGE, FaultPlan, MotoS3Server, RangeHTTPServer, shifted
 
 SHAPE = (24, 24, 20)

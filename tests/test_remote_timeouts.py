@@ -25,7 +25,7 @@ from _remote_fixtures import write_stores
 import mixle
 from mixle.reading import RemoteReadError, chunk_cache, retry_policy, set_retry_policy
 from mixle.reading.faults import RemoteTimeoutError
-from mixle.reading.fetch import widen_connection_pool
+from mixle.reading.fs_options import widen_connection_pool
 from mixle.reading.policy import DEFAULT_REQUEST_TIMEOUT
 from mixle.testing_servers import FaultPlan, RangeHTTPServer
 

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 from mixle.inspection.limits import MAX_METADATA_BYTES, parse_metadata
 from mixle.inspection.locations import url_fs
 from mixle.reading.faults import RemoteTimeoutError
-from mixle.reading.fetch import timed_storage_options
+from mixle.reading.fs_options import timed_storage_options
 from mixle.reading.policy import retry_policy
 from mixle.utils.redact import display_path, redact_text
 

@@ -21,13 +21,9 @@ from typing import Any
 
 from mixle.data.sources.arrays.hdf5.chunks import HDF5ChunkReader, decodable_filters
 from mixle.reading.faults import CorruptChunkError, retry_async
-from mixle.reading.fetch import (
-    fetch_range,
-    gather_bounded,
-    object_size,
-    read_range,
-    widen_connection_pool,
-)
+from mixle.reading.fetch import fetch_range, object_size, read_range
+from mixle.reading.fs_options import widen_connection_pool
+from mixle.reading.inflight import gather_bounded
 from mixle.utils.optional_deps import require
 from mixle.utils.redact import display_path
 

@@ -22,7 +22,7 @@ from mixle.data.sources.arrays.zarr.limits import (
 from mixle.data.sources.arrays.zarr.local_files import local_dir, refuse_special
 from mixle.data.sources.arrays.zarr.stores import checked_async_array
 from mixle.reading import CorruptChunkError, new_token
-from mixle.reading.fetch import gather_bounded, stream_bounded
+from mixle.reading.inflight import gather_bounded, stream_bounded
 
 __all__ = ["ZarrPipelineReader"]
 

@@ -28,7 +28,7 @@ from mixle.data.sources.arrays.zarr.codecs import v3_decoder
 from mixle.data.sources.arrays.zarr.stores import CheckedRangeStore, StoreGetter
 from mixle.data.sources.arrays.zarr.vlen import v3_vlen_decoder
 from mixle.reading import CorruptChunkError, new_token
-from mixle.reading.fetch import coalesce_ranges
+from mixle.reading.inflight import coalesce_ranges
 
 __all__ = ["SHARD_INDEX_CACHE_ENTRIES", "CheckedRangeStore", "ShardedZarrReader"]
 

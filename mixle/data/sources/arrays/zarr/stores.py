@@ -21,14 +21,10 @@ from mixle.data.sources.arrays.zarr.limits import ZARR_METADATA_LIMIT
 from mixle.data.sources.arrays.zarr.local_files import ByteRange, local_dir, read_local_object
 from mixle.reading import CorruptChunkError
 from mixle.reading.faults import RangeMismatchError, is_transient, retry_async
-from mixle.reading.fetch import (
-    ByteSpan,
-    check_range,
-    fetch_range,
-    gather_bounded,
-    stream_bounded,
-    widen_connection_pool,
-)
+from mixle.reading.fetch import fetch_range
+from mixle.reading.fs_options import widen_connection_pool
+from mixle.reading.inflight import gather_bounded, stream_bounded
+from mixle.reading.ranges import ByteSpan, check_range
 
 __all__ = [
     "CheckedRangeStore",

@@ -19,12 +19,8 @@ from mixle.data.sources.records.columns import (
     parse_dtypes,
     text_to_array,
 )
-from mixle.data.sources.records.text_source import (
-    HEADER_MAX_BYTES,
-    TextHandle,
-    TextRecordSource,
-    text_args,
-)
+from mixle.data.sources.records.text_file import TextHandle
+from mixle.data.sources.records.text_source import HEADER_MAX_BYTES, TextRecordSource, text_args
 from mixle.data.spec import ArraySpec
 from mixle.errors import MalformedRowError
 

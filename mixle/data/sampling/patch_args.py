@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from mixle.data.sources.arrays.base import parse_indices
+from mixle.data.sources.arrays.box_reads import parse_indices
 from mixle.utils.validation import parse_int
 
 __all__ = [

@@ -13,40 +13,25 @@ from __future__ import annotations
 import abc
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, TypeGuard
+from functools import partial
+from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from mixle.data.schema import Schema, parse_schema
-from mixle.data.sources.indexing import (
-    KeyLike,
-    ReadItem,
-    RowsKey,
-    consecutive_runs,
-    parse_key,
-)
-from mixle.data.sources.key_plan import plan_key, read_extent
+from mixle.data.sources.arrays import box_reads
+from mixle.data.sources.indexing import KeyLike, ReadItem, RowsKey, parse_key
 from mixle.data.sources.lifetime import SourceLifetime
 from mixle.data.spec import ArraySpec
 from mixle.data.structure import SampleStructure, parse_structure
 from mixle.errors import SourceClosedError
 from mixle.reading import ChunkReader, read_chunked
-from mixle.reading.cache import drop_cached_chunks, drop_chunks_when_collected
-from mixle.reading.executor import execute_plan
+from mixle.reading.process_cache import drop_cached_chunks, drop_chunks_when_collected
 from mixle.utils.optional_deps import not_opened_note
 
-__all__ = [
-    "LISTED_NAMES",
-    "RECORD_BLOCK_BYTES",
-    "ArrayMeta",
-    "ArraySource",
-    "listing",
-    "parse_indices",
-]
+__all__ = ["LISTED_NAMES", "ArrayMeta", "ArraySource", "listing"]
 
-#: How many bytes of rows ``records()`` reads at a time when the store has no chunking.
-RECORD_BLOCK_BYTES = 16 * 1024 * 1024
 #: How many names an error message lists before it says "and N more".
 LISTED_NAMES = 40
 
@@ -67,25 +52,6 @@ class ArrayMeta:
     dtype: np.dtype
     chunks: tuple[int, ...] | None = None
     shards: tuple[int, ...] | None = None
-
-
-def parse_indices(indices: ArrayLike, length: int, *, name: str = "indices") -> NDArray[np.int64]:
-    """Validate record indices: a 1-D integer array in ``[-length, length)``, made non-negative."""
-    idx = np.asarray(indices)
-    if idx.dtype == np.bool_ or (idx.size and idx.dtype.kind not in "iu"):
-        raise TypeError(f"{name} must be integers, got dtype {idx.dtype}")
-    if idx.dtype.kind == "u" and idx.size and int(idx.max()) >= length:
-        # checked before the cast: 2**64 - 1 as int64 is -1, the last row
-        raise IndexError(f"{name} contains {int(idx.max())}, out of range for length {length}")
-    idx = idx.astype(np.int64, copy=False).reshape(-1)
-    if idx.size:
-        lo, hi = int(idx.min()), int(idx.max())
-        if lo < -length or hi >= length:
-            bad = lo if lo < -length else hi
-            raise IndexError(f"{name} contains {bad}, out of range for length {length}")
-        if lo < 0:
-            idx = np.where(idx < 0, idx + length, idx)
-    return idx
 
 
 class ArraySource(SourceLifetime, abc.ABC):
@@ -258,14 +224,14 @@ class ArraySource(SourceLifetime, abc.ABC):
         parsed = parse_key(key, self.shape)
         try:
             if isinstance(parsed, RowsKey):
-                return _owned(parsed.finish(self._read_rows(handle, parsed)))
+                return box_reads.owned(parsed.finish(self._read_rows(handle, parsed)))
             block = parsed.finish(self._read(handle, parsed.read))
         except Exception as exc:
             self._raise_if_closed(exc)
             raise
         if parsed.scalar:
             return block[()]
-        return _owned(block)
+        return box_reads.owned(block)
 
     def _read_rows(self, handle: Any, key: RowsKey) -> np.ndarray:
         """The distinct rows of ``key`` with its basic key on the other axes, unflipped.
@@ -276,22 +242,13 @@ class ArraySource(SourceLifetime, abc.ABC):
         reader = self._reader_for(handle)
         if reader is not None:
             return self._read_chunks(reader, key.read)
-        extent = read_extent(key.read)
-        out = np.empty([n for k, n in zip(key.read, extent) if not isinstance(k, int)], self.dtype)
-        if not all(extent):
-            return out
-        firsts, ends = consecutive_runs(key.unique)
-        at = 0
-        for lo, hi in zip(firsts.tolist(), ends.tolist()):
-            out[at : at + hi - lo] = self._read(handle, (slice(lo, hi), *key.rest.read))
-            at += hi - lo
-        return out
+        return box_reads.read_row_runs(partial(self._read, handle), key, self.dtype)
 
     def read_box(self, start: ArrayLike, size: ArrayLike) -> np.ndarray:
         """Read the box ``[start, start + size)``; it must lie inside the array."""
-        ext = _int_list(size, "size")
+        ext = box_reads.int_list(size, "size")
         box = np.empty(ext if all(n >= 0 for n in ext) else 0, dtype=self.dtype)
-        self.read_boxes([_int_list(start, "start")], ext, out=box[np.newaxis])
+        self.read_boxes([box_reads.int_list(start, "start")], ext, out=box[np.newaxis])
         return box
 
     def read_boxes(
@@ -304,28 +261,8 @@ class ArraySource(SourceLifetime, abc.ABC):
         """
         handle = self._live()
         shape = self.shape
-        rows: list[Any] = starts if _is_int_rows(starts) else _int_array(starts, "starts").tolist()
-        ext = _int_list(size, "size")
-        bad_rows = [r for r in rows if not isinstance(r, list) or len(r) != len(shape)]
-        if len(ext) != len(shape) or bad_rows:
-            shown = f"start={bad_rows[0]}" if bad_rows else f"size={tuple(ext)}"
-            raise ValueError(
-                f"{shown}: every box needs {len(shape)} start and size entries for an array "
-                f"of shape {shape} (starts is (B, {len(shape)}))"
-            )
-        for row in rows:
-            if any(a < 0 or n < 0 or a + n > d for a, n, d in zip(row, ext, shape)):
-                raise IndexError(
-                    f"box start={tuple(row)}, size={tuple(ext)} is outside the array of "
-                    f"shape {shape}"
-                )
-        want = (len(rows), *ext)
-        if out is None:
-            out = np.empty(want, dtype=self.dtype)
-        elif out.shape != want or out.dtype != self.dtype:
-            raise ValueError(
-                f"out has shape {out.shape} and dtype {out.dtype}; expected {want} {self.dtype}"
-            )
+        rows, ext = box_reads.parse_boxes(starts, size, shape)
+        out = box_reads.box_output(out, (len(rows), *ext), self.dtype)
         if rows and all(ext):
             try:
                 self._read_boxes_into(handle, rows, ext, out)
@@ -342,9 +279,7 @@ class ArraySource(SourceLifetime, abc.ABC):
         if reader is not None:
             read_chunked(reader, starts, size, self.shape, out)
             return
-        for i, row in enumerate(starts):
-            key = tuple(slice(a, a + n) for a, n in zip(row, size))
-            self._read_into(handle, key, out[i, ...])  # a view, also of a 0-d box
+        box_reads.read_each_box(partial(self._read_into, handle), starts, size, out)
 
     def _reader_for(self, handle: Any) -> ChunkReader | None:
         """The chunk reader of the current handle, made on first use."""
@@ -373,18 +308,8 @@ class ArraySource(SourceLifetime, abc.ABC):
         return self._read_chunks(reader, key)
 
     def _read_chunks(self, reader: ChunkReader, key: tuple[ReadItem, ...]) -> np.ndarray:
-        """Read ``key`` chunk by chunk, as ``read_boxes`` does.
-
-        ``key`` is a ``BasicKey.read`` (ints, positive-step slices) or a ``RowsKey.read``
-        (sorted distinct rows on axis 0, then those). Only the chunks holding selected
-        elements are read, each once (from the shared cache when it is there), straight into
-        an output of the selection's shape.
-        """
-        extent = read_extent(key)
-        out = np.empty([n for k, n in zip(key, extent) if not isinstance(k, int)], self.dtype)
-        if all(extent):  # integer axes as length 1 in a view, so that ``out`` owns its memory
-            execute_plan(reader, plan_key(key, reader.chunks), out.reshape(1, *extent))
-        return out
+        """Read ``key`` chunk by chunk through the read planner, as ``read_boxes`` does."""
+        return box_reads.read_by_chunks(reader, key, self.dtype)
 
     def _read_into(self, handle: Any, key: tuple[int | slice, ...], out: np.ndarray) -> None:
         """Write a region into ``out``; backends that can skip the temporary override this."""
@@ -401,7 +326,7 @@ class ArraySource(SourceLifetime, abc.ABC):
         shape = self.shape
         if not shape:
             raise TypeError(f"{self!r} is 0-dimensional and has no records")
-        idx = parse_indices(indices, shape[0])
+        idx = box_reads.parse_indices(indices, shape[0])
         out = np.empty((idx.size, *shape[1:]), dtype=self.dtype)
         if not idx.size or 0 in shape:
             return out
@@ -417,36 +342,17 @@ class ArraySource(SourceLifetime, abc.ABC):
         """Fill ``out`` with rows ``idx`` (validated, non-negative) of ``handle``."""
         reader = self._reader_for(handle)
         if reader is not None:
-            starts = np.zeros((idx.size, len(shape)), dtype=np.int64)
-            starts[:, 0] = idx
-            read_chunked(reader, starts.tolist(), (1, *shape[1:]), shape, out[:, np.newaxis])
-            return out
-        unique = np.unique(idx)
-        breaks = np.flatnonzero(np.diff(unique) != 1) + 1
-        rows = np.empty((unique.size, *shape[1:]), dtype=self.dtype)
-        for run in np.split(np.arange(unique.size), breaks):
-            lo, hi = int(unique[run[0]]), int(unique[run[-1]]) + 1
-            rows[run[0] : run[-1] + 1] = self._read(handle, (slice(lo, hi),))
-        position = np.searchsorted(unique, idx)
-        np.take(rows, position, axis=0, out=out)
-        return out
+            return box_reads.read_rows_by_chunks(reader, idx, shape, out)
+        return box_reads.take_rows(partial(self._read, handle), idx, shape, out)
 
     def records(self) -> Iterator[np.ndarray]:
         """Yield rows along axis 0 in order, reading a block of rows at a time."""
-        n = len(self)
-        for lo in range(0, n, self._rows_per_block()):
-            block = self[lo : lo + self._rows_per_block()]
-            yield from block
+        n, step = len(self), box_reads.rows_per_block(self.shape, self.chunks, self.dtype)
+        for lo in range(0, n, step):
+            yield from self[lo : lo + step]
 
     def __iter__(self) -> Iterator[np.ndarray]:
         return self.records()
-
-    def _rows_per_block(self) -> int:
-        chunks = self.chunks
-        if chunks:
-            return max(1, chunks[0])
-        row_bytes = max(1, int(np.prod(self.shape[1:], dtype=np.int64)) * self.dtype.itemsize)
-        return max(1, RECORD_BLOCK_BYTES // row_bytes)
 
     def _raise_if_closed(self, exc: Exception) -> None:
         """Raise :class:`SourceClosedError` from ``exc`` if :meth:`close` ran during the read.
@@ -476,35 +382,6 @@ class ArraySource(SourceLifetime, abc.ABC):
         if meta.shards is not None:
             parts.append(f"shards={meta.shards}")
         return f"{name}({', '.join(parts)})"
-
-
-def _is_int_rows(starts: object) -> TypeGuard[list[Any]]:
-    """Whether ``starts`` is already a list of lists of Python ints (the per-index path)."""
-    return isinstance(starts, list) and all(
-        isinstance(row, list) and all(type(v) is int for v in row) for row in starts
-    )
-
-
-def _int_array(values: ArrayLike, name: str) -> np.ndarray:
-    """Box coordinates as int64; floats and bools are refused, never truncated."""
-    arr = np.asarray(values)
-    if arr.size and arr.dtype.kind not in "iu":
-        raise TypeError(f"{name} must be integers, got dtype {arr.dtype} ({values!r:.80})")
-    return arr.astype(np.int64, copy=False)
-
-
-def _int_list(values: ArrayLike, name: str) -> list[int]:
-    """Box coordinates as Python ints (tuples of ints pass straight through)."""
-    if isinstance(values, tuple) and all(type(v) is int for v in values):
-        return list(values)
-    return _int_array(values, name).reshape(-1).tolist()
-
-
-def _owned(block: np.ndarray) -> np.ndarray:
-    """A plain ndarray that owns its memory (no memmap subclass, no view into a file)."""
-    if type(block) is np.ndarray and block.base is None:
-        return block
-    return np.array(block, copy=True, subok=False)
 
 
 def _reopen(

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from mixle.data.sources.arrays.base import parse_indices
+from mixle.data.sources.arrays.box_reads import parse_indices
 from mixle.data.sources.lifetime import SourceLifetime
 from mixle.data.sources.records.array_leaves import is_array_leaf, stack_leaves
 from mixle.data.sources.records.columns import OBJECT, infer_value_spec, values_to_array

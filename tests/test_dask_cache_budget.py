@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from mixle.reading import DEFAULT_CHUNK_CACHE_BYTES, MIN_WORKER_CHUNK_CACHE_BYTES
-from mixle.reading.cache import chunk_cache, set_chunk_cache_bytes
+from mixle.reading.process_cache import chunk_cache, set_chunk_cache_bytes
 
 distributed = pytest.importorskip("distributed", reason="needs mixle[dask]")
 from mixle.utils.parallel.dask_backend import QUIET_SCHEDULER, DaskEncodedData  # noqa: E402

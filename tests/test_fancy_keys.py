@@ -24,7 +24,7 @@ from mixle.data.sources.arrays.adopt import ArrayLikeSource
 from mixle.data.sources.arrays.base import ArraySource
 from mixle.data.sources.indexing import RowsKey, parse_key
 from mixle.data.sources.key_plan import plan_key, read_extent
-from mixle.reading.cache import chunk_cache
+from mixle.reading.process_cache import chunk_cache
 from mixle.testing import check_array_source
 
 SHAPES = {"3d": ((11, 6, 5), (3, 4, 2)), "1d": ((13,), (4,))}

@@ -88,7 +88,7 @@ def test_a_disabled_cache_stays_disabled_in_workers(tmp_path):
 
 
 def test_share_default_chunk_cache_in_this_process_and_its_bad_counts():
-    from mixle.reading.cache import (
+    from mixle.reading.process_cache import (
         chunk_cache,
         set_chunk_cache_bytes,
         share_default_chunk_cache,

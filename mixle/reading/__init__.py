@@ -7,15 +7,7 @@ workers); decoding runs on one process-wide thread pool
 (:func:`set_decode_threads`).
 """
 
-from mixle.reading.cache import (
-    DEFAULT_CHUNK_CACHE_BYTES,
-    MIN_WORKER_CHUNK_CACHE_BYTES,
-    CacheStats,
-    ChunkCache,
-    chunk_cache,
-    default_chunk_cache_bytes,
-    set_chunk_cache_bytes,
-)
+from mixle.reading.cache import DEFAULT_CHUNK_CACHE_BYTES, CacheStats, ChunkCache
 from mixle.reading.executor import (
     ChunkReader,
     SupportsFetchMany,
@@ -38,6 +30,12 @@ from mixle.reading.policy import (
     set_retry_policy,
 )
 from mixle.reading.pool import decode_threads, default_decode_threads, set_decode_threads
+from mixle.reading.process_cache import (
+    MIN_WORKER_CHUNK_CACHE_BYTES,
+    chunk_cache,
+    default_chunk_cache_bytes,
+    set_chunk_cache_bytes,
+)
 
 __all__ = [
     "DEFAULT_BATCH_DEADLINE",

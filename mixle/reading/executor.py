@@ -9,9 +9,10 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from mixle.reading.cache import ChunkCache, chunk_cache
+from mixle.reading.cache import ChunkCache
 from mixle.reading.plan import ChunkPlan, order_by_offset, plan_chunks
 from mixle.reading.pool import decode_threads, run_all
+from mixle.reading.process_cache import chunk_cache
 
 __all__ = [
     "STRIDED_BYTES_PER_THREAD",

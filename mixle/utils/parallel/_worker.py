@@ -31,7 +31,7 @@ import traceback
 from multiprocessing.connection import Connection
 from typing import Any
 
-from mixle.reading.cache import set_chunk_cache_bytes, share_default_chunk_cache
+from mixle.reading.process_cache import set_chunk_cache_bytes, share_default_chunk_cache
 from mixle.utils.parallel.encoding import build_shard
 
 __all__ = ["CLOSE", "WATCHDOG_INTERVAL_S", "guard_against_orphaning", "worker_main"]

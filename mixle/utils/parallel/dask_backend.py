@@ -27,7 +27,7 @@ from typing import Any
 
 from mixle.data.index_math.sharding import parse_count, plan_shards
 from mixle.errors import WorkerDiedError, WorkerError, WorkerTimeoutError
-from mixle.reading.cache import (
+from mixle.reading.process_cache import (
     set_chunk_cache_bytes,
     share_default_chunk_cache,
     user_chunk_cache_bytes,

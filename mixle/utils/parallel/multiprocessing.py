@@ -23,7 +23,7 @@ from typing import Any
 
 from mixle.data.index_math.sharding import parse_count, plan_shards
 from mixle.errors import WorkerDiedError, WorkerError, WorkerTimeoutError
-from mixle.reading.cache import user_chunk_cache_bytes
+from mixle.reading.process_cache import user_chunk_cache_bytes
 from mixle.utils.parallel._worker import CLOSE, worker_main
 from mixle.utils.parallel.base import EncodedData, ReadIn, parse_read_in, parse_timeout
 from mixle.utils.parallel.encoding import (

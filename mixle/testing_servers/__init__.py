@@ -14,15 +14,15 @@ object stores can be tested without a network:
 Both are context managers that stop cleanly (their threads joined, sockets closed).
 """
 
-from mixle.testing_servers.http_server import (
-    ERROR_PAGE,
-    FaultPlan,
-    MotoS3Server,
-    RangeHTTPServer,
-    shifted,
-)
-from mixle.testing_servers.http_server import (
-    _RangeHandler as _RangeHandler,  # the handler class tests patch
-)
+# the private names are the ones this module had before it became a package
+from mixle.testing_servers.faults import _RANGE as _RANGE
+from mixle.testing_servers.faults import ERROR_PAGE, FaultPlan, shifted
+from mixle.testing_servers.http_server import RangeHTTPServer
+from mixle.testing_servers.http_server import _ClosingServer as _ClosingServer
+from mixle.testing_servers.http_server import _RangeHandler as _RangeHandler
+from mixle.testing_servers.http_server import _Serving as _Serving
+from mixle.testing_servers.s3_server import _SERVED as _SERVED
+from mixle.testing_servers.s3_server import MotoS3Server
+from mixle.testing_servers.s3_server import _FaultyApp as _FaultyApp
 
 __all__ = ["ERROR_PAGE", "FaultPlan", "MotoS3Server", "RangeHTTPServer", "shifted"]

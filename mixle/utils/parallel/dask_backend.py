@@ -5,7 +5,7 @@ resulting future stays held, so the shard stays in that worker's memory. ``map``
 ``fn(shard, *args)`` pinned to the same worker, so it runs where the shard lives.
 
 Chunk cache: the Dask worker processes on one host share one job's default budget, as
-``MPEncodedData`` workers do (:func:`~mixle.reading.cache.share_default_chunk_cache` with
+``MPEncodedData`` workers do (:func:`~mixle.reading.process_cache.share_default_chunk_cache` with
 the number of Dask workers on that host), unless the driver's user set a budget
 (``set_chunk_cache_bytes``), which each worker then keeps. Workers running inside the
 driver's own process (``processes=False``) are left alone.

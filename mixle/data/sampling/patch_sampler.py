@@ -8,38 +8,21 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from mixle.data.index_math.hashing import MASK64, parse_seed
 from mixle.data.sampling.aligned import COORDS_KEY, AlignedArrays
-from mixle.data.sampling.padding import parse_padding, read_spatial_boxes
+from mixle.data.sampling.padding import read_spatial_boxes
 from mixle.data.sampling.patch_args import (
-    centred_grid,
-    check_combination,
-    fingerprint_digest,
     parse_epoch,
     parse_index,
-    parse_num_patches,
     parse_patch_size,
-    parse_region,
     parse_stride,
-    patch_entries,
     record_indices,
-    source_identity,
-    split_channels,
 )
-from mixle.data.sampling.placement import (
-    grid_counts,
-    local_patch_corners,
-    patch_corners,
-    permuted_corners,
-)
-from mixle.data.sampling.weighted import WeightedPlacement, weighted_placement
+from mixle.data.sampling.patch_layout import parse_patch_layout
+from mixle.data.sampling.weighted import WeightedPlacement
 from mixle.data.schema import Schema, parse_schema
-from mixle.data.sources.arrays.adopt import as_array_source
 from mixle.data.sources.arrays.base import ArraySource
 from mixle.data.spec import ArraySpec
 from mixle.data.structure import EXCHANGEABLE, SampleStructure, parse_structure
-from mixle.utils.progress import parse_progress
-from mixle.utils.validation import parse_int
 
 __all__ = ["PatchSampler", "parse_patch_size", "parse_stride"]
 
@@ -182,110 +165,69 @@ class PatchSampler:
         schema: Schema | None = None,
         progress: bool | None = None,
     ) -> None:
-        progress = parse_progress(progress)
-        self._padding = parse_padding(padding)
-        padded = self._padding != "none"
-        self._arrays: AlignedArrays | None = None
-        if isinstance(array, Mapping):
-            spatial = patch_entries(patch_size)  # None for an int: the arrays' smallest ndim
-            self._arrays = AlignedArrays(array, spatial_ndim=spatial, scales=scales)
-            self._source = next(iter(self._arrays.sources.values()))
-            self._lead: tuple[int, ...] = ()
-            shape, step = self._arrays.shape, self._arrays.step
-        else:
-            self._source = as_array_source(array, name="array")
-            if not self._source.shape:
-                raise ValueError("array is 0-dimensional; patches need at least one axis")
-            self._lead, shape = split_channels(patch_size, self._source.shape)
-            step = (1,) * len(shape)
-        self._shape = shape
-        self._patch_size = parse_patch_size(patch_size, shape, padded=padded)
-        arrays = self._arrays or AlignedArrays({"array": self._source}, spatial_ndim=len(shape))
-        arrays.check_patch_size(self._patch_size)
-        constant = self._padding == "constant"
-        self._pad_values = (
-            arrays.pad_values(pad_value) if constant else dict.fromkeys(arrays.names, 0)
-        )
-        self._seed = parse_seed(seed)
-        self._epoch = parse_epoch(epoch)
-        self._stride = step if stride is None else parse_stride(stride, len(shape))
-        off = [a for a, (st, m) in enumerate(zip(self._stride, step)) if st % m]
-        if off:
-            raise ValueError(
-                f"stride={self._stride} must be a multiple of {step} (the arrays' scale "
-                f"factors) on every axis; axis {off[0]} is not"
-            )
-        if not isinstance(replacement, (bool, np.bool_)):
-            raise TypeError(f"replacement={replacement!r} must be True or False")
-        self._replacement = bool(replacement)
-        if padded:
-            self._origin, self._counts = centred_grid(shape, self._patch_size, self._stride, step)
-        else:
-            self._origin = (0,) * len(shape)
-            self._counts = grid_counts(shape, self._patch_size, self._stride)
-        self._per_region = parse_int(patches_per_chunk, "patches_per_chunk")
-        if self._per_region < 1:
-            raise ValueError(f"patches_per_chunk={patches_per_chunk} must be >= 1")
-        chunks = self._source.chunks if self._arrays is None else None
-        chunks = None if chunks is None else chunks[len(self._lead) :]
-        self._region = parse_region(region, self._patch_size, chunks)
-        self._weighted = weighted_placement(
-            weights,
-            labels,
-            label_probabilities,
+        self._layout = parse_patch_layout(
+            array,
+            patch_size,
+            num_patches,
+            seed=seed,
+            epoch=epoch,
             stride=stride,
-            arrays=self._arrays,
-            shape=shape,
-            patch_size=self._patch_size,
-            step=step,
-            padded=padded,
+            replacement=replacement,
+            patches_per_chunk=patches_per_chunk,
+            region=region,
+            padding=padding,
+            pad_value=pad_value,
+            weights=weights,
+            labels=labels,
+            label_probabilities=label_probabilities,
+            scales=scales,
             progress=progress,
         )
-        check_combination(self._per_region, self._replacement, self._weighted, self._padding)
-        self._num_patches = parse_num_patches(num_patches, self._replacement, self._counts)
+        self._epoch = self._layout.epoch  # set_epoch changes it
         self._structure = parse_structure(structure)
         self._schema = parse_schema(schema)
         if self._schema is not None:
-            if self._arrays is not None:
+            if self._layout.arrays is not None:
                 raise ValueError("schema= applies to a single array; pass one array, not a dict")
-            patch = (*self._lead, *self._patch_size)
-            self._schema.check(self._source.dtype, patch, what="PatchSampler patch")
+            patch = (*self._layout.lead, *self._layout.patch_size)
+            self._schema.check(self._layout.source.dtype, patch, what="PatchSampler patch")
 
     # -- description --------------------------------------------------------------------
     @property
     def source(self) -> ArraySource:
         """The source patches are cut from (the first array's for a dict)."""
-        return self._source
+        return self._layout.source
 
     @property
     def sources(self) -> dict[str, ArraySource]:
         """``{name: source}`` of a dict sampler (``{"array": source}`` otherwise)."""
-        return {"array": self._source} if self._arrays is None else self._arrays.sources
+        lay = self._layout
+        return {"array": lay.source} if lay.arrays is None else lay.arrays.sources
 
     @property
     def arrays(self) -> AlignedArrays | None:
         """The aligned arrays of a dict sampler (scale factors, channels), else ``None``."""
-        return self._arrays
+        return self._layout.arrays
 
     @property
     def patch_size(self) -> tuple[int, ...]:
         """Patch extent per (spatial) axis."""
-        return self._patch_size
+        return self._layout.patch_size
 
     @property
     def channel_shape(self) -> tuple[int, ...]:
         """Leading axes of the array every patch holds whole (``()`` if none or for a dict)."""
-        return self._lead
+        return self._layout.lead
 
     @property
     def stride(self) -> tuple[int, ...]:
         """Spacing of the corner grid per axis."""
-        return self._stride
+        return self._layout.stride
 
     @property
     def seed(self) -> int:
         """The seed corners are derived from."""
-        return self._seed
+        return self._layout.seed
 
     @property
     def epoch(self) -> int:
@@ -299,32 +241,32 @@ class PatchSampler:
     @property
     def replacement(self) -> bool:
         """Whether corners are drawn independently (``False``: each grid position once)."""
-        return self._replacement
+        return self._layout.replacement
 
     @property
     def padding(self) -> str:
         """The edge policy (``"none"``: patches stay inside the volume)."""
-        return self._padding
+        return self._layout.padding
 
     @property
     def patches_per_chunk(self) -> int:
         """How many consecutive indices share one region (1: independent placement)."""
-        return self._per_region
+        return self._layout.per_region
 
     @property
     def region(self) -> tuple[int, ...]:
         """Extent of the regions that locality sampling tiles the array with."""
-        return self._region
+        return self._layout.region
 
     @property
     def grid_shape(self) -> tuple[int, ...]:
         """Number of possible corner positions per axis."""
-        return self._counts
+        return self._layout.counts
 
     @property
     def weighted(self) -> WeightedPlacement | None:
         """The weighted or label placement (its index), if any."""
-        return self._weighted
+        return self._layout.weighted
 
     @property
     def structure(self) -> SampleStructure:
@@ -338,30 +280,32 @@ class PatchSampler:
 
     def element_spec(self) -> Any:
         """Spec of one record, from metadata: ``(patch, coords)`` or a dict for a dict."""
-        coords = ArraySpec((len(self._patch_size),), np.dtype(np.int64))
-        if self._arrays is not None:
-            return {**self._arrays.element_specs(self._patch_size), COORDS_KEY: coords}
-        return (ArraySpec((*self._lead, *self._patch_size), self._source.dtype), coords)
+        lay = self._layout
+        coords = ArraySpec((len(lay.patch_size),), np.dtype(np.int64))
+        if lay.arrays is not None:
+            return {**lay.arrays.element_specs(lay.patch_size), COORDS_KEY: coords}
+        return (ArraySpec((*lay.lead, *lay.patch_size), lay.source.dtype), coords)
 
     def __len__(self) -> int:
-        return self._num_patches
+        return self._layout.num_patches
 
     def __repr__(self) -> str:
+        lay = self._layout
         extra = ""
-        if self._per_region > 1:
-            extra += f", patches_per_chunk={self._per_region}, region={self._region}"
+        if lay.per_region > 1:
+            extra += f", patches_per_chunk={lay.per_region}, region={lay.region}"
         if self._epoch:
             extra += f", epoch={self._epoch}"
-        if not self._replacement:
+        if not lay.replacement:
             extra += ", replacement=False"
-        if self._padding != "none":
-            extra += f", padding={self._padding!r}"
-        if self._weighted is not None:
+        if lay.padding != "none":
+            extra += f", padding={lay.padding!r}"
+        if lay.weighted is not None:
             extra += ", weighted"
-        what = self._arrays if self._arrays is not None else self._source
+        what = lay.arrays if lay.arrays is not None else lay.source
         return (
-            f"PatchSampler({what!r}, patch_size={self._patch_size}, "
-            f"num_patches={self._num_patches}, seed={self._seed}, stride={self._stride}{extra})"
+            f"PatchSampler({what!r}, patch_size={lay.patch_size}, "
+            f"num_patches={lay.num_patches}, seed={lay.seed}, stride={lay.stride}{extra})"
         )
 
     def fingerprint(self) -> str:
@@ -375,57 +319,15 @@ class PatchSampler:
         identity and a hash of its voxels taken while it was indexed). Paths are left out
         (a moved store resumes), and so is the volume's content (it is never read here).
         """
-        weighted = self._weighted
-        return fingerprint_digest(
-            "PatchSampler",
-            {
-                "arrays": (
-                    source_identity(self._source)
-                    if self._arrays is None
-                    else self._arrays.fingerprint()
-                ),
-                "dict": self._arrays is not None,
-                "patch_size": self._patch_size,
-                "num_patches": self._num_patches,
-                "seed": self._seed & MASK64,  # the hash takes it modulo 2**64
-                "epoch": self._epoch,
-                "stride": self._stride,
-                "replacement": self._replacement,
-                "patches_per_chunk": self._per_region,
-                "region": self._region if self._per_region > 1 else None,
-                "padding": self._padding,
-                "pad_values": self._pad_values,
-                "weighted": None if weighted is None else weighted.fingerprint(),
-            },
-        )
+        return self._layout.fingerprint(self._epoch)
 
     # -- placement (no I/O) -------------------------------------------------------------
     def coords_array(self, indices: ArrayLike | None = None) -> NDArray[np.int64]:
         """Corners of patches ``indices`` (default: all) as an int64 ``(N, ndim)`` array."""
-        return self._corners(record_indices(indices, self._num_patches))
+        return self._corners(record_indices(indices, self._layout.num_patches))
 
     def _corners(self, idx: ArrayLike) -> NDArray[np.int64]:
-        seed, epoch = self._seed, self._epoch
-        if self._weighted is not None:
-            return self._weighted.corners(seed, idx, epoch=epoch)
-        if not self._replacement:
-            out = permuted_corners(seed, idx, self._counts, self._stride, epoch=epoch)
-        elif self._per_region == 1:
-            out = patch_corners(seed, idx, self._counts, self._stride, epoch=epoch)
-        else:
-            out = local_patch_corners(
-                seed,
-                idx,
-                self._shape,
-                self._patch_size,
-                self._stride,
-                self._per_region,
-                self._region,
-                epoch=epoch,
-            )
-        if any(self._origin):
-            out += np.asarray(self._origin, dtype=np.int64)
-        return out
+        return self._layout.corners(idx, self._epoch)
 
     def coords(self) -> list[tuple[int, ...]]:
         """Corners of every patch as tuples of ints (no I/O)."""
@@ -433,29 +335,34 @@ class PatchSampler:
 
     # -- reading ------------------------------------------------------------------------
     def _read(self, corners: NDArray[np.int64]) -> Any:
-        if self._arrays is not None:
-            return self._arrays.read(
-                corners, self._patch_size, padding=self._padding, pad_values=self._pad_values
+        lay = self._layout
+        if lay.arrays is not None:
+            return lay.arrays.read(
+                corners,
+                lay.patch_size,
+                padding=lay.padding,
+                pad_values=lay.pad_values,
             )
         return read_spatial_boxes(
-            self._source,
+            lay.source,
             corners,
-            self._lead,
-            self._patch_size,
-            padding=self._padding,
-            pad_value=self._pad_values["array"],
+            lay.lead,
+            lay.patch_size,
+            padding=lay.padding,
+            pad_value=lay.pad_values["array"],
         )
 
     def __getitem__(self, index: int) -> Record:
         """Patch ``index`` and its corner: ``(patch, coords)``, or a dict for a dict."""
-        n = self._num_patches
+        lay = self._layout
+        n = lay.num_patches
         i = parse_index(index, n, f"a sampler of {n} patches")
         corner = tuple(self._corners((i,))[0].tolist())
-        if self._arrays is None and self._padding == "none":
-            start = (0,) * len(self._lead) + corner
-            return self._source.read_box(start, (*self._lead, *self._patch_size)), corner
+        if lay.arrays is None and lay.padding == "none":
+            start = (0,) * len(lay.lead) + corner
+            return lay.source.read_box(start, (*lay.lead, *lay.patch_size)), corner
         patches = self._read(np.array([corner], dtype=np.int64))
-        if self._arrays is None:
+        if lay.arrays is None:
             return patches[0], corner
         return {**{k: v[0] for k, v in patches.items()}, COORDS_KEY: corner}
 
@@ -467,13 +374,13 @@ class PatchSampler:
         """
         corners = self.coords_array(indices)
         patches = self._read(corners)
-        if self._arrays is None:
+        if self._layout.arrays is None:
             return patches, corners
         return {**patches, COORDS_KEY: corners}
 
     def records(self) -> Iterator[Record]:
         """Yield the record of every index in order."""
-        for i in range(self._num_patches):
+        for i in range(self._layout.num_patches):
             yield self[i]
 
     def __iter__(self) -> Iterator[Record]:

@@ -12,7 +12,6 @@ from mixle.data.sources.arrays.base import ArrayMeta, ArraySource
 from mixle.data.sources.arrays.hdf5.access import (
     HDF5_CHUNK_CACHE_BYTES,
     HDF5_CHUNK_CACHE_SLOTS,
-    PluginSizeCheck,
     check_external,
     check_virtual,
     hdf5_args,
@@ -29,6 +28,7 @@ from mixle.data.sources.arrays.hdf5.opening import (
     open_dataset,
     open_remote_dataset,
 )
+from mixle.data.sources.arrays.hdf5.plugin_sizes import PluginSizeCheck
 from mixle.data.sources.arrays.hdf5.remote import RemoteHDF5ChunkReader
 from mixle.data.sources.arrays.memmap.check import check_mapped_file
 from mixle.data.sources.key_plan import plan_key, read_extent

@@ -39,7 +39,7 @@ from mixle.data.sources.arrays.zarr.local_files import (
 )
 from mixle.data.sources.arrays.zarr.outer_shards import OuterShardDecoder
 from mixle.data.sources.arrays.zarr.stores import StoreGetter
-from mixle.data.sources.arrays.zarr.vlen import VlenChunkDecoder
+from mixle.data.sources.arrays.zarr.vlen import VlenChunkDecoder, VlenLimitError
 from mixle.reading import CorruptChunkError, new_token
 
 __all__ = [
@@ -49,6 +49,7 @@ __all__ = [
     "ZarrStoreReader",
     "decode_checked",
     "fill_chunk",
+    "fill_value",
     "plain_dtype",
 ]
 
@@ -61,16 +62,28 @@ PLAIN_KINDS = "biufcmMSUV"
 Decoder = ChunkDecoder | VlenChunkDecoder | OuterShardDecoder
 
 
+def fill_value(array: Any) -> Any:
+    """The value a chunk of ``array`` never written reads as, as zarr reads it.
+
+    A format 2 array may have no fill value (``null``): zarr then reads its dtype's default
+    (``0``, ``False``, ``''``, ``b''``, ``NaT``...), and so does this.
+    """
+    fill = array.fill_value
+    if fill is None:
+        default = getattr(array.metadata.dtype, "default_scalar", None)
+        return 0 if default is None else default()
+    return fill
+
+
 def fill_chunk(array: Any, chunks: tuple[int, ...]) -> np.ndarray:
-    """A read-only chunk of ``array``'s fill value (zeros when it has none), as zarr reads.
+    """A read-only chunk of ``array``'s fill value (:func:`fill_value`), as zarr reads.
 
     It is clipped to the array's shape: every region a read takes from a chunk lies inside
     the array, so a chunk far larger than the array (a damaged ``chunks``) costs no more
     than the array itself.
     """
-    fill = array.fill_value
     shape = tuple(min(c, s) for c, s in zip(chunks, array.shape))
-    chunk = np.full(shape, 0 if fill is None else fill, dtype=np.dtype(array.dtype))
+    chunk = np.full(shape, fill_value(array), dtype=np.dtype(array.dtype))
     chunk.flags.writeable = False
     return chunk
 
@@ -85,6 +98,8 @@ def decode_checked(
 ) -> np.ndarray:
     """``decode(raw)``, any failure raised as :class:`CorruptChunkError` naming the chunk.
 
+    A :class:`~mixle.data.sources.arrays.zarr.vlen.VlenLimitError` (a size limit) stays one.
+
     ``key`` is the chunk's stored key; ``coords``, if given, its chunk grid coordinates.
     ``inner``, if given, names an inner chunk (its chunk grid coordinates) of shard ``key``.
     """
@@ -93,6 +108,10 @@ def decode_checked(
     except Exception as exc:
         at = "" if coords is None else f" (chunk grid coordinates {coords})"
         what = f"chunk {key!r}" if inner is None else f"inner chunk {inner} of shard {key!r}"
+        if isinstance(exc, VlenLimitError):  # a size limit, not (necessarily) damage
+            raise VlenLimitError(
+                f"{what} of zarr array {where}{at} ({len(raw):,} stored bytes): {exc}"
+            ) from None
         raise CorruptChunkError(
             f"{what} of zarr array {where}{at} is corrupt ({len(raw)} stored bytes do "
             f"not decode to a chunk: {type(exc).__name__}: {exc})"

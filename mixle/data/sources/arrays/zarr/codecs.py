@@ -30,7 +30,11 @@ from typing import Any, Literal
 
 import numpy as np
 
-from mixle.data.sources.arrays.zarr.decompress import BOUNDED_COMPRESSORS, bounded_decompress
+from mixle.data.sources.arrays.zarr.decompress import (
+    BOUNDED_COMPRESSORS,
+    StageLimitError,
+    bounded_decompress,
+)
 from mixle.utils.optional_deps import require
 
 __all__ = [
@@ -153,7 +157,8 @@ def _decode_step(codec: Any, buf: Any, limit: int, exact: bool) -> Any:
     got = memoryview(out).nbytes
     if got > limit or (exact and got != limit):
         bound = f"{limit}" if exact else f"at most {limit}"
-        raise ValueError(f"the {codec_id} codec decoded {got} bytes, its stage holds {bound}")
+        kind = ValueError if exact else StageLimitError
+        raise kind(f"the {codec_id} codec decoded {got} bytes, its stage holds {bound}")
     return out
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["BOUNDED_COMPRESSORS", "bounded_decompress"]
+__all__ = ["BOUNDED_COMPRESSORS", "StageLimitError", "bounded_decompress"]
 
 #: Compressors whose output mixle caps while decoding.
 BOUNDED_COMPRESSORS = frozenset({"zlib", "gzip", "bz2", "lzma", "zstd", "blosc", "lz4"})
@@ -25,6 +25,10 @@ BOUNDED_COMPRESSORS = frozenset({"zlib", "gzip", "bz2", "lzma", "zstd", "blosc",
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 #: Bytes 1-3 of a skippable zstd frame's magic number (byte 0 is 0x50 to 0x5F).
 _SKIPPABLE_MAGIC_TAIL = b"\x2a\x4d\x18"
+
+
+class StageLimitError(ValueError):
+    """A stream would decode to more bytes than its stage allows (not a damaged stream)."""
 
 
 def bounded_decompress(codec: Any, raw: Any, limit: int, exact: bool = False) -> Any:
@@ -48,10 +52,13 @@ def bounded_decompress(codec: Any, raw: Any, limit: int, exact: bool = False) ->
 
     Raises
     ------
+    StageLimitError
+        (a ``ValueError``) When the stream would decode to more than ``limit`` bytes (found
+        before more than ``limit + 1`` bytes are produced, or from the header before any
+        allocation).
     ValueError
-        When the stream would decode to more than ``limit`` bytes (found before more than
-        ``limit + 1`` bytes are produced, or from the header before any allocation), or
-        when it is truncated or damaged.
+        When it is truncated or damaged, or does not decode to exactly ``limit`` bytes when
+        ``exact``.
     """
     codec_id = codec.codec_id
     data = memoryview(raw).cast("B")
@@ -66,7 +73,7 @@ def bounded_decompress(codec: Any, raw: Any, limit: int, exact: bool = False) ->
             declared = limit
         if declared > limit or (exact and declared != limit):
             bound = f"{limit}" if exact else f"at most {limit}"
-            raise ValueError(
+            raise (ValueError if exact else StageLimitError)(
                 f"the stored {codec_id} header says {declared} bytes, its stage holds {bound}"
             )
         out = np.empty(declared, dtype=np.uint8)
@@ -95,7 +102,7 @@ def _stream(
         total += len(part)
         parts.append(part)
         if total > limit:
-            raise ValueError(f"the {codec_id} stream decodes to more than {limit} bytes")
+            raise StageLimitError(f"the {codec_id} stream decodes to more than {limit} bytes")
         if not dec.eof:
             raise ValueError(f"the {codec_id} stream is truncated (no end-of-stream marker)")
         rest = dec.unused_data

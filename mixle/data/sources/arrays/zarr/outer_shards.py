@@ -4,7 +4,9 @@ A format 3 array whose codecs are ``sharding_indexed`` followed by bytes-to-byte
 (``gzip``, ``zstd``...) stores each chunk as a shard, compressed as one stream. zarr reads
 such a shard whole. :class:`OuterShardDecoder` undoes the outer codecs into at most the
 bytes a shard can have (its index plus every inner chunk's
-:attr:`~mixle.data.sources.arrays.zarr.codecs.ChunkDecoder.stored_limit`), checks the index
+:attr:`~mixle.data.sources.arrays.zarr.codecs.ChunkDecoder.stored_limit`; for variable-length
+strings or bytes, the vlen cap over all the shard's elements:
+:func:`~mixle.data.sources.arrays.zarr.vlen.vlen_shard_limit`), checks the index
 (and its crc32c) and decodes each inner chunk with its own bounded decoder. A chunk that
 would decode past any of those bounds raises ``ValueError`` (a
 :class:`~mixle.reading.CorruptChunkError` from the readers).
@@ -24,6 +26,13 @@ from mixle.data.sources.arrays.zarr.codecs import (
     _encoded_size,
     bytes_steps,
     v3_decoder,
+)
+from mixle.data.sources.arrays.zarr.decompress import StageLimitError
+from mixle.data.sources.arrays.zarr.vlen import (
+    VlenChunkDecoder,
+    VlenLimitError,
+    v3_vlen_decoder,
+    vlen_shard_limit,
 )
 
 __all__ = ["OuterShardDecoder", "outer_shard_decoder"]
@@ -46,7 +55,7 @@ class OuterShardDecoder:
     def __init__(
         self,
         codecs: Sequence[Any],
-        inner: ChunkDecoder,
+        inner: ChunkDecoder | VlenChunkDecoder,
         shape: tuple[int, ...],
         inner_shape: tuple[int, ...],
         checksum: bool,
@@ -65,7 +74,10 @@ class OuterShardDecoder:
         self._dtype = dtype
         count = math.prod(self._per)
         self._index_bytes = 16 * count + (4 if checksum else 0)
-        self._shard_limit = self._index_bytes + count * inner.stored_limit
+        vlen = isinstance(inner, VlenChunkDecoder)
+        self._vlen = inner if vlen else None
+        body = vlen_shard_limit(inner, count) if vlen else count * inner.stored_limit
+        self._shard_limit = self._index_bytes + body
         self.nbytes = math.prod(shape) * dtype.itemsize
         limits: list[int] = []
         size = self._shard_limit
@@ -79,7 +91,14 @@ class OuterShardDecoder:
         """The chunk ``raw`` decodes to; ``ValueError`` if it is not one shard within bounds."""
         buf: Any = raw
         for codec, limit in zip(self._codecs, self._limits):
-            buf = _decode_step(codec, buf, limit, False)
+            try:
+                buf = _decode_step(codec, buf, limit, False)
+            except StageLimitError as exc:
+                if self._vlen is None:
+                    raise
+                what = f"a shard of {math.prod(self._per):,} variable-length chunks"
+                message = self._vlen.limit_message(str(exc), what, self._shard_limit)
+                raise VlenLimitError(message) from None
         data = memoryview(buf).cast("B")
         if len(data) < self._index_bytes:
             raise ValueError(f"the shard has {len(data)} bytes, less than its index")
@@ -121,7 +140,11 @@ def outer_shard_decoder(array: Any) -> OuterShardDecoder | None:
     if len(inner_shape) != len(shape) or any(s % c for s, c in zip(shape, inner_shape)):
         return None
     dtype = np.dtype(array.dtype)
-    inner = v3_decoder(sharding.codecs, dtype, inner_shape)
+    inner: ChunkDecoder | VlenChunkDecoder | None
+    if dtype.kind in "OT":  # variable-length strings or bytes
+        inner = v3_vlen_decoder(sharding.codecs, dtype, inner_shape)
+    else:
+        inner = v3_decoder(sharding.codecs, dtype, inner_shape)
     outer = bytes_steps(codecs[1:])
     index = tuple(sharding.index_codecs)
     if inner is None or outer is None or not index or not isinstance(index[0], BytesCodec):

@@ -68,8 +68,10 @@ def codec_chain(array: Any) -> Decoder | None:
     """A ``bytes -> chunk`` decoder for ``array``'s codecs, or ``None`` if mixle lacks one."""
     meta = array.metadata
     dtype = np.dtype(array.dtype)
-    if dtype.kind in "OT":  # variable-length strings or bytes
-        return vlen_decoder(array)
+    if dtype.kind in "OT":  # variable-length strings or bytes, in chunks or whole shards
+        return vlen_decoder(array) or (
+            None if meta.zarr_format == 2 else outer_shard_decoder(array)
+        )
     if not plain_dtype(dtype) or getattr(array, "shards", None) is not None:
         return None
     chunks = tuple(array.chunks)

@@ -10,17 +10,22 @@ __all__ = [
     "ArrayNotFoundError",
     "BrokenEncodedDataError",
     "ColumnNotFoundError",
+    "CorruptChunkError",
     "DiskFullError",
+    "DtypeOverflowError",
+    "DtypePolicyError",
     "EncodedDataClosedError",
     "FileChangedError",
     "FilterUnavailableError",
     "InvalidMetadataError",
     "LeafMismatchError",
+    "LoaderStateError",
     "MalformedRowError",
     "MetadataLimitError",
     "NotAnArrayError",
     "NpyHeaderTooLargeError",
     "ParquetReadError",
+    "RangeMismatchError",
     "ReadsStopped",
     "RemoteReadError",
     "RemoteTimeoutError",
@@ -146,6 +151,19 @@ class FilterUnavailableError(ImportError):
 
 
 # -- reading and loading -------------------------------------------------------------------
+class CorruptChunkError(ValueError):
+    """Stored bytes of a chunk do not decode to a chunk (bad checksum, truncated, wrong size)."""
+
+
+class RangeMismatchError(OSError):
+    """A response to a byte-range request is not that range: retried, then a RemoteReadError.
+
+    Raised for a status other than 206 (or a 200 carrying the whole object), a
+    ``Content-Range`` whose start, end or total differs from the range asked, or a body
+    whose length differs from it; the message says what was asked and what came back.
+    """
+
+
 class RemoteReadError(OSError):
     """A request kept failing after every retry; the message names the URL and the chunk."""
 
@@ -160,6 +178,19 @@ class RemoteTimeoutError(RemoteReadError):
 
 class ReadsStopped(RuntimeError):
     """A loop's reads were stopped from another thread (its loader was closed)."""
+
+
+class LoaderStateError(ValueError):
+    """A state dict cannot resume this loader: other source, shard layout or order."""
+
+
+# -- the JAX adapter -----------------------------------------------------------------------
+class DtypePolicyError(TypeError):
+    """A batch leaf has a dtype its ``dtype_policy`` refuses (e.g. float64 while x64 is off)."""
+
+
+class DtypeOverflowError(DtypePolicyError, OverflowError):
+    """Under ``dtype_policy="safe"``, 64-bit integers hold values that do not fit 32 bits."""
 
 
 # -- worker-resident data (MPEncodedData, DaskEncodedData) ---------------------------------

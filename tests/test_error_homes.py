@@ -23,6 +23,9 @@ HOMES: dict[str, tuple[tuple[str, ...], str]] = {
     "DiskFullError": (("OSError",), "mixle.cli._demo_disk"),
     "RemoteReadError": (("OSError",), "mixle.reading.faults"),
     "RemoteTimeoutError": (("RemoteReadError",), "mixle.reading.faults"),
+    "CorruptChunkError": (("ValueError",), "mixle.reading.faults"),
+    "RangeMismatchError": (("OSError",), "mixle.reading.faults"),
+    "LoaderStateError": (("ValueError",), "mixle.loading.state"),
 }
 #: The public paths the docs and users name, which must be the same class too.
 PUBLIC_PATHS = {
@@ -32,6 +35,9 @@ PUBLIC_PATHS = {
     "UnsupportedStoreError": "mixle.inspection",
     "RemoteReadError": "mixle.reading",
     "RemoteTimeoutError": "mixle.reading",
+    "CorruptChunkError": "mixle.reading",
+    "RangeMismatchError": "mixle.reading",
+    "LoaderStateError": "mixle.loading",
 }
 
 
@@ -78,7 +84,6 @@ def test_mixle_errors_defines_them_and_imports_nothing_so_any_layer_may_import_i
     assert [getattr(n, "module", None) for n in imports] == ["__future__"]
 
 
-# Fails until each old module imports the class from mixle.errors instead of defining its own.
 @pytest.mark.parametrize("name", sorted(HOMES))
 def test_the_old_import_path_is_the_same_class(name):
     old = importlib.import_module(HOMES[name][1])
@@ -89,3 +94,17 @@ def test_the_old_import_path_is_the_same_class(name):
 def test_the_public_subpackage_path_is_the_same_class(name):
     package = importlib.import_module(PUBLIC_PATHS[name])
     assert getattr(package, name) is getattr(mixle.errors, name)
+
+
+def test_the_jax_adapters_errors_live_in_mixle_errors_without_jax():
+    # defined in mixle.errors (which imports nothing), so catching them needs no jax import
+    for name, bases in (
+        ("DtypePolicyError", ("TypeError",)),
+        ("DtypeOverflowError", ("DtypePolicyError", "OverflowError")),
+    ):
+        cls = getattr(mixle.errors, name)
+        assert cls.__module__ == "mixle.errors" and name in mixle.errors.__all__
+        assert tuple(base.__name__ for base in cls.__bases__) == bases
+        pytest.importorskip("jax")
+        assert getattr(importlib.import_module("mixle.jax"), name) is cls
+        assert getattr(importlib.import_module("mixle.jax.convert"), name) is cls

@@ -20,6 +20,7 @@ from typing import Any, Literal
 import numpy as np
 
 from mixle.data.spec import ArraySpec, SpecTree
+from mixle.errors import DtypeOverflowError, DtypePolicyError
 from mixle.utils.optional_deps import require
 from mixle.utils.validation import parse_choice
 
@@ -52,14 +53,6 @@ _NARROW = {
     np.dtype(np.complex128): np.dtype(np.complex64),
 }
 _X64_FIX = "or enable x64 yourself (jax.config.update('jax_enable_x64', True))"
-
-
-class DtypePolicyError(TypeError):
-    """A batch leaf has a dtype its ``dtype_policy`` refuses (e.g. float64 while x64 is off)."""
-
-
-class DtypeOverflowError(DtypePolicyError, OverflowError):
-    """Under ``dtype_policy="safe"``, 64-bit integers hold values that do not fit 32 bits."""
 
 
 def parse_dtype_policy(dtype_policy: object) -> DtypePolicy:

@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from mixle.errors import LoaderStateError
+
 __all__ = [
     "STATE_KEYS",
     "STATE_VERSION",
@@ -90,10 +92,6 @@ _FIX = "pass the dict Loader.state_dict() returned (a JSON round trip keeps it)"
 def show(value: object) -> str:
     """``repr(value)``, abridged when long (for error messages)."""
     return _SHOW.repr(value)
-
-
-class LoaderStateError(ValueError):
-    """A state dict cannot resume this loader: other source, shard layout or order."""
 
 
 def source_fingerprint(source: Any) -> str:

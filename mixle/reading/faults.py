@@ -26,7 +26,13 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import NoReturn, TypeVar
 
-from mixle.errors import ReadsStopped, RemoteReadError, RemoteTimeoutError
+from mixle.errors import (
+    CorruptChunkError,
+    RangeMismatchError,
+    ReadsStopped,
+    RemoteReadError,
+    RemoteTimeoutError,
+)
 from mixle.reading.policy import kept_deadline, retry_policy
 from mixle.reading.stopping import (
     await_unless_stopped,
@@ -74,19 +80,6 @@ _TRANSIENT_ERRNO = frozenset(
 _PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
 
 T = TypeVar("T")
-
-
-class RangeMismatchError(OSError):
-    """A response to a byte-range request is not that range: retried, then a RemoteReadError.
-
-    Raised for a status other than 206 (or a 200 carrying the whole object), a
-    ``Content-Range`` whose start, end or total differs from the range asked, or a body
-    whose length differs from it; the message says what was asked and what came back.
-    """
-
-
-class CorruptChunkError(ValueError):
-    """Stored bytes of a chunk do not decode to a chunk (bad checksum, truncated, wrong size)."""
 
 
 def is_transient(exc: BaseException) -> bool:

@@ -162,6 +162,21 @@ def _jax_stays_out_of_this_process() -> Iterator[None]:
         )
 
 
+@pytest.fixture(autouse=True)
+def _chunk_cache_rule_restored() -> Iterator[None]:
+    """A budget a test sets (or puts back as a number, which counts as set) ends with it.
+
+    Otherwise a later test of the default rule (worker shares, DataLoader splits) would
+    see a budget "set by the user" and pass or fail by test order.
+    """
+    from mixle.reading.process_cache import set_chunk_cache_bytes, user_chunk_cache_bytes
+
+    before = user_chunk_cache_bytes()
+    yield
+    if user_chunk_cache_bytes() != before:
+        set_chunk_cache_bytes(before)
+
+
 @pytest.fixture
 def fast_retries() -> Iterator[None]:
     """Remote tests: retries in milliseconds instead of seconds, and an empty chunk cache."""

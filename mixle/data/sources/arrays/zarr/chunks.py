@@ -170,8 +170,23 @@ class ZarrCodecReader(_DecodedChunks):
         except CorruptChunkError:
             if os.path.isdir(path):
                 raise CorruptChunkError(directory_message(key, self._where, coords, path)) from None
+            limit = _stored_over_vlen_limit(self._decode, path)
+            if limit is not None:  # strings longer than the vlen cap: say it is that limit
+                raise VlenLimitError(f"{what} {limit}") from None
             raise
         return self.decode(coords, raw)
+
+
+def _stored_over_vlen_limit(decode: Decoder, path: str) -> VlenLimitError | None:
+    """The vlen limit error if ``path`` is larger than a vlen ``decode`` lets it be."""
+    oversized = getattr(decode, "oversized", None)
+    try:
+        size = os.stat(path).st_size
+    except OSError:
+        return None
+    if oversized is None or size <= decode.stored_limit:
+        return None
+    return oversized(size)
 
 
 class ZarrStoreReader(_DecodedChunks):

@@ -50,6 +50,8 @@ class OuterShardDecoder:
         Bytes of one decoded chunk (the whole shard).
     stored_limit
         The most stored bytes a chunk can have: reads of more are refused unread.
+    vlen
+        The inner decoder when the elements are variable-length strings or bytes.
     """
 
     def __init__(
@@ -75,7 +77,7 @@ class OuterShardDecoder:
         count = math.prod(self._per)
         self._index_bytes = 16 * count + (4 if checksum else 0)
         vlen = isinstance(inner, VlenChunkDecoder)
-        self._vlen = inner if vlen else None
+        self.vlen = inner if vlen else None
         body = vlen_shard_limit(inner, count) if vlen else count * inner.stored_limit
         self._shard_limit = self._index_bytes + body
         self.nbytes = math.prod(shape) * dtype.itemsize
@@ -87,6 +89,14 @@ class OuterShardDecoder:
         self._limits = limits[::-1]
         self.stored_limit = size
 
+    def oversized(self, stored: int) -> VlenLimitError | None:
+        """For strings, the error for a shard stored in ``stored`` bytes (over the limit)."""
+        if self.vlen is None:
+            return None
+        what = f"a shard of {math.prod(self._per):,} variable-length chunks"
+        got = f"it is stored in {stored:,} bytes, more than the {self.stored_limit:,} it may have"
+        return VlenLimitError(self.vlen.limit_message(got, what, self._shard_limit))
+
     def __call__(self, raw: bytes) -> np.ndarray:
         """The chunk ``raw`` decodes to; ``ValueError`` if it is not one shard within bounds."""
         buf: Any = raw
@@ -94,10 +104,10 @@ class OuterShardDecoder:
             try:
                 buf = _decode_step(codec, buf, limit, False)
             except StageLimitError as exc:
-                if self._vlen is None:
+                if self.vlen is None:
                     raise
                 what = f"a shard of {math.prod(self._per):,} variable-length chunks"
-                message = self._vlen.limit_message(str(exc), what, self._shard_limit)
+                message = self.vlen.limit_message(str(exc), what, self._shard_limit)
                 raise VlenLimitError(message) from None
         data = memoryview(buf).cast("B")
         if len(data) < self._index_bytes:

@@ -26,7 +26,7 @@ import numpy as np
 from mixle.data.sources.arrays.zarr.chunks import Decoder, decode_checked, fill_chunk, plain_dtype
 from mixle.data.sources.arrays.zarr.codecs import v3_decoder
 from mixle.data.sources.arrays.zarr.stores import CheckedRangeStore, StoreGetter
-from mixle.data.sources.arrays.zarr.vlen import v3_vlen_decoder
+from mixle.data.sources.arrays.zarr.vlen import VlenLimitError, v3_vlen_decoder
 from mixle.reading import CorruptChunkError, new_token
 from mixle.reading.inflight import coalesce_ranges
 
@@ -154,6 +154,13 @@ class ShardedZarrReader:
             else "no shard reaches that far"
         )
         local = self._get.local_path(key)
+        oversized = getattr(self._decode, "oversized", None)
+        if oversized is not None and length > self._chunk_limit:  # strings over the vlen cap
+            raise VlenLimitError(
+                f"inner chunk {at} of shard {key!r} of zarr array {self._where}"
+                + ("" if local is None else f" (file {local!r})")
+                + f": {oversized(length)}"
+            )
         raise CorruptChunkError(
             f"shard {key!r} of zarr array {self._where}"
             + ("" if local is None else f" (file {local!r})")

@@ -182,6 +182,11 @@ class VlenChunkDecoder:
             f"{per:,}) before the first read"
         )
 
+    def oversized(self, stored: int) -> VlenLimitError:
+        """The error for a chunk stored in ``stored`` bytes, over :attr:`stored_limit`."""
+        got = f"it is stored in {stored:,} bytes, more than the {self.stored_limit:,} it may have"
+        return VlenLimitError(self.limit_message(got))
+
     def __call__(self, raw: bytes) -> np.ndarray:
         """The chunk ``raw`` decodes to.
 

@@ -137,7 +137,8 @@ class PluginSizeCheck:
         over = code == FILTER_BZIP2 and stated > limit  # its decoding stopped one byte past
         states = "decodes to" + (" more than" if over else "") if code == FILTER_BZIP2 else "states"
         shown = limit if over else stated
-        bound = "" if limit == self._nbytes else f" (the stages below it allow up to {limit})"
+        allowed = f" (up to {limit} with b2nd padding and the filters below)"
+        bound = "" if limit == self._nbytes else allowed
         raise CorruptChunkError(
             f"chunk {coords} of HDF5 dataset {self._where} is corrupt: its {name} data "
             f"({len(raw)} stored bytes) {states} {shown} decoded bytes, a chunk has "
@@ -328,7 +329,7 @@ def _bzip2_size(raw: bytes, limit: int) -> int:
         total = len(decoder.decompress(raw, max_length=min(step, limit + 1)))
         while not decoder.eof and total <= limit:
             part = decoder.decompress(b"", max_length=min(step, limit + 1 - total))
-            if not part:
+            if not part and not decoder.eof:
                 raise _Unreadable("is a bzip2 stream cut short")
             total += len(part)
     except (OSError, ValueError, EOFError) as exc:

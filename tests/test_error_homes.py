@@ -15,7 +15,7 @@ import mixle.errors
 # name -> (its exact base classes, the module it was defined in before it moved)
 HOMES: dict[str, tuple[tuple[str, ...], str]] = {
     "ParquetReadError": (("ValueError", "OSError"), "mixle.data.sources.records.parquet_source"),
-    "RowIndexCacheWarning": (("RuntimeWarning",), "mixle.data.sources.records.row_index"),
+    "RowIndexCacheWarning": (("RuntimeWarning",), "mixle.data.sources.records.text.row_index"),
     "MetadataLimitError": (("ValueError",), "mixle.inspection.limits"),
     "InvalidMetadataError": (("UnsupportedStoreError",), "mixle.inspection.limits"),
     "NpyHeaderTooLargeError": (("UnsupportedStoreError",), "mixle.inspection.npy_files"),

@@ -22,7 +22,7 @@ from _encoded_helpers import shard_sum
 import mixle
 from mixle.data.sampling import stitch as stitch_module
 from mixle.data.sampling import weight_index as weighted
-from mixle.data.sources.records import row_scan
+from mixle.data.sources.records.text import row_scan
 from mixle.utils import progress
 from mixle.utils.parallel.multiprocessing import MPEncodedData
 from mixle.utils.progress import PROGRESS_DELAY_S, progress_bar, progress_setting

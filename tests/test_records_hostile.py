@@ -27,7 +27,7 @@ import pytest
 import mixle
 from mixle import MalformedRowError, SpecialFileError
 from mixle.data.sources.records.parquet_source import ParquetReadError
-from mixle.data.sources.records.row_index import RowIndexCacheWarning
+from mixle.data.sources.records.text.row_index import RowIndexCacheWarning
 
 DEPTH = 100_000
 

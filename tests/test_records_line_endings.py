@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import mixle
-from mixle.data.sources.records import row_scan
+from mixle.data.sources.records.text import row_scan
 from mixle.errors import MalformedRowError
 
 ENDS = ["\n", "\r\n", "\r"]

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import mixle
-from mixle.data.sources.records.text_source import consecutive_runs
+from mixle.data.sources.records.text.text_source import consecutive_runs
 from mixle.errors import SourceClosedError
 
 ROWS = 50

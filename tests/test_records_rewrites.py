@@ -18,8 +18,8 @@ import pytest
 
 import mixle
 from mixle.data.sources.arrays.memmap.check import FileChangedError
-from mixle.data.sources.records import row_index
-from mixle.data.sources.records.row_index import cache_dir, content_fingerprint
+from mixle.data.sources.records.text import row_index
+from mixle.data.sources.records.text.row_index import cache_dir, content_fingerprint
 
 
 @pytest.fixture(autouse=True)

@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 
 import mixle
-from mixle.data.sources.records import sqlite_backend as sql_connect
-from mixle.data.sources.records.sqlite_backend import UncheckpointedWALError, sqlite_read_uri
+from mixle.data.sources.records.sql import sqlite_backend as sql_connect
+from mixle.data.sources.records.sql.sqlite_backend import UncheckpointedWALError, sqlite_read_uri
 from mixle.errors import FileChangedError
 
 ROWS = [(i, f"name {i}", i / 4) for i in range(40)]
@@ -201,7 +201,7 @@ def test_a_plain_sqlite_url_reads_without_creating_files(tmp_path: Path, scheme:
 
 
 def test_sqlite_urls_with_options_or_in_memory_stay_with_sqlalchemy(tmp_path: Path) -> None:
-    from mixle.data.sources.records.sql_connect import connection_args, sqlite_url_path
+    from mixle.data.sources.records.sql.sql_connect import connection_args, sqlite_url_path
 
     assert sqlite_url_path("sqlite:////data/x.db") == "/data/x.db"
     assert sqlite_url_path("sqlite:///rel/x%20y.db") == "rel/x y.db"

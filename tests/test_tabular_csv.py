@@ -19,8 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import mixle
-from mixle.data.sources.records import row_scan
-from mixle.data.sources.records.row_index import cache_dir
+from mixle.data.sources.records.text import row_scan
+from mixle.data.sources.records.text.row_index import cache_dir
 from mixle.testing import assert_unchanged, check_record_source
 
 

@@ -1,7 +1,7 @@
 """Remote stores for ``mixle inspect``: request timeouts, one deadline, keys, clean warnings.
 
 Every file system inspect makes for a URL gets the request timeout of
-:func:`~mixle.reading.faults.retry_policy` (:func:`timed_options`), the whole inspection of
+:func:`~mixle.reading.policy.retry_policy` (:func:`timed_options`), the whole inspection of
 a URL ends by the policy's deadline (:func:`within_deadline`), object keys below a URL go
 into its path, before any query string (:func:`child_url`), and warnings raised while
 inspecting are re-emitted with credentials masked (:func:`redacted_warnings`).
@@ -43,7 +43,7 @@ _LATE = threading.local()
 def timed_options(location: str, storage_options: dict[str, Any] | None) -> dict[str, Any]:
     """``storage_options`` for ``location`` plus the retry policy's request timeout.
 
-    :func:`mixle.reading.fetch.timed_storage_options` (the one helper opening a zarr uses
+    :func:`mixle.reading.fs_options.timed_storage_options` (the one helper opening a zarr uses
     too): HTTP(S) sessions and S3 botocore clients get the timeout unless the user set one.
     """
     return timed_storage_options(location, storage_options)
@@ -101,7 +101,7 @@ def within_deadline(call: Callable[[], T], url: str) -> T:
     """``call()``, given up after the retry policy's deadline with :class:`RemoteTimeoutError`.
 
     ``call`` runs in a daemon thread of its own; the caller waits at most
-    :attr:`~mixle.reading.faults.RetryPolicy.deadline` seconds for it (no limit when that
+    :attr:`~mixle.reading.policy.RetryPolicy.deadline` seconds for it (no limit when that
     is ``math.inf``). A call given up on stops at its next retried step
     (:func:`give_up_if_late`) or when its request times out.
 

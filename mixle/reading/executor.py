@@ -100,7 +100,7 @@ def read_chunked(
     """Fill ``out[b]`` with box ``b`` by decoding every chunk the boxes touch once.
 
     Boxes must lie inside ``shape`` (callers validate). Chunks come from ``cache`` (default:
-    the process-wide :func:`~mixle.reading.cache.chunk_cache`) or are read with
+    the process-wide :func:`~mixle.reading.process_cache.chunk_cache`) or are read with
     ``reader.read_chunk`` on the decode pool and kept there. A reader with ``fetch_many``
     (:class:`SupportsFetchMany`) gets every missing chunk in one call instead, and the pool
     only decodes. Returns the plan it executed.

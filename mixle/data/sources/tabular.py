@@ -10,12 +10,12 @@ Parquet file or a database URL is opened.
 """
 
 from mixle.data.sources.records.base import MemorySource, RecordSource
-from mixle.data.sources.records.csv_source import CSVSource, read_csv
 from mixle.data.sources.records.dataframe_source import read_dataframe
-from mixle.data.sources.records.jsonl_source import JSONLSource, read_jsonl
 from mixle.data.sources.records.parquet_source import ParquetSource, read_parquet
-from mixle.data.sources.records.row_index import cache_dir
-from mixle.data.sources.records.sql_source import SQLSource, read_sql
+from mixle.data.sources.records.sql.sql_source import SQLSource, read_sql
+from mixle.data.sources.records.text.csv_source import CSVSource, read_csv
+from mixle.data.sources.records.text.jsonl_source import JSONLSource, read_jsonl
+from mixle.data.sources.records.text.row_index import cache_dir
 
 __all__ = [
     "CSVSource",

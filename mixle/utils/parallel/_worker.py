@@ -12,7 +12,7 @@ the process within :data:`WATCHDOG_INTERVAL_S` once its parent changes or the dr
 end of the pipe closes.
 
 A worker is one of ``workers`` processes sharing one job's default chunk-cache budget
-(:func:`~mixle.reading.cache.share_default_chunk_cache`), unless the driver's user set a
+(:func:`~mixle.reading.process_cache.share_default_chunk_cache`), unless the driver's user set a
 budget (``set_chunk_cache_bytes``), which the worker then keeps, whatever the start method.
 """
 

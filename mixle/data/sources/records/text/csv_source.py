@@ -19,8 +19,12 @@ from mixle.data.sources.records.columns import (
     parse_dtypes,
     text_to_array,
 )
-from mixle.data.sources.records.text_file import TextHandle
-from mixle.data.sources.records.text_source import HEADER_MAX_BYTES, TextRecordSource, text_args
+from mixle.data.sources.records.text.text_file import TextHandle
+from mixle.data.sources.records.text.text_source import (
+    HEADER_MAX_BYTES,
+    TextRecordSource,
+    text_args,
+)
 from mixle.data.spec import ArraySpec
 from mixle.errors import MalformedRowError
 
@@ -282,7 +286,7 @@ def read_csv(
         Field texts that mean "missing" (default: the empty field).
     infer_rows
         Rows read at open to infer the column types (fewer when they hold more than
-        :data:`~mixle.data.sources.records.text_source.HEADER_MAX_BYTES` in all).
+        :data:`~mixle.data.sources.records.text.text_source.HEADER_MAX_BYTES` in all).
     progress
         Show a progress bar while the row index is built: ``True``, ``False``, or ``None``
         (automatic: on a terminal, when building takes a while; see
@@ -305,14 +309,16 @@ def read_csv(
     FileChangedError
         Later, on a read: the file was replaced, deleted or written after it was opened
         (:class:`mixle.data.sources.arrays.memmap.check.FileChangedError`; what is detected is in
-        :mod:`mixle.data.sources.records.text_source`). Open it again to read the new content.
+        :mod:`mixle.data.sources.records.text.text_source`). Open it again to read the new content.
     ColumnNotFoundError
         A name in ``columns`` or ``dtypes`` is not a column (the message lists them).
     MalformedRowError
         A row (in the sample at open, or later when read) has the wrong number of fields,
         broken quoting, or a value its column's dtype cannot hold; the message names the
         line. Also when a row read at open (the header, a row of the type sample) is
-        longer than :data:`~mixle.data.sources.records.text_source.HEADER_MAX_BYTES` characters.
+        longer than
+        :data:`~mixle.data.sources.records.text.text_source.HEADER_MAX_BYTES`
+        characters.
 
     Notes
     -----
@@ -320,7 +326,8 @@ def read_csv(
     value is missing), floats, ``True``/``False`` and strings (``object``). Missing values
     are ``NaN`` in float columns and ``None`` in string columns. Opening reads the header
     and the sample only. The first ``len`` or random access loads the row index (built in
-    one pass and cached, see :mod:`mixle.data.sources.records.row_index`); streaming needs none.
+    one pass and cached, see :mod:`mixle.data.sources.records.text.row_index`); streaming
+    needs none.
     """
     return CSVSource(
         path,

@@ -18,15 +18,15 @@ from mixle.data.sources.records.columns import (
     parse_dtypes,
     values_to_array,
 )
-from mixle.data.sources.records.sql_backend import SQLBackend
-from mixle.data.sources.records.sql_connect import (
+from mixle.data.sources.records.sql.sql_backend import SQLBackend
+from mixle.data.sources.records.sql.sql_connect import (
     ConnectionLike,
     Params,
     connection_args,
     open_backend,
     show_connection,
 )
-from mixle.data.sources.records.sql_statements import (
+from mixle.data.sources.records.sql.sql_statements import (
     ALIAS,
     Binder,
     SQLHandle,

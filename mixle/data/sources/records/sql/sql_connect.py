@@ -1,9 +1,9 @@
-"""Database connections for :mod:`mixle.data.sources.records.sql_source`: what ``con=`` is.
+"""Database connections for :mod:`mixle.data.sources.records.sql.sql_source`: what ``con=`` is.
 
 :func:`connection_args` normalises ``con=`` (a SQLite path or ``sqlite:///`` URL, a
 ``sqlite3.Connection``, a SQLAlchemy URL or ``Engine``) to a reference a pickle can reopen;
-:func:`open_backend` opens the backend for it (:mod:`~mixle.data.sources.records.sqlite_backend`
-or :mod:`~mixle.data.sources.records.sql_backend`); :func:`show_connection` shows it without
+:func:`open_backend` opens the backend for it (:mod:`~mixle.data.sources.records.sql.sqlite_backend`
+or :mod:`~mixle.data.sources.records.sql.sql_backend`); :func:`show_connection` shows it without
 credentials. Every statement mixle builds is run with bound parameters; values are never
 written into SQL text. Identifiers (a table or key column name) are quoted by the dialect's
 own rules.
@@ -18,8 +18,8 @@ import urllib.parse
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from mixle.data.sources.records.sql_backend import SQLAlchemyBackend, SQLBackend
-from mixle.data.sources.records.sqlite_backend import SQLiteBackend
+from mixle.data.sources.records.sql.sql_backend import SQLAlchemyBackend, SQLBackend
+from mixle.data.sources.records.sql.sqlite_backend import SQLiteBackend
 from mixle.utils.optional_deps import require
 from mixle.utils.redact import display_path
 

@@ -19,8 +19,12 @@ from mixle.data.sources.records.columns import (
     parse_dtypes,
     values_to_array,
 )
-from mixle.data.sources.records.text_file import TextHandle
-from mixle.data.sources.records.text_source import HEADER_MAX_BYTES, TextRecordSource, text_args
+from mixle.data.sources.records.text.text_file import TextHandle
+from mixle.data.sources.records.text.text_source import (
+    HEADER_MAX_BYTES,
+    TextRecordSource,
+    text_args,
+)
 from mixle.data.spec import ArraySpec
 from mixle.errors import MalformedRowError
 
@@ -164,7 +168,7 @@ def read_jsonl(
         ``{"key": dtype}`` overrides of the inferred types.
     infer_rows
         Objects read at open to find the keys and infer their types (fewer when they hold
-        more than :data:`~mixle.data.sources.records.text_source.HEADER_MAX_BYTES` in all).
+        more than :data:`~mixle.data.sources.records.text.text_source.HEADER_MAX_BYTES` in all).
     progress
         Show a progress bar while the row index is built: ``True``, ``False``, or ``None``
         (automatic: on a terminal, when building takes a while; see
@@ -186,14 +190,14 @@ def read_jsonl(
     FileChangedError
         Later, on a read: the file was replaced, deleted or written after it was opened
         (:class:`mixle.data.sources.arrays.memmap.check.FileChangedError`; what is detected is in
-        :mod:`mixle.data.sources.records.text_source`). Open it again to read the new content.
+        :mod:`mixle.data.sources.records.text.text_source`). Open it again to read the new content.
     ColumnNotFoundError
         A name in ``columns`` or ``dtypes`` is not a key of the sampled objects.
     MalformedRowError
         A line is not a JSON object, or holds a value its column's dtype cannot hold; the
         message names the line. Also when a line is nested too deeply for Python's JSON
         parser, or a line read at open (the type sample) is longer than
-        :data:`~mixle.data.sources.records.text_source.HEADER_MAX_BYTES` bytes.
+        :data:`~mixle.data.sources.records.text.text_source.HEADER_MAX_BYTES` bytes.
 
     Notes
     -----

@@ -2,10 +2,10 @@
 
 Opening reads a header and a sample of rows (for the column types) and nothing else. The
 first random access (``len``, ``[i]``, ``get_batch``) loads the file's byte-offset row index
-(:mod:`mixle.data.sources.records.row_index`): from the user cache when it is current, else built in
-one pass. Rows are then read with ``os.pread`` (no shared file position, so reads are safe
-from several threads), each contiguous run of rows in one read. ``iter_batches()`` and
-``records()`` read the file sequentially and never need the index.
+(:mod:`mixle.data.sources.records.text.row_index`): from the user cache when it is
+current, else built in one pass. Rows are then read with ``os.pread`` (no shared file
+position, so reads are safe from several threads), each contiguous run of rows in one read.
+``iter_batches()`` and ``records()`` read the file sequentially and never need the index.
 
 A file changed after it was opened is refused, never read through offsets of its old
 content: the file's signature (device, inode, size, modification and status-change times;
@@ -18,7 +18,7 @@ too: writing moves the status-change time, which cannot be set back. Changes of 
 owner or links move it as well and raise the same error. Not seen: a rewrite of the same
 size within the file system's timestamp granularity (milliseconds) of the open. A cached row
 index is reused only for the same signature and content fingerprint
-(:mod:`mixle.data.sources.records.row_index`).
+(:mod:`mixle.data.sources.records.text.row_index`).
 """
 
 from __future__ import annotations
@@ -40,9 +40,9 @@ from mixle.data.sources.arrays.memmap.check import (
 from mixle.data.sources.indexing import consecutive_runs
 from mixle.data.sources.records.base import Batch, RecordSource, TableMeta
 from mixle.data.sources.records.columns import LineOf
-from mixle.data.sources.records.row_index import RowIndex, load_row_index
-from mixle.data.sources.records.row_scan import line_number
-from mixle.data.sources.records.text_file import (
+from mixle.data.sources.records.text.row_index import RowIndex, load_row_index
+from mixle.data.sources.records.text.row_scan import line_number
+from mixle.data.sources.records.text.text_file import (
     BOM,
     Descriptor,
     LineLookup,

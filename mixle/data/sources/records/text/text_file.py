@@ -19,8 +19,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from mixle.data.sources.arrays.memmap.check import FileSignature
-from mixle.data.sources.records.row_index import RowIndex
-from mixle.data.sources.records.row_scan import line_number
+from mixle.data.sources.records.text.row_index import RowIndex
+from mixle.data.sources.records.text.row_scan import line_number
 from mixle.utils.files import open_regular_file
 
 __all__ = ["BOM", "Descriptor", "LineLookup", "TextHandle", "open_text_file"]

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from mixle.data.sources.arrays.memmap.check import FileSignature, file_signature
-from mixle.data.sources.records.sql_backend import SQLBackend
+from mixle.data.sources.records.sql.sql_backend import SQLBackend
 from mixle.errors import FileChangedError, UncheckpointedWALError
 
 __all__ = [

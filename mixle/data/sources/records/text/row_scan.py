@@ -8,7 +8,7 @@ line end inside a quoted CSV field does not end a row: it ends one only when an 
 of field quotes precede it, which holds for RFC 4180 quoting (a quote inside a quoted field
 is doubled). As in Python's ``csv`` module, a quote inside an unquoted field (``5'11"``) is a
 literal character, not a field quote. The index built from it, and its cache, are
-:mod:`mixle.data.sources.records.row_index`.
+:mod:`mixle.data.sources.records.text.row_index`.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 (values are never written into SQL text), identifiers quoted by the dialect's own rules,
 one snapshot per batch where the database gives one. :class:`SQLAlchemyBackend` reaches any
 database SQLAlchemy does; SQLite files have their own backend
-(:mod:`mixle.data.sources.records.sqlite_backend`). SQLAlchemy is imported only when a
+(:mod:`mixle.data.sources.records.sql.sqlite_backend`). SQLAlchemy is imported only when a
 backend is made (``mixle[sql]``).
 """
 

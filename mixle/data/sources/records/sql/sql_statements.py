@@ -1,4 +1,4 @@
-"""The SQL a :class:`~mixle.data.sources.records.sql_source.SQLSource` runs: bound values only.
+"""The SQL a :class:`~mixle.data.sources.records.sql.sql_source.SQLSource` runs: bound values only.
 
 Values (the user's ``params`` and mixle's own: keys, limits, offsets) are always bound
 through a :class:`Binder`, in the placeholder style the user's ``params`` use; the only text
@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from mixle.data.sources.records.sql_backend import SQLBackend
-from mixle.data.sources.records.sql_connect import Params, split_identifier
+from mixle.data.sources.records.sql.sql_backend import SQLBackend
+from mixle.data.sources.records.sql.sql_connect import Params, split_identifier
 
 __all__ = [
     "ALIAS",

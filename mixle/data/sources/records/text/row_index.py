@@ -2,7 +2,7 @@
 
 The index is the start offset of every non-blank row, plus the file size at the end: row
 ``i`` is the bytes ``[starts[i], starts[i + 1])`` (its line end and any blank lines after it
-included); where rows end is :mod:`mixle.data.sources.records.row_scan`.
+included); where rows end is :mod:`mixle.data.sources.records.text.row_scan`.
 
 Indexes are written to a user cache directory, never next to the data: ``$MIXLE_CACHE_DIR``,
 else ``$XDG_CACHE_HOME/mixle``, else ``~/.cache/mixle``; the file name is keyed by the real
@@ -33,7 +33,7 @@ from mixle.data.sources.arrays.memmap.check import (
     check_file_unchanged,
     file_signature,
 )
-from mixle.data.sources.records.row_scan import scan_row_starts
+from mixle.data.sources.records.text.row_scan import scan_row_starts
 from mixle.errors import RowIndexCacheWarning
 from mixle.utils.progress import progress_bar
 

@@ -1,0 +1,264 @@
+"""The layer order of ``docs/architecture.md``, checked on mixle's own source with ``ast``.
+
+The order is read from the page's ``layers`` block, so the page and this test cannot drift
+apart. Every import in ``mixle/`` (at module level or inside a function; type-only imports
+under ``if TYPE_CHECKING:`` excepted) names its own layer or a lower one; runtime imports form
+no cycle; and a heavy optional dependency is imported at module level only inside the adapter
+that needs it.
+"""
+
+from __future__ import annotations
+
+import ast
+import fnmatch
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "mixle"
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+
+# heavy optional dependencies -> the modules (dotted prefixes) that may import them at module level
+ADAPTERS: dict[str, tuple[str, ...]] = {
+    "jax": ("mixle.jax",),
+    "jaxlib": ("mixle.jax",),
+    "zarr": ("mixle.data.sources.arrays.zarr",),
+    "numcodecs": ("mixle.data.sources.arrays.zarr",),
+    "h5py": ("mixle.data.sources.arrays.hdf5",),
+    "hdf5plugin": ("mixle.data.sources.arrays.hdf5",),
+    "pyarrow": ("mixle.data.sources.records.parquet_source",),
+    "sqlalchemy": (
+        "mixle.data.sources.records.sql.sql_connect",
+        "mixle.data.sources.records.sql.sql_backend",
+    ),
+    "pandas": ("mixle.data.sources.records.dataframe_source",),
+    "polars": ("mixle.data.sources.records.dataframe_source",),
+    "dask": ("mixle.utils.parallel.dask_backend",),
+    "distributed": ("mixle.utils.parallel.dask_backend",),
+    "fsspec": ("mixle.reading",),
+    "aiohttp": ("mixle.reading",),
+    "s3fs": ("mixle.reading",),
+    "matplotlib": ("mixle.plot",),
+    "torch": (),
+    "tensorstore": (),
+}
+
+
+def read_layers(text: str) -> list[tuple[str, list[str]]]:
+    """``[(layer, [module patterns])]``, lowest first, from the page's ``layers`` block."""
+    block = re.search(r"```text\n# layers.*?\n(.*?)```", text, re.S)
+    assert block, f"{ARCHITECTURE} has no ```text # layers block"
+    layers = []
+    for line in block.group(1).splitlines():
+        if line.strip():
+            name, *patterns = line.split()
+            layers.append((name, patterns))
+    return layers
+
+
+LAYERS = read_layers(ARCHITECTURE.read_text())
+
+
+def layer_of(module: str, layers: list[tuple[str, list[str]]] = LAYERS) -> int:
+    """The index of ``module``'s layer: the longest pattern that matches it wins."""
+    best: tuple[int, int] | None = None
+    for index, (_, patterns) in enumerate(layers):
+        for pattern in patterns:
+            if fnmatch.fnmatchcase(module, pattern) and (best is None or len(pattern) > best[0]):
+                best = (len(pattern), index)
+    if best is None:
+        raise AssertionError(f"{module} is in no layer of {ARCHITECTURE.name}")
+    return best[1]
+
+
+def modules(package: Path = PACKAGE) -> dict[str, Path]:
+    """Every module of the package, by dotted name."""
+    found = {}
+    for path in sorted(package.rglob("*.py")):
+        parts = path.relative_to(package.parent).with_suffix("").parts
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def imports(name: str, path: Path, known: dict[str, Path]) -> list[tuple[str, int, bool]]:
+    """``(imported module, line, at module level)`` for every runtime import in ``path``."""
+    tree = ast.parse(path.read_text(), str(path))
+    type_only = {
+        id(inner)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        for stmt in node.body
+        for inner in ast.walk(stmt)
+    }
+    top = {id(node) for node in _module_level(tree.body)}
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = []
+    for node in ast.walk(tree):
+        if id(node) in type_only:
+            continue
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*parent, *([base] if base else [])])
+            targets = [
+                f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names
+            ]
+        else:
+            continue
+        found += [(target, node.lineno, id(node) in top) for target in targets]
+    return found
+
+
+def _module_level(body: list[ast.stmt]) -> list[ast.stmt]:
+    """Statements run at import: the body, and the bodies of top-level ``if``/``try``."""
+    out: list[ast.stmt] = []
+    for stmt in body:
+        out.append(stmt)
+        if isinstance(stmt, ast.If):
+            out += _module_level(stmt.body) + _module_level(stmt.orelse)
+        elif isinstance(stmt, ast.Try):
+            out += _module_level(stmt.body) + _module_level(stmt.orelse)
+            for handler in stmt.handlers:
+                out += _module_level(handler.body)
+    return out
+
+
+def upward_imports(known: dict[str, Path], layers: list[tuple[str, list[str]]]) -> list[str]:
+    """``module -> target`` lines for every import that names a higher layer."""
+    bad = []
+    for name, path in known.items():
+        mine = layer_of(name, layers)
+        for target, line, _ in imports(name, path, known):
+            if target.split(".")[0] == "mixle" and layer_of(target, layers) > mine:
+                theirs = layers[layer_of(target, layers)][0]
+                bad.append(f"{path}:{line}: {name} ({layers[mine][0]}) imports {target} ({theirs})")
+    return bad
+
+
+def import_cycles(known: dict[str, Path]) -> list[list[str]]:
+    """The strongly connected groups (more than one module) of the runtime import graph."""
+    graph = {
+        name: sorted({t for t, _, _ in imports(name, path, known) if t in known and t != name})
+        for name, path in known.items()
+    }
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles = []
+    for root in graph:  # Tarjan's algorithm, iterative
+        if root in index:
+            continue
+        work = [(root, iter(graph[root]))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    work.append((child, iter(graph[child])))
+                elif child in stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                group = []
+                while True:
+                    member = stack.pop()
+                    group.append(member)
+                    if member == node:
+                        break
+                if len(group) > 1:
+                    cycles.append(sorted(group))
+    return cycles
+
+
+def heavy_imports(known: dict[str, Path]) -> list[str]:
+    """Module-level imports of a heavy optional dependency outside its adapter."""
+    bad = []
+    for name, path in known.items():
+        for target, line, at_top in imports(name, path, known):
+            allowed = ADAPTERS.get(target.split(".")[0])
+            inside = allowed is not None and any(
+                name == a or name.startswith(f"{a}.") for a in allowed
+            )
+            if at_top and allowed is not None and not inside:
+                bad.append(f"{path}:{line}: {name} imports {target} at module level")
+    return bad
+
+
+def test_every_module_has_a_layer() -> None:
+    for name in modules():
+        layer_of(name)
+
+
+def test_no_import_runs_upward() -> None:
+    assert upward_imports(modules(), LAYERS) == []
+
+
+def test_no_import_cycle() -> None:
+    assert import_cycles(modules()) == []
+
+
+def test_heavy_optional_dependencies_stay_in_their_adapter() -> None:
+    assert heavy_imports(modules()) == []
+
+
+def test_the_checks_catch_what_they_guard(tmp_path: Path) -> None:
+    """An upward import, a cycle and a module-level heavy import are each reported."""
+    package = tmp_path / "mixle"
+    (package / "reading").mkdir(parents=True)
+    (package / "data" / "sources").mkdir(parents=True)
+    for init in ("", "reading/", "data/", "data/sources/"):
+        (package / f"{init}__init__.py").write_text("")
+    (package / "reading" / "plan.py").write_text(
+        "def f():\n    from mixle.data.sources import zarr_source\n"
+    )
+    (package / "data" / "sources" / "zarr_source.py").write_text(
+        "import zarr\nfrom mixle.data.sources import other\n"
+    )
+    (package / "data" / "sources" / "other.py").write_text(
+        "from mixle.data.sources.zarr_source import x\n"
+    )
+    (package / "data" / "sources" / "typed.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import mixle.loading\n"
+    )
+    known = modules(package)
+    layers = [
+        ("base", ["mixle", "mixle.data"]),
+        ("reading", ["mixle.reading", "mixle.reading.*"]),
+        ("sources", ["mixle.data.sources", "mixle.data.sources.*"]),
+        ("loading", ["mixle.loading"]),
+    ]
+    upward = upward_imports(known, layers)
+    assert len(upward) == 1
+    assert (
+        "mixle.reading.plan (reading) imports mixle.data.sources.zarr_source (sources)" in upward[0]
+    )
+    assert import_cycles(known) == [["mixle.data.sources.other", "mixle.data.sources.zarr_source"]]
+    heavy = heavy_imports(known)
+    assert len(heavy) == 1
+    assert "mixle.data.sources.zarr_source imports zarr at module level" in heavy[0]
+
+
+@pytest.mark.parametrize(
+    ("module", "layer"),
+    [
+        ("mixle.utils.parallel.multiprocessing", "parallel"),
+        ("mixle.utils.files", "base"),
+        ("mixle.data.sources.array_source", "faces"),
+        ("mixle.data.sources.arrays.zarr.chunks", "sources"),
+        ("mixle.data.index_math.sharding", "contracts"),
+    ],
+)
+def test_the_most_specific_pattern_names_the_layer(module: str, layer: str) -> None:
+    assert LAYERS[layer_of(module)][0] == layer

@@ -123,6 +123,12 @@ def patched(raw, *changes):
     return bytes(raw)
 
 zeros, ones = frame_of(0, **hdf5plugin.Blosc2()), frame_of(1, **hdf5plugin.Blosc2())
+with h5py.File(path + ".scratch", "w") as f:  # a b2nd frame of one (32, 256) chunk
+    ds = f.create_dataset("x", **LAYOUT, **hdf5plugin.Blosc2())
+    ds[...] = 1
+    b2nd = bytes(ds.id.read_direct_chunk((0, 0))[1])
+meta = int.from_bytes(b2nd[b2nd.index(b"b2nd") + 5 :][:4], "big") + 5  # its b2nd metadata
+block1 = meta + 4 + 9 * 2 + 1 + 5 * 2 + 1 + 5 + 1  # the second axis of its block shape
 zstd_zeros = frame_of(0, **hdf5plugin.Zstd())
 small = (32768).to_bytes(8, "big"), (32768).to_bytes(4, "big")
 bombs = {
@@ -132,6 +138,11 @@ bombs = {
     "blosc2-marker15": (dict(hdf5plugin.Blosc2()), patched(ones, (15, b"\xce"))),
     # the frame states a chunk's 32768 bytes, its one chunk 64 MiB
     "blosc2-inner": (dict(hdf5plugin.Blosc2()), patched(ones, (30, small[0]), (58, small[1]))),
+    # a block wider than the chunk: b2nd pads the chunk to 512 MiB
+    "blosc2-blockshape": (
+        dict(hdf5plugin.Blosc2()),
+        patched(b2nd, (block1, (1 << 22).to_bytes(4, "big"))),
+    ),
     "deflate-zstd": ({"compression": "gzip", **hdf5plugin.Zstd()}, zstd_zeros),
     "deflate-blosc2": ({"compression": "gzip", **hdf5plugin.Blosc2()}, zeros),
     "garbage-blosc2": (dict(hdf5plugin.Blosc2()), bytes(range(200))),
@@ -168,6 +179,7 @@ BOMBS = [
     "blosc2-marker10",
     "blosc2-marker15",
     "blosc2-inner",
+    "blosc2-blockshape",
     "deflate-zstd",
     "deflate-blosc2",
 ]

@@ -185,7 +185,7 @@ def _stated_size(code: int, raw: bytes) -> int | None:
     at = 5 + (0 if single else 1) + (0, 1, 2, 4)[descriptor & 3]
     size = (single, 2, 4, 8)[descriptor >> 6]
     if size == 0:
-        return None  # no content size: the plugin decodes into the chunk's own size
+        return None  # no content size: the plugin sizes its buffer from it, so allocates none
     if len(raw) < at + size:
         raise _Unreadable("is cut short inside its frame header")
     value = int.from_bytes(raw[at : at + size], "little")

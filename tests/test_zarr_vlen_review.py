@@ -217,7 +217,7 @@ def restore_vlen_limit() -> Iterator[None]:
     set_vlen_limit(before)
 
 
-#: name -> create_array options for 8 documents of 200,000 characters in one chunk (or shard)
+#: name -> create_array options for 8 documents of 600,000 characters in one chunk (or shard)
 LONG: dict[str, dict[str, Any]] = {
     "v2 zstd": {
         "zarr_format": 2,
@@ -230,6 +230,11 @@ LONG: dict[str, dict[str, Any]] = {
         "serializer": ShardingCodec(chunk_shape=(8,), codecs=[VLenUTF8Codec()]),
         "compressors": GzipCodec(),
     },
+    "v3 inner chunks of a shard compressed as a whole": {
+        "serializer": ShardingCodec(chunk_shape=(2,), codecs=[VLenUTF8Codec()]),
+        "compressors": ZstdCodec(),
+    },
+    "v3 sharded": {"shards": (8,), "chunks": (2,), "compressors": None},
 }
 
 
@@ -238,17 +243,18 @@ def test_long_valid_text_is_refused_as_a_limit_that_set_vlen_limit_raises(
     tmp_path, name, restore_vlen_limit
 ):
     path = tmp_path / "t.zarr"
-    array = zarr.create_array(str(path), shape=(8,), chunks=(8,), dtype=str, **LONG[name])
+    options = {"chunks": (8,), **LONG[name]}
+    array = zarr.create_array(str(path), shape=(8,), dtype=str, **options)
     rng = np.random.default_rng(3)
-    letters = np.array(list("abcdefghijklmnopqrstuvwxyz "))
-    array[...] = np.array(["".join(rng.choice(letters, 200_000)) for _ in range(8)])
+    letters = np.frombuffer(b"abcdefghijklmnopqrstuvwxyz ", dtype="S1")
+    array[...] = np.array([rng.choice(letters, 600_000).tobytes().decode() for _ in range(8)])
     with pytest.raises(VlenLimitError) as err:
         mixle.read_zarr(str(path))[...]
     assert isinstance(err.value, CorruptChunkError)  # refusing bad chunks refuses it too
     message = str(err.value)
     assert str(path) in message and "limit" in message and "corrupt" not in message, message
     assert "4,096 bytes per element" in message and "set_vlen_limit" in message, message
-    previous = set_vlen_limit(256 * 1024)
+    previous = set_vlen_limit(1 << 20)
     assert previous == 4096
     got, expected, _ = _read_both(path)  # the setting applies to arrays opened after it
     np.testing.assert_array_equal(got, expected)

@@ -127,7 +127,10 @@ class OuterShardDecoder:
             offset, length = (int(v) for v in entries[at])
             if offset == _EMPTY and length == _EMPTY:
                 continue
-            if length > self._inner.stored_limit or offset + length > len(data):
+            fits = offset + length <= len(data)
+            if self.vlen is not None and fits and length > self.vlen.stored_limit:
+                raise VlenLimitError(f"inner chunk {at}: {self.vlen.oversized(length)}")
+            if length > self._inner.stored_limit or not fits:
                 raise ValueError(
                     f"the shard index gives inner chunk {at} offset {offset} and length "
                     f"{length}, past the {len(data)} bytes of the shard"

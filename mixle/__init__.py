@@ -23,6 +23,7 @@ from mixle.data.sources.array_source import (
     read_npy,
     read_zarr,
 )
+from mixle.data.sources.arrays.zarr.vlen import set_vlen_limit
 from mixle.data.sources.tabular import (
     MemorySource,
     read_csv,
@@ -65,6 +66,7 @@ from mixle.errors import (
     SpecialFileError,
     UncheckpointedWALError,
     UnsupportedStoreError,
+    VlenLimitError,
     WorkerDiedError,
     WorkerError,
     WorkerTimeoutError,
@@ -126,6 +128,7 @@ __all__ = [
     "SpecialFileError",
     "UncheckpointedWALError",
     "UnsupportedStoreError",
+    "VlenLimitError",
     "WorkerDiedError",
     "WorkerError",
     "WorkerTimeoutError",
@@ -149,6 +152,7 @@ __all__ = [
     "set_chunk_cache_bytes",
     "set_decode_threads",
     "set_progress",
+    "set_vlen_limit",
     "stitch",
     "validate_batch",
 ]

@@ -35,6 +35,7 @@ __all__ = [
     "SpecialFileError",
     "UncheckpointedWALError",
     "UnsupportedStoreError",
+    "VlenLimitError",
     "WorkerDiedError",
     "WorkerError",
     "WorkerTimeoutError",
@@ -153,6 +154,15 @@ class FilterUnavailableError(ImportError):
 # -- reading and loading -------------------------------------------------------------------
 class CorruptChunkError(ValueError):
     """Stored bytes of a chunk do not decode to a chunk (bad checksum, truncated, wrong size)."""
+
+
+class VlenLimitError(CorruptChunkError):
+    """A zarr chunk of variable-length strings or bytes decodes to more than mixle's cap.
+
+    The chunk may be sound (strings longer on average than the cap) or a decompression
+    bomb: ``mixle.set_vlen_limit`` raises the cap. It is a :class:`CorruptChunkError` so
+    that code refusing bad chunks refuses it too.
+    """
 
 
 class RangeMismatchError(OSError):

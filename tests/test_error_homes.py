@@ -26,6 +26,7 @@ HOMES: dict[str, tuple[tuple[str, ...], str]] = {
     "CorruptChunkError": (("ValueError",), "mixle.reading.faults"),
     "RangeMismatchError": (("OSError",), "mixle.reading.faults"),
     "LoaderStateError": (("ValueError",), "mixle.loading.state"),
+    "VlenLimitError": (("CorruptChunkError",), "mixle.data.sources.arrays.zarr.vlen"),
 }
 #: The public paths the docs and users name, which must be the same class too.
 PUBLIC_PATHS = {

@@ -32,7 +32,7 @@ import numpy as np
 
 from mixle.data.sources.arrays.zarr.codecs import _decode_step, _encoded_size, bytes_steps
 from mixle.data.sources.arrays.zarr.decompress import StageLimitError
-from mixle.reading import CorruptChunkError
+from mixle.errors import VlenLimitError
 
 __all__ = [
     "VLEN_BYTES_PER_ELEMENT",
@@ -57,15 +57,6 @@ _VLEN_IDS = frozenset({"vlen-utf8", "vlen-bytes"})
 _CONVERT_STEP = 1 << 16
 
 _limit = VLEN_BYTES_PER_ELEMENT
-
-
-class VlenLimitError(CorruptChunkError):
-    """A vlen chunk decodes to more bytes than mixle's cap: :func:`set_vlen_limit` raises it.
-
-    The chunk may be sound (strings longer on average than the cap) or a decompression bomb;
-    it is a :class:`~mixle.reading.CorruptChunkError` so that code refusing bad chunks
-    refuses it too.
-    """
 
 
 def set_vlen_limit(bytes_per_element: int) -> int:
@@ -178,7 +169,7 @@ class VlenChunkDecoder:
             f"{got}: over mixle's size limit for {what}, {nbytes or self.nbytes:,} bytes "
             f"({per:,} bytes per element on average plus {VLEN_SLACK_BYTES:,}). This is a "
             "limit, not necessarily damage: if the strings are that long, raise it with "
-            "mixle.data.sources.arrays.zarr.set_vlen_limit(bytes_per_element) (now "
+            "mixle.set_vlen_limit(bytes_per_element) (now "
             f"{per:,}) before the first read"
         )
 

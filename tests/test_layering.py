@@ -83,16 +83,20 @@ def modules(package: Path = PACKAGE) -> dict[str, Path]:
 
 
 def imports(name: str, path: Path, known: dict[str, Path]) -> list[tuple[str, int, bool]]:
-    """``(imported module, line, at module level)`` for every runtime import in ``path``."""
+    """``(imported module, line, run at import)`` for every runtime import in ``path``.
+
+    Import statements, and calls that import by a literal name: ``importlib.import_module``,
+    ``__import__`` and mixle's ``require``. Bodies of ``if TYPE_CHECKING:`` are skipped.
+    """
     tree = ast.parse(path.read_text(), str(path))
     type_only = {
         id(inner)
         for node in ast.walk(tree)
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        if isinstance(node, ast.If) and _is_type_checking(node.test)
         for stmt in node.body
         for inner in ast.walk(stmt)
     }
-    top = {id(node) for node in _module_level(tree.body)}
+    at_import = _run_at_import(tree)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = []
     for node in ast.walk(tree):
@@ -108,23 +112,51 @@ def imports(name: str, path: Path, known: dict[str, Path]) -> list[tuple[str, in
             targets = [
                 f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names
             ]
+        elif isinstance(node, ast.Call) and (literal := _imported_by_call(node)) is not None:
+            targets = [literal]
         else:
             continue
-        found += [(target, node.lineno, id(node) in top) for target in targets]
+        found += [(target, node.lineno, id(node) in at_import) for target in targets]
     return found
 
 
-def _module_level(body: list[ast.stmt]) -> list[ast.stmt]:
-    """Statements run at import: the body, and the bodies of top-level ``if``/``try``."""
-    out: list[ast.stmt] = []
-    for stmt in body:
-        out.append(stmt)
-        if isinstance(stmt, ast.If):
-            out += _module_level(stmt.body) + _module_level(stmt.orelse)
-        elif isinstance(stmt, ast.Try):
-            out += _module_level(stmt.body) + _module_level(stmt.orelse)
-            for handler in stmt.handlers:
-                out += _module_level(handler.body)
+def _is_type_checking(test: ast.expr) -> bool:
+    """Whether an ``if`` test is exactly ``TYPE_CHECKING`` (or ``typing.TYPE_CHECKING``)."""
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _imported_by_call(call: ast.Call) -> str | None:
+    """The literal module name an ``import_module``/``__import__``/``require`` call imports."""
+    func = call.func
+    called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+    if called not in ("import_module", "__import__", "require") or not call.args:
+        return None
+    first = call.args[0]
+    return first.value if isinstance(first, ast.Constant) and isinstance(first.value, str) else None
+
+
+def _run_at_import(tree: ast.Module) -> set[int]:
+    """Ids of the nodes run when the module is imported: all but function bodies (class
+    bodies, ``with``/``try``/``if`` blocks, decorators and default values included)."""
+    out: set[int] = set()
+
+    def visit(node: ast.AST) -> None:
+        out.add(id(node))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            arguments = node.args
+            parts = [*arguments.defaults, *arguments.kw_defaults]
+            if not isinstance(node, ast.Lambda):
+                parts += node.decorator_list
+            for part in parts:
+                if part is not None:
+                    visit(part)
+            return
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
     return out
 
 
@@ -214,24 +246,30 @@ def test_heavy_optional_dependencies_stay_in_their_adapter() -> None:
 
 
 def test_the_checks_catch_what_they_guard(tmp_path: Path) -> None:
-    """An upward import, a cycle and a module-level heavy import are each reported."""
+    """Upward imports, a cycle and module-level heavy imports are each reported, however
+    they are spelled; a type-only import is not."""
     package = tmp_path / "mixle"
     (package / "reading").mkdir(parents=True)
     (package / "data" / "sources").mkdir(parents=True)
     for init in ("", "reading/", "data/", "data/sources/"):
         (package / f"{init}__init__.py").write_text("")
-    (package / "reading" / "plan.py").write_text(
-        "def f():\n    from mixle.data.sources import zarr_source\n"
-    )
-    (package / "data" / "sources" / "zarr_source.py").write_text(
-        "import zarr\nfrom mixle.data.sources import other\n"
-    )
-    (package / "data" / "sources" / "other.py").write_text(
-        "from mixle.data.sources.zarr_source import x\n"
-    )
-    (package / "data" / "sources" / "typed.py").write_text(
-        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import mixle.loading\n"
-    )
+    files = {
+        "reading/plan.py": "def f():\n    from mixle.data.sources import zarr_source\n",
+        "reading/by_name.py": "import importlib\nimportlib.import_module('mixle.loading')\n",
+        "reading/negated.py": (
+            "from typing import TYPE_CHECKING\nif not TYPE_CHECKING:\n    import mixle.loading\n"
+        ),
+        "data/sources/zarr_source.py": "import zarr\nfrom mixle.data.sources import other\n",
+        "data/sources/other.py": "from mixle.data.sources.zarr_source import x\n",
+        "data/sources/typed.py": (
+            "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import mixle.loading\n"
+        ),
+        "data/sources/in_class.py": "class A:\n    import h5py\n",
+        "data/sources/required.py": "from x import require\nH5 = require('h5py')\n",
+        "data/sources/lazy.py": "def f(a=1):\n    import h5py\n",
+    }
+    for name, text in files.items():
+        (package / name).write_text(text)
     known = modules(package)
     layers = [
         ("base", ["mixle", "mixle.data"]),
@@ -239,15 +277,19 @@ def test_the_checks_catch_what_they_guard(tmp_path: Path) -> None:
         ("sources", ["mixle.data.sources", "mixle.data.sources.*"]),
         ("loading", ["mixle.loading"]),
     ]
-    upward = upward_imports(known, layers)
-    assert len(upward) == 1
-    assert (
-        "mixle.reading.plan (reading) imports mixle.data.sources.zarr_source (sources)" in upward[0]
-    )
+    upward = sorted(line.split(": ", 1)[1] for line in upward_imports(known, layers))
+    assert upward == [
+        "mixle.reading.by_name (reading) imports mixle.loading (loading)",
+        "mixle.reading.negated (reading) imports mixle.loading (loading)",
+        "mixle.reading.plan (reading) imports mixle.data.sources.zarr_source (sources)",
+    ]
     assert import_cycles(known) == [["mixle.data.sources.other", "mixle.data.sources.zarr_source"]]
-    heavy = heavy_imports(known)
-    assert len(heavy) == 1
-    assert "mixle.data.sources.zarr_source imports zarr at module level" in heavy[0]
+    heavy = sorted(line.split(": ", 1)[1] for line in heavy_imports(known))
+    assert heavy == [
+        "mixle.data.sources.in_class imports h5py at module level",
+        "mixle.data.sources.required imports h5py at module level",
+        "mixle.data.sources.zarr_source imports zarr at module level",
+    ]
 
 
 @pytest.mark.parametrize(

@@ -103,3 +103,25 @@ def test_pickles_that_name_the_old_module_paths_load(tmp_path: Path) -> None:
         again = pickle.loads(payload)
         assert type(again) is type(obj), name
         np.testing.assert_equal(again[0], obj[0], err_msg=name)  # type: ignore[index]
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ("mixle.reading.faults.DEFAULT_REQUEST_TIMEOUT", "mixle.reading.policy"),
+        ("mixle.reading.faults.RetryPolicy", "mixle.reading.policy"),
+        ("mixle.reading.faults.set_retry_policy", "mixle.reading.policy"),
+        ("mixle.reading.faults.STOP_POLL_S", "mixle.reading.stopping"),
+        ("mixle.reading.faults.stop_when", "mixle.reading.stopping"),
+        ("mixle.reading.fetch.MAX_INFLIGHT_BYTES", "mixle.reading.inflight"),
+        ("mixle.reading.fetch.coalesce_ranges", "mixle.reading.inflight"),
+        ("mixle.reading.fetch.widen_connection_pool", "mixle.reading.fs_options"),
+    ],
+)
+def test_names_the_docs_showed_under_a_split_module_still_import_from_it(
+    old: str, new: str
+) -> None:
+    module, _, name = old.rpartition(".")
+    assert getattr(importlib.import_module(module), name) is getattr(
+        importlib.import_module(new), name
+    )

@@ -33,12 +33,26 @@ from mixle.errors import (
     RemoteReadError,
     RemoteTimeoutError,
 )
-from mixle.reading.policy import kept_deadline, retry_policy
+from mixle.reading.policy import (  # the policy's public names were importable from here
+    DEFAULT_BATCH_DEADLINE,
+    DEFAULT_REQUEST_TIMEOUT,
+    DEFAULT_RETRY_ATTEMPTS,
+    DEFAULT_RETRY_BASE_DELAY,
+    DEFAULT_RETRY_MAX_DELAY,
+    RetryPolicy,
+    batch_deadline,
+    keep_deadline,
+    kept_deadline,
+    retry_policy,
+    set_retry_policy,
+)
 from mixle.reading.stopping import (
+    STOP_POLL_S,
     await_unless_stopped,
     sleep_unless_stopped,
     sleep_until_stopped,
     stop_requested,
+    stop_when,
     stopped_error,
 )
 from mixle.utils.redact import from_network_client, redact_text, scrub_error
@@ -51,6 +65,19 @@ __all__ = [
     "is_transient",
     "retry_async",
     "retry_call",
+    # before policy.py and stopping.py were split out, these were this module's own (the
+    # docs named them here): they stay importable from it
+    "DEFAULT_BATCH_DEADLINE",
+    "DEFAULT_REQUEST_TIMEOUT",
+    "DEFAULT_RETRY_ATTEMPTS",
+    "DEFAULT_RETRY_BASE_DELAY",
+    "DEFAULT_RETRY_MAX_DELAY",
+    "STOP_POLL_S",
+    "RetryPolicy",
+    "batch_deadline",
+    "keep_deadline",
+    "set_retry_policy",
+    "stop_when",
 ]
 
 #: HTTP statuses that say "try again": timeouts, throttling and server errors.

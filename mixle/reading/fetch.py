@@ -7,43 +7,63 @@ retried) ask for one byte range and check the answer before its bytes are used
 is not the range asked raises :class:`~mixle.reading.faults.RangeMismatchError`, which the
 retry layer retries like a dropped connection. A download never grows past the most bytes
 the object may have (``limit``), and a server that ignores ``Range`` is asked an object's
-size once, not once per answer (the last :data:`IGNORED_RANGE_MEMORY` objects are
-remembered). Many requests at once go through :mod:`mixle.reading.inflight`; the requests'
+size once, not once per answer (the last
+:data:`~mixle.reading.ranges.IGNORED_RANGE_MEMORY` objects are remembered). Many requests
+at once go through :mod:`mixle.reading.inflight`; the requests'
 timeouts come from :mod:`mixle.reading.fs_options`.
 """
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from mixle.reading.faults import CorruptChunkError, RemoteReadError, retry_async, retry_call
-from mixle.reading.fs_options import is_http, request_options
+from mixle.reading.fs_options import is_http, request_options, widen_connection_pool
+from mixle.reading.inflight import (  # importable from here, as before inflight.py was split out
+    COALESCE_GAP_BYTES,
+    MAX_COALESCED_BYTES,
+    MAX_INFLIGHT_BYTES,
+    MAX_INFLIGHT_REQUESTS,
+    Coalesced,
+    coalesce_ranges,
+    gather_bounded,
+    stream_bounded,
+)
 from mixle.reading.ranges import (
     ByteSpan,
     check_range,
+    declared_length,
     is_short,
     is_text,
     range_end,
     range_header,
+    remember_size,
+    remembered_size,
     resolve_span,
 )
 from mixle.utils.redact import redact_text
 
 __all__ = [
-    "IGNORED_RANGE_MEMORY",
     "READ_BLOCK_BYTES",
     "fetch_range",
     "object_size",
     "read_range",
+    # this module's own before inflight.py and fs_options.py were split out (the docs named
+    # MAX_INFLIGHT_BYTES here): they stay importable from it
+    "COALESCE_GAP_BYTES",
+    "MAX_COALESCED_BYTES",
+    "MAX_INFLIGHT_BYTES",
+    "MAX_INFLIGHT_REQUESTS",
+    "Coalesced",
+    "coalesce_ranges",
+    "gather_bounded",
+    "stream_bounded",
+    "widen_connection_pool",
 ]
 
 #: Bytes a capped response body is read in at a time (:func:`fetch_range` with ``limit``).
 READ_BLOCK_BYTES = 1024 * 1024
-#: How many objects' sizes, learnt from servers that ignore ``Range``, are remembered.
-IGNORED_RANGE_MEMORY = 1024
 
 
 async def fetch_range(
@@ -54,8 +74,9 @@ async def fetch_range(
     Over HTTP and S3 (s3fs) the status, ``Content-Range`` and body length are checked. A
     ``200`` is taken as the whole object (a server that ignores ``Range``) when its length
     is the object's size, learnt from a ``HEAD`` if ``size`` is not given (once per object:
-    the size is remembered, for the last :data:`IGNORED_RANGE_MEMORY` objects, while the
-    server's answers agree with it), with one
+    the size is remembered, for the last
+    :data:`~mixle.reading.ranges.IGNORED_RANGE_MEMORY` objects, while the server's answers
+    agree with it), with one
     exception that costs no ``HEAD``: for ``span=(0, None)`` a binary (not ``text/...``)
     body exactly as long as its ``Content-Length``. A text ``200`` for ``span=(0, None)``
     whose size cannot be learnt is refused. An honest ``206`` costs no ``HEAD``. Other
@@ -135,7 +156,7 @@ async def _fetch_http(
         content_type = response.headers.get("Content-Type")
         declared = response.headers.get("Content-Length")
         body, cut = await _read_capped(
-            response.content.read, status, _length(declared), span, limit, (fs, path)
+            response.content.read, status, declared_length(declared), span, limit, (fs, path)
         )
         if cut:  # the rest of a whole object sent for a range: drop it with the connection
             response.close()
@@ -179,13 +200,6 @@ async def _read_capped(
     return body, upto is not None and got >= upto and (declared is None or declared > got)
 
 
-def _length(value: object) -> int | None:
-    try:
-        return None if value is None else int(str(value))
-    except ValueError:
-        return None
-
-
 def _check_limit(nbytes: int, limit: int | None, fs: Any, path: str, span: ByteSpan) -> None:
     """:class:`CorruptChunkError` when one answer brings more than ``limit`` bytes."""
     if limit is None or nbytes <= limit:
@@ -218,17 +232,17 @@ async def _checked_answer(
     ):
         # a 200 is the whole object only if it is this long; a server that ignored Range
         # once is asked the size once, not once per answer
-        size = _remembered_size(fs, path, body, declared)
+        size = remembered_size(fs, path, body, declared)
         if size is None:
             size = await _object_size(fs, path)
-            _remember_size(fs, path, size)
+            remember_size(fs, path, size)
     upto = range_end(span)
     if (  # read up to the range's end only: the whole object's length is its Content-Length
         status == 200
         and upto is not None
         and size is not None
         and upto <= len(body) < size
-        and _length(declared) == size
+        and declared_length(declared) == size
         and not is_text(content_type)
     ):
         first, end = resolve_span(span, size) or (0, 0)
@@ -241,49 +255,6 @@ async def _checked_answer(
         content_range=content_range,
         content_type=content_type,
     )
-
-
-#: ``(file system's protocol, path) -> size`` of objects whose server ignored ``Range``,
-#: least recently used first; at most :data:`IGNORED_RANGE_MEMORY` entries.
-_IGNORED_RANGE_SIZES: OrderedDict[tuple[str, str], int] = OrderedDict()
-_IGNORED_RANGE_LOCK = threading.Lock()
-
-
-def _size_key(fs: Any, path: str) -> tuple[str, str]:
-    protocol = getattr(fs, "protocol", "")
-    return (str(protocol if isinstance(protocol, str) else protocol[0]), str(path))
-
-
-def _remembered_size(fs: Any, path: str, body: bytes, declared: object) -> int | None:
-    """The size a ``HEAD`` gave for ``path`` when its server last ignored ``Range``, or ``None``.
-
-    Trusted only while the answer agrees with it: its ``Content-Length`` (the whole
-    object's) is that size, or with none declared the body is that long. An answer that
-    disagrees (the object was replaced) is probed again.
-    """
-    key = _size_key(fs, path)
-    with _IGNORED_RANGE_LOCK:
-        size = _IGNORED_RANGE_SIZES.get(key)
-        if size is None:
-            return None
-        length = _length(declared)
-        if length != size and not (length is None and len(body) == size):
-            del _IGNORED_RANGE_SIZES[key]
-            return None
-        _IGNORED_RANGE_SIZES.move_to_end(key)
-        return size
-
-
-def _remember_size(fs: Any, path: str, size: int | None) -> None:
-    """Remember ``size`` for ``path`` (its server ignores ``Range``); the oldest goes first."""
-    if size is None:
-        return
-    key = _size_key(fs, path)
-    with _IGNORED_RANGE_LOCK:
-        _IGNORED_RANGE_SIZES[key] = size
-        _IGNORED_RANGE_SIZES.move_to_end(key)
-        while len(_IGNORED_RANGE_SIZES) > IGNORED_RANGE_MEMORY:
-            _IGNORED_RANGE_SIZES.popitem(last=False)
 
 
 def _whole_as_declared(
@@ -326,7 +297,7 @@ async def _fetch_s3(
             body = bytes(await stream.read())  # as s3fs reads it (botocore checks checksums)
         else:
             body, _ = await _read_capped(
-                stream.read, status, _length(declared), span, limit, (fs, path)
+                stream.read, status, declared_length(declared), span, limit, (fs, path)
             )
     finally:
         response["Body"].close()

@@ -10,10 +10,17 @@ dropped connection. :data:`ByteSpan` is how the read layer names a range.
 from __future__ import annotations
 
 import re
+import threading
+from collections import OrderedDict
+from typing import Any
 
 from mixle.reading.faults import RangeMismatchError
 
 __all__ = [
+    "IGNORED_RANGE_MEMORY",
+    "declared_length",
+    "remember_size",
+    "remembered_size",
     "ByteSpan",
     "check_range",
     "is_short",
@@ -175,3 +182,58 @@ def range_end(span: ByteSpan) -> int | None:
 def is_text(content_type: str | None) -> bool:
     """Whether a response says it is text: an error page, never a stored chunk."""
     return (content_type or "").strip().lower().startswith("text/")
+
+
+#: How many objects' sizes, learnt from servers that ignore ``Range``, are remembered.
+IGNORED_RANGE_MEMORY = 1024
+
+
+def declared_length(value: object) -> int | None:
+    """A ``Content-Length`` header's value as an int, or ``None`` when absent or not a number."""
+    try:
+        return None if value is None else int(str(value))
+    except ValueError:
+        return None
+
+
+#: ``(file system's protocol, path) -> size`` of objects whose server ignored ``Range``,
+#: least recently used first; at most :data:`IGNORED_RANGE_MEMORY` entries.
+_IGNORED_RANGE_SIZES: OrderedDict[tuple[str, str], int] = OrderedDict()
+_IGNORED_RANGE_LOCK = threading.Lock()
+
+
+def _size_key(fs: Any, path: str) -> tuple[str, str]:
+    protocol = getattr(fs, "protocol", "")
+    return (str(protocol if isinstance(protocol, str) else protocol[0]), str(path))
+
+
+def remembered_size(fs: Any, path: str, body: bytes, declared: object) -> int | None:
+    """The size a ``HEAD`` gave for ``path`` when its server last ignored ``Range``, or ``None``.
+
+    Trusted only while the answer agrees with it: its ``Content-Length`` (the whole
+    object's) is that size, or with none declared the body is that long. An answer that
+    disagrees (the object was replaced) is probed again.
+    """
+    key = _size_key(fs, path)
+    with _IGNORED_RANGE_LOCK:
+        size = _IGNORED_RANGE_SIZES.get(key)
+        if size is None:
+            return None
+        length = declared_length(declared)
+        if length != size and not (length is None and len(body) == size):
+            del _IGNORED_RANGE_SIZES[key]
+            return None
+        _IGNORED_RANGE_SIZES.move_to_end(key)
+        return size
+
+
+def remember_size(fs: Any, path: str, size: int | None) -> None:
+    """Remember ``size`` for ``path`` (its server ignores ``Range``); the oldest goes first."""
+    if size is None:
+        return
+    key = _size_key(fs, path)
+    with _IGNORED_RANGE_LOCK:
+        _IGNORED_RANGE_SIZES[key] = size
+        _IGNORED_RANGE_SIZES.move_to_end(key)
+        while len(_IGNORED_RANGE_SIZES) > IGNORED_RANGE_MEMORY:
+            _IGNORED_RANGE_SIZES.popitem(last=False)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -17,7 +18,7 @@ from mixle.data.sampling.patch_args import (
     parse_stride,
     record_indices,
 )
-from mixle.data.sampling.patch_layout import parse_patch_layout
+from mixle.data.sampling.patch_layout import PatchLayout, parse_patch_layout
 from mixle.data.sampling.weighted import WeightedPlacement
 from mixle.data.schema import Schema, parse_schema
 from mixle.data.sources.arrays.base import ArraySource
@@ -233,6 +234,17 @@ class PatchSampler:
     def epoch(self) -> int:
         """The epoch whose corners are drawn."""
         return self._epoch
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Restore a pickle, also one made before the layout had a class of its own.
+
+        Those kept each layout field as an attribute (``_patch_size``, ``_counts``...).
+        """
+        if "_layout" not in state:
+            names = [f.name for f in dataclasses.fields(PatchLayout) if f.name != "epoch"]
+            fields = {name: state.pop(f"_{name}") for name in names}
+            state["_layout"] = PatchLayout(epoch=state["_epoch"], **fields)
+        self.__dict__.update(state)
 
     def set_epoch(self, epoch: int) -> None:
         """Draw the corners of ``epoch`` from now on (a fresh, deterministic set per epoch)."""

@@ -89,3 +89,20 @@ def test_a_query_in_the_url_and_params_in_storage_options_is_refused(server):
     with pytest.raises(ValueError, match="query string and storage_options has params") as raised:
         mixle.read_zarr(f"{server.url}/v3.zarr?{QUERY}", storage_options={"params": {"a": "b"}})
     assert TOKEN not in str(raised.value) and "s3cr" not in str(raised.value)
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_inspect_reads_a_store_behind_a_query_as_without_it(name, server, seen):
+    from dataclasses import asdict
+
+    from mixle.inspection import inspect_store
+
+    plain = inspect_store(f"{server.url}/{name}")
+    seen.clear()
+    behind = inspect_store(f"{server.url}/{name}?{QUERY}")
+    assert asdict(behind.root) == asdict(plain.root)
+    assert seen and all(
+        parse_qsl(t.partition("?")[2], keep_blank_values=True) == PAIRS for t in seen
+    )
+    assert all(t.startswith(f"/{name}") for t in seen), seen
+    assert TOKEN not in repr(behind) and "s3cr" not in repr(behind)

@@ -42,6 +42,7 @@ from mixle.inspection.zarr_shard_indices import (
     count_inner_chunks,
     damaged_finding,
 )
+from mixle.reading.fs_options import query_as_params
 from mixle.utils.redact import display_path, redact_text
 
 __all__ = ["MAX_PROBED_OBJECTS", "inspect_zarr"]
@@ -63,15 +64,17 @@ def inspect_zarr(
 
     zarr = require("zarr", "zarr", feature="mixle inspect")
     kwargs: dict[str, Any] = {"mode": "r"}
-    if storage_options:
-        kwargs["storage_options"] = storage_options
+    # a presigned URL's query goes with every request, after each key (as read_zarr does)
+    store_url, options = query_as_params(location, dict(storage_options or {}))
+    if options:
+        kwargs["storage_options"] = options
     if not is_remote(location):
         check_local_zarr_store(location)  # special files, huge or too deep metadata
     shown = display_path(location)
 
     def open_store() -> Any:
         give_up_if_late(shown)
-        return zarr.open(store=location, **kwargs)
+        return zarr.open(store=store_url, **kwargs)
 
     try:
         node = retry_call(open_store, url=shown, key="(metadata)", secrets=storage_options)

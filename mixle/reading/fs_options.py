@@ -12,12 +12,15 @@ default is 10). Timeouts set in ``storage_options`` win.
 from __future__ import annotations
 
 import sys
+import urllib.parse
 from typing import Any
 
 from mixle.reading.inflight import MAX_INFLIGHT_REQUESTS
 from mixle.reading.policy import retry_policy
+from mixle.utils.redact import display_path
 
 __all__ = [
+    "query_as_params",
     "is_http",
     "request_options",
     "session_timeout",
@@ -147,3 +150,33 @@ def is_http(fs: Any) -> bool:
     """Whether ``fs`` is fsspec's HTTP file system (never imports fsspec to find out)."""
     http = sys.modules.get("fsspec.implementations.http")  # loaded if fs is one
     return http is not None and isinstance(fs, http.HTTPFileSystem)
+
+
+def query_as_params(path: Any, options: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """An HTTP(S) URL with a query string as the URL without it, the query sent as ``params``.
+
+    zarr appends each key to the store's URL, which would put ``/zarr.json`` inside the
+    query of a presigned ``https://host/a.zarr?token=...``. fsspec's HTTP file system sends
+    its ``params`` option (the query's decoded pairs, which aiohttp encodes again) with every
+    request instead, so each key goes into the path and the query stays at the end, where
+    the server reads it: the same names and values, in the same order, though a character
+    the URL escaped needlessly (``%2F``) may travel unescaped.
+    Other paths, and URLs without a query, are returned as they are.
+
+    Raises
+    ------
+    ValueError
+        When ``storage_options`` has ``params`` too (the URL is named without its query).
+    """
+    if not isinstance(path, str):
+        return path, options
+    parts = urllib.parse.urlsplit(path)
+    if parts.scheme.lower() not in ("http", "https") or not parts.query:
+        return path, options
+    if "params" in options:
+        raise ValueError(
+            f"path={display_path(path)!r} has a query string and storage_options has "
+            "params= as well: give the query once, in the URL or in params"
+        )
+    params = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
+    return urllib.parse.urlunsplit(parts._replace(query="")), {**options, "params": params}

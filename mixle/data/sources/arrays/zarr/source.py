@@ -24,7 +24,7 @@ from mixle.data.sources.arrays.zarr.readers import zarr_chunk_reader
 from mixle.data.structure import EXCHANGEABLE, SampleStructure
 from mixle.errors import ArrayNotFoundError, NotAnArrayError
 from mixle.reading.faults import retry_call
-from mixle.reading.fs_options import timed_storage_options
+from mixle.reading.fs_options import query_as_params, timed_storage_options
 from mixle.utils import optional_deps
 from mixle.utils.optional_deps import require
 from mixle.utils.redact import display_path, redact_text
@@ -141,7 +141,7 @@ class ZarrArraySource(ArraySource):
         path, component = self._args["path"], self._args["component"]
         kwargs: dict[str, Any] = {"mode": "r"}
         secrets = _secrets(self._args)
-        path, options = _query_as_params(path, timed_storage_options(path, secrets[0]))
+        path, options = query_as_params(path, timed_storage_options(path, secrets[0]))
         if options:
             kwargs["storage_options"] = options
         if isinstance(path, str) and "://" not in path and not os.path.exists(path):
@@ -280,36 +280,6 @@ def _secrets(args: dict[str, Any]) -> list[Any]:
     query = urllib.parse.urlsplit(path).query if isinstance(path, str) else ""
     values = [v for _, v in urllib.parse.parse_qsl(query, keep_blank_values=True)]
     return [args.get("storage_options"), *([query] if query else []), *values]
-
-
-def _query_as_params(path: Any, options: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
-    """An HTTP(S) URL with a query string as the URL without it, the query sent as ``params``.
-
-    zarr appends each key to the store's URL, which would put ``/zarr.json`` inside the
-    query of a presigned ``https://host/a.zarr?token=...``. fsspec's HTTP file system sends
-    its ``params`` option (the query's decoded pairs, which aiohttp encodes again) with every
-    request instead, so each key goes into the path and the query stays at the end, where
-    the server reads it: the same names and values, in the same order, though a character
-    the URL escaped needlessly (``%2F``) may travel unescaped.
-    Other paths, and URLs without a query, are returned as they are.
-
-    Raises
-    ------
-    ValueError
-        When ``storage_options`` has ``params`` too (the URL is named without its query).
-    """
-    if not isinstance(path, str):
-        return path, options
-    parts = urllib.parse.urlsplit(path)
-    if parts.scheme.lower() not in ("http", "https") or not parts.query:
-        return path, options
-    if "params" in options:
-        raise ValueError(
-            f"path={display_path(path)!r} has a query string and storage_options has "
-            "params= as well: give the query once, in the URL or in params"
-        )
-    params = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
-    return urllib.parse.urlunsplit(parts._replace(query="")), {**options, "params": params}
 
 
 def _open_redacted(

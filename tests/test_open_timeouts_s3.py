@@ -121,3 +121,18 @@ def test_opening_a_zarr_on_a_silent_s3_endpoint_gives_up_in_bounded_time(silent)
     error = done["error"]
     assert isinstance(error, (RemoteReadError, RemoteTimeoutError, OSError)), repr(error)
     assert "s3cret-value" not in str(error)
+
+
+def test_a_chained_url_gives_its_s3_target_the_policy_timeout() -> None:
+    """``simplecache::s3://...``: fsspec takes the target's options keyed by its protocol."""
+    import fsspec
+
+    from mixle.reading.fs_options import timed_storage_options
+
+    user = {"s3": {"anon": True, "config_kwargs": {"read_timeout": 3}}}
+    options = timed_storage_options("simplecache::s3://bucket/a.zarr", user)
+    assert options["s3"]["config_kwargs"] == {"read_timeout": 3, "connect_timeout": 12}
+    assert user["s3"]["config_kwargs"] == {"read_timeout": 3}  # the user's dict is not changed
+    fs, _ = fsspec.url_to_fs("simplecache::s3://bucket/a.zarr", **options)
+    assert fs.fs.config_kwargs == {"read_timeout": 3, "connect_timeout": 12}
+    assert timed_storage_options("simplecache::memory://a.zarr", None) == {}

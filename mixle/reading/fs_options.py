@@ -97,15 +97,28 @@ def timed_storage_options(location: Any, storage_options: dict[str, Any] | None)
     - S3 (``s3://``, ``s3a://``): botocore's ``connect_timeout`` and ``read_timeout`` in
       ``config_kwargs``.
 
-    A timeout the user set wins (``timeout=``, or one inside ``client_kwargs`` /
-    ``config_kwargs``). Other locations (other schemes, store objects) get a copy of the
-    options as they are (``{}`` for ``None``). The caller's dicts are never changed.
+    In a chained URL (``simplecache::s3://...``) they go to the target's own options, which
+    fsspec takes keyed by its protocol (``{"s3": {...}}``). A timeout the user set wins
+    (``timeout=``, or one inside ``client_kwargs`` / ``config_kwargs``). Other locations
+    (other schemes, store objects) get a copy of the options as they are (``{}`` for
+    ``None``). The caller's dicts are never changed.
     """
     options = dict(storage_options or {})
     if not isinstance(location, str):
         return options
-    scheme = location.partition("://")[0].lower() if "://" in location else ""
     seconds = retry_policy().timeout
+    if "::" in location:  # a chain (simplecache::s3://...): fsspec keys the target's by protocol
+        target = location.rsplit("::", 1)[1]
+        scheme = target.partition("://")[0].lower() if "://" in target else ""
+        if scheme in _HTTP_SCHEMES or scheme in _S3_SCHEMES:
+            options[scheme] = _with_timeout(scheme, dict(options.get(scheme) or {}), seconds)
+        return options
+    scheme = location.partition("://")[0].lower() if "://" in location else ""
+    return _with_timeout(scheme, options, seconds)
+
+
+def _with_timeout(scheme: str, options: dict[str, Any], seconds: float) -> dict[str, Any]:
+    """``options`` (a copy, changed in place) with ``seconds`` set for ``scheme``'s requests."""
     if scheme in _HTTP_SCHEMES:
         client = dict(options.get("client_kwargs") or {})
         if "timeout" not in options and "timeout" not in client:

@@ -11,32 +11,12 @@ the child's peak RSS (``VmHWM``) shows what a bomb cost.
 
 from __future__ import annotations
 
-import importlib.util
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[1]
+from _hdf5_plugin_child import run_plugin_child
 
 CHILD = r"""
-import json, sys
-import h5py, hdf5plugin
-import numpy as np
-import mixle
-
-def hwm():
-    with open("/proc/self/status") as status:
-        return int(next(line for line in status if line.startswith("VmHWM")).split()[1])
-
-def reset():
-    with open("/proc/self/clear_refs", "w") as refs:
-        refs.write("5")
-
 path = sys.argv[1]
 rng = np.random.default_rng(7)
 out = {"padded": {}, "stacked": {}, "bombs": {}}
@@ -158,18 +138,7 @@ with h5py.File(path, "a") as f:
         ds = f.create_dataset("bomb-" + name, **LAYOUT, **options)
         ds[...] = 1
         ds.id.write_direct_chunk((0, 0), raw)
-for name in bombs:
-    with mixle.read_hdf5(path, "bomb-" + name) as src:
-        assert (src[-1:, -1:] == 1).all()  # a sound chunk of the same filters, warmed up
-        for how in ("getitem", "boxes"):
-            reset()
-            base = hwm()
-            try:
-                src[0:1, 0:1] if how == "getitem" else src.read_boxes([[0, 0]], [1, 1])
-                got = [None, "", hwm() - base]
-            except Exception as exc:
-                got = [type(exc).__name__, str(exc), hwm() - base]
-            out["bombs"][f"{name} {how}"] = got
+measure_bombs(path, bombs, out)
 print(json.dumps(out))
 """
 
@@ -196,23 +165,7 @@ UNREADABLE = [
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    if importlib.util.find_spec("hdf5plugin") is None:  # not imported: it would register here
-        pytest.skip("needs hdf5plugin")
-    if not os.path.exists("/proc/self/clear_refs"):
-        pytest.skip("needs Linux's /proc/self/clear_refs to measure peak RSS")
-    env = {k: v for k, v in os.environ.items() if k != "HDF5_PLUGIN_PATH"}
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
-    path = tmp_path_factory.mktemp("frames") / "frames.h5"
-    done = subprocess.run(
-        [sys.executable, "-c", CHILD, str(path)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+    return run_plugin_child(CHILD, tmp_path_factory.mktemp("frames") / "frames.h5")
 
 
 def test_blosc2_chunks_padded_to_whole_blocks_read_as_h5py(results):

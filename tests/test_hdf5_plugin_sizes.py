@@ -9,31 +9,13 @@ filters, and the child's peak RSS (``VmHWM``) shows what a bomb cost.
 
 from __future__ import annotations
 
-import importlib.util
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[1]
+from _hdf5_plugin_child import run_plugin_child
 
 CHILD = """
-import bz2, json, sys
-import h5py, hdf5plugin
-import numpy as np
-import mixle
-
-def hwm():
-    with open("/proc/self/status") as status:
-        return int(next(line for line in status if line.startswith("VmHWM")).split()[1])
-
-def reset():
-    with open("/proc/self/clear_refs", "w") as refs:
-        refs.write("5")
+import bz2
 
 BIG = 64 << 20  # what a bomb decodes to; a chunk (32, 256) of int32 is 32768 bytes
 LAYOUT = dict(shape=(64, 512), chunks=(32, 256), dtype="<i4")
@@ -78,46 +60,14 @@ with h5py.File(path, "r") as f:
             box = (slice(5, 37), slice(100, 400))
             same = np.array_equal(src[...], truth) and np.array_equal(src[box], truth[box])
         out["equal"][name] = bool(same)
-for name in filters:
-    if name == "bitshuffle-none":
-        continue
-    with mixle.read_hdf5(path, "bomb-" + name) as src:
-        assert (src[-1:, -1:] == 1).all()  # a sound chunk of the same filters, warmed up
-        for how in ("getitem", "boxes"):
-            reset()
-            base = hwm()
-            try:
-                src[0:1, 0:1] if how == "getitem" else src.read_boxes([[0, 0]], [1, 1])
-                got = [None, "", hwm() - base]
-            except Exception as exc:
-                got = [type(exc).__name__, str(exc), hwm() - base]
-            out["bombs"][f"{name} {how}"] = got
+measure_bombs(path, [name for name in filters if name != "bitshuffle-none"], out)
 print(json.dumps(out))
 """
 
 
-def _child(code: str, *args: str, timeout: float = 300) -> Any:
-    env = {k: v for k, v in os.environ.items() if k != "HDF5_PLUGIN_PATH"}
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
-    done = subprocess.run(
-        [sys.executable, "-c", code, *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    if importlib.util.find_spec("hdf5plugin") is None:  # not imported: it would register here
-        pytest.skip("needs hdf5plugin")
-    if not os.path.exists("/proc/self/clear_refs"):
-        pytest.skip("needs Linux's /proc/self/clear_refs to measure peak RSS")
-    return _child(CHILD, str(tmp_path_factory.mktemp("sizes") / "plugins.h5"))  # type: ignore[no-any-return]
+    return run_plugin_child(CHILD, tmp_path_factory.mktemp("sizes") / "plugins.h5", timeout=300)
 
 
 def test_sound_chunks_of_each_filter_read_as_h5py(results):

@@ -43,20 +43,13 @@ from mixle.data.sources.arrays.zarr.vlen import VlenChunkDecoder, VlenLimitError
 from mixle.reading import CorruptChunkError, new_token
 
 __all__ = [
-    "PLAIN_KINDS",
     "Decoder",
     "ZarrCodecReader",
     "ZarrStoreReader",
     "decode_checked",
     "fill_chunk",
     "fill_value",
-    "plain_dtype",
 ]
-
-#: dtype kinds whose chunks are plain fixed-size bytes that mixle decodes itself: bool, ints,
-#: floats, complex, times, fixed-width bytes (``S``), UTF-32 strings (``U``), structured and
-#: raw (``V``) records.
-PLAIN_KINDS = "biufcmMSUV"
 
 #: A ``bytes -> chunk`` decoder (every stage bounded by the chunk's size).
 Decoder = ChunkDecoder | VlenChunkDecoder | OuterShardDecoder
@@ -116,11 +109,6 @@ def decode_checked(
             f"{what} of zarr array {where}{at} is corrupt ({len(raw)} stored bytes do "
             f"not decode to a chunk: {type(exc).__name__}: {exc})"
         ) from None
-
-
-def plain_dtype(dtype: np.dtype) -> bool:
-    """Whether chunks of ``dtype`` are fixed-size bytes mixle decodes (:data:`PLAIN_KINDS`)."""
-    return dtype.kind in PLAIN_KINDS and not dtype.hasobject and dtype.itemsize > 0
 
 
 class _DecodedChunks:

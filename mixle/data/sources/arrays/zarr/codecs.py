@@ -39,12 +39,19 @@ from mixle.utils.optional_deps import require
 
 __all__ = [
     "COMPRESSED_SLACK_BYTES",
-    "UNKNOWN_CODEC_FACTOR",
     "ChunkDecoder",
+    "PLAIN_KINDS",
+    "UNKNOWN_CODEC_FACTOR",
     "bytes_steps",
     "numcodecs_decoder",
+    "plain_dtype",
     "v3_decoder",
 ]
+
+#: dtype kinds whose chunks are plain fixed-size bytes that mixle decodes itself: bool, ints,
+#: floats, complex, times, fixed-width bytes (``S``), UTF-32 strings (``U``), structured and
+#: raw (``V``) records.
+PLAIN_KINDS = "biufcmMSUV"
 
 #: A codec mixle cannot size may take at most this many times its output's bytes as input.
 UNKNOWN_CODEC_FACTOR = 8
@@ -292,3 +299,8 @@ def _array_filter(codec: Any, shape: tuple[int, ...], stored: np.dtype | None = 
         return lambda chunk: np.asarray(codec.decode(chunk)).reshape(shape)
     native = stored.newbyteorder("=")
     return lambda chunk: np.asarray(codec.decode(chunk.astype(native, copy=False))).reshape(shape)
+
+
+def plain_dtype(dtype: np.dtype) -> bool:
+    """Whether chunks of ``dtype`` are fixed-size bytes mixle decodes (:data:`PLAIN_KINDS`)."""
+    return dtype.kind in PLAIN_KINDS and not dtype.hasobject and dtype.itemsize > 0

@@ -25,6 +25,7 @@ from mixle.data.sources.arrays.zarr.codecs import (
     _decode_step,
     _encoded_size,
     bytes_steps,
+    plain_dtype,
     v3_decoder,
 )
 from mixle.data.sources.arrays.zarr.decompress import StageLimitError
@@ -35,7 +36,7 @@ from mixle.data.sources.arrays.zarr.vlen import (
     vlen_shard_limit,
 )
 
-__all__ = ["OuterShardDecoder", "outer_shard_decoder"]
+__all__ = ["OuterShardDecoder", "outer_shard_decoder", "shard_layout"]
 
 #: Marks an inner chunk never written (both offset and length).
 _EMPTY = 2**64 - 1
@@ -142,7 +143,7 @@ class OuterShardDecoder:
 
 def outer_shard_decoder(array: Any) -> OuterShardDecoder | None:
     """A decoder for ``array`` if its codecs are a shard then bytes codecs, else ``None``."""
-    from zarr.codecs import BytesCodec, Crc32cCodec, ShardingCodec
+    from zarr.codecs import ShardingCodec
 
     codecs = list(array.metadata.codecs)
     if len(codecs) < 2 or not isinstance(codecs[0], ShardingCodec):
@@ -153,21 +154,37 @@ def outer_shard_decoder(array: Any) -> OuterShardDecoder | None:
     if len(inner_shape) != len(shape) or any(s % c for s, c in zip(shape, inner_shape)):
         return None
     dtype = np.dtype(array.dtype)
+    layout = shard_layout(sharding, dtype, inner_shape)
+    outer = bytes_steps(codecs[1:])
+    if layout is None or outer is None:
+        return None
+    inner, checksum, at_end = layout
+    fill = array.fill_value
+    return OuterShardDecoder(outer[::-1], inner, shape, inner_shape, checksum, at_end, fill, dtype)
+
+
+def shard_layout(
+    sharding: Any, dtype: np.dtype, inner_shape: tuple[int, ...]
+) -> tuple[ChunkDecoder | VlenChunkDecoder, bool, bool] | None:
+    """``(inner-chunk decoder, crc32c on the index, index at the end)`` of a sharding codec.
+
+    ``None`` when mixle does not read the layout: inner codecs it does not decode, or an
+    index other than little-endian ``bytes`` with an optional ``crc32c``.
+    """
+    from zarr.codecs import BytesCodec, Crc32cCodec
+
     inner: ChunkDecoder | VlenChunkDecoder | None
     if dtype.kind in "OT":  # variable-length strings or bytes
         inner = v3_vlen_decoder(sharding.codecs, dtype, inner_shape)
-    else:
+    elif plain_dtype(dtype):
         inner = v3_decoder(sharding.codecs, dtype, inner_shape)
-    outer = bytes_steps(codecs[1:])
+    else:
+        return None
     index = tuple(sharding.index_codecs)
-    if inner is None or outer is None or not index or not isinstance(index[0], BytesCodec):
+    if inner is None or not index or not isinstance(index[0], BytesCodec):
         return None
     if index[0].endian is not None and index[0].endian.value != "little":
         return None
     if len(index) > 2 or (len(index) == 2 and not isinstance(index[1], Crc32cCodec)):
         return None
-    at_end = sharding.index_location.value == "end"
-    fill = array.fill_value
-    return OuterShardDecoder(
-        outer[::-1], inner, shape, inner_shape, len(index) == 2, at_end, fill, dtype
-    )
+    return inner, len(index) == 2, sharding.index_location.value == "end"

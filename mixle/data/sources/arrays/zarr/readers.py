@@ -33,9 +33,8 @@ from mixle.data.sources.arrays.zarr.chunks import (
     Decoder,
     ZarrCodecReader,
     ZarrStoreReader,
-    plain_dtype,
 )
-from mixle.data.sources.arrays.zarr.codecs import numcodecs_decoder, v3_decoder
+from mixle.data.sources.arrays.zarr.codecs import numcodecs_decoder, plain_dtype, v3_decoder
 from mixle.data.sources.arrays.zarr.outer_shards import outer_shard_decoder
 from mixle.data.sources.arrays.zarr.pipeline import ZarrPipelineReader
 from mixle.data.sources.arrays.zarr.shards import ShardedZarrReader

@@ -23,10 +23,10 @@ from typing import Any
 
 import numpy as np
 
-from mixle.data.sources.arrays.zarr.chunks import Decoder, decode_checked, fill_chunk, plain_dtype
-from mixle.data.sources.arrays.zarr.codecs import v3_decoder
+from mixle.data.sources.arrays.zarr.chunks import Decoder, decode_checked, fill_chunk
+from mixle.data.sources.arrays.zarr.outer_shards import shard_layout
 from mixle.data.sources.arrays.zarr.stores import CheckedRangeStore, StoreGetter
-from mixle.data.sources.arrays.zarr.vlen import VlenLimitError, v3_vlen_decoder
+from mixle.data.sources.arrays.zarr.vlen import VlenLimitError
 from mixle.reading import CorruptChunkError, new_token
 from mixle.reading.inflight import coalesce_ranges
 
@@ -84,7 +84,7 @@ class ShardedZarrReader:
         cls, array: Any, where: str = "", url: str = "", secrets: Any = None
     ) -> ShardedZarrReader | None:
         """A reader for ``array`` if mixle decodes its shard layout, else ``None``."""
-        from zarr.codecs import BytesCodec, Crc32cCodec, ShardingCodec
+        from zarr.codecs import ShardingCodec
 
         codecs = array.metadata.codecs
         if len(codecs) != 1 or not isinstance(codecs[0], ShardingCodec):
@@ -92,23 +92,11 @@ class ShardedZarrReader:
         sharding = codecs[0]
         if tuple(sharding.chunk_shape) != tuple(array.chunks):
             return None
-        dtype = np.dtype(array.dtype)
-        decode: Decoder | None
-        if dtype.kind in "OT":  # variable-length strings or bytes
-            decode = v3_vlen_decoder(sharding.codecs, dtype, tuple(array.chunks))
-        elif plain_dtype(dtype):
-            decode = v3_decoder(sharding.codecs, dtype, tuple(array.chunks))
-        else:
+        layout = shard_layout(sharding, np.dtype(array.dtype), tuple(array.chunks))
+        if layout is None:
             return None
-        index = tuple(sharding.index_codecs)
-        if decode is None or not index or not isinstance(index[0], BytesCodec):
-            return None
-        if index[0].endian is not None and index[0].endian.value != "little":
-            return None
-        if len(index) > 2 or (len(index) == 2 and not isinstance(index[1], Crc32cCodec)):
-            return None
-        at_end = sharding.index_location.value == "end"
-        return cls(array, decode, len(index) == 2, at_end, where, url, secrets)
+        decode, checksum, at_end = layout
+        return cls(array, decode, checksum, at_end, where, url, secrets)
 
     # -- shard indices ----------------------------------------------------------------
     def _parse_index(self, shard: tuple[int, ...], raw: bytes | None) -> np.ndarray | None:

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import math
+import multiprocessing
 import os
 import signal
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -152,3 +155,34 @@ class NotePidAndNap:
     def __call__(self, records: list[Any]) -> list[Any]:
         note_pid_and_nap(records, self.log, self.seconds)
         return records
+
+
+@contextmanager
+def local_dask_client(workers: int, timeout: float = 60) -> Iterator[Any]:
+    """A client of ``workers`` single-threaded worker processes on 127.0.0.1, closed after.
+
+    ``set_as_default=False`` keeps ``client=None`` meaning "no client yet" in the tests. No
+    dashboard, and its HTTP routes on a free port: port 8787 taken by anything else on the
+    machine would otherwise warn (and warnings are errors here). On exit every worker and
+    nanny must be gone.
+    """
+    import distributed
+
+    from mixle.utils.parallel.dask_backend import QUIET_SCHEDULER
+
+    cluster = distributed.LocalCluster(
+        n_workers=workers,
+        threads_per_worker=1,
+        processes=True,
+        host="127.0.0.1",
+        dashboard_address=None,
+        scheduler_kwargs=QUIET_SCHEDULER,
+    )
+    client = distributed.Client(cluster, set_as_default=False)
+    client.wait_for_workers(workers, timeout=timeout)
+    try:
+        yield client
+    finally:
+        client.close()
+        cluster.close()
+    assert multiprocessing.active_children() == []

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import multiprocessing
 from collections.abc import Iterator
 
 import pytest
+from _encoded_helpers import local_dask_client
 
 from mixle.reading import DEFAULT_CHUNK_CACHE_BYTES, MIN_WORKER_CHUNK_CACHE_BYTES
 from mixle.reading.process_cache import chunk_cache, set_chunk_cache_bytes
 
 distributed = pytest.importorskip("distributed", reason="needs mixle[dask]")
-from mixle.utils.parallel.dask_backend import QUIET_SCHEDULER, DaskEncodedData  # noqa: E402
+from mixle.utils.parallel.dask_backend import DaskEncodedData  # noqa: E402
 
 #: Hang guard for every call in this module; no test relies on it for timing.
 T = 60
@@ -25,20 +25,8 @@ def budget(shard: object) -> int:
 @pytest.fixture(params=[2, 4])
 def client(request) -> Iterator[distributed.Client]:
     """``request.param`` single-threaded worker processes, all on 127.0.0.1 (one host)."""
-    cluster = distributed.LocalCluster(
-        n_workers=request.param,
-        threads_per_worker=1,
-        processes=True,
-        host="127.0.0.1",
-        dashboard_address=None,
-        scheduler_kwargs=QUIET_SCHEDULER,
-    )
-    dask_client = distributed.Client(cluster, set_as_default=False)
-    dask_client.wait_for_workers(request.param, timeout=T)
-    yield dask_client
-    dask_client.close()
-    cluster.close()
-    assert multiprocessing.active_children() == []
+    with local_dask_client(request.param, timeout=T) as dask_client:
+        yield dask_client
 
 
 def _worker_budgets(client: distributed.Client, read_in: str) -> list[int]:

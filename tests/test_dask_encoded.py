@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import signal
 from collections.abc import Iterator
@@ -16,6 +15,7 @@ from _encoded_helpers import (
     exact_sum,
     fail_encoder,
     identity,
+    local_dask_client,
     logged_pids,
     nap,
     patch_means,
@@ -26,7 +26,7 @@ from _encoded_helpers import (
 import mixle
 
 distributed = pytest.importorskip("distributed", reason="needs mixle[dask]")
-from mixle.utils.parallel.dask_backend import QUIET_SCHEDULER, DaskEncodedData  # noqa: E402
+from mixle.utils.parallel.dask_backend import DaskEncodedData  # noqa: E402
 
 #: Hang guard for every call in this module; no test relies on it for timing.
 T = 60
@@ -38,21 +38,8 @@ def client() -> Iterator[distributed.Client]:
 
     ``set_as_default=False`` keeps ``client=None`` meaning "no client yet" in the tests.
     """
-    cluster = distributed.LocalCluster(
-        n_workers=2,
-        threads_per_worker=1,
-        processes=True,
-        host="127.0.0.1",
-        dashboard_address=None,
-        # no dashboard, and its HTTP routes on a free port: port 8787 taken by anything
-        # else on the machine would otherwise warn (and warnings are errors here)
-        scheduler_kwargs=QUIET_SCHEDULER,
-    )
-    dask_client = distributed.Client(cluster, set_as_default=False)
-    yield dask_client
-    dask_client.close()
-    cluster.close()
-    assert multiprocessing.active_children() == []  # every worker and nanny is gone
+    with local_dask_client(2, timeout=T) as dask_client:
+        yield dask_client
 
 
 def _worker_pids(client) -> set[int]:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -101,3 +102,18 @@ class ReadPaths:
         return np.stack(
             [values[tuple(slice(a, a + p) for a, p in zip(s, self.patch))] for s in self.starts]
         )
+
+
+@contextmanager
+def retries(**policy: Any) -> Iterator[None]:
+    """The retry policy ``policy`` (tiny delays, short timeouts) and an empty chunk cache,
+    both put back afterwards."""
+    from mixle.reading import chunk_cache, set_retry_policy
+
+    old = set_retry_policy(**policy)
+    chunk_cache().clear()
+    try:
+        yield
+    finally:
+        set_retry_policy(**asdict(old))
+        chunk_cache().clear()

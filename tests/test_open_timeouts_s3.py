@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import socket
 import threading
 from collections.abc import Iterator
@@ -11,13 +10,14 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _remote_fixtures import retries
 
 zarr = pytest.importorskip("zarr")
 pytest.importorskip("s3fs")
 pytest.importorskip("moto")
 
 import mixle  # noqa: E402
-from mixle.reading import RemoteReadError, chunk_cache, set_retry_policy  # noqa: E402
+from mixle.reading import RemoteReadError, set_retry_policy  # noqa: E402
 from mixle.reading.faults import RemoteTimeoutError  # noqa: E402
 from mixle.testing_servers import MotoS3Server  # noqa: E402
 
@@ -26,11 +26,8 @@ BUCKET = "open-timeouts"
 
 @pytest.fixture(autouse=True)
 def policy() -> Iterator[None]:
-    old = set_retry_policy(attempts=2, base_delay=0.001, max_delay=0.004, timeout=12)
-    chunk_cache().clear()
-    yield
-    set_retry_policy(**dataclasses.asdict(old))
-    chunk_cache().clear()
+    with retries(attempts=2, base_delay=0.001, max_delay=0.004, timeout=12):
+        yield
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ import h5py
 import numpy as np
 import pytest
 import zarr
-from _remote_fixtures import write_stores
+from _remote_fixtures import retries, write_stores
 
 import mixle
 from mixle.reading import RemoteReadError, chunk_cache, retry_policy, set_retry_policy
@@ -43,11 +43,8 @@ TARGETS = [
 
 @pytest.fixture(autouse=True)
 def short_timeouts() -> Iterator[None]:
-    old = set_retry_policy(attempts=2, base_delay=0.001, max_delay=0.004, timeout=0.5)
-    chunk_cache().clear()
-    yield
-    set_retry_policy(**dataclasses.asdict(old))
-    chunk_cache().clear()
+    with retries(attempts=2, base_delay=0.001, max_delay=0.004, timeout=0.5):
+        yield
 
 
 @pytest.fixture(scope="module")

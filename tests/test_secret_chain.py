@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -12,10 +11,9 @@ from typing import Any
 import h5py
 import numpy as np
 import pytest
-from _remote_fixtures import write_stores
+from _remote_fixtures import retries, write_stores
 
 import mixle
-from mixle.reading import chunk_cache, set_retry_policy
 from mixle.testing_servers import FaultPlan, MotoS3Server, RangeHTTPServer
 
 MARK = "s3cr3t"  # every secret below contains it; nothing mixle raises may
@@ -101,11 +99,8 @@ def _drop_tracebacks(exc: BaseException | None) -> None:
 
 @pytest.fixture(autouse=True)
 def quick() -> Iterator[None]:
-    old = set_retry_policy(attempts=2, base_delay=0.001, max_delay=0.002, timeout=0.4)
-    chunk_cache().clear()
-    yield
-    set_retry_policy(**dataclasses.asdict(old))
-    chunk_cache().clear()
+    with retries(attempts=2, base_delay=0.001, max_delay=0.002, timeout=0.4):
+        yield
 
 
 @pytest.fixture(scope="module")

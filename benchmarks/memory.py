@@ -1,5 +1,6 @@
 """Memory per process: peak RSS growth against the chunk-cache budget for 1, 4 and 16
-decode threads, and total private memory of a torch DataLoader with 1, 4 and 8 workers.
+decode threads, and total private memory of a torch DataLoader with 1, 4 and 8 workers and
+of an MPEncodedData with 1 and 4 workers.
 
 Run: python benchmarks/memory.py [--quick] [--json]
 
@@ -19,8 +20,14 @@ Writes a float32 cube with 64^3 zstd chunks (512^3: 512 MiB decoded, twice the d
   ``256 MiB each`` rows set the budget of every process to 256 MiB explicitly (the default
   before budgets were shared among DataLoader workers).
 
-``--quick`` runs a smoke version (a 128^3 volume, 1 and 4 threads, 1 and 2 workers with
-the defaults) in a few seconds; ``--json`` prints the rows as JSON lines as well.
+- mp: the same sampler as the data of ``MPEncodedData(num_workers=N, read_in="workers")``:
+  each worker reads ``per`` patches of its shard and keeps them. ``private`` is Private_Clean
+  + Private_Dirty over the driver and its workers once the build is done; ``cache`` is each
+  worker's budget (asked of the workers). ``256 MiB each`` sets the budget in the driver,
+  which every worker then takes (before workers shared the default, each had 256 MiB).
+
+``--quick`` runs a smoke version (a 128^3 volume, 1 and 4 threads, 1 and 2 workers of each
+kind with the defaults) in a few seconds; ``--json`` prints the rows as JSON lines as well.
 """
 
 from __future__ import annotations
@@ -50,6 +57,7 @@ FULL: dict[str, Any] = {
     "budgets": (None, OLD_BUDGET),
     "batches": 40,
     "per": 192,
+    "mp_workers": (1, 4),
 }
 QUICK: dict[str, Any] = {
     "size": 128,
@@ -58,6 +66,7 @@ QUICK: dict[str, Any] = {
     "budgets": (None,),
     "batches": 4,
     "per": 32,
+    "mp_workers": (1, 2),
 }
 
 
@@ -165,6 +174,26 @@ def measure_workers(path: str, workers: int, per: int, budget: int | None) -> di
     }
 
 
+def measure_mp(path: str, workers: int, per: int, budget: int | None) -> dict[str, Any]:
+    import mixle
+    from mixle.reading import set_chunk_cache_bytes
+
+    if budget is not None:
+        set_chunk_cache_bytes(budget)
+    sampler = mixle.PatchSampler(mixle.read_zarr(path), PATCH, per * workers, seed=0)
+    me = os.getpid()
+    with mixle.MPEncodedData(sampler, num_workers=workers, read_in="workers") as data:
+        private = sum(private_bytes(p) for p in [me, *children(me)])
+        budgets = sorted(set(data.map(_cache_budget)))
+    return {
+        "table": "mp",
+        "workers": workers,
+        "setting": "default" if budget is None else f"{budget // MIB} MiB each",
+        "cache_mib": budgets[0] / MIB if len(budgets) == 1 else [b / MIB for b in budgets],
+        "private_mib": private / MIB,
+    }
+
+
 class _Budgets:
     """A Dataset whose items are the cache budget of the worker that reads them."""
 
@@ -193,6 +222,17 @@ def run_child(kind: str, *args: Any) -> dict[str, Any]:
     return json.loads(out.stdout.splitlines()[-1])  # type: ignore[no-any-return]
 
 
+def _print_private(rows: list[dict[str, Any]], table: str, title: str) -> None:
+    print(f"\n{title}")
+    print("| workers | setting | cache per worker | private memory |")
+    print("| ---: | --- | ---: | ---: |")
+    for r in rows:
+        if r["table"] == table:
+            cache = r["cache_mib"]
+            shown = f"{cache:.0f} MiB" if isinstance(cache, float) else str(cache)
+            print(f"| {r['workers']} | {r['setting']} | {shown} | {r['private_mib']:.0f} MiB |")
+
+
 def print_tables(rows: list[dict[str, Any]]) -> None:
     print("\nPeak RSS growth against the chunk-cache budget (default settings)")
     print(
@@ -207,14 +247,8 @@ def print_tables(rows: list[dict[str, Any]]) -> None:
                 f"{r['x_budget']:.2f} | {r['over_mib']:.0f} MiB | {r['per_thread_mib']:.1f} MiB "
                 f"| {r['patches_per_s']:.0f} |"
             )
-    print("\nTotal private memory, DataLoader parent + workers")
-    print("| workers | setting | cache per worker | private memory |")
-    print("| ---: | --- | ---: | ---: |")
-    for r in rows:
-        if r["table"] == "workers":
-            cache = r["cache_mib"]
-            shown = f"{cache:.0f} MiB" if isinstance(cache, float) else str(cache)
-            print(f"| {r['workers']} | {r['setting']} | {shown} | {r['private_mib']:.0f} MiB |")
+    _print_private(rows, "workers", "Total private memory, DataLoader parent + workers")
+    _print_private(rows, "mp", "Total private memory, MPEncodedData driver + workers")
 
 
 def main() -> None:
@@ -225,7 +259,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.child:
         kind, *rest = json.loads(args.child)
-        row = measure_threads(*rest) if kind == "threads" else measure_workers(*rest)
+        measure = {"threads": measure_threads, "workers": measure_workers, "mp": measure_mp}
+        row = measure[kind](*rest)
         print(json.dumps(row))
         return
     plan = QUICK if args.quick else FULL
@@ -238,6 +273,9 @@ def main() -> None:
         for workers in plan["workers"]:
             for budget in plan["budgets"]:
                 rows.append(run_child("workers", str(path), workers, plan["per"], budget))
+        for workers in plan["mp_workers"]:
+            for budget in plan["budgets"]:
+                rows.append(run_child("mp", str(path), workers, plan["per"], budget))
     if args.json:
         for row in rows:
             print(json.dumps(row))

@@ -128,7 +128,7 @@ def test_four_dataloader_workers_share_the_default_budget(tmp_path):
 
 
 @pytest.mark.slow
-def test_memory_benchmark_quick_run_prints_both_tables():
+def test_memory_benchmark_quick_run_prints_its_tables():
     run = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "memory.py"), "--quick", "--json"],
         capture_output=True,
@@ -142,5 +142,8 @@ def test_memory_benchmark_quick_run_prints_both_tables():
         ("threads", 4),
         ("workers", 1),
         ("workers", 2),
+        ("mp", 1),
+        ("mp", 2),
     }
     assert "decode threads" in run.stdout and "private memory" in run.stdout
+    assert "MPEncodedData driver + workers" in run.stdout

@@ -11,7 +11,7 @@ from mixle.reading import DEFAULT_CHUNK_CACHE_BYTES, MIN_WORKER_CHUNK_CACHE_BYTE
 from mixle.reading.process_cache import chunk_cache, set_chunk_cache_bytes
 
 distributed = pytest.importorskip("distributed", reason="needs mixle[dask]")
-from mixle.utils.parallel.dask_backend import DaskEncodedData  # noqa: E402
+from mixle.utils.parallel.dask_backend import DaskEncodedData, scheduler_workers  # noqa: E402
 
 #: Hang guard for every call in this module; no test relies on it for timing.
 T = 60
@@ -30,7 +30,7 @@ def client(request) -> Iterator[distributed.Client]:
 
 
 def _worker_budgets(client: distributed.Client, read_in: str) -> list[int]:
-    workers = len(client.scheduler_info(n_workers=-1)["workers"])
+    workers = len(scheduler_workers(client))
     data = list(range(3 * workers))
     with DaskEncodedData(data, client=client, read_in=read_in, timeout=T) as enc:
         assert enc.num_workers == workers and len(set(enc.homes)) == workers
@@ -39,7 +39,7 @@ def _worker_budgets(client: distributed.Client, read_in: str) -> list[int]:
 
 @pytest.mark.parametrize("read_in", ["workers", "driver"])
 def test_workers_on_one_host_share_the_default_budget(client, read_in):
-    workers = len(client.scheduler_info(n_workers=-1)["workers"])
+    workers = len(scheduler_workers(client))
     share = max(MIN_WORKER_CHUNK_CACHE_BYTES, DEFAULT_CHUNK_CACHE_BYTES // workers)
     driver = chunk_cache().budget
     assert _worker_budgets(client, read_in) == [share] * workers
@@ -47,7 +47,7 @@ def test_workers_on_one_host_share_the_default_budget(client, read_in):
 
 
 def test_a_budget_set_in_the_driver_is_every_workers_budget(client):
-    workers = len(client.scheduler_info(n_workers=-1)["workers"])
+    workers = len(scheduler_workers(client))
     chosen = 48 * 1024 * 1024 + 4096
     set_chunk_cache_bytes(chosen)
     try:

@@ -26,7 +26,7 @@ from _encoded_helpers import (
 import mixle
 
 distributed = pytest.importorskip("distributed", reason="needs mixle[dask]")
-from mixle.utils.parallel.dask_backend import DaskEncodedData  # noqa: E402
+from mixle.utils.parallel.dask_backend import DaskEncodedData, scheduler_workers  # noqa: E402
 
 #: Hang guard for every call in this module; no test relies on it for timing.
 T = 60
@@ -67,7 +67,7 @@ def test_map_reduce_equals_the_serial_computation(client, stores, backend, worke
         assert exact_sum(means) == exact_sum(serial)
         order = np.concatenate([enc.shard_indices(w) for w in range(workers)])
         assert means == [serial[i] for i in order]
-        homes = sorted(client.scheduler_info(n_workers=-1)["workers"])
+        homes = sorted(scheduler_workers(client))
         assert enc.homes == tuple(homes[w % 2] for w in range(workers))
 
 
@@ -142,6 +142,15 @@ def test_close_twice_use_after_close_and_factory(client):
     enc.close()
     with pytest.raises(mixle.EncodedDataClosedError, match="is closed"):
         enc.map(shard_sum)
+
+
+def test_workers_are_asked_of_the_scheduler_not_the_client_cache(client, monkeypatch):
+    # The client's periodic refresh can leave a cached summary with no workers (CI saw
+    # "has no workers" on a two-worker cluster); the constructor must not read that cache.
+    monkeypatch.setattr(client, "scheduler_info", lambda *a, **k: {"workers": {}})
+    with DaskEncodedData(list(range(4)), client=client, timeout=T) as enc:
+        assert enc.num_workers == 2 and enc.map(shard_sum) == [2.0, 4.0]
+        assert sorted(enc.homes) == sorted(scheduler_workers(client))
 
 
 def test_killed_dask_worker_is_reported(client):

@@ -43,7 +43,13 @@ from mixle.utils.parallel.encoding import (
 )
 from mixle.utils.progress import ProgressBar, parse_progress, progress_bar
 
-__all__ = ["KILL_GRACE_S", "POLL_INTERVAL_S", "QUIET_SCHEDULER", "DaskEncodedData"]
+__all__ = [
+    "KILL_GRACE_S",
+    "POLL_INTERVAL_S",
+    "QUIET_SCHEDULER",
+    "DaskEncodedData",
+    "scheduler_workers",
+]
 
 #: The scheduler's HTTP routes bind a free port instead of 8787 (which warns when taken).
 QUIET_SCHEDULER = {"dashboard": False, "dashboard_address": ":0"}
@@ -78,6 +84,16 @@ def _workers_per_host(workers: dict[str, Any]) -> dict[str, int]:
     hosts = {address: info.get("host", address) for address, info in workers.items()}
     counts = Counter(hosts.values())
     return {address: counts[host] for address, host in hosts.items()}
+
+
+def scheduler_workers(client: Any) -> dict[str, Any]:
+    """Worker address -> the scheduler's record of it, asked of the scheduler itself.
+
+    Not ``client.scheduler_info()``: that returns the client's cached copy, which the
+    client's own periodic refresh can replace with a summary listing no workers between
+    the fetch and the read (seen as "has no workers" on a cluster with two).
+    """
+    return dict(client.sync(client.scheduler.identity, n_workers=-1)["workers"])
 
 
 def _call_remote(fn: Callable[..., Any], shard: Any, *args: Any) -> Any:
@@ -175,7 +191,7 @@ class DaskEncodedData(EncodedData):
         self._own = own
         self._finalizer = weakref.finalize(self, _release, client, self._shards, own)
         try:
-            workers = client.scheduler_info(n_workers=-1)["workers"]
+            workers = scheduler_workers(client)
             addresses = sorted(workers)
             if not addresses:
                 raise ValueError(f"client={client!r} has no workers; start some first")

@@ -7,9 +7,12 @@ named constants here, defined once.
 
 from __future__ import annotations
 
+import operator
 import os
 from collections.abc import Callable
 from typing import Any
+
+import numpy as np
 
 from mixle.data.structure import SampleStructure
 from mixle.utils.validation import parse_int
@@ -20,6 +23,7 @@ __all__ = [
     "check_source",
     "parse_callable",
     "parse_count",
+    "parse_shuffle_block",
     "parse_threads",
 ]
 
@@ -60,6 +64,42 @@ def parse_count(value: object, name: str, minimum: int) -> int:
     if out < minimum:
         raise ValueError(f"{name}={out} must be an int >= {minimum}")
     return out
+
+
+def parse_shuffle_block(shuffle_block: object, source: object) -> int:
+    """Records per block an epoch shuffle moves as a unit, an int ``>= 1``.
+
+    ``None`` takes the source's ``shuffle_block`` attribute (a sampler that draws
+    consecutive records from one volume has one), or ``1`` when it has none or it is
+    ``None``; an int overrides it.
+
+    Raises
+    ------
+    TypeError
+        The value is not an int (a bool, a float, a str...); the message names
+        ``shuffle_block`` or, for the default, the source's attribute.
+    ValueError
+        The value is ``< 1``.
+    """
+    value, name = shuffle_block, "shuffle_block"
+    what = "an int >= 1 (records a shuffle moves as one block) or None (the source's own)"
+    fix = ""
+    if value is None:
+        value = getattr(source, "shuffle_block", None)
+        if value is None:
+            return 1
+        name = f"the source's {type(source).__name__}.shuffle_block"
+        what = "an int >= 1 (records a shuffle moves as one block)"
+        fix = "; pass Loader(..., shuffle_block=<int>) to override it"
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name}={value!r} must be {what}, not a bool{fix}")
+    try:
+        block = operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(f"{name}={value!r} ({type(value).__name__}) must be {what}{fix}") from None
+    if block < 1:
+        raise ValueError(f"{name}={block} must be {what}{fix}")
+    return block
 
 
 def parse_callable(fn: object, name: str) -> Callable[..., Any] | None:

@@ -19,6 +19,7 @@ from mixle.loading.arguments import (
     check_source,
     parse_callable,
     parse_count,
+    parse_shuffle_block,
     parse_threads,
 )
 from mixle.loading.batching import attach_mask, stack_records, unstack_batch
@@ -60,6 +61,13 @@ class Loader(ActiveRun):
         Rows per batch (``>= 1``).
     shuffle
         Read each epoch in its own seeded order (:func:`mixle.data.index_math.permutation.permute`).
+    shuffle_block
+        With ``shuffle=True``, move blocks of this many consecutive records as units:
+        records ``[b k, (b + 1) k)`` stay together and in order, only the blocks' order is
+        shuffled (the short last block too), so a sampler whose consecutive records share
+        a volume keeps reading one volume at a time
+        (:func:`mixle.loading.plan.permute_blocks`). ``None`` (default) takes the source's
+        ``shuffle_block`` attribute, or ``1`` (every record on its own) when it has none.
     seed
         Any int; with ``epoch`` and the record index it keys every shuffle and
         ``record_transform``'s randomness. The default ``0`` is fixed on purpose: every run
@@ -95,9 +103,10 @@ class Loader(ActiveRun):
     TypeError
         ``source`` is not map-style, or an argument has the wrong type.
     ValueError
-        ``batch_size``, ``num_epochs``, ``num_shards``, ``num_threads`` or ``prefetch`` is
-        out of range, ``drop_last`` is not ``False``/``True``/``"pad"``, or ``shuffle=True``
-        for a source whose structure forbids reordering.
+        ``batch_size``, ``num_epochs``, ``num_shards``, ``num_threads``, ``prefetch`` or
+        ``shuffle_block`` (or the source's ``shuffle_block``) is out of range,
+        ``drop_last`` is not ``False``/``True``/``"pad"``, or ``shuffle=True`` for a source
+        whose structure forbids reordering.
     IndexError
         ``shard_index`` is outside ``[0, num_shards)``.
 
@@ -129,6 +138,7 @@ class Loader(ActiveRun):
         batch_size: int,
         *,
         shuffle: bool = False,
+        shuffle_block: int | None = None,
         seed: int = 0,
         num_epochs: int | None = 1,
         drop_last: DropLast = False,
@@ -152,6 +162,7 @@ class Loader(ActiveRun):
             blocked=shard_layout == "blocked",
         )
         self._shuffle = shuffle
+        self._shuffle_block = parse_shuffle_block(shuffle_block, source)
         self._seed = parse_seed(seed)
         self._num_epochs = None if num_epochs is None else parse_count(num_epochs, "num_epochs", 1)
         self._transform = parse_callable(transform, "transform")
@@ -180,6 +191,11 @@ class Loader(ActiveRun):
         return self._layout.batch_size
 
     @property
+    def shuffle_block(self) -> int:
+        """Consecutive records a shuffle moves as one block (1: each record on its own)."""
+        return self._shuffle_block
+
+    @property
     def epoch(self) -> int:
         """The epoch of the next batch."""
         return self._epoch
@@ -195,9 +211,10 @@ class Loader(ActiveRun):
 
     def __repr__(self) -> str:
         lay = self._layout
+        block = f"shuffle_block={self._shuffle_block}, " if self._shuffle_block != 1 else ""
         return (
             f"Loader({type(self._source).__name__} of {lay.num_records}, "
-            f"batch_size={lay.batch_size}, shuffle={self._shuffle}, seed={self._seed}, "
+            f"batch_size={lay.batch_size}, shuffle={self._shuffle}, {block}seed={self._seed}, "
             f"num_epochs={self._num_epochs}, drop_last={lay.drop_last!r}, "
             f"shard {lay.shard_index}/{lay.num_shards}, epoch={self._epoch}, batch={self._batch})"
         )
@@ -207,7 +224,15 @@ class Loader(ActiveRun):
         self, epoch: int, start: int, stop: int
     ) -> tuple[NDArray[np.int64], NDArray[np.bool_] | None]:
         """Record indices and padding mask of batches ``[start, stop)`` of ``epoch``."""
-        return window(self._layout, epoch, start, stop, shuffle=self._shuffle, seed=self._seed)
+        return window(
+            self._layout,
+            epoch,
+            start,
+            stop,
+            shuffle=self._shuffle,
+            seed=self._seed,
+            shuffle_block=self._shuffle_block,
+        )
 
     def _epoch_arg(self, epoch: int | None) -> int:
         epoch = self._epoch if epoch is None else parse_int(epoch, "epoch")
@@ -269,6 +294,7 @@ class Loader(ActiveRun):
             shuffle=self._shuffle,
             seed=self._seed,
             num_epochs=self._num_epochs,
+            shuffle_block=self._shuffle_block,
         )
         nb = self._layout.num_batches
         stream = ordered_map(
@@ -334,10 +360,12 @@ class Loader(ActiveRun):
         Keys: ``version``, ``source`` (a fingerprint, see
         :func:`mixle.loading.state.source_fingerprint`), ``num_records``, ``batch_size``,
         ``drop_last``, ``shard_index``, ``num_shards``, ``shard_layout``, ``seed``,
-        ``shuffle``, ``num_epochs``, ``epoch``, ``batch`` (the next batch) and
-        ``position`` (rows of the epoch read on this shard).
+        ``shuffle``, ``shuffle_block`` (only when it is not 1: a state without it means 1,
+        so states of runs without blocks stay as they were), ``num_epochs``, ``epoch``,
+        ``batch`` (the next batch) and ``position`` (rows of the epoch read on this shard).
         """
         lay = self._layout
+        block = {"shuffle_block": self._shuffle_block} if self._shuffle_block != 1 else {}
         return {
             "version": STATE_VERSION,
             "source": source_fingerprint(self._source),  # now: a sampler's epoch may change
@@ -349,6 +377,7 @@ class Loader(ActiveRun):
             "shard_layout": "blocked" if lay.blocked else "interleaved",
             "seed": self._seed,
             "shuffle": self._shuffle,
+            **block,
             "num_epochs": self._num_epochs,
             "epoch": self._epoch,
             "batch": self._batch,
@@ -362,10 +391,11 @@ class Loader(ActiveRun):
         ------
         LoaderStateError
             (a ``ValueError``) ``state`` was saved for another source, batch or shard
-            layout, seed or number of epochs; its cursor is out of range; or it is not a
-            state dict: a key is missing or unknown, or a value has the wrong type or range
-            (e.g. ``epoch=True``, ``batch=7.0``, a negative count, a fingerprint that is
-            not a string). The message names the key, the value and what was expected.
+            layout, seed, ``shuffle``, ``shuffle_block`` or number of epochs; its cursor is
+            out of range; or it is not a state dict: a key is missing or unknown, or a value
+            has the wrong type or range (e.g. ``epoch=True``, ``batch=7.0``, a negative
+            count, a fingerprint that is not a string). The message names the key, the
+            value and what was expected.
         """
         check_state(state, self.state_dict())
         lay = self._layout

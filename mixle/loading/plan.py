@@ -13,10 +13,17 @@ import numpy as np
 from numpy.typing import NDArray
 
 from mixle.data.index_math.hashing import hash_int, parse_seed
-from mixle.data.index_math.permutation import permute
+from mixle.data.index_math.permutation import inverse_permute, permute
 from mixle.data.index_math.sharding import ShardLayout
 
-__all__ = ["INDEX_WINDOW_ROWS", "BatchPlan", "batch_plans", "record_rng", "window"]
+__all__ = [
+    "INDEX_WINDOW_ROWS",
+    "BatchPlan",
+    "batch_plans",
+    "permute_blocks",
+    "record_rng",
+    "window",
+]
 
 #: Record indices are computed this many rows at a time, vectorised, then sliced per batch.
 INDEX_WINDOW_ROWS = 8192
@@ -43,13 +50,61 @@ class BatchPlan:
     mask: NDArray[np.bool_] | None
 
 
+def permute_blocks(
+    positions: NDArray[np.int64], n: int, block: int, *, seed: int, epoch: int
+) -> NDArray[np.int64]:
+    """The records at ``positions`` of epoch ``epoch``'s order of ``[0, n)`` in blocks.
+
+    Records ``[b * block, (b + 1) * block)`` form block ``b``; when ``block`` does not
+    divide ``n`` the last block is short (the ``n % block`` records left). The blocks come
+    in the seeded order :func:`~mixle.data.index_math.permutation.permute` gives for their
+    count, and each block is read whole, in its own order, where it lands. The short block
+    moves like the others rather than staying at the end, where ``drop_last=True`` would
+    drop it every epoch. ``block == 1`` is ``permute`` itself; ``block >= n`` is one block,
+    the identity.
+
+    Notes
+    -----
+    A bijection of ``[0, n)`` for every ``n`` and ``block``, a pure function of
+    ``(seed, epoch, n, block, position)`` in O(1) memory, like ``permute``: if the short
+    block lands in slot ``j``, positions before ``j * block`` read full blocks as usual,
+    the ``n % block`` positions from there read the short block, and later positions read
+    full blocks shifted by the gap the short block leaves.
+    """
+    if block == 1:
+        return permute(positions, n, seed=seed, epoch=epoch)
+    positions = np.asarray(positions, dtype=np.int64)
+    if block >= n:
+        return positions.copy()
+    full, tail = divmod(n, block)
+    if not tail:
+        slots, offsets = np.divmod(positions, block)
+        return permute(slots, full, seed=seed, epoch=epoch) * block + offsets
+    start = int(inverse_permute(full, full + 1, seed=seed, epoch=epoch)) * block
+    end = start + tail
+    short = (positions >= start) & (positions < end)
+    gapless = np.where(positions >= end, positions + (block - tail), positions)
+    slots, offsets = np.divmod(gapless, block)
+    records = permute(slots, full + 1, seed=seed, epoch=epoch) * block + offsets
+    records[short] = full * block + (positions[short] - start)
+    return records
+
+
 def window(
-    layout: ShardLayout, epoch: int, start: int, stop: int, *, shuffle: bool, seed: int
+    layout: ShardLayout,
+    epoch: int,
+    start: int,
+    stop: int,
+    *,
+    shuffle: bool,
+    seed: int,
+    shuffle_block: int = 1,
 ) -> tuple[NDArray[np.int64], NDArray[np.bool_] | None]:
     """Record indices and padding mask of batches ``[start, stop)`` of ``epoch``.
 
     The mask (``drop_last="pad"`` only, else ``None``) marks the real rows; padding rows
-    read the record at their position modulo ``num_records``.
+    read the record at their position modulo ``num_records``. With ``shuffle``, blocks of
+    ``shuffle_block`` consecutive records move as units (:func:`permute_blocks`).
     """
     positions = layout.positions(start, stop)
     n = layout.num_records
@@ -58,7 +113,7 @@ def window(
         mask = positions < n
         positions = positions % n
     if shuffle and positions.size:
-        positions = permute(positions, n, seed=seed, epoch=epoch)
+        positions = permute_blocks(positions, n, shuffle_block, seed=seed, epoch=epoch)
     return positions, mask
 
 
@@ -70,6 +125,7 @@ def batch_plans(
     shuffle: bool,
     seed: int,
     num_epochs: int | None,
+    shuffle_block: int = 1,
 ) -> Iterator[BatchPlan]:
     """Plans from batch ``batch`` of ``epoch`` to the end of ``num_epochs`` (``None``: endless).
 
@@ -82,7 +138,9 @@ def batch_plans(
     while num_epochs is None or epoch < num_epochs:
         for start in range(batch, layout.num_batches, step):
             stop = min(layout.num_batches, start + step)
-            indices, mask = window(layout, epoch, start, stop, shuffle=shuffle, seed=seed)
+            indices, mask = window(
+                layout, epoch, start, stop, shuffle=shuffle, seed=seed, shuffle_block=shuffle_block
+            )
             offset = 0
             for b in range(start, stop):
                 end = offset + layout.batch_rows(b)

@@ -15,6 +15,7 @@ import numpy as np
 from mixle.errors import LoaderStateError
 
 __all__ = [
+    "OPTIONAL_STATE_KEYS",
     "STATE_KEYS",
     "STATE_VERSION",
     "LoaderStateError",
@@ -29,7 +30,7 @@ STATE_VERSION = 2
 #: Keys that must equal this loader's for a state to resume it, and what differs if not.
 _SOURCE_KEYS = ("source", "num_records")
 _LAYOUT_KEYS = ("batch_size", "drop_last", "shard_index", "num_shards", "shard_layout")
-_ORDER_KEYS = ("seed", "shuffle", "num_epochs")
+_ORDER_KEYS = ("seed", "shuffle", "shuffle_block", "num_epochs")
 #: Public attributes folded into the fingerprint when a source has them.
 _FINGERPRINT_ATTRS = ("shape", "dtype", "patch_size", "stride", "grid_shape", "seed")
 #: Hex digits in a source fingerprint.
@@ -79,13 +80,18 @@ _EXPECTED: dict[str, tuple[Callable[[object], bool], str]] = {
     "shard_layout": (_one_of("interleaved", "blocked"), "'interleaved' or 'blocked'"),
     "seed": (_int_at_least(None), "an int"),
     "shuffle": (_is_bool, "True or False"),
+    "shuffle_block": (_int_at_least(1), "an int >= 1 (records a shuffle moves as one block)"),
     "num_epochs": (lambda v: v is None or _int_at_least(1)(v), "an int >= 1 or None"),
     "epoch": (_int_at_least(0), "an int >= 0 (the epoch of the next batch)"),
     "batch": (_int_at_least(0), "an int >= 0 (the next batch of the epoch)"),
     "position": (_int_at_least(0), "an int >= 0 (rows of the epoch read on this shard)"),
 }
-#: Every key of a state, in the order ``Loader.state_dict()`` writes them.
-STATE_KEYS = tuple(_EXPECTED)
+#: Keys a state holds only when they differ from these values; a state without one means
+#: the value (so states saved before the key existed still load, and still mean the same).
+OPTIONAL_STATE_KEYS: dict[str, object] = {"shuffle_block": 1}
+#: Every key a state always has, in the order ``Loader.state_dict()`` writes them (an
+#: optional key it writes comes where it stands in ``_EXPECTED``).
+STATE_KEYS = tuple(key for key in _EXPECTED if key not in OPTIONAL_STATE_KEYS)
 _FIX = "pass the dict Loader.state_dict() returned (a JSON round trip keeps it)"
 
 
@@ -128,27 +134,30 @@ def check_state(state: Mapping[str, Any], expected: Mapping[str, Any]) -> None:
     with a value of the right type and range (an int is a Python or NumPy integer, never a
     bool or a float), and the same source, layout and order; the cursor keys (``epoch``,
     ``batch``, ``position``) are checked against the epoch length by the loader itself.
-    Every message names the key, the value found and what was expected.
+    A key of :data:`OPTIONAL_STATE_KEYS` may be absent from either, meaning its value
+    there. Every message names the key, the value found and what was expected.
     """
     if not isinstance(state, Mapping):
         raise LoaderStateError(
             f"state must be a dict from Loader.state_dict(), got {show(state)} "
             f"({type(state).__name__})"
         )
-    missing = sorted(expected.keys() - state.keys())
+    missing = sorted(expected.keys() - state.keys() - OPTIONAL_STATE_KEYS.keys())
     if missing:
         raise LoaderStateError(
             f"state is missing keys {missing}; was it made by Loader.state_dict()? "
             f"A Loader state has the keys {list(expected)}"
         )
-    unknown = sorted(state.keys() - expected.keys(), key=repr)
+    unknown = sorted(state.keys() - expected.keys() - OPTIONAL_STATE_KEYS.keys(), key=repr)
     if unknown:
         found = ", ".join(f"{show(key)}: {show(state[key])}" for key in unknown)
         raise LoaderStateError(
             f"state has unknown keys {{{found}}}; a Loader state has only the keys "
             f"{list(expected)}: {_FIX}"
         )
-    for key in expected:
+    for key in _EXPECTED:
+        if key not in state:
+            continue  # an optional key left out (a missing required key was refused above)
         check, what = _EXPECTED[key]
         if not check(state[key]):
             raise LoaderStateError(
@@ -166,15 +175,17 @@ def check_state(state: Mapping[str, Any], expected: Mapping[str, Any]) -> None:
         (_ORDER_KEYS, "it was saved with another order"),
     ):
         for key in keys:
-            if state[key] != expected[key]:
+            default = OPTIONAL_STATE_KEYS.get(key)
+            found, want = state.get(key, default), expected.get(key, default)
+            if found != want:
                 hint = (
                     " (and, for a sampler, call set_epoch() with the epoch it had)"
                     if key == "source"
                     else ""
                 )
                 raise LoaderStateError(
-                    f"cannot resume: state {key}={state[key]!r} but this loader has "
-                    f"{key}={expected[key]!r} ({what}); build the Loader with the same "
+                    f"cannot resume: state {key}={found!r} but this loader has "
+                    f"{key}={want!r} ({what}); build the Loader with the same "
                     f"source and arguments as the run that saved it{hint}"
                 )
 

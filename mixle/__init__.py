@@ -24,6 +24,7 @@ from mixle.data.sources.array_source import (
     read_zarr,
 )
 from mixle.data.sources.arrays.zarr.vlen import set_vlen_limit
+from mixle.data.sources.collection import VolumeCollection, read_volumes
 from mixle.data.sources.tabular import (
     MemorySource,
     read_csv,
@@ -129,6 +130,7 @@ __all__ = [
     "UncheckpointedWALError",
     "UnsupportedStoreError",
     "VlenLimitError",
+    "VolumeCollection",
     "WorkerDiedError",
     "WorkerError",
     "WorkerTimeoutError",
@@ -146,6 +148,7 @@ __all__ = [
     "read_npy",
     "read_parquet",
     "read_sql",
+    "read_volumes",
     "read_zarr",
     "read_zarr_arrays",
     "register_encoded_data_backend",

@@ -59,7 +59,7 @@ class SourceLifetime:
     _pid: int
     _lock: threading.RLock
     _readers: int
-    _unreleased: Any
+    _unreleased: list[Any]
 
     def _init_lifetime(self) -> None:
         """No handle yet, open, owned by this process."""
@@ -69,7 +69,7 @@ class SourceLifetime:
         self._closed = False
         self._lock = threading.RLock()
         self._readers = 0  # reads between _begin_read() and _end_read() now
-        self._unreleased = None  # the handle close() left for the last of them to release
+        self._unreleased = []  # handles close()/release_handle() left for the last of them
 
     def _open_described(self) -> tuple[Any, Any]:
         """Open the store: ``(handle, metadata)``."""
@@ -111,8 +111,8 @@ class SourceLifetime:
             self._lock = threading.RLock()
             self._readers = 0  # the parent's reading threads do not exist here
             self._drop_derived()  # chunk readers hold the parent's descriptors and locks
-            if self._unreleased is not None:
-                self._unreleased = self._forked(self._unreleased)
+            kept = (self._forked(handle) for handle in self._unreleased)
+            self._unreleased = [handle for handle in kept if handle is not None]
             if self._handle is not None:
                 self._handle = self._forked(self._handle)
             self._pid = pid
@@ -136,17 +136,28 @@ class SourceLifetime:
             return self._handle
 
     def _end_read(self) -> None:
-        """Count a read out; the last one after :meth:`close` releases the handle."""
+        """Count a read out; the last one releases the handles close()/release_handle() left."""
         with self._lock:
             self._readers -= 1
-            if self._readers or self._unreleased is None:
+            if self._readers or not self._unreleased:
                 return
-            last, self._unreleased = self._unreleased, None
+            left, self._unreleased = self._unreleased, []
+            if not self._closed:  # release_handle(): before another thread can reopen
+                self._release_all(left)
+                return
+        self._release_all(left)
+
+    def _release_all(self, handles: list[Any]) -> None:
         if self._pid == os.getpid():
-            self._release(last)
+            for handle in handles:
+                self._release(handle)
 
     def _location(self) -> str:
         raise NotImplementedError
+
+    def _reopenable(self) -> bool:
+        """Whether the store can be opened again from the source's arguments."""
+        return getattr(self, "_args", None) is not None
 
     def _release(self, handle: Any) -> None:
         """Close OS resources held by ``handle`` (called by :meth:`close`)."""
@@ -179,8 +190,43 @@ class SourceLifetime:
             handle, self._handle = self._handle, None
             self._drop_derived()
             if handle is not None and self._readers:
-                self._unreleased, handle = handle, None
+                self._unreleased.append(handle)
+                handle = None
         if handle is not None and self._pid == os.getpid():
+            self._release(handle)
+
+    def release_handle(self) -> None:
+        """Drop the live handle and what was built from it; the source stays open.
+
+        The next read (or metadata access) reopens the store, as after a fork: a bounded
+        pool of open volumes (:class:`mixle.VolumeCollection`) calls this to give back a
+        descriptor without closing the source its caller holds. Derived chunk readers and
+        their cached chunks go with the handle, so a reopened store never sees the old
+        handle's chunks. A closed source, one with no live handle, and one that cannot
+        reopen from its arguments (wrapping an in-memory file object) are left as they are.
+
+        Notes
+        -----
+        Thread-safe. Reads counted in with :meth:`_begin_read` (record sources) finish on
+        the old handle, which the last of them releases; array reads are not counted, so
+        a caller must not release a handle another thread is reading through (the
+        collection's leases guarantee that). In a forked child the source is made the
+        child's first, so the parent's handle is never released from the child.
+        """
+        if self._closed or not self._reopenable():
+            return
+        if self._pid != os.getpid():
+            self._own()
+        with self._lock:  # released under the lock: no thread reopens meanwhile
+            if self._closed:
+                return
+            handle, self._handle = self._handle, None
+            self._drop_derived()
+            if handle is None:
+                return
+            if self._readers:
+                self._unreleased.append(handle)
+                return
             self._release(handle)
 
     def __enter__(self: S) -> S:

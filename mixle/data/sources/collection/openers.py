@@ -1,0 +1,151 @@
+"""Open one volume of a collection by its format: zarr, HDF5, ``.npy`` or raw.
+
+The format is told from the path alone (its suffix, or a local folder for zarr), so a
+collection of 10,000 files knows every volume's format without reading one.
+"""
+
+from __future__ import annotations
+
+import os
+import urllib.parse
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from mixle.data.sources.arrays.base import ArraySource
+from mixle.data.sources.arrays.hdf5.source import HDF5ArraySource
+from mixle.data.sources.arrays.memmap.source import MemmapArraySource, NpyArraySource
+from mixle.data.sources.arrays.zarr.source import ZarrArraySource
+from mixle.errors import UnsupportedStoreError
+from mixle.utils.redact import display_path
+
+__all__ = [
+    "HDF5_SUFFIXES",
+    "RAW_SUFFIXES",
+    "Format",
+    "OpenOptions",
+    "is_url",
+    "open_volume",
+    "volume_format",
+]
+
+Format = Literal["zarr", "hdf5", "npy", "raw"]
+
+#: Suffixes read as HDF5 files (``dataset=`` names the array inside).
+HDF5_SUFFIXES = (".h5", ".hdf5", ".hdf", ".he5")
+#: Suffixes read as raw binary volumes (``raw_dtype=`` and ``raw_shape=`` describe them).
+RAW_SUFFIXES = (".raw", ".bin", ".dat")
+#: What an "unknown format" error lists as accepted.
+_ACCEPTED = (
+    "a zarr store (a folder, or a path or URL ending in .zarr), an HDF5 file "
+    f"({', '.join(HDF5_SUFFIXES)}, with dataset=), a .npy file, or a raw file "
+    f"({', '.join(RAW_SUFFIXES)}, or any other name when raw_dtype= and raw_shape= are given)"
+)
+
+
+def is_url(path: str) -> bool:
+    """Whether ``path`` is an fsspec URL (``s3://``, ``http://``...) rather than a local path."""
+    return "://" in path
+
+
+def _suffix(path: str) -> str:
+    text = urllib.parse.urlsplit(path).path if is_url(path) else path
+    return os.path.splitext(text.rstrip("/\\"))[1].lower()
+
+
+@dataclass(frozen=True)
+class OpenOptions:
+    """How to open each volume: the arrays inside containers, raw layouts, fsspec options."""
+
+    dataset: str | Mapping[str, str] | None = None
+    component: str | Mapping[str, str] | None = None
+    raw_dtype: np.dtype | None = None
+    raw_shape: tuple[int, ...] | None = None
+    raw_offset: int = 0
+    storage_options: Mapping[str, Any] | None = None
+
+    def dataset_for(self, name: str | None) -> str | None:
+        """The HDF5 dataset of the array ``name`` (``None``: single-array volumes)."""
+        return _pick(self.dataset, name)
+
+    def component_for(self, name: str | None) -> str | None:
+        """The zarr component of the array ``name`` (``None``: single-array volumes)."""
+        return _pick(self.component, name)
+
+
+def _pick(option: str | Mapping[str, str] | None, name: str | None) -> str | None:
+    if option is None or isinstance(option, str):
+        return option
+    return option.get(name) if name is not None else None
+
+
+def volume_format(path: str, options: OpenOptions, what: str) -> Format:
+    """The format of the volume at ``path``, from its name (a stat for suffix-less paths).
+
+    ``what`` names the volume in errors (``"volumes[3]"``, ``"row 3 of <table>"``).
+
+    Raises
+    ------
+    FileNotFoundError
+        A local path that does not exist.
+    UnsupportedStoreError
+        (a ``ValueError``) A name mixle cannot tell the format of.
+    ValueError
+        An HDF5 file without ``dataset=``, a raw file without ``raw_dtype=``/``raw_shape=``.
+    """
+    shown = display_path(path)
+    url = is_url(path)
+    if not url and not os.path.exists(path):
+        raise FileNotFoundError(f"{what}: path={shown!r}: no such file or directory")
+    suffix = _suffix(path)
+    fmt: Format
+    if suffix in HDF5_SUFFIXES:
+        fmt = "hdf5"
+    elif suffix == ".npy":
+        fmt = "npy"
+    elif suffix == ".zarr" or (not url and os.path.isdir(path)):
+        fmt = "zarr"
+    elif suffix in RAW_SUFFIXES or options.raw_dtype is not None:
+        fmt = "raw"
+    else:
+        raise UnsupportedStoreError(
+            f"{what}: path={shown!r} is not a volume format mixle can tell from "
+            f"its name; pass {_ACCEPTED}"
+        )
+    if fmt == "hdf5" and options.dataset is None:
+        raise ValueError(
+            f"{what}: path={shown!r} is an HDF5 file: pass dataset= (the path of "
+            "the array inside it, e.g. dataset='volume')"
+        )
+    if fmt == "raw" and (options.raw_dtype is None or options.raw_shape is None):
+        raise ValueError(
+            f"{what}: path={shown!r} is a raw file: pass raw_dtype= and raw_shape= "
+            "(and raw_offset= for a header)"
+        )
+    return fmt
+
+
+def open_volume(path: str, fmt: Format, name: str | None, options: OpenOptions) -> ArraySource:
+    """Open the array ``name`` (``None``: the one array) of the volume at ``path``.
+
+    Opening reads the volume's metadata, as the ``read_*`` functions do.
+    """
+    fsspec_options: dict[str, Any] = {}
+    if options.storage_options is not None and is_url(path):
+        fsspec_options["storage_options"] = dict(options.storage_options)
+    if fmt == "zarr":
+        return ZarrArraySource(path, options.component_for(name), **fsspec_options)
+    if fmt == "hdf5":
+        dataset = options.dataset_for(name)
+        if dataset is None:
+            raise ValueError(
+                f"dataset={options.dataset!r} names no dataset for the array {name!r} of "
+                f"{display_path(path)!r}: give one for every array name"
+            )
+        return HDF5ArraySource(path, dataset, **fsspec_options)
+    if fmt == "npy":
+        return NpyArraySource(path)
+    assert options.raw_dtype is not None and options.raw_shape is not None
+    return MemmapArraySource(path, options.raw_dtype, options.raw_shape, offset=options.raw_offset)

@@ -1,4 +1,9 @@
-"""``mixle inspect``: the arrays in a zarr store, HDF5 file or ``.npy`` file, as a tree."""
+"""``mixle inspect``: the arrays in a zarr store, HDF5 file or ``.npy`` file, as a tree.
+
+Given a glob (``'scans/*.zarr'``) or a table of volumes with ``--column``, it summarises
+the collection instead: count, shapes, dtypes, chunkings, decoded size, and the volumes
+that do not fit together.
+"""
 
 from __future__ import annotations
 
@@ -14,18 +19,28 @@ from collections.abc import Sequence
 from typing import Any, TextIO
 
 from mixle.inspection import (
+    MAX_LISTED,
     ArrayReport,
+    CollectionReport,
     GroupReport,
     StoreReport,
     format_bytes,
     inspect_store,
+    inspect_volumes,
+    is_collection,
     parse_patch,
 )
 from mixle.inspection.formatting import count_text, fill_text, shape_text, times_text
 from mixle.reading.policy import DEFAULT_BATCH_DEADLINE, DEFAULT_REQUEST_TIMEOUT, set_retry_policy
-from mixle.utils.redact import redact_text
+from mixle.utils.redact import display_path, redact_text
 
-__all__ = ["parse_storage_option", "register", "render_report"]
+__all__ = [
+    "parse_named_option",
+    "parse_storage_option",
+    "register",
+    "render_collection",
+    "render_report",
+]
 
 _UNICODE = {"branch": "├── ", "last": "└── ", "pipe": "│   ", "blank": "    ", "then": " → "}
 _ASCII = {"branch": "|-- ", "last": "`-- ", "pipe": "|   ", "blank": "    ", "then": " -> "}
@@ -166,6 +181,74 @@ def _wrapped(label: str, text: str, indent: str, width: int | None) -> list[str]
     ) or [first]
 
 
+def render_collection(report: CollectionReport, *, width: int | None = None) -> str:
+    """The summary of a collection of volumes: one block per array name, then the findings.
+
+    Each line lists at most :data:`~mixle.inspection.MAX_LISTED` values (the most common
+    first) and says how many more there are.
+
+    Parameters
+    ----------
+    report
+        What :func:`~mixle.inspection.inspect_volumes` returned.
+    width
+        Wrap long lines to this many columns (``None``: never wrap).
+    """
+    head = f"{report.location}  {report.kind} of {count_text(report.count, 'volume')}"
+    if report.names is not None:
+        head += f", arrays {', '.join(report.names)}"
+    if report.columns:
+        shown = ", ".join(report.columns[:MAX_LISTED])
+        more = (
+            f" and {len(report.columns) - MAX_LISTED} more"
+            if len(report.columns) > MAX_LISTED
+            else ""
+        )
+        head += f"; {count_text(len(report.columns), 'metadata column')}: {shown}{more}"
+    lines = [head]
+    for summary in report.summaries:
+        indent = "  "
+        if summary.name is not None:
+            lines.append(f"  {summary.name}")
+            indent = "    "
+        rows = _summary_rows(summary, report.count, sized=report.names is not None)
+        for label, text in rows:
+            lines.extend(_wrapped(f"{label:<{_LABEL}}", text, indent, width))
+    total = report.nbytes
+    read = sum(1 for v in report.volumes if v.ok)
+    size = "variable (variable-size dtypes)" if total is None else f"{format_bytes(total)} decoded"
+    if report.unreadable:
+        size += f" (the {count_text(read, 'array')} read)"
+    lines.extend(_wrapped(f"{'total':<{_LABEL}}", size, "  ", width))
+    lines.extend(_finding_lines(report.findings, "  ", width))
+    return "\n".join(lines)
+
+
+def _summary_rows(summary: Any, count: int, *, sized: bool) -> list[tuple[str, str]]:
+    if summary.count == 0:
+        return [("shapes", "none read")]
+
+    def ranked(pairs: Sequence[tuple[Any, int]], spell: Any) -> str:
+        if len(pairs) == 1:
+            value, n = pairs[0]
+            every = "every volume" if n == count else count_text(n, "volume")
+            return f"{spell(value)} in {every}"
+        shown = ", ".join(f"{spell(v)} x{n:,}" for v, n in pairs[:MAX_LISTED])
+        more = f", and {len(pairs) - MAX_LISTED} more" if len(pairs) > MAX_LISTED else ""
+        return f"{len(pairs)} distinct: {shown}{more}"
+
+    shapes = ranked(summary.shapes, shape_text)
+    if len(summary.shapes) > 1 and summary.min_shape is not None:
+        lo, hi = shape_text(summary.min_shape), shape_text(summary.max_shape)
+        shapes = f"{lo} to {hi} per axis; {shapes}"
+    chunks = ranked(summary.chunks, lambda c: "none (contiguous)" if c is None else shape_text(c))
+    rows = [("shapes", shapes), ("dtypes", ranked(summary.dtypes, str)), ("chunks", chunks)]
+    if sized:
+        size = "variable" if summary.nbytes is None else f"{format_bytes(summary.nbytes)} decoded"
+        rows.append(("size", size))
+    return rows
+
+
 def _stored_of(stored: int | None, grid: int | None) -> str:
     if grid is None:
         return "not counted"
@@ -189,6 +272,38 @@ def parse_storage_option(text: str) -> tuple[str, Any]:
     except ValueError:
         value = raw
     return key.strip(), value
+
+
+def parse_named_option(values: Sequence[str], option: str) -> str | dict[str, str] | None:
+    """Repeated ``--column``/``--dataset`` values as one value or ``{name: value}``.
+
+    ``["image_path"]`` gives ``"image_path"``; ``["image=image_path", "label=label_path"]``
+    gives ``{"image": "image_path", "label": "label_path"}`` (a bare value among named ones
+    is named after itself).
+
+    Raises
+    ------
+    ValueError
+        Several values without names, an empty name or value, or a name given twice.
+    """
+    if not values:
+        return None
+    if len(values) == 1 and "=" not in values[0]:
+        if not values[0]:
+            raise ValueError(f"{option} needs a value, got ''")
+        return values[0]
+    named: dict[str, str] = {}
+    for text in values:
+        name, sep, value = text.partition("=")
+        if not sep:
+            name = value = text
+        name, value = name.strip(), value.strip()
+        if not name or not value:
+            raise ValueError(f"{option} {text!r} must look like NAME=VALUE or VALUE")
+        if name in named:
+            raise ValueError(f"{option} names {name!r} twice ({named[name]!r} and {value!r})")
+        named[name] = value
+    return named
 
 
 def _patch_arg(text: str) -> tuple[int, ...]:
@@ -223,15 +338,49 @@ def register(sub: argparse._SubParsersAction) -> None:
     """Add ``mixle inspect`` to the command line."""
     cmd = sub.add_parser(
         "inspect",
-        help="show the arrays in a zarr store, HDF5 file or .npy file, and chunking advice",
+        help="show the arrays in a zarr store, HDF5 file or .npy file (or a collection of "
+        "volumes), and chunking advice",
         description=(
             "Show the tree of arrays in a zarr store (v2, v3, sharded), an HDF5 file or a .npy "
             "file: shape, dtype, chunks, shards, codecs, fill value, stored bytes and "
             "compression ratio, with warnings when the chunking suits patch reads badly. "
+            "Given a glob ('scans/*.zarr') or a table of volumes with --column, summarise the "
+            "collection: count, shapes, dtypes, chunkings, decoded size, and warnings for "
+            "volumes that do not fit together. "
             "Reads metadata and object sizes only, never chunk data; opens read-only."
         ),
     )
-    cmd.add_argument("path", metavar="PATH_OR_URL", help="local path, file://, http(s)://, s3://")
+    cmd.add_argument(
+        "path",
+        metavar="PATH_OR_URL",
+        help="local path, file://, http(s)://, s3://; a glob of stores (quote it); a table "
+        "(.csv, .tsv, .parquet, .jsonl) with --column",
+    )
+    cmd.add_argument(
+        "--column",
+        dest="columns",
+        metavar="[NAME=]COLUMN",
+        action="append",
+        default=[],
+        help="read PATH as a table of volumes whose paths are in COLUMN (repeat with NAME= "
+        "for aligned arrays per volume: --column image=image_path --column label=label_path)",
+    )
+    cmd.add_argument(
+        "--dataset",
+        dest="datasets",
+        metavar="[NAME=]DATASET",
+        action="append",
+        default=[],
+        help="collections: the HDF5 dataset inside each file (NAME= for one array name)",
+    )
+    cmd.add_argument(
+        "--component",
+        dest="components",
+        metavar="[NAME=]ARRAY",
+        action="append",
+        default=[],
+        help="collections: the zarr array inside each group (NAME= for one array name)",
+    )
     cmd.add_argument(
         "--storage-option",
         dest="storage_options",
@@ -268,6 +417,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     options = dict(args.storage_options) or None
+    if is_collection(args.path, table=bool(args.columns)):
+        return _run_collection(args, parser, options)
+    if args.datasets or args.components:
+        parser.error(
+            "--dataset and --component name the array inside each volume of a collection "
+            f"(a glob or a table with --column); {display_path(args.path)!r} is one store: "
+            "its tree shows every array"
+        )
     old = set_retry_policy(timeout=args.timeout, deadline=args.deadline)
     # errors end the command in mixle.cli.main: status 1 and one line naming the path (the
     # warnings of a failed inspection are dropped with it)
@@ -285,11 +442,62 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         print(json.dumps(report.to_dict(), indent=2), file=out)
         return 0
     width = shutil.get_terminal_size().columns if out.isatty() else None
+    print(render_report(report, width=width, ascii=_plain(out)), file=out)
+    return 0
+
+
+def _run_collection(
+    args: argparse.Namespace, parser: argparse.ArgumentParser, options: dict[str, Any] | None
+) -> int:
+    if args.patch is not None:
+        parser.error(
+            "--patch costs patches in one store; inspect one volume of the collection for it"
+        )
+    try:
+        columns = parse_named_option(args.columns, "--column")
+        dataset = parse_named_option(args.datasets, "--dataset")
+        component = parse_named_option(args.components, "--component")
+    except ValueError as exc:
+        parser.error(str(exc))
+    old = set_retry_policy(timeout=args.timeout, deadline=args.deadline)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("default")
+            report = inspect_volumes(
+                args.path,
+                columns=columns,
+                dataset=dataset,
+                component=component,
+                storage_options=options,
+            )
+    finally:
+        set_retry_policy(**dataclasses.asdict(old))
+    for found in caught:
+        text = " ".join(redact_text(str(found.message), options).split())
+        print(f"mixle inspect: warning: {text}", file=sys.stderr)
+    out: TextIO = sys.stdout
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2), file=out)
+    else:
+        width = shutil.get_terminal_size().columns if out.isatty() else None
+        print(render_collection(report, width=width), file=out)
+    bad = report.unreadable
+    if bad:
+        out.flush()
+        print(
+            f"mixle inspect: {report.location}: {count_text(len(bad), 'volume')} of "
+            f"{report.count} could not be read (named in the report)",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+def _plain(out: TextIO) -> bool:
+    """Whether ``out`` cannot encode the tree's box-drawing characters."""
     encoding = getattr(out, "encoding", None) or "ascii"
     try:
         "└→".encode(encoding)
-        plain = False
     except (UnicodeEncodeError, LookupError):
-        plain = True
-    print(render_report(report, width=width, ascii=plain), file=out)
-    return 0
+        return True
+    return False

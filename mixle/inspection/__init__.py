@@ -1,5 +1,8 @@
 """What is in a zarr store, an HDF5 file or a ``.npy`` file, and how well it suits patch reads.
 
+:func:`inspect_volumes` summarises a collection of volumes (a glob or a table of paths)
+instead: a :class:`CollectionReport`.
+
 :func:`inspect_store` reads metadata and the sizes of stored objects only (never chunk data)
 and returns a :class:`StoreReport`: a tree of :class:`GroupReport` and :class:`ArrayReport`
 nodes. Each array lists its chunking, sharding, codecs, fill value, stored and decoded bytes,
@@ -11,6 +14,16 @@ what hostile input may cost: :data:`MAX_METADATA_BYTES`, :data:`MAX_METADATA_DEP
 :data:`MAX_NPY_HEADER_BYTES` (special files are refused before any read).
 """
 
+from mixle.inspection.collections import (
+    MAX_LISTED,
+    SPATIAL_AXES,
+    TABLE_SUFFIXES,
+    ArraysSummary,
+    CollectionReport,
+    VolumeFacts,
+    inspect_volumes,
+    is_collection,
+)
 from mixle.inspection.findings import (
     HIGH_READ_AMPLIFICATION_PER_AXIS,
     LARGE_CHUNK_BYTES,
@@ -50,6 +63,7 @@ __all__ = [
     "DEFAULT_PATCH_EDGE",
     "HIGH_READ_AMPLIFICATION_PER_AXIS",
     "LARGE_CHUNK_BYTES",
+    "MAX_LISTED",
     "MAX_METADATA_BYTES",
     "MAX_METADATA_DEPTH",
     "MAX_NPY_HEADER_BYTES",
@@ -57,8 +71,12 @@ __all__ = [
     "POOR_COMPRESSION_RATIO",
     "SLAB_ASPECT_RATIO",
     "SMALL_CHUNK_BYTES",
+    "SPATIAL_AXES",
+    "TABLE_SUFFIXES",
     "TARGET_CHUNK_BYTES",
     "ArrayReport",
+    "ArraysSummary",
+    "CollectionReport",
     "GroupReport",
     "LayoutFinding",
     "InvalidMetadataError",
@@ -68,9 +86,12 @@ __all__ = [
     "PatchLike",
     "StoreReport",
     "UnsupportedStoreError",
+    "VolumeFacts",
     "expected_chunks_along_axis",
     "format_bytes",
     "inspect_store",
+    "inspect_volumes",
+    "is_collection",
     "parse_patch",
     "patch_cost",
     "suggest_chunks",

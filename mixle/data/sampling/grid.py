@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -93,7 +94,9 @@ class GridSampler:
     Parameters
     ----------
     array
-        A mixle source or any N-D array-like (see :class:`~mixle.PatchSampler`).
+        A mixle source or any N-D array-like (see :class:`~mixle.PatchSampler`), or a
+        :class:`~mixle.VolumeCollection`: then every volume is tiled in turn and the grid
+        is a :class:`~mixle.data.sampling.grid_volumes.VolumeGridSampler` (see there).
     patch_size
         An int (every axis) or one int per tiled axis. With fewer entries than the array
         has axes, the leading axes are channel axes and every tile holds them whole.
@@ -138,6 +141,28 @@ class GridSampler:
     TorchIO needs an even ``overlap``, mixle pads ``overlap // 2`` for an odd one too.
     TorchIO's default ``padding_mode=None`` is mixle's default ``padding="none"``.
     """
+
+    #: Subclasses that tile another kind of input, by that input's type; a subclass
+    #: registers itself with ``class Sub(GridSampler, tiles=SomeType)``.
+    _tiles_for: ClassVar[dict[type, type[GridSampler]]] = {}
+
+    def __init_subclass__(cls, *, tiles: type | None = None, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if tiles is not None:
+            GridSampler._tiles_for[tiles] = cls
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> GridSampler:
+        """A new grid; for a :class:`~mixle.VolumeCollection` the subclass that tiles every volume.
+
+        Called with no arguments too (by ``pickle`` and ``copy``): then it makes ``cls``.
+        """
+        target = cls
+        if cls is GridSampler:
+            first = args[0] if args else kwargs.get("array")
+            target = next(
+                (sub for kind, sub in cls._tiles_for.items() if isinstance(first, kind)), cls
+            )
+        return super().__new__(target)
 
     def __init__(
         self,
@@ -290,3 +315,10 @@ class GridSampler:
 
     def __iter__(self) -> Iterator[Patch]:
         return self.records()
+
+
+# ``inspect.signature(GridSampler)`` (help(), the docs) shows the constructor, not ``__new__``
+_init = inspect.signature(GridSampler.__init__)
+GridSampler.__signature__ = _init.replace(  # type: ignore[attr-defined]
+    parameters=list(_init.parameters.values())[1:]
+)

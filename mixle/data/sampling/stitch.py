@@ -1,18 +1,26 @@
-"""Stitch per-tile outputs of a :class:`~mixle.data.sampling.grid.GridSampler` into one volume."""
+"""Stitch per-tile outputs of a :class:`~mixle.data.sampling.grid.GridSampler` into volumes.
+
+A grid over one volume stitches into one volume; a grid over a
+:class:`~mixle.VolumeCollection` into one output per volume (a dict of ndarrays, or one
+array per volume in a zarr group, named by :func:`volume_array_names`).
+"""
 
 from __future__ import annotations
 
 import contextlib
 import math
 import os
+import re
 import tempfile
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike, DTypeLike, NDArray
 
 from mixle.data.sampling.grid import GridSampler
+from mixle.data.sampling.grid_volumes import PATCH_KEY, VOLUME_KEY, VolumeGridSampler
 from mixle.utils.progress import parse_progress, progress_bar
 from mixle.utils.validation import parse_int
 
@@ -27,6 +35,7 @@ __all__ = [
     "crop_intervals",
     "monai_gaussian_window",
     "stitch",
+    "volume_array_names",
     "window_1d",
 ]
 
@@ -141,6 +150,41 @@ def _kept(
     return [(int(s), int(s) + size) for s in starts.tolist()]
 
 
+@dataclass(frozen=True)
+class _Tiling:
+    """The tiling of one volume: what an aggregator needs of its grid."""
+
+    shape: tuple[int, ...]
+    starts: tuple[NDArray[np.int64], ...]
+    patch_size: tuple[int, ...]
+    overlap: tuple[int, ...]
+    grid_shape: tuple[int, ...]
+
+
+def _tiling(grid: object, volume: int | None) -> _Tiling:
+    if not isinstance(grid, GridSampler):
+        raise TypeError(f"grid={type(grid).__name__} must be a GridSampler")
+    if isinstance(grid, VolumeGridSampler):
+        if volume is None:
+            raise TypeError(
+                f"grid tiles {grid.num_volumes} volumes; pass volume=v for the aggregator of "
+                "volume v, or use stitch(), which gives one output per volume"
+            )
+        return _Tiling(
+            grid.volume_shape(volume),
+            grid.volume_starts(volume),
+            grid.patch_size,
+            grid.overlap,
+            grid.volume_grid_shape(volume),
+        )
+    if volume is not None:
+        raise TypeError(
+            f"volume={volume!r} applies only to a grid over a VolumeCollection; this grid "
+            "tiles one volume"
+        )
+    return _Tiling(grid.shape, grid.starts, grid.patch_size, grid.overlap, grid.grid_shape)
+
+
 class GridAggregator:
     """Accumulates per-tile outputs into a full-size volume, averaging where tiles overlap.
 
@@ -148,6 +192,10 @@ class GridAggregator:
     ----------
     grid
         The :class:`GridSampler` whose tiles are added.
+    volume
+        Only for a grid over a :class:`~mixle.VolumeCollection`, and then required: the
+        volume whose tiles are added (their ``coords`` are corners in that volume, as the
+        grid's records give them); the result has that volume's shape.
     channels
         Shape of the leading axes of each tile's output (e.g. ``3`` class scores), ``()``
         for none; default: taken from ``out`` or from the first :meth:`add`.
@@ -178,8 +226,11 @@ class GridAggregator:
         Unknown ``window``, ``sigma_scale`` with another window or not positive, ``out`` of
         the wrong shape, a tile added twice, or a tile output of the wrong shape.
     TypeError
-        ``grid`` is not a :class:`GridSampler`, or ``progress`` is not ``True``, ``False``
-        or ``None``.
+        ``grid`` is not a :class:`GridSampler`, ``volume`` missing for a grid over a
+        collection (or given for one volume's grid), or ``progress`` is not ``True``,
+        ``False`` or ``None``.
+    IndexError
+        ``volume`` is not a volume of the collection.
 
     Notes
     -----
@@ -197,6 +248,7 @@ class GridAggregator:
         self,
         grid: GridSampler,
         *,
+        volume: int | None = None,
         channels: int | Sequence[int] | None = None,
         dtype: DTypeLike = np.float32,
         window: str = "mean",
@@ -205,8 +257,6 @@ class GridAggregator:
         scratch_dir: str | os.PathLike[str] | None = None,
         progress: bool | None = None,
     ) -> None:
-        if not isinstance(grid, GridSampler):
-            raise TypeError(f"grid={type(grid).__name__} must be a GridSampler")
         self._progress = parse_progress(progress)
         if window not in WINDOWS:
             raise ValueError(f"window={window!r} is not one of {', '.join(map(repr, WINDOWS))}")
@@ -215,14 +265,15 @@ class GridAggregator:
                 f"sigma_scale={sigma_scale!r} only applies to window='monai_gaussian', not "
                 f"window={window!r}; drop it or pass window='monai_gaussian'"
             )
-        self._grid, self._window, self._out = grid, window, out
+        self._grid = tiling = _tiling(grid, volume)
+        self._window, self._out = window, out
         self._dtype = np.dtype(out.dtype if out is not None else dtype)
         self._scratch_dir = scratch_dir
-        nd = len(grid.shape)
+        nd = len(tiling.shape)
         if out is not None:
-            if tuple(out.shape[-nd:]) != grid.shape or len(out.shape) < nd:
+            if tuple(out.shape[-nd:]) != tiling.shape or len(out.shape) < nd:
                 raise ValueError(
-                    f"out has shape {tuple(out.shape)}; expected (*channels, *{grid.shape})"
+                    f"out has shape {tuple(out.shape)}; expected (*channels, *{tiling.shape})"
                 )
             lead: tuple[int, ...] | None = tuple(out.shape[:-nd])
             if channels is not None and _shape(channels) != lead:
@@ -232,17 +283,17 @@ class GridAggregator:
         self._lead = lead
         self._acc: np.ndarray | None = None
         self._weight_sum: np.ndarray | None = None
-        self._seen = np.zeros(len(grid), dtype=bool)
+        self._seen = np.zeros(math.prod(tiling.grid_shape), dtype=bool)
         self._tile_window: NDArray[np.float64] | None = None
         if window == "monai_gaussian":
             scale = MONAI_SIGMA_SCALE if sigma_scale is None else sigma_scale
-            self._tile_window = monai_gaussian_window(grid.patch_size, scale)
+            self._tile_window = monai_gaussian_window(tiling.patch_size, scale)
         elif window in ("gaussian", "hann"):
-            tile_w = [window_1d(p, window) for p in grid.patch_size]
+            tile_w = [window_1d(p, window) for p in tiling.patch_size]
             self._tile_window = np.asarray(math.prod(np.ix_(*tile_w)))
         self._kept = [
             _kept(d, s, p, window, o)
-            for d, s, p, o in zip(grid.shape, grid.starts, grid.patch_size, grid.overlap)
+            for d, s, p, o in zip(tiling.shape, tiling.starts, tiling.patch_size, tiling.overlap)
         ]
         self._done = False
 
@@ -270,7 +321,7 @@ class GridAggregator:
 
     def _tile_positions(self, coords: NDArray[np.int64]) -> list[NDArray[np.intp]]:
         starts = self._grid.starts
-        multi = []
+        multi: list[NDArray[np.intp]] = []
         for a, s in enumerate(starts):
             pos = np.searchsorted(s, coords[:, a])
             pos = np.minimum(pos, len(s) - 1)
@@ -367,7 +418,7 @@ def _shape(channels: int | Sequence[int]) -> tuple[int, ...]:
 
 def stitch(
     grid: GridSampler,
-    fn: Callable[[np.ndarray], ArrayLike],
+    fn: Callable[[Any], ArrayLike],
     *,
     batch_size: int = 8,
     progress: bool | None = None,
@@ -380,11 +431,31 @@ def stitch(
     :class:`GridAggregator` (``window``, ``out``, ``dtype``...). Returns its result.
     ``progress`` shows a bar of tiles processed, then one of slabs written: ``True``,
     ``False`` or ``None`` (automatic; see :mod:`mixle.utils.progress`).
+
+    For a grid over a :class:`~mixle.VolumeCollection`, every volume is stitched on its
+    own (the window and crop rules apply per volume) and the result is one output per
+    volume: without ``out``, a dict ``{key: ndarray}`` in the collection's order (keys
+    are ``grid.collection.keys``); with ``out`` a zarr group (or an h5py group), one new
+    array per volume, named by :func:`volume_array_names` and carrying its key and index
+    in its attributes ``"mixle_volume_key"`` and ``"mixle_volume"``; the group is
+    returned. ``fn`` gets the batch's tiles: an array, or ``{name: tiles}`` for dict
+    volumes. Batches may span two volumes; a volume's output is finished as soon as its
+    last tile is added, so at most the volumes of one batch are accumulated at a time.
+
+    Raises
+    ------
+    ValueError
+        ``batch_size`` below 1; for a collection, ``fn`` returned a number of outputs
+        other than the batch's, or ``out`` already holds an array of a volume's name.
+    TypeError
+        ``out`` for a collection is not a group.
     """
     batch_size = parse_int(batch_size, "batch_size")
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size} must be >= 1")
     progress = parse_progress(progress)
+    if isinstance(grid, VolumeGridSampler):
+        return _stitch_volumes(grid, fn, batch_size, progress, aggregator_options)
     agg = GridAggregator(grid, progress=progress, **aggregator_options)
     n = len(grid)
     with progress_bar(n, "stitching tiles", "tile", enabled=progress) as bar:
@@ -393,3 +464,106 @@ def stitch(
             agg.add(fn(tiles), coords)
             bar.update(len(coords))
     return agg.result()
+
+
+def volume_array_names(keys: Sequence[str]) -> tuple[str, ...]:
+    """The array name of each volume key in a :func:`stitch` output group.
+
+    Every run of characters other than ASCII letters, digits, ``.``, ``_`` and ``-``
+    becomes one ``_``, and leading and trailing ``.`` and ``_`` are dropped
+    (``"/data/case 01.zarr"`` -> ``"data_case_01.zarr"``, ``"#3"`` -> ``"3"``); an empty
+    result is ``"volume"``. Keys that give the same name get ``-<volume index>`` appended
+    (``"a/b"`` and ``"a_b"`` -> ``"a_b-0"`` and ``"a_b-1"``). Names are valid zarr and HDF5
+    array names (no ``/``, never ``.``, ``..`` or a leading ``__``).
+
+    Raises
+    ------
+    ValueError
+        Two keys still give one name after the suffix (a key that already ends in the
+        suffix another one gets).
+    """
+    names = [re.sub(r"[^A-Za-z0-9._-]+", "_", str(k)).strip("._") or "volume" for k in keys]
+    seen: dict[str, int] = {}
+    for name in names:
+        seen[name] = seen.get(name, 0) + 1
+    out = [f"{n}-{v}" if seen[n] > 1 else n for v, n in enumerate(names)]
+    if len(set(out)) != len(out):
+        dup = next(n for n in out if out.count(n) > 1)
+        raise ValueError(
+            f"two volume keys give the array name {dup!r}; give the volumes distinct keys"
+        )
+    return tuple(out)
+
+
+def _group_array(group: Any, name: str, shape: tuple[int, ...], dtype: np.dtype) -> Any:
+    """A new array ``name`` in a zarr group (``create_array``) or h5py group."""
+    if name in group:
+        raise ValueError(
+            f"out already holds {name!r}; stitch into an empty group or remove that array"
+        )
+    make = getattr(group, "create_array", None)
+    if make is None:
+        return group.create_dataset(name, shape=shape, dtype=dtype)
+    return make(name, shape=shape, dtype=dtype)
+
+
+def _stitch_volumes(
+    grid: VolumeGridSampler,
+    fn: Callable[[Any], ArrayLike],
+    batch_size: int,
+    progress: bool,
+    options: dict[str, Any],
+) -> Any:
+    """:func:`stitch` for a grid over a collection: one output per volume."""
+    options = dict(options)
+    group = options.pop("out", None)
+    if group is not None and not (
+        hasattr(group, "create_array") or hasattr(group, "create_dataset")
+    ):
+        raise TypeError(
+            f"out={type(group).__name__} must be a zarr group (one array per volume is made "
+            "in it) or None (a dict of ndarrays) for a grid over a VolumeCollection"
+        )
+    keys = grid.collection.keys
+    names = volume_array_names(keys) if group is not None else ()
+    dtype = np.dtype(options.get("dtype", np.float32))
+    channels = options.get("channels")
+    counts = grid.tile_counts
+    tiled = len(grid.patch_size)
+    spec = grid.element_spec()
+    arrays = [k for k in spec if k not in ("coords", VOLUME_KEY)]
+    results: dict[str, Any] = {}
+    live: dict[int, GridAggregator] = {}
+    n = len(grid)
+    with progress_bar(n, "stitching tiles", "tile", enabled=progress) as bar:
+        for lo in range(0, n, batch_size):
+            batch = grid.get_batch(np.arange(lo, min(lo + batch_size, n)))
+            tiles = batch[PATCH_KEY] if arrays == [PATCH_KEY] else {k: batch[k] for k in arrays}
+            outputs = np.asarray(fn(tiles))
+            vol = batch[VOLUME_KEY]
+            if outputs.ndim < 1 or outputs.shape[0] != vol.size:
+                raise ValueError(
+                    f"fn returned outputs of shape {outputs.shape} for a batch of {vol.size} "
+                    "tiles; it must return one output per tile, stacked on the first axis"
+                )
+            for v in np.unique(vol).tolist():
+                rows = vol == v
+                if v not in live:
+                    out = None
+                    if group is not None:
+                        lead = (
+                            _shape(channels)
+                            if channels is not None
+                            else tuple(outputs.shape[1 : outputs.ndim - tiled])
+                        )
+                        out = _group_array(group, names[v], (*lead, *grid.volume_shape(v)), dtype)
+                        out.attrs["mixle_volume_key"] = keys[v]
+                        out.attrs["mixle_volume"] = v
+                    live[v] = GridAggregator(
+                        grid, volume=v, progress=False, **{**options, "out": out}
+                    )
+                live[v].add(outputs[rows], batch["coords"][rows])
+                if live[v].tiles_added == counts[v]:
+                    results[keys[v]] = live.pop(v).result()
+            bar.update(vol.size)
+    return group if group is not None else results

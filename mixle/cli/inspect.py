@@ -24,12 +24,14 @@ from mixle.inspection import (
     CollectionReport,
     GroupReport,
     StoreReport,
+    UnsupportedStoreError,
     format_bytes,
     inspect_store,
     inspect_volumes,
     is_collection,
     parse_patch,
 )
+from mixle.inspection.collections import table_columns_hint
 from mixle.inspection.formatting import count_text, fill_text, shape_text, times_text
 from mixle.reading.policy import DEFAULT_BATCH_DEADLINE, DEFAULT_REQUEST_TIMEOUT, set_retry_policy
 from mixle.utils.redact import display_path, redact_text
@@ -419,6 +421,9 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     options = dict(args.storage_options) or None
     if is_collection(args.path, table=bool(args.columns)):
         return _run_collection(args, parser, options)
+    hint = table_columns_hint(args.path)
+    if hint is not None:
+        raise UnsupportedStoreError(hint)
     if args.datasets or args.components:
         parser.error(
             "--dataset and --component name the array inside each volume of a collection "

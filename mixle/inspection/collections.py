@@ -1,8 +1,10 @@
 """What a collection of volumes holds: counts, shapes, dtypes, chunkings, sizes, mismatches.
 
 :func:`inspect_volumes` opens a glob of stores or a table of volume paths with
-:func:`mixle.read_volumes`, reads every volume's metadata (never chunk data; at most the
-collection's ``max_open`` handles at once) and returns a :class:`CollectionReport`: one
+:func:`mixle.read_volumes`, reads every volume's metadata (never chunk data; each array
+opened as a collection of one volume, so a broken or odd volume does not hide the others,
+and at most ``min(max_open, SHAPE_THREADS)`` open at once) and returns a
+:class:`CollectionReport`: one
 :class:`VolumeFacts` per array of each volume, a :class:`ArraysSummary` per array name and
 :class:`~mixle.inspection.report.LayoutFinding` s for volumes that do not fit together
 (mixed dtypes, numbers of axes or channels) or could not be read.
@@ -20,6 +22,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from mixle.data.sources.collection import DEFAULT_MAX_OPEN, VolumeCollection, read_volumes
+from mixle.data.sources.collection.volumes import SHAPE_THREADS
 from mixle.errors import UnsupportedStoreError
 from mixle.inspection.formatting import count_text, shape_text
 from mixle.inspection.locations import is_remote
@@ -37,6 +41,7 @@ __all__ = [
     "inspect_volumes",
     "is_collection",
     "open_table",
+    "table_columns_hint",
 ]
 
 #: How many entries a report line lists (most common shapes, dtypes, chunkings; volumes a
@@ -254,6 +259,29 @@ def table_format(location: str) -> str:
     return TABLE_SUFFIXES[suffix]
 
 
+def table_columns_hint(location: str) -> str | None:
+    """For a table given without ``--column``: an error text listing its columns, else ``None``.
+
+    ``None`` when ``location`` does not end in one of :data:`TABLE_SUFFIXES` or cannot be
+    opened as a table (the caller then reports it as a store).
+    """
+    path = location.split("?", 1)[0].rstrip("/")
+    if os.path.splitext(path)[1].lower() not in TABLE_SUFFIXES:
+        return None
+    try:
+        table = open_table(location)
+    except Exception:
+        return None
+    try:
+        names = list(table.columns)
+    finally:
+        table.close()
+    return (
+        f"{display_path(location)!r} is a table: give --column naming its column of volume "
+        f"paths (or NAME=COLUMN, repeated, for aligned arrays); its columns: {', '.join(names)}"
+    )
+
+
 def open_table(location: str) -> Any:
     """The table of volumes at ``location`` as a mixle record source (read by its suffix).
 
@@ -304,7 +332,8 @@ def inspect_volumes(
     storage_options
         fsspec options for URLs.
     max_open
-        At most this many volumes open at once (default: :func:`mixle.read_volumes`'s).
+        As for :func:`mixle.read_volumes` (default ``DEFAULT_MAX_OPEN``); the metadata is
+        read ``min(max_open, SHAPE_THREADS)`` arrays at a time, each open only while read.
 
     Returns
     -------
@@ -322,13 +351,9 @@ def inspect_volumes(
     ValueError
         The table or glob is otherwise unusable (as :func:`mixle.read_volumes` says).
     """
-    from mixle.data.sources.collection import read_volumes  # TEMP until it lands
-
     kind: CollectionKind = "glob" if columns is None else "table"
     table = None if columns is None else open_table(location)
-    options: dict[str, Any] = {}
-    if max_open is not None:
-        options["max_open"] = max_open
+    bound = DEFAULT_MAX_OPEN if max_open is None else max_open
     try:
         vols = read_volumes(
             location if table is None else table,
@@ -336,54 +361,134 @@ def inspect_volumes(
             component=component,
             table_columns=columns,
             storage_options=storage_options,
-            **options,
+            max_open=bound,
         )
         try:
-            facts = _gather(vols)
-            return build_report(
-                display_path(location),
-                kind,
-                facts,
-                count=len(vols),
-                names=vols.names,
-                columns=tuple(vols.columns),
-                table=table is not None,
-            )
+            keys, names, metadata = vols.keys, vols.names, tuple(vols.columns)
+            count = len(vols)
         finally:
             vols.close()
+        if table is None:
+            arrays: list[list[tuple[str | None, str]]] = [[(None, k)] for k in keys]
+        else:
+            arrays = _table_paths(table, columns)
+        open_one = _opener(dataset, component, storage_options)
+        facts = _gather(arrays, keys, open_one, threads=min(bound, SHAPE_THREADS))
     finally:
         if table is not None:
             table.close()
+    return build_report(
+        display_path(location),
+        kind,
+        facts,
+        count=count,
+        names=names,
+        columns=metadata,
+        table=table is not None,
+    )
 
 
-def _gather(vols: Any) -> list[VolumeFacts]:
-    """Every volume's metadata, read in parallel through at most ``max_open`` leases."""
-    n = len(vols)
-    keys = vols.keys
-    bound = int(getattr(vols, "max_open", 16) or 16)
-    read: Callable[[int], list[VolumeFacts]] = lambda i: _volume_facts(vols, i, keys[i])  # noqa: E731
-    if n <= 1:
-        found = [read(i) for i in range(n)]
+def _table_paths(
+    table: Any, columns: str | Mapping[str, str] | Sequence[str] | None
+) -> list[list[tuple[str | None, str]]]:
+    """``[(array name, path)]`` of every row (``None`` names a single array)."""
+    if isinstance(columns, str):
+        named: dict[str | None, str] = {None: columns}
+    elif isinstance(columns, Mapping):
+        named = dict(columns)
     else:
-        with ThreadPoolExecutor(max_workers=max(1, min(bound, 16, n))) as pool:
-            found = list(pool.map(read, range(n)))
-    return [f for group in found for f in group]
+        named = {c: c for c in columns or ()}
+    values: dict[str, list[Any]] = {c: [] for c in named.values()}
+    for block in table.iter_batches():
+        for column in values:
+            values[column].extend(block[column].tolist())
+    n = len(next(iter(values.values()), []))
+    return [[(name, str(values[column][i])) for name, column in named.items()] for i in range(n)]
 
 
-def _volume_facts(vols: Any, index: int, key: str) -> list[VolumeFacts]:
+Opener = Callable[[str | None, str], VolumeCollection]
+
+
+def _opener(
+    dataset: str | Mapping[str, str] | None,
+    component: str | Mapping[str, str] | None,
+    storage_options: dict[str, Any] | None,
+) -> Opener:
+    """Opens one array as a collection of one volume, with that array's ``dataset=`` etc."""
+
+    def pick(value: str | Mapping[str, str] | None, name: str | None) -> str | None:
+        if isinstance(value, Mapping):
+            return None if name is None else value.get(name)
+        return value
+
+    def open_one(name: str | None, path: str) -> VolumeCollection:
+        return read_volumes(
+            [path],
+            dataset=pick(dataset, name),
+            component=pick(component, name),
+            storage_options=storage_options,
+            max_open=1,
+        )
+
+    return open_one
+
+
+def _gather(
+    arrays: Sequence[Sequence[tuple[str | None, str]]],
+    keys: Sequence[str],
+    open_one: Opener,
+    *,
+    threads: int,
+) -> list[VolumeFacts]:
+    """Every array's metadata, ``threads`` at a time (each open only while it is read).
+
+    Each array is opened on its own (a collection of one volume), so one that cannot be
+    read, or differs from the others, is reported without hiding the rest.
+    """
+    jobs = [(i, name, path) for i, volume in enumerate(arrays) for name, path in volume]
+
+    def read(job: tuple[int, str | None, str]) -> VolumeFacts:
+        i, name, path = job
+        return _array_facts(i, keys[i], name, path, open_one)
+
+    if len(jobs) <= 1 or threads <= 1:
+        return [read(job) for job in jobs]
+    # arrays of each kind open alone until one opens: it imports its library (zarr, h5py),
+    # and threads importing one library at once can see it half initialised
+    found: dict[int, VolumeFacts] = {}
+    opened: set[str] = set()
+    for k, (_, _, path) in enumerate(jobs):
+        kind = _kind(path)
+        if kind not in opened:
+            found[k] = read(jobs[k])
+            if found[k].ok:
+                opened.add(kind)
+    rest = [k for k in range(len(jobs)) if k not in found]
+    with ThreadPoolExecutor(max_workers=min(threads, max(1, len(rest)))) as pool:
+        found.update(zip(rest, pool.map(lambda k: read(jobs[k]), rest), strict=True))
+    return [found[k] for k in range(len(jobs))]
+
+
+def _kind(path: str) -> str:
+    """The suffix of ``path`` (which library opens it), ``""`` for none."""
+    return os.path.splitext(path.split("?", 1)[0].rstrip("/"))[1].lower()
+
+
+def _array_facts(
+    index: int, key: str, name: str | None, path: str, open_one: Opener
+) -> VolumeFacts:
     try:
-        with vols.lease(index) as got:
-            arrays = list(got.items()) if isinstance(got, Mapping) else [(None, got)]
-            return [_array_facts(index, key, name, src) for name, src in arrays]
+        one = open_one(name, path)
+        try:
+            with one.lease(0) as src:
+                shape = tuple(int(s) for s in src.shape)
+                dtype = np.dtype(src.dtype)
+                chunks = src.chunks
+                shards = src.shards
+        finally:
+            one.close()
     except Exception as exc:  # reported per volume; the others are still inspected
-        return [VolumeFacts(index, key, None, error=_one_line(exc))]
-
-
-def _array_facts(index: int, key: str, name: str | None, src: Any) -> VolumeFacts:
-    shape = tuple(int(s) for s in src.shape)
-    dtype = np.dtype(src.dtype)
-    chunks = getattr(src, "chunks", None)
-    shards = getattr(src, "shards", None)
+        return VolumeFacts(index, key, name, error=_one_line(exc))
     variable = dtype.kind == "O" or (dtype.kind in "SUV" and dtype.itemsize == 0)
     return VolumeFacts(
         index,
@@ -398,13 +503,15 @@ def _array_facts(index: int, key: str, name: str | None, src: Any) -> VolumeFact
 
 
 def _one_line(exc: BaseException) -> str:
+    """The error as one line, without the ``volumes[0] (key ...)`` lead of a one-volume open."""
+    cause = exc.__cause__
+    if cause is not None and str(exc).endswith(str(cause)):
+        exc = cause
     text = str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc)
     text = " ".join(text.split()) or type(exc).__name__
-    return (
-        text
-        if isinstance(exc, (OSError, ValueError, KeyError))
-        else f"{type(exc).__name__}: {text}"
-    )
+    if isinstance(exc, (OSError, ValueError, KeyError)):
+        return text
+    return f"{type(exc).__name__}: {text}"
 
 
 def build_report(
@@ -431,7 +538,10 @@ def build_report(
         findings.extend(_mismatches(name, [f for f in facts if f.ok and f.name == name], label))
     bad = [f for f in facts if not f.ok]
     if bad:
-        listed = "; ".join(f"{label(f)}: {f.error}" for f in bad[:MAX_LISTED])
+        listed = "; ".join(
+            f"{label(f)}{'' if f.name is None else f', array {f.name!r}'}: {f.error}"
+            for f in bad[:MAX_LISTED]
+        )
         more = f"; and {len(bad) - MAX_LISTED} more" if len(bad) > MAX_LISTED else ""
         findings.append(
             LayoutFinding(

@@ -123,7 +123,8 @@ def parse_volumes(
     if isinstance(volumes, RecordSource):
         return _parse_table(volumes, table_columns, key, options)
     if _is_dataframe(volumes):
-        return _parse_table(read_dataframe(volumes), table_columns, key, options)
+        where = f"the {type(volumes).__module__.split('.')[0]} DataFrame"
+        return _parse_table(read_dataframe(volumes), table_columns, key, options, where)
     if _is_array(volumes):
         raise TypeError(
             f"volumes={type(volumes).__name__} is one array: pass a list of volumes "
@@ -309,11 +310,12 @@ def _parse_table(
     table_columns: TableColumnsLike,
     key: str | Sequence[str] | None,
     options: OpenOptions,
+    where: str = "",
 ) -> ParsedVolumes:
-    where = repr(table)
+    where = where or repr(table)
     if table_columns is None:
         raise TypeError(
-            f"volumes={where} is a table: pass table_columns= naming its path column "
+            f"volumes= {where} is a table: pass table_columns= naming its path column "
             f"('path') or columns ({{'image': 'image_path', 'label': 'label_path'}}); "
             f"{listing(list(table.columns), 'columns')}"
         )
@@ -325,7 +327,7 @@ def _parse_table(
         if column not in table.columns:
             argument = "key" if column == key and column not in arrays.values() else "table_columns"
             raise ColumnNotFoundError(
-                f"{argument}={column!r} is not a column of volumes={where}; "
+                f"{argument}={column!r} is not a column of volumes= {where}; "
                 f"{listing(list(table.columns), 'columns')}"
             )
     values: dict[str, list[Any]] = {column: [] for column in wanted}
@@ -334,7 +336,7 @@ def _parse_table(
             values[column].extend(block[column].tolist())
     n = len(values[wanted[0]])
     if not n:
-        raise ValueError(f"volumes={where} has no rows: a collection needs at least one volume")
+        raise ValueError(f"volumes= {where} has no rows: a collection needs at least one volume")
     parsed = ParsedVolumes([], (), None, table, (), "row", where)
     single = isinstance(table_columns, str)
     for i in range(n):

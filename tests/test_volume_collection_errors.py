@@ -1,0 +1,205 @@
+"""Bad input to ``mixle.read_volumes``: each a typed error naming the argument and the volume."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import mixle
+from mixle.data.sources.collection import VolumeMismatchError
+
+h5py = pytest.importorskip("h5py")
+pd = pytest.importorskip("pandas")
+
+
+@pytest.fixture
+def two_npy(tmp_path: Path) -> list[str]:
+    paths = [str(tmp_path / "a.npy"), str(tmp_path / "b.npy")]
+    np.save(paths[0], np.zeros((2, 3, 4), dtype="float32"))
+    np.save(paths[1], np.ones((3, 3, 4), dtype="float32"))
+    return paths
+
+
+def _table(tmp_path: Path, paths: list[Any], **extra: list[Any]) -> Any:
+    csv = tmp_path / "cases.csv"
+    pd.DataFrame({"path": paths, **extra}).to_csv(csv, index=False)
+    return mixle.read_csv(csv)
+
+
+@pytest.mark.parametrize("volumes", [[], ()])
+def test_empty_list(volumes: Any) -> None:
+    with pytest.raises(ValueError, match=r"volumes= is empty"):
+        mixle.read_volumes(volumes)
+
+
+def test_empty_table(tmp_path: Path) -> None:
+    frame = pd.DataFrame({"path": pd.Series([], dtype=object), "y": pd.Series([], dtype=float)})
+    with pytest.raises(ValueError, match=r"volumes=.* has no rows"):
+        mixle.read_volumes(frame, table_columns="path")
+
+
+def test_glob_matching_nothing(tmp_path: Path) -> None:
+    pattern = str(tmp_path / "*.zarr")
+    with pytest.raises(FileNotFoundError, match=r"volumes=.*\*\.zarr.*glob matches no file"):
+        mixle.read_volumes(pattern)
+
+
+def test_missing_file_in_a_list(two_npy: list[str], tmp_path: Path) -> None:
+    gone = str(tmp_path / "gone.npy")
+    with pytest.raises(FileNotFoundError, match=r"volumes\[2\]: path=.*gone\.npy.*no such file"):
+        mixle.read_volumes([*two_npy, gone])
+
+
+def test_missing_file_named_with_its_row(two_npy: list[str], tmp_path: Path) -> None:
+    table = _table(tmp_path, [two_npy[0], str(tmp_path / "gone.npy"), two_npy[1]])
+    with pytest.raises(
+        FileNotFoundError, match=r"row 1 of .*cases\.csv.*column 'path'.*gone\.npy.*no such file"
+    ):
+        mixle.read_volumes(table, table_columns="path")
+
+
+@pytest.mark.parametrize("value", [float("nan"), ""])
+def test_unreadable_row(two_npy: list[str], value: Any) -> None:
+    frame = pd.DataFrame({"path": [two_npy[0], value], "y": [1, 2]})
+    with pytest.raises(ValueError, match=r"row 1 of .*column 'path' holds .*not a path"):
+        mixle.read_volumes(frame, table_columns="path")
+
+
+def test_row_whose_file_does_not_open(two_npy: list[str], tmp_path: Path) -> None:
+    bad = tmp_path / "bad.npy"
+    bad.write_bytes(b"not a npy file at all")
+    vols = mixle.read_volumes(pd.DataFrame({"path": [two_npy[0], str(bad)]}), table_columns="path")
+    with pytest.raises(ValueError, match=r"volumes= row 1 of .* \(key '.*bad\.npy'\)"):
+        vols.shape(1)
+
+
+def test_unknown_format(tmp_path: Path) -> None:
+    odd = tmp_path / "scan.tiff"
+    odd.write_bytes(b"II*\x00")
+    with pytest.raises(mixle.UnsupportedStoreError, match=r"volumes\[0\]: path=.*scan\.tiff"):
+        mixle.read_volumes([str(odd)])
+
+
+def test_hdf5_without_dataset(tmp_path: Path) -> None:
+    path = tmp_path / "a.h5"
+    with h5py.File(path, "w") as f:
+        f["vol"] = np.zeros(3)
+    with pytest.raises(ValueError, match=r"volumes\[0\]: .*HDF5 file: pass dataset="):
+        mixle.read_volumes([str(path)])
+
+
+def test_hdf5_dataset_missing_names_the_volume(tmp_path: Path) -> None:
+    path = tmp_path / "a.h5"
+    with h5py.File(path, "w") as f:
+        f["vol"] = np.zeros(3)
+    vols = mixle.read_volumes([str(path)], dataset="nope")
+    with pytest.raises(mixle.ArrayNotFoundError, match=r"volumes\[0\] \(key .*a\.h5.*nope"):
+        vols[0]
+
+
+def test_raw_without_layout(tmp_path: Path) -> None:
+    path = tmp_path / "a.raw"
+    path.write_bytes(bytes(8))
+    with pytest.raises(ValueError, match=r"raw file: pass raw_dtype= and raw_shape="):
+        mixle.read_volumes([str(path)])
+
+
+def test_duplicate_keys(two_npy: list[str], tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"volumes 0 and 2 the same key .*a\.npy"):
+        mixle.read_volumes([two_npy[0], two_npy[1], two_npy[0]])
+    table = _table(tmp_path, two_npy, id=["x", "x"])
+    with pytest.raises(ValueError, match=r"key= gives volumes 0 and 1 the same key 'x'"):
+        mixle.read_volumes(table, table_columns="path", key="id")
+    with pytest.raises(ValueError, match=r"key= gives volumes 0 and 1 the same key 'k'"):
+        mixle.read_volumes(two_npy, key=["k", "k"])
+
+
+def test_table_without_the_named_column(two_npy: list[str], tmp_path: Path) -> None:
+    table = _table(tmp_path, two_npy, y=[1, 2])
+    with pytest.raises(
+        mixle.ColumnNotFoundError, match=r"table_columns='image' is not a column .*path, y"
+    ):
+        mixle.read_volumes(table, table_columns={"img": "image"})
+    with pytest.raises(KeyError, match=r"key='id' is not a column"):
+        mixle.read_volumes(table, table_columns="path", key="id")
+    with pytest.raises(TypeError, match=r"is a table: pass table_columns=.*path, y"):
+        mixle.read_volumes(table)
+
+
+def test_dicts_without_array_entries(two_npy: list[str]) -> None:
+    with pytest.raises(ValueError, match=r"volumes\[0\] has no array entry"):
+        mixle.read_volumes([{"subject": "s01", "age": 3}])
+    with pytest.raises(ValueError, match=r"volumes\[1\] has no entry 'image'"):
+        mixle.read_volumes([{"image": two_npy[0]}, {"label": two_npy[1]}])
+    with pytest.raises(TypeError, match=r"volumes\[1\] is not a dict but volumes\[0\] is a dict"):
+        mixle.read_volumes([{"image": two_npy[0]}, two_npy[1]])
+    with pytest.raises(FileNotFoundError, match=r"volumes\[0\]\['image'\]: path='nope\.npy'"):
+        mixle.read_volumes([{"image": "nope.npy"}])
+
+
+def test_mixed_dtypes_and_dimensions_name_the_volume(tmp_path: Path, two_npy: list[str]) -> None:
+    other = tmp_path / "c.npy"
+    np.save(other, np.zeros((2, 3, 4), dtype="int16"))
+    vols = mixle.read_volumes([*two_npy, str(other)])
+    with pytest.raises(
+        VolumeMismatchError, match=r"volumes\[2\] \(key '.*c\.npy'\) has dtype int16"
+    ):
+        vols.shape(2)
+    with pytest.raises(VolumeMismatchError):  # again: the volume is not kept
+        vols[2]
+    flat = tmp_path / "flat.npy"
+    np.save(flat, np.zeros((6, 4), dtype="float32"))
+    cast = mixle.read_volumes([two_npy[0], str(flat)], dtype="float64")
+    with pytest.raises(ValueError, match=r"volumes\[1\] .* has 2 dimensions but volume 0"):
+        cast[1]
+
+
+@pytest.mark.parametrize(
+    ("max_open", "error"),
+    [(0, ValueError), (-2, ValueError), (1.5, TypeError), (True, TypeError), ("4", TypeError)],
+)
+def test_max_open_must_be_a_positive_int(two_npy: list[str], max_open: Any, error: type) -> None:
+    with pytest.raises(error, match=r"max_open=.* must be an int >= 1"):
+        mixle.read_volumes(two_npy, max_open=max_open)
+
+
+@pytest.mark.parametrize(
+    ("volumes", "match"),
+    [
+        (3, r"volumes=int is not accepted"),
+        (np.zeros((2, 3, 4)), r"volumes=ndarray is one array: pass a list"),
+        ({"a": "b.npy"}, r"volumes= is a dict: pass a list of dicts"),
+        ([3], r"volumes\[0\] is int"),
+        ("s3://bucket/*.zarr", r"is a URL: mixle globs local paths only"),
+    ],
+)
+def test_volumes_of_the_wrong_kind(volumes: Any, match: str) -> None:
+    with pytest.raises(TypeError, match=match):
+        mixle.read_volumes(volumes)
+
+
+def test_options_of_the_wrong_kind(two_npy: list[str]) -> None:
+    with pytest.raises(TypeError, match=r"dataset=3 must be a string"):
+        mixle.read_volumes(two_npy, dataset=3)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"table_columns= applies to a table or a list of dicts"):
+        mixle.read_volumes(two_npy, table_columns="path")
+    with pytest.raises(ValueError, match=r"key= has 1 keys for 2 volumes"):
+        mixle.read_volumes(two_npy, key=["a"])
+    with pytest.raises(ValueError, match=r"raw_shape=.* non-negative"):
+        mixle.read_volumes(two_npy, raw_shape=(-1, 2))
+    vols = mixle.read_volumes(two_npy)
+    with pytest.raises(mixle.ColumnNotFoundError, match=r"columns= names 'age'"):
+        vols.metadata_batch([0], columns=["age"])
+    with pytest.raises(ValueError, match=r"name='image'.*one array each"):
+        vols.shapes_array("image")
+
+
+def test_errors_carry_no_credentials(tmp_path: Path) -> None:
+    secret = "hunter2secret"
+    url = f"https://user:{secret}@example.com/x.tiff?token={secret}"
+    with pytest.raises(mixle.UnsupportedStoreError) as info:
+        mixle.read_volumes([url])
+    assert secret not in str(info.value) and "example.com" in str(info.value)

@@ -36,6 +36,7 @@ __all__ = [
     "UncheckpointedWALError",
     "UnsupportedStoreError",
     "VlenLimitError",
+    "VolumeMismatchError",
     "WorkerDiedError",
     "WorkerError",
     "WorkerTimeoutError",
@@ -84,6 +85,15 @@ class MalformedRowError(ValueError):
 
 class SchemaMismatchError(ValueError):
     """A source or sampler does not match the ``schema`` it was given."""
+
+
+class VolumeMismatchError(ValueError):
+    """A volume of a collection differs from volume 0 in dtype or number of dimensions.
+
+    Raised by :class:`mixle.VolumeCollection` when the volume is first opened; the message
+    names the volume (position or table row, and key), both layouts, and ``dtype=``, which
+    casts every volume to one dtype.
+    """
 
 
 class LeafMismatchError(ValueError):

@@ -22,7 +22,7 @@ from mixle.data.sources.collection.inputs import (
     parse_volumes,
 )
 from mixle.data.sources.collection.openers import OpenOptions, open_volume, volume_format
-from mixle.errors import ColumnNotFoundError, SourceClosedError
+from mixle.errors import ColumnNotFoundError, SourceClosedError, VolumeMismatchError
 
 __all__ = ["DEFAULT_MAX_OPEN", "VolumeCollection", "VolumeMismatchError", "read_volumes"]
 
@@ -36,14 +36,6 @@ _CREATE_LOCKS = 64
 #: A volume: its source, or its sources by array name.
 Volume = ArraySource | dict[str, ArraySource]
 Shape = tuple[int, ...]
-
-
-class VolumeMismatchError(ValueError):
-    """A volume's dtype or number of dimensions differs from volume 0's.
-
-    A ``ValueError``; the message names the volume (key and position), both layouts and the
-    ``dtype=`` argument that casts every volume to one dtype.
-    """
 
 
 class _Lease:

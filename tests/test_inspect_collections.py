@@ -5,12 +5,16 @@ Every fact is checked against what zarr-python or h5py report for the files they
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import functools
 import json
 import math
 import os
 import subprocess
 import sys
+import threading
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -19,6 +23,7 @@ import numpy as np
 import pytest
 import zarr
 
+import mixle.inspection.collections as collections_module
 from mixle.cli import main
 from mixle.inspection import (
     MAX_LISTED,
@@ -352,3 +357,42 @@ def test_a_fresh_process_reads_every_volume(tmp_path):
         ("float32", 12),
         ("uint16", 12),
     ]
+
+
+def open_h5_files() -> int:
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):  # closed meanwhile
+            count += os.readlink(f"/proc/self/fd/{fd}").endswith(".h5")
+    return count
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts descriptors in /proc")
+@pytest.mark.parametrize("max_open", [1, 3])
+def test_metadata_is_read_with_a_bounded_number_of_open_files(tmp_path, monkeypatch, max_open):
+    for k in range(40):
+        write_h5(tmp_path / f"v{k:02d}.h5", (4, 4, 4), (2, 2, 2))
+    real = collections_module.read_volumes
+    peak = [0]
+    lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def counted(lease, i):
+        with lease(i) as src:
+            src.shape  # noqa: B018  (the file is open now)
+            with lock:
+                peak[0] = max(peak[0], open_h5_files())
+            time.sleep(0.002)  # hold it a moment, so that overlapping opens would show
+            yield src
+
+    def read_volumes(*args, **kwargs):
+        vols = real(*args, **kwargs)
+        if isinstance(args[0], list):  # one array's own collection
+            vols.lease = functools.partial(counted, vols.lease)
+        return vols
+
+    monkeypatch.setattr(collections_module, "read_volumes", read_volumes)
+    report = inspect_volumes(str(tmp_path / "*.h5"), dataset="img", max_open=max_open)
+    assert report.count == 40 and not report.unreadable
+    assert 1 <= peak[0] <= max_open
+    assert open_h5_files() == 0  # every file closed once read

@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import mixle
 from mixle.data.sampling.grid_volumes import VolumeGridSampler
@@ -105,6 +107,42 @@ def test_every_tile_equals_numpy_slicing_of_its_own_volume(mixed: Any, kwargs: d
             truth[v], corner, patch, kwargs.get("padding", "none"), kwargs.get("pad_value", 0)
         )
         np.testing.assert_array_equal(tile, want)
+
+
+@st.composite
+def _grids(draw: st.DrawFn) -> tuple[list[tuple[int, ...]], dict[str, Any]]:
+    nd = draw(st.integers(1, 3))
+    patch = tuple(draw(st.integers(1, 6)) for _ in range(nd))
+    overlap = tuple(draw(st.integers(0, p - 1)) for p in patch)
+    padding = draw(st.sampled_from(["none", "constant", "reflect", "edge"]))
+    pad_overlap = padding != "none" and draw(st.booleans())
+    if pad_overlap:  # the padded volume must hold a tile
+        low = [max(1, p - 2 * (o // 2)) for p, o in zip(patch, overlap)]
+    else:
+        low = [p if padding == "none" else 1 for p in patch]
+    shapes = draw(
+        st.lists(st.tuples(*(st.integers(lo, lo + 12) for lo in low)), min_size=1, max_size=4)
+    )
+    kwargs = {"patch_size": patch, "overlap": overlap, "padding": padding}
+    return shapes, {**kwargs, "pad_overlap": pad_overlap}
+
+
+@settings(max_examples=150, deadline=None)
+@given(_grids())
+def test_corners_and_volumes_of_every_index_match_each_volumes_own_grid(case: Any) -> None:
+    shapes, kwargs = case
+    arrays = [np.zeros(s, dtype=np.uint8) for s in shapes]
+    grid = mixle.GridSampler(mixle.read_volumes(arrays), **kwargs)
+    singles = [mixle.GridSampler(a, **kwargs) for a in arrays]
+    assert grid.tile_counts.tolist() == [len(g) for g in singles]
+    np.testing.assert_array_equal(
+        grid.coords_array(), np.concatenate([g.coords_array() for g in singles])
+    )
+    np.testing.assert_array_equal(
+        grid.volumes_array(), np.repeat(np.arange(len(singles)), [len(g) for g in singles])
+    )
+    picks = np.arange(len(grid))[::-1]  # any order: each index on its own
+    np.testing.assert_array_equal(grid.coords_array(picks), grid.coords_array()[picks])
 
 
 @pytest.mark.parametrize("kwargs", GRIDS)
@@ -217,16 +255,30 @@ def test_dict_volumes_whose_arrays_differ_in_shape_are_refused(tmp_path: Path) -
         mixle.GridSampler(vols, 4)
 
 
-def test_the_collection_cast_dtype_applies_to_every_tile(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {},
+        {"padding": "constant", "pad_value": -1.5, "overlap": 2},  # a value uint8 cannot hold
+        {"padding": "reflect", "overlap": 1},
+    ],
+)
+def test_the_collection_cast_dtype_applies_to_every_tile(tmp_path: Path, kwargs: dict) -> None:
     arrays = [_volume(s, i, dtype) for i, (s, dtype) in enumerate(zip(SHAPES, ("u1", "i2", "f8")))]
     paths = _write(tmp_path, arrays)
-    grid = mixle.GridSampler(mixle.read_volumes(paths, dataset="x", dtype=np.float32), (4, 4, 4))
+    vols = mixle.read_volumes(paths, dataset="x", dtype=np.float32)
+    grid = mixle.GridSampler(vols, (4, 5, 4), **kwargs)
     assert grid.element_spec()["patch"].dtype == np.float32
-    batch = grid.get_batch(np.arange(len(grid)))
-    assert batch["patch"].dtype == np.float32
-    for tile, corner, v in zip(batch["patch"], batch["coords"], batch["volume"]):
-        want = _expected_tile(_truth(paths[v]), corner, (4, 4, 4), "none", 0)
-        np.testing.assert_array_equal(tile, want.astype(np.float32))
+    order = np.random.default_rng(0).permutation(len(grid))
+    for idx in (np.arange(len(grid)), order):  # in order (in place) and shuffled (gathered)
+        batch = grid.get_batch(idx)
+        assert batch["patch"].dtype == np.float32
+        for tile, corner, v in zip(batch["patch"], batch["coords"], batch["volume"]):
+            truth = _truth(paths[v]).astype(np.float32)
+            padding, fill = kwargs.get("padding", "none"), kwargs.get("pad_value", 0)
+            np.testing.assert_array_equal(
+                tile, _expected_tile(truth, corner, (4, 5, 4), padding, fill)
+            )
 
 
 @pytest.mark.parametrize(

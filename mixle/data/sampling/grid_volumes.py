@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -376,21 +377,22 @@ class VolumeGridSampler(GridSampler, tiles=VolumeCollection):
             for name in self._lead
         }
         order = np.argsort(vol, kind="stable")
-        cuts = np.flatnonzero(np.diff(vol[order])) + 1
-        groups = np.split(order, cuts) if b else []
-
-        def task(rows: NDArray[np.int64]) -> Any:
-            def read() -> None:
-                v = int(vol[rows[0]])
-                with self._vols.lease(v) as src:
-                    for name in self._lead:
-                        one = src if name is None else src[name]
-                        self._read_into(one, name, corners[rows], outs[name], rows)
-
-            return read
-
-        run_all([task(rows) for rows in groups])
+        groups = np.split(order, np.flatnonzero(np.diff(vol[order])) + 1) if b else []
+        groups.sort(key=len, reverse=True)  # the caller reads the largest, decoding on the pool
+        run_all([partial(self._read_volume, int(vol[r[0]]), corners[r], outs, r) for r in groups])
         return {PATCH_KEY if name is None else name: out for name, out in outs.items()}
+
+    def _read_volume(
+        self,
+        v: int,
+        corners: NDArray[np.int64],
+        outs: dict[str | None, np.ndarray],
+        rows: NDArray[np.intp],
+    ) -> None:
+        """Read volume ``v``'s tiles at ``corners`` into ``outs[name][rows]``, inside a lease."""
+        with self._vols.lease(v) as src:
+            for name, out in outs.items():
+                self._read_into(src if name is None else src[name], name, corners, out, rows)
 
     def _read_into(
         self,
@@ -398,7 +400,7 @@ class VolumeGridSampler(GridSampler, tiles=VolumeCollection):
         name: str | None,
         corners: NDArray[np.int64],
         out: np.ndarray,
-        rows: NDArray[np.int64],
+        rows: NDArray[np.intp],
     ) -> None:
         """Read one volume's boxes (the read path of one volume's grid) into ``out[rows]``."""
         lead = self._lead[name]
@@ -407,14 +409,26 @@ class VolumeGridSampler(GridSampler, tiles=VolumeCollection):
         size = (*lead, *self._patch_size)
         pad = self._pad_values[name] if self._padding == "constant" else 0
         lo, hi = int(rows[0]), int(rows[-1]) + 1
-        if hi - lo == rows.size and np.dtype(source.dtype) == out.dtype:  # in order: in place
+        same = np.dtype(source.dtype) == out.dtype
+        if same and hi - lo == rows.size:  # tiles in index order: read in place
             read_boxes_padded(
                 source, starts, size, padding=self._padding, pad_value=pad, out=out[lo:hi]
             )
-        else:
+            return
+        if same or self._padding != "constant":
             out[rows] = read_boxes_padded(
                 source, starts, size, padding=self._padding, pad_value=pad
             )
+            return
+        # a cast: pad_value fits the output dtype, perhaps not the stored one (-1 for uint8)
+        block = read_boxes_padded(source, starts, size, padding="constant").astype(out.dtype)
+        spatial = tuple(source.shape)[len(lead) :]
+        for b, corner in enumerate(corners.tolist()):
+            for a, (c, d, p) in enumerate(zip(corner, spatial, self._patch_size)):
+                edge = (slice(None),) * (len(lead) + a)
+                block[(b, *edge, slice(0, max(0, min(p, -c))))] = pad
+                block[(b, *edge, slice(max(0, d - c), p))] = pad
+        out[rows] = block
 
     def __getitem__(self, index: int) -> Record:  # type: ignore[override]
         """Tile ``index``: ``{"patch": tile, "coords": corner, "volume": v}`` (or by array name)."""

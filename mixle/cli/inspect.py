@@ -21,6 +21,7 @@ from typing import Any, TextIO
 from mixle.inspection import (
     MAX_LISTED,
     ArrayReport,
+    ArraysSummary,
     CollectionReport,
     GroupReport,
     StoreReport,
@@ -226,7 +227,7 @@ def render_collection(report: CollectionReport, *, width: int | None = None) -> 
     return "\n".join(lines)
 
 
-def _summary_rows(summary: Any, count: int, *, sized: bool) -> list[tuple[str, str]]:
+def _summary_rows(summary: ArraysSummary, count: int, *, sized: bool) -> list[tuple[str, str]]:
     if summary.count == 0:
         return [("shapes", "none read")]
 
@@ -240,7 +241,7 @@ def _summary_rows(summary: Any, count: int, *, sized: bool) -> list[tuple[str, s
         return f"{len(pairs)} distinct: {shown}{more}"
 
     shapes = ranked(summary.shapes, shape_text)
-    if len(summary.shapes) > 1 and summary.min_shape is not None:
+    if len(summary.shapes) > 1 and summary.min_shape and summary.max_shape:
         lo, hi = shape_text(summary.min_shape), shape_text(summary.max_shape)
         shapes = f"{lo} to {hi} per axis; {shapes}"
     chunks = ranked(summary.chunks, lambda c: "none (contiguous)" if c is None else shape_text(c))

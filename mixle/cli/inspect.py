@@ -287,7 +287,7 @@ def parse_named_option(values: Sequence[str], option: str) -> str | dict[str, st
     Raises
     ------
     ValueError
-        Several values without names, an empty name or value, or a name given twice.
+        An empty name or value, or a name given twice.
     """
     if not values:
         return None

@@ -205,6 +205,33 @@ def test_a_batch_reads_each_of_its_volumes_once_through_a_lease(
     assert sorted(leased) == [0, 1, 2]
 
 
+def _open_files(folder: Path) -> int:
+    """Distinct files of ``folder`` this process holds open (an HDF5 volume may hold two fds)."""
+    found = set()
+    for fd in Path("/proc/self/fd").iterdir():
+        try:
+            target = Path(fd.readlink())
+        except OSError:  # closed meanwhile
+            continue
+        if target.parent == folder:
+            found.add(target)
+    return len(found)
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc/self/fd")
+def test_a_sweep_over_many_volumes_keeps_at_most_max_open_files_open(tmp_path: Path) -> None:
+    paths = []
+    for i in range(8):
+        paths.append(str(tmp_path / f"v{i}.h5"))
+        with h5py.File(paths[-1], "w") as f:
+            f.create_dataset("x", data=_volume((6 + i % 3, 7, 5), i), chunks=(3, 3, 3))
+    grid = mixle.GridSampler(mixle.read_volumes(paths, dataset="x", max_open=2), (4, 4, 4))
+    order = np.random.default_rng(0).permutation(len(grid))
+    for idx in [*np.array_split(np.arange(len(grid)), 9), *np.array_split(order, 5)]:
+        batch = grid.get_batch(idx)
+        assert _open_files(tmp_path) <= 2, f"after volumes {np.unique(batch['volume'])}"
+
+
 def test_channels_first_volumes_keep_their_channels_whole(tmp_path: Path) -> None:
     arrays = [_volume((2, *s), i) for i, s in enumerate(SHAPES)]
     paths = _write(tmp_path, arrays)
@@ -392,6 +419,17 @@ def test_pickling_is_by_reference_and_keeps_every_tile(mixed: Any) -> None:
     plain = mixle.GridSampler(np.zeros((6, 6)), 3)  # the one-volume grid still pickles
     assert type(pickle.loads(pickle.dumps(plain))) is mixle.GridSampler
     assert type(mixle.GridSampler.__new__(mixle.GridSampler)) is mixle.GridSampler
+
+
+def test_unpickling_reads_no_volume(tmp_path: Path) -> None:
+    paths = _write(tmp_path, [_volume(s, i) for i, s in enumerate(SHAPES)])
+    grid = mixle.GridSampler(mixle.read_volumes(paths, dataset="x"), 4, overlap=1)
+    data = pickle.dumps(grid)
+    for path in paths:  # gone: any read would fail
+        Path(path).rename(path + ".moved")
+    again = pickle.loads(data)
+    assert len(again) == len(grid) and again.fingerprint() == grid.fingerprint()
+    np.testing.assert_array_equal(again.coords_array(), grid.coords_array())
 
 
 def test_the_fingerprint_covers_the_collection_and_every_argument(

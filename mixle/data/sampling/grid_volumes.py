@@ -80,7 +80,8 @@ class VolumeGridSampler(GridSampler, tiles=VolumeCollection):
     volume tiles are in C order. A batch is grouped by volume and each volume's tiles are
     read in one batched read through a lease of that volume, the volumes in parallel on
     the decode pool. With the collection's ``dtype=`` the tiles have that dtype.
-    The grid pickles by reference: the collection (by reference) and the tile table.
+    The grid pickles by reference: the collection (by reference, with its cached shapes)
+    and the arguments; unpickling rebuilds the tile table without reading a volume.
     """
 
     def __init__(
@@ -141,6 +142,7 @@ class VolumeGridSampler(GridSampler, tiles=VolumeCollection):
             for name, dt in self._dtypes.items()
         }
         self._pad_value = self._pad_values[first]
+        self._pad_value_given = pad_value
         border = np.asarray(self._overlap, dtype=np.int64) // 2 if self._pad_overlap else 0
         self._border = np.broadcast_to(np.asarray(border, dtype=np.int64), (nd,)).copy()
         self._step = np.asarray(self._patch_size, dtype=np.int64) - np.asarray(self._overlap)
@@ -328,6 +330,11 @@ class VolumeGridSampler(GridSampler, tiles=VolumeCollection):
     def __len__(self) -> int:
         return int(self._offsets[-1])
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickle by reference: the collection (by reference) and the arguments, no tables."""
+        args = (self._patch_size, self._overlap, self._padding, self._pad_value_given)
+        return (_rebuild, (self._vols, *args, self._pad_overlap))
+
     def __repr__(self) -> str:
         return (
             f"GridSampler({self._vols!r}, patch_size={self._patch_size}, "
@@ -456,3 +463,22 @@ class VolumeGridSampler(GridSampler, tiles=VolumeCollection):
 
     def __iter__(self) -> Iterator[Record]:  # type: ignore[override]
         return self.records()
+
+
+def _rebuild(
+    vols: VolumeCollection,
+    patch_size: tuple[int, ...],
+    overlap: tuple[int, ...],
+    padding: str,
+    pad_value: float,
+    pad_overlap: bool,
+) -> VolumeGridSampler:
+    """Unpickle a :class:`VolumeGridSampler` (the collection brings its cached shapes)."""
+    return VolumeGridSampler(
+        vols,
+        patch_size,
+        overlap=overlap,
+        padding=padding,
+        pad_value=pad_value,
+        pad_overlap=pad_overlap,
+    )

@@ -360,6 +360,20 @@ def test_stitching_into_a_zarr_group_writes_one_array_per_volume(
         assert arr.attrs["mixle_volume_key"] == key and arr.attrs["mixle_volume"] == v
 
 
+def test_stitching_into_an_hdf5_group_writes_one_dataset_per_volume(
+    mixed: Any, tmp_path: Path
+) -> None:
+    vols, truth = mixed
+    grid = mixle.GridSampler(vols, (5, 4, 6), overlap=1, padding="edge", pad_overlap=True)
+    path = tmp_path / "pred.h5"
+    with h5py.File(path, "w") as f:
+        stitch(grid, lambda t: t, batch_size=6, out=f.create_group("pred"), window="crop")
+    with h5py.File(path, "r") as f:  # h5py's own read
+        for name, key, want in zip(volume_array_names(vols.keys), vols.keys, truth):
+            np.testing.assert_array_equal(f["pred"][name][...], want)
+            assert f["pred"][name].attrs["mixle_volume_key"] == key
+
+
 def test_stitching_refuses_a_group_that_already_holds_a_volume_name(
     mixed: Any, tmp_path: Path
 ) -> None:

@@ -7,7 +7,9 @@ padded with NumPy.
 from __future__ import annotations
 
 import copy
+import multiprocessing
 import pickle
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -433,6 +435,25 @@ def test_pickling_is_by_reference_and_keeps_every_tile(mixed: Any) -> None:
     plain = mixle.GridSampler(np.zeros((6, 6)), 3)  # the one-volume grid still pickles
     assert type(pickle.loads(pickle.dumps(plain))) is mixle.GridSampler
     assert type(mixle.GridSampler.__new__(mixle.GridSampler)) is mixle.GridSampler
+
+
+def _batch_in_child(payload: bytes) -> dict[str, np.ndarray]:
+    """Run in a spawned process: unpickle a grid and read every tile."""
+    grid = pickle.loads(payload)
+    return grid.get_batch(np.arange(len(grid)))
+
+
+@pytest.mark.slow
+def test_a_spawned_process_reads_the_same_tiles(mixed: Any) -> None:
+    vols, _ = mixed
+    grid = mixle.GridSampler(vols, (5, 4, 6), overlap=2, padding="reflect")
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:
+        got = pool.submit(_batch_in_child, pickle.dumps(grid)).result(timeout=120)
+    want = grid.get_batch(np.arange(len(grid)))
+    assert set(got) == set(want)
+    for key in want:
+        np.testing.assert_array_equal(got[key], want[key])
 
 
 def test_unpickling_reads_no_volume(tmp_path: Path) -> None:

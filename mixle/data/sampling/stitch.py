@@ -20,7 +20,12 @@ import numpy as np
 from numpy.typing import ArrayLike, DTypeLike, NDArray
 
 from mixle.data.sampling.grid import GridSampler
-from mixle.data.sampling.grid_volumes import PATCH_KEY, VOLUME_KEY, VolumeGridSampler
+from mixle.data.sampling.grid_volumes import (
+    COORDS_KEY,
+    PATCH_KEY,
+    VOLUME_KEY,
+    VolumeGridSampler,
+)
 from mixle.utils.progress import parse_progress, progress_bar
 from mixle.utils.validation import parse_int
 
@@ -257,6 +262,7 @@ class GridAggregator:
         scratch_dir: str | os.PathLike[str] | None = None,
         progress: bool | None = None,
     ) -> None:
+        self._grid = tiling = _tiling(grid, volume)
         self._progress = parse_progress(progress)
         if window not in WINDOWS:
             raise ValueError(f"window={window!r} is not one of {', '.join(map(repr, WINDOWS))}")
@@ -265,7 +271,6 @@ class GridAggregator:
                 f"sigma_scale={sigma_scale!r} only applies to window='monai_gaussian', not "
                 f"window={window!r}; drop it or pass window='monai_gaussian'"
             )
-        self._grid = tiling = _tiling(grid, volume)
         self._window, self._out = window, out
         self._dtype = np.dtype(out.dtype if out is not None else dtype)
         self._scratch_dir = scratch_dir
@@ -530,15 +535,14 @@ def _stitch_volumes(
     channels = options.get("channels")
     counts = grid.tile_counts
     tiled = len(grid.patch_size)
-    spec = grid.element_spec()
-    arrays = [k for k in spec if k not in ("coords", VOLUME_KEY)]
+    arrays = grid.collection.names  # None: one array per volume, its tiles under "patch"
     results: dict[str, Any] = {}
     live: dict[int, GridAggregator] = {}
     n = len(grid)
     with progress_bar(n, "stitching tiles", "tile", enabled=progress) as bar:
         for lo in range(0, n, batch_size):
             batch = grid.get_batch(np.arange(lo, min(lo + batch_size, n)))
-            tiles = batch[PATCH_KEY] if arrays == [PATCH_KEY] else {k: batch[k] for k in arrays}
+            tiles = batch[PATCH_KEY] if arrays is None else {k: batch[k] for k in arrays}
             outputs = np.asarray(fn(tiles))
             vol = batch[VOLUME_KEY]
             if outputs.ndim < 1 or outputs.shape[0] != vol.size:
@@ -562,7 +566,7 @@ def _stitch_volumes(
                     live[v] = GridAggregator(
                         grid, volume=v, progress=False, **{**options, "out": out}
                     )
-                live[v].add(outputs[rows], batch["coords"][rows])
+                live[v].add(outputs[rows], batch[COORDS_KEY][rows])
                 if live[v].tiles_added == counts[v]:
                     results[keys[v]] = live.pop(v).result()
             bar.update(vol.size)

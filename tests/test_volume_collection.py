@@ -115,6 +115,15 @@ def test_glob_is_sorted(tmp_path: Path) -> None:
     _check_matches(vols, [np.load(k) for k in vols.keys])
 
 
+def test_a_column_of_paths(tmp_path: Path, mixed: list[str]) -> None:
+    """An array or Series of path strings (``df["path"].values``) is a list of paths."""
+    pd = pytest.importorskip("pandas")
+    for column in (np.array(mixed[::2]), np.array(mixed[::2], dtype=object), pd.Series(mixed[::2])):
+        vols = mixle.read_volumes(column)
+        assert vols.keys == tuple(mixed[::2])
+        _check_matches(vols, [_read_foreign(p) for p in mixed[::2]])
+
+
 def test_open_sources_and_array_likes(tmp_path: Path, mixed: list[str]) -> None:
     ndarray = _data(7, (3, 3, 3))
     zarray = zarr.open_array(mixed[0], mode="r")

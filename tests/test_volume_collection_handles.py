@@ -323,3 +323,32 @@ def test_pool_is_a_bounded_lru(max_open: int, ops: list[tuple[str, int]]) -> Non
         assert list(pool.live()) == order
         assert len(order) <= max(max_open, len(leases))
         assert all(j in order for j in leases)  # a leased volume is never given back
+
+
+@pytest.mark.skipif("fork" not in multiprocessing.get_all_start_methods(), reason="no fork")
+def test_fork_while_another_thread_holds_the_collections_locks(npy_volumes: list[str]) -> None:
+    """Locks a parent thread held at the fork are not the child's: its leases never hang."""
+    vols = mixle.read_volumes(npy_volumes, max_open=4)
+    vols[0]
+    held, done = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with vols._lock, vols._locks[5 % len(vols._locks)], vols._pool._lock:
+            held.set()
+            done.wait(60)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    held.wait(60)
+    try:
+        ctx = multiprocessing.get_context("fork")
+        queue = ctx.Queue()
+        child = ctx.Process(target=_child_after_fork, args=(vols, queue))
+        child.start()
+        result = queue.get(timeout=60)  # only catches a hang
+        child.join(timeout=60)
+    finally:
+        done.set()
+        holder.join(60)
+    want = [int(np.load(npy_volumes[i]).sum()) for i in (0, 5, 199, 3)]
+    assert result == (want, 4)

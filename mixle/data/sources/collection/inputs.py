@@ -90,6 +90,12 @@ def _looks_like_volume_path(value: object) -> bool:
     return not is_url(text) and os.path.isdir(text)
 
 
+def _is_path_column(obj: Any) -> bool:
+    """A 1-D array or series of strings (``df["path"].values``): a list of paths."""
+    kind = getattr(getattr(obj, "dtype", None), "kind", None)
+    return not isinstance(obj, ArraySource) and len(obj.shape) == 1 and kind in ("O", "U", "T")
+
+
 def _is_dataframe(obj: object) -> bool:
     for module, cls in (("pandas", "DataFrame"), ("polars", "DataFrame")):
         lib = sys.modules.get(module)
@@ -125,6 +131,8 @@ def parse_volumes(
     if _is_dataframe(volumes):
         where = f"the {type(volumes).__module__.split('.')[0]} DataFrame"
         return _parse_table(read_dataframe(volumes), table_columns, key, options, where)
+    if _is_array(volumes) and _is_path_column(volumes):
+        return _parse_list(list(volumes), table_columns, key, options)
     if _is_array(volumes):
         raise TypeError(
             f"volumes={type(volumes).__name__} is one array: pass a list of volumes "

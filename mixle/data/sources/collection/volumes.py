@@ -33,6 +33,18 @@ SHAPE_THREADS = 16
 #: Locks guarding the creation of volume sources, shared by index modulo this.
 _CREATE_LOCKS = 64
 
+#: Serialises the one reset of each collection in a forked child.
+_fork_lock = threading.Lock()
+
+
+def _new_fork_lock() -> None:
+    global _fork_lock
+    _fork_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_fork_lock)
+
 #: A volume: its source, or its sources by array name.
 Volume = ArraySource | dict[str, ArraySource]
 Shape = tuple[int, ...]
@@ -173,7 +185,9 @@ class VolumeCollection:
         if self._closed:
             raise SourceClosedError(f"{self!r} is closed; open it again to {doing}")
         if self._pid != os.getpid():
-            with self._lock:  # the first thread of a forked child resets what it inherited
+            # the first thread of a forked child resets what it inherited; not under
+            # self._lock, which a thread of the parent may have held at the fork
+            with _fork_lock:
                 if self._pid != os.getpid():
                     sources = self._sources
                     self._reset_live()

@@ -94,6 +94,16 @@ def test_pathlike_items_and_zarr_component(tmp_path: Path) -> None:
     _check_matches(vols, [_read_foreign(str(tmp_path / "g.zarr"), component="inner/arr")])
 
 
+def test_urls_of_zarr_stores_with_and_without_a_suffix() -> None:
+    pytest.importorskip("fsspec")
+    urls = ["memory://mixle-collection/scan1", "memory://mixle-collection/scan2.zarr"]
+    for i, url in enumerate(urls):
+        zarr.create_array(url, data=_data(i, SHAPES[i]), chunks=(2, 2, 2), overwrite=True)
+    vols = mixle.read_volumes(urls)
+    assert vols.keys == tuple(urls)
+    _check_matches(vols, [np.asarray(zarr.open_array(u, mode="r")[...]) for u in urls])
+
+
 def test_raw_files(tmp_path: Path) -> None:
     data = [_data(i, (3, 4, 5), "uint16") for i in range(2)]
     paths = []

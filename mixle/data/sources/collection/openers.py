@@ -39,7 +39,8 @@ HDF5_SUFFIXES = (".h5", ".hdf5", ".hdf", ".he5")
 RAW_SUFFIXES = (".raw", ".bin", ".dat")
 #: What an "unknown format" error lists as accepted.
 _ACCEPTED = (
-    "a zarr store (a folder, or a path or URL ending in .zarr), an HDF5 file "
+    "a zarr store (a folder, a path or URL ending in .zarr, or a URL without a suffix), "
+    "an HDF5 file "
     f"({', '.join(HDF5_SUFFIXES)}, with dataset=), a .npy file, or a raw file "
     f"({', '.join(RAW_SUFFIXES)}, or any other name when raw_dtype= and raw_shape= are given)"
 )
@@ -105,7 +106,7 @@ def volume_format(path: str, options: OpenOptions, what: str) -> Format:
         fmt = "hdf5"
     elif suffix == ".npy":
         fmt = "npy"
-    elif suffix == ".zarr" or (not url and os.path.isdir(path)):
+    elif suffix == ".zarr" or (os.path.isdir(path) if not url else not suffix):
         fmt = "zarr"
     elif suffix in RAW_SUFFIXES or options.raw_dtype is not None:
         fmt = "raw"

@@ -132,8 +132,12 @@ class SourceLifetime:
         with self._lock:
             if self._closed:
                 raise self._closed_error()
+            handle = self._handle
+            if handle is None:  # release_handle() ran since _live(): open it again
+                opened, self._meta = self._open_described()
+                self._handle = handle = opened
             self._readers += 1
-            return self._handle
+            return handle
 
     def _end_read(self) -> None:
         """Count a read out; the last one releases the handles close()/release_handle() left."""

@@ -48,6 +48,10 @@ class SourceLifetime:
     last such read has ended, so no read ever goes through a descriptor whose number another
     file may have taken; reads that start after ``close()`` raise :class:`SourceClosedError`.
 
+    :meth:`release_handle` gives the handle back without closing the source (a bounded pool
+    of open volumes does): the next read reopens it; counted reads in flight keep the old
+    handle until the last of them ends.
+
     In a forked child the first read or ``close()`` makes the source the child's
     (:meth:`_own`) exactly once, however many threads arrive at once; no thread gets a
     handle, or takes the source's lock, before that reset has finished.

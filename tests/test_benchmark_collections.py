@@ -1,0 +1,73 @@
+"""benchmarks/collections.py runs at a tiny size and prints every row of its two tables
+(without TorchIO installed too: its rows are then skipped with a line saying so)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_collections_benchmark_quick_run_prints_its_tables(tmp_path):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    script = ROOT / "benchmarks" / "collections.py"
+    run = subprocess.run(
+        [sys.executable, str(script), "--quick", "--json", "--data-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+    assert run.returncode == 0, run.stderr[-4000:]
+    rows = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+    main = [r for r in rows if r["table"] == "collection"]
+    got = {
+        (r["contender"], r["weights"], r["k"], r["workers"], r["cache"], r["max_open"])
+        for r in main
+    }
+    want = set()
+    for k in (1, 4):  # --quick: locality 4
+        want |= {
+            ("mixle", "uniform", k, 0, "default", 64),
+            ("mixle", "voxels", k, 0, "default", 64),
+            ("wrapper", "uniform", k, 0, "default", None),
+            ("mixle", "uniform", k, 0, "off", 64),
+            ("wrapper", "uniform", k, 0, "off", None),
+        }
+    # every volume's handle kept (--quick: 6 volumes)
+    want |= {("mixle", "uniform", 1, 0, cache, 6) for cache in ("default", "off")}
+    torchio = importlib.util.find_spec("torchio") is not None
+    if torchio:
+        want |= {("torchio", "uniform", k, 0, "-", None) for k in (1, 4)}
+        want.add(("torchio", "uniform", 4, 2, "-", None))
+    else:
+        assert "TorchIO rows skipped: torchio is not installed" in run.stdout
+        assert "pip install torchio" in run.stdout
+    assert got == want
+    assert len(main) == len(want)
+    for r in main:
+        assert r["patches_per_s"] > 0 and r["first_batch_s"] > 0 and r["peak_rss_mib"] > 0
+        if r["contender"] != "torchio":
+            # batch 8, blocks of k records from one volume: at most 8 / k volumes per batch
+            assert r["volumes_per_batch"] <= 8 / r["k"], r
+    first = {(r["contender"], r["weights"], r["volumes"]) for r in rows if r["table"] == "first"}
+    assert first == {
+        (c, w, n)
+        for c, w in (("mixle", "uniform"), ("mixle", "voxels"), ("wrapper", "uniform"))
+        for n in (10, 100)
+    }
+    table = [line for line in run.stdout.splitlines() if line.startswith("| ")]
+    assert sum(line.split(" | ")[0] in {"| mixle", "| wrapper", "| torchio"} for line in table) == (
+        len(want)
+    )
+    assert "Time to first batch" in run.stdout
+    assert {line.split(" | ")[0] for line in table} >= {"| 10", "| 100"}

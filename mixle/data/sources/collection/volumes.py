@@ -66,9 +66,9 @@ class _Lease:
         try:
             return owner._volume(i)
         except BaseException:
-            owner._pool.release(i)
             if owner._sources[i] is None:  # nothing opened: it holds no handle
                 owner._pool.forget(i)
+            owner._pool.release(i)
             raise
 
     def __exit__(self, *exc: object) -> None:
@@ -89,7 +89,8 @@ class VolumeCollection:
       given back first, and a leased volume is never given back. Giving back does not close
       the source: it drops its handle (:meth:`~mixle.ArraySource.release_handle`) and the
       next read reopens it, with chunks cached under a new identity (never stale). When
-      every live volume is leased a new lease goes over the bound by those leases.
+      every live volume is leased a new lease goes over the bound by those leases. A volume
+      of aligned arrays counts once and holds one handle per array.
       The bound holds for reads made inside leases: a source kept from ``vols[i]`` and read
       later reopens outside the count (and another thread may give back its handle while it
       reads, so read through :meth:`lease` whenever threads share the collection).

@@ -244,6 +244,36 @@ def test_dataframe_and_parquet_tables(tmp_path: Path) -> None:
     np.testing.assert_array_equal(from_parquet[1]["img"][...], _read_foreign(rows[1]["img"]))
 
 
+def test_sql_table_pickles_by_reference(tmp_path: Path) -> None:
+    import pickle
+    import sqlite3
+
+    db = tmp_path / "cases.db"
+    paths = []
+    for i in range(3):
+        np.save(tmp_path / f"s{i}.npy", _data(i, SHAPES[i]))
+        paths.append(str(tmp_path / f"s{i}.npy"))
+    with sqlite3.connect(db) as con:
+        con.execute("CREATE TABLE cases (id TEXT, path TEXT, age INTEGER)")
+        con.executemany(
+            "INSERT INTO cases VALUES (?, ?, ?)",
+            [(f"c{i}", p, 40 + i) for i, p in enumerate(paths)],
+        )
+    con.close()
+    vols = mixle.read_volumes(
+        mixle.read_sql("cases", f"sqlite:///{db}"), table_columns="path", key="id"
+    )
+    clone = pickle.loads(pickle.dumps(vols))
+    with sqlite3.connect(db) as con:
+        rows = con.execute("SELECT id, path, age FROM cases ORDER BY rowid").fetchall()
+    con.close()
+    for copy in (vols, clone):
+        assert copy.keys == tuple(r[0] for r in rows)
+        for i, (ident, path, age) in enumerate(rows):
+            np.testing.assert_array_equal(copy[i][...], np.load(path))
+            assert copy.metadata(i) == {"id": ident, "age": age}
+
+
 def test_opening_reads_no_volume(tmp_path: Path, mixed: list[str]) -> None:
     """No volume is opened until used: an empty file with a volume's name opens fine."""
     broken = tmp_path / "broken.h5"

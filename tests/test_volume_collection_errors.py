@@ -203,3 +203,13 @@ def test_errors_carry_no_credentials(tmp_path: Path) -> None:
     with pytest.raises(mixle.UnsupportedStoreError) as info:
         mixle.read_volumes([url])
     assert secret not in str(info.value) and "example.com" in str(info.value)
+
+
+def test_dict_metadata_that_does_not_form_a_table(two_npy: list[str]) -> None:
+    rows = [{"image": two_npy[0], "m": np.zeros(3)}, {"image": two_npy[1], "m": np.zeros(4)}]
+    with pytest.raises(ValueError, match=r"volumes= metadata entries do not form a table"):
+        mixle.read_volumes(rows, table_columns=["image"])
+    with pytest.raises(KeyError, match=r"key='id' is not an entry of volumes\[1\]"):
+        mixle.read_volumes([{"image": two_npy[0], "id": "a"}, {"image": two_npy[1]}], key="id")
+    keyed = mixle.read_volumes([{"image": p} for p in two_npy], key="image")  # an array entry
+    assert keyed.keys == tuple(two_npy)

@@ -292,12 +292,13 @@ def _parse_dicts(
         entries.append(volume[next(iter(volume))] if single else volume)
         metadata.append({str(k): v for k, v in item.items() if k not in arrays.values()})
     if key is not None:
-        if key not in metadata[0]:
-            raise ColumnNotFoundError(
-                f"key={key!r} is not an entry of volumes[0]; its entries: "
-                f"{', '.join(map(str, items[0]))}"
-            )
-        keys = _unique(tuple(str(row.get(key, "")) for row in metadata), "key")
+        for i, item in enumerate(items):
+            if key not in item:
+                raise ColumnNotFoundError(
+                    f"key={key!r} is not an entry of volumes[{i}]; its entries: "
+                    f"{', '.join(map(str, item))}"
+                )
+        keys = _unique(tuple(_key_text(item[key]) for item in items), "key")
     else:
         keys = _list_keys(entries, None)
     columns = tuple(metadata[0])
@@ -307,7 +308,12 @@ def _parse_dicts(
                 f"volumes[{i}] has metadata entries {sorted(row)} but volumes[0] has "
                 f"{sorted(columns)}: give every volume the same entries"
             )
-    table = MemorySource([{c: row[c] for c in columns} for row in metadata]) if columns else None
+    table = None
+    if columns:
+        try:
+            table = MemorySource([{c: row[c] for c in columns} for row in metadata])
+        except ValueError as exc:  # values of one entry that do not stack (LeafMismatchError)
+            raise ValueError(f"volumes= metadata entries do not form a table: {exc}") from exc
     return ParsedVolumes(
         entries, keys, None if single else tuple(arrays), table, columns, "volumes"
     )

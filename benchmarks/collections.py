@@ -2,7 +2,8 @@
 mixle's collection sampler against a hand-written per-volume wrapper and TorchIO's queue.
 
 Run: python benchmarks/collections.py [--quick] [--json] [--volumes 200] [--batches 30]
-     [--seconds 10] [--locality 16] [--tiny 100,1000,10000] [--data-dir DIR] [--no-torchio]
+     [--seconds 6] [--locality 16] [--repeats 2] [--tiny 100,1000,10000] [--data-dir DIR]
+     [--no-torchio] [--only mixle,wrapper,torchio]
 
 Writes ``--volumes`` float32 volumes (default 200) whose every axis is drawn from
 ``[--min-size, --max-size]`` (64..160), each zstd-compressed in cubic chunks whose edge is
@@ -26,23 +27,31 @@ every contender in its own fresh process so that its peak RSS is its own:
 
 ``k`` is 1 (every patch from its own volume) and ``--locality`` (default 16: TorchIO's
 ``samples_per_volume``, mixle's ``patches_per_volume``, the wrapper's shuffle block), so
-each TorchIO row has mixle and wrapper rows at equal locality. Columns: patches/s over the
-batches after the first (at most ``--batches``, stopping after ``--seconds``); ``x wrapper``
-and ``x torchio`` divide by the row of that contender with the same ``k`` (TorchIO with 0
-workers); ``first batch``: seconds from opening (after the imports) to the first batch in
-hand; ``peak RSS``: VmHWM of the process (``/proc/self/status``) at the end, ``+RSS`` that
-minus VmHWM after the imports, ``+RSS x torchio`` its ratio to TorchIO's at the same
-``k``; ``workers``: the largest sum of the worker processes' private memory
+each TorchIO row has mixle and wrapper rows at equal locality. mixle and the wrapper run
+with the default chunk cache and with it off (``set_chunk_cache_bytes(0)``); two more mixle
+rows keep every volume's handle (``max_open=--volumes``, as the wrapper does) instead of
+the default bound. Every contender runs ``--repeats`` times, the runs interleaved; the
+table shows each one's run with the most patches/s.
+
+Columns: patches/s over the batches after the first (at most ``--batches``, stopping after
+``--seconds``); ``x wrapper`` and ``x torchio`` divide by the wrapper row with the same
+``k`` and chunk cache and by the TorchIO row with the same ``k`` and 0 workers; ``first
+batch``: seconds from opening (after the imports) to the first batch in hand, the shortest
+of the runs; ``peak RSS``: VmHWM of the process (``/proc/self/status``) at the end,
+``+RSS`` that minus VmHWM after the imports, ``+RSS x torchio`` its ratio to TorchIO's at
+the same ``k``; ``workers``: the largest sum of the worker processes' private memory
 (Private_Clean + Private_Dirty, ``/proc/<pid>/smaps_rollup``), sampled after each batch;
 ``vols/batch``: distinct volumes in a batch, on average.
 
 A second table: time to first batch for ``--tiny`` collections of 16^3 ``.npy`` volumes
-(100, 1,000 and 10,000), each count in fresh processes (best of two): mixle with
-``volume_weights="uniform"`` (opens only the volumes of the first batch), mixle with
-``"voxels"`` (reads every volume's shape first) and the wrapper (opens every volume).
+(100, 1,000 and 10,000), each in fresh processes (shortest of ``--repeats``): mixle with
+``volume_weights="uniform"`` (opens only the volumes it reads), with the Loader's reader
+threads and with ``num_threads=0`` (nothing read ahead), and the part of it spent in
+``read_volumes``; mixle with ``"voxels"`` (reads every volume's shape first); the wrapper
+(opens every volume).
 
 ``--quick`` runs a smoke version (a few small volumes, 16^3 patches, tiny collections of
-10 and 100) in well under a minute; ``--json`` prints the rows as JSON lines as well.
+10 and 100, one run each) in well under a minute; ``--json`` prints the rows as JSON lines.
 """
 
 from __future__ import annotations
@@ -258,7 +267,14 @@ def mixle_batches(spec: dict[str, Any]) -> tuple[Any, Any, float]:
         volume_weights=spec["weights"],
         patches_per_volume=spec["k"],
     )
-    loader = mixle.Loader(sampler, spec["batch"], shuffle=True, seed=SEED, num_epochs=None)
+    loader = mixle.Loader(
+        sampler,
+        spec["batch"],
+        shuffle=True,
+        seed=SEED,
+        num_epochs=None,
+        num_threads=spec.get("threads"),
+    )
     return (b["volume"] for b in loader), vols, opened
 
 
@@ -305,7 +321,13 @@ def torchio_batches(spec: dict[str, Any]) -> tuple[Any, Any, float]:
 
 
 #: The contenders of the time-to-first-batch table.
-TINY = (("mixle", "uniform"), ("mixle", "voxels"), ("wrapper", "uniform"))
+#: ``(contender, volume weights, Loader reader threads)``; ``None``: the Loader's default.
+TINY = (
+    ("mixle", "uniform", None),
+    ("mixle", "uniform", 0),
+    ("mixle", "voxels", None),
+    ("wrapper", "uniform", None),
+)
 BUILDERS = {"mixle": mixle_batches, "wrapper": wrapper_batches, "torchio": torchio_batches}
 
 
@@ -367,6 +389,7 @@ def measure_first(spec: dict[str, Any]) -> dict[str, Any]:
         "table": "first",
         "contender": spec["kind"],
         "weights": spec.get("weights", "uniform"),
+        "threads": spec.get("threads"),
         "volumes": len(spec["paths"]),
         "open_s": opened - start,
         "first_batch_s": first,
@@ -460,15 +483,23 @@ def print_tables(rows: list[dict[str, Any]], plan: dict[str, Any], torchio: bool
         )
     if not torchio:
         print(f"TorchIO rows skipped: torchio is not installed ({TORCHIO_INSTALL})")
-    first = {(r["contender"], r["weights"], r["volumes"]): r for r in rows if r["table"] == "first"}
-    counts = sorted({n for _, _, n in first})
+    first = {
+        (r["contender"], r["weights"], r["threads"], r["volumes"]): r
+        for r in rows
+        if r["table"] == "first"
+    }
+    counts = sorted({key[-1] for key in first})
     print(
         f"\nTime to first batch (s) for collections of {plan['tiny_size']}^3 .npy volumes, "
         f"{plan['tiny_patch']}^3 patches, batch {plan['batch']}, best of {plan['repeats']} "
-        "(x: against the smallest count; read_volumes: the part spent opening the list)"
+        "(x: against the smallest count; read_volumes: the part spent opening the list; "
+        "0 threads: the Loader reads in the caller's thread, nothing read ahead)"
     )
-    print("| volumes | mixle uniform | x | of it read_volumes | mixle voxels | x | wrapper | x |")
-    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print(
+        "| volumes | mixle uniform | x | of it read_volumes | mixle uniform, 0 threads | x "
+        "| mixle voxels | x | wrapper | x |"
+    )
+    print("| ---: |" + " ---: |" * 9)
     for n in counts:
         cells = []
         for c in TINY:
@@ -476,7 +507,7 @@ def print_tables(rows: list[dict[str, Any]], plan: dict[str, Any], torchio: bool
             t = here["first_batch_s"] if here else None
             x = t / low["first_batch_s"] if here and low else None
             cells += [_fmt(t, 3), _fmt(x, 2)]
-            if c == ("mixle", "uniform"):
+            if c == ("mixle", "uniform", None):
                 cells.append(_fmt(here["open_s"] if here else None, 3))
         print(f"| {n} | " + " | ".join(cells) + " |")
 
@@ -555,7 +586,9 @@ def main() -> None:
                 "num_patches": plan["batch"] * 10,
                 "k": 1,
             }
-            tiny_runs += [{**spec, "kind": c, "weights": w} for c, w in TINY if c in only]
+            tiny_runs += [
+                {**spec, "kind": c, "weights": w, "threads": t} for c, w, t in TINY if c in only
+            ]
         runs = [[] for _ in tiny_runs]
         for _ in range(plan["repeats"]):
             for spec, done in zip(tiny_runs, runs):

@@ -59,10 +59,19 @@ def test_collections_benchmark_quick_run_prints_its_tables(tmp_path):
         if r["contender"] != "torchio":
             # batch 8, blocks of k records from one volume: at most 8 / k volumes per batch
             assert r["volumes_per_batch"] <= 8 / r["k"], r
-    first = {(r["contender"], r["weights"], r["volumes"]) for r in rows if r["table"] == "first"}
+    first = {
+        (r["contender"], r["weights"], r["threads"], r["volumes"])
+        for r in rows
+        if r["table"] == "first"
+    }
     assert first == {
-        (c, w, n)
-        for c, w in (("mixle", "uniform"), ("mixle", "voxels"), ("wrapper", "uniform"))
+        (*c, n)
+        for c in (
+            ("mixle", "uniform", None),
+            ("mixle", "uniform", 0),
+            ("mixle", "voxels", None),
+            ("wrapper", "uniform", None),
+        )
         for n in (10, 100)
     }
     table = [line for line in run.stdout.splitlines() if line.startswith("| ")]

@@ -275,7 +275,7 @@ def mixle_batches(spec: dict[str, Any]) -> tuple[Any, Any, float]:
         num_epochs=None,
         num_threads=spec.get("threads"),
     )
-    return (b["volume"] for b in loader), vols, opened
+    return ((b["volume"], b["patch"].shape) for b in loader), vols, opened
 
 
 def wrapper_batches(spec: dict[str, Any]) -> tuple[Any, Any, float]:
@@ -290,7 +290,7 @@ def wrapper_batches(spec: dict[str, Any]) -> tuple[Any, Any, float]:
     loader = mixle.Loader(
         dataset, spec["batch"], shuffle=True, shuffle_block=k, seed=SEED, num_epochs=None
     )
-    return (b["label"] for b in loader), dataset, opened
+    return ((b["label"], b["patch"].shape) for b in loader), dataset, opened
 
 
 def torchio_batches(spec: dict[str, Any]) -> tuple[Any, Any, float]:
@@ -315,7 +315,7 @@ def torchio_batches(spec: dict[str, Any]) -> tuple[Any, Any, float]:
     def endless() -> Any:
         while True:  # the queue's epoch is volumes x k patches; keep going across epochs
             for b in loader:
-                yield b["volume"]
+                yield b["volume"], tuple(b["image"][tio.DATA].shape)
 
     return endless(), queue, opened
 
@@ -347,13 +347,16 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     workers_peak = 0
     start = time.perf_counter()
     batches, keep, _ = BUILDERS[spec["kind"]](spec)
-    volumes = [len(np.unique(np.asarray(next(batches))))]
+    got, shape = next(batches)
     first = time.perf_counter() - start
+    volumes = [len(np.unique(np.asarray(got)))]
     start = time.perf_counter()
-    n = 0
+    n = patches = 0
     while n < spec["batches"] and (n < 2 or time.perf_counter() - start < spec["seconds"]):
-        volumes.append(len(np.unique(np.asarray(next(batches)))))
+        got = np.asarray(next(batches)[0])
+        volumes.append(len(np.unique(got)))
         n += 1
+        patches += len(got)  # TorchIO's DataLoader ends each queue epoch on a short batch
         if spec["kind"] == "torchio" and spec["workers"]:
             workers_peak = max(workers_peak, sum(private_bytes(p) for p in children(me)))
     seconds = time.perf_counter() - start
@@ -366,12 +369,13 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
         "workers": spec.get("workers", 0),
         "cache": spec.get("cache", "default") if spec["kind"] != "torchio" else "-",
         "max_open": keep.max_open if spec["kind"] == "mixle" else None,
-        "patches_per_s": n * spec["batch"] / seconds,
+        "patches_per_s": patches / seconds,
         "first_batch_s": first,
         "peak_rss_mib": peak / MIB,
         "growth_mib": (peak - base) / MIB,
         "workers_mib": workers_peak / MIB if spec.get("workers") else None,
         "volumes_per_batch": float(np.mean(volumes)),
+        "batch_shape": list(shape),
         "batches": n,
     }
 

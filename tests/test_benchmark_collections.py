@@ -56,6 +56,11 @@ def test_collections_benchmark_quick_run_prints_its_tables(tmp_path):
     assert len(main) == len(want)
     for r in main:
         assert r["patches_per_s"] > 0 and r["first_batch_s"] > 0 and r["peak_rss_mib"] > 0
+        # --quick: batch 8, 16^3 patches; TorchIO's images are (C, W, H, D) and its queue
+        # of 6 volumes x 1 patch ends on a short batch
+        channels = [1] if r["contender"] == "torchio" else []
+        size = 6 if (r["contender"], r["k"]) == ("torchio", 1) else 8
+        assert r["batch_shape"] == [size, *channels, 16, 16, 16], r
         if r["contender"] != "torchio":
             # batch 8, blocks of k records from one volume: at most 8 / k volumes per batch
             assert r["volumes_per_batch"] <= 8 / r["k"], r

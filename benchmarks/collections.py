@@ -41,7 +41,8 @@ of the runs; ``peak RSS``: VmHWM of the process (``/proc/self/status``) at the e
 ``+RSS`` that minus VmHWM after the imports, ``+RSS x torchio`` its ratio to TorchIO's at
 the same ``k``; ``workers``: the largest sum of the worker processes' private memory
 (Private_Clean + Private_Dirty, ``/proc/<pid>/smaps_rollup``), sampled after each batch;
-``vols/batch``: distinct volumes in a batch, on average.
+``vols/batch``: distinct volumes in a batch, on average. The JSON rows also hold the
+chunk cache's hits and misses over the whole run (mixle and the wrapper).
 
 A second table: time to first batch for ``--tiny`` collections of 16^3 ``.npy`` volumes
 (100, 1,000 and 10,000), each in fresh processes (shortest of ``--repeats``): mixle with
@@ -361,6 +362,9 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
             workers_peak = max(workers_peak, sum(private_bytes(p) for p in children(me)))
     seconds = time.perf_counter() - start
     peak = vm_hwm()
+    from mixle.reading import chunk_cache
+
+    stats = chunk_cache().stats()
     return {
         "table": "collection",
         "contender": spec["kind"],
@@ -376,6 +380,8 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
         "workers_mib": workers_peak / MIB if spec.get("workers") else None,
         "volumes_per_batch": float(np.mean(volumes)),
         "batch_shape": list(shape),
+        "cache_hits": stats.hits if spec["kind"] != "torchio" else None,
+        "cache_misses": stats.misses if spec["kind"] != "torchio" else None,
         "batches": n,
     }
 

@@ -9,8 +9,10 @@ from typing import TYPE_CHECKING, Any
 from mixle import _moved
 from mixle.data.sampling.aligned import AlignedArrays, read_hdf5_arrays, read_zarr_arrays
 from mixle.data.sampling.grid import GridSampler
+from mixle.data.sampling.grid_volumes import VolumeGridSampler
 from mixle.data.sampling.patch_sampler import PatchSampler
 from mixle.data.sampling.stitch import GridAggregator, stitch
+from mixle.data.sampling.volume_patches import VolumePatchSampler
 from mixle.data.schema import Schema
 from mixle.data.sources.array_source import (
     ArraySource,
@@ -68,6 +70,7 @@ from mixle.errors import (
     UncheckpointedWALError,
     UnsupportedStoreError,
     VlenLimitError,
+    VolumeMismatchError,
     WorkerDiedError,
     WorkerError,
     WorkerTimeoutError,
@@ -122,6 +125,7 @@ __all__ = [
     "ParquetReadError",
     "RangeMismatchError",
     "PatchSampler",
+    "VolumePatchSampler",
     "SampleStructure",
     "Schema",
     "SchemaMismatchError",
@@ -131,6 +135,8 @@ __all__ = [
     "UnsupportedStoreError",
     "VlenLimitError",
     "VolumeCollection",
+    "VolumeGridSampler",
+    "VolumeMismatchError",
     "WorkerDiedError",
     "WorkerError",
     "WorkerTimeoutError",

@@ -28,6 +28,7 @@ __all__ = [
     "parse_seed",
     "splitmix64",
     "splitmix64_int",
+    "uniform01",
     "uniform_below",
 ]
 
@@ -36,6 +37,7 @@ _GOLDEN_GAMMA = np.uint64(0x9E3779B97F4A7C15)
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
 _MIX2 = np.uint64(0x94D049BB133111EB)
 _S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
+_TWO53 = 2.0**-53
 
 
 def splitmix64(x: NDArray[np.uint64]) -> NDArray[np.uint64]:
@@ -164,6 +166,11 @@ def uniform_below(n: int, seed: int, *words: ArrayLike) -> NDArray[np.int64]:
     attempt)`` reduced modulo ``n`` with rejection of the biased top range.
     """
     return below(n, hash_words(seed, *words))
+
+
+def uniform01(state: NDArray[np.uint64]) -> NDArray[np.float64]:
+    """Uniform floats in ``[0, 1)`` from the top 53 bits of hash ``state``."""
+    return (state >> np.uint64(11)).astype(np.float64) * _TWO53
 
 
 def parse_seed(seed: object, name: str = "seed") -> int:

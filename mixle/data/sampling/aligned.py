@@ -25,10 +25,22 @@ from mixle.data.spec import ArraySpec
 from mixle.errors import ArrayNotFoundError
 from mixle.utils.optional_deps import require
 
-__all__ = ["COORDS_KEY", "AlignedArrays", "infer_scale", "read_hdf5_arrays", "read_zarr_arrays"]
+__all__ = [
+    "COORDS_KEY",
+    "PATCH_KEY",
+    "VOLUME_KEY",
+    "AlignedArrays",
+    "infer_scale",
+    "read_hdf5_arrays",
+    "read_zarr_arrays",
+]
 
 #: The record key that holds the corner; no array may use it as its name.
 COORDS_KEY = "coords"
+#: Record key of the patch (or tile) of a collection whose volumes are single arrays.
+PATCH_KEY = "patch"
+#: Record key of the volume (int64 index into the collection) a patch or tile comes from.
+VOLUME_KEY = "volume"
 
 
 def infer_scale(

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from mixle.data.sampling.aligned import COORDS_KEY
+from mixle.data.sampling.aligned import COORDS_KEY, PATCH_KEY, VOLUME_KEY
 from mixle.data.sampling.grid import GridSampler, parse_overlap
 from mixle.data.sampling.padding import parse_pad_value, parse_padding, read_boxes_padded
 from mixle.data.sampling.patch_args import (
@@ -24,11 +24,6 @@ from mixle.data.spec import ArraySpec
 from mixle.reading.pool import run_all
 
 __all__ = ["COORDS_KEY", "PATCH_KEY", "VOLUME_KEY", "VolumeGridSampler"]
-
-#: Record key of a tile cut from a volume of one array.
-PATCH_KEY = "patch"
-#: Record key of a tile's volume (int64 index into the collection).
-VOLUME_KEY = "volume"
 
 Record = dict[str, Any]
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -142,7 +143,28 @@ class PatchSampler:
 
     :meth:`fingerprint` (kept in a Loader's resume state) covers every argument that
     changes which patch an index means; ``structure``, ``schema`` and ``progress`` do not.
+
+    Given a :class:`~mixle.VolumeCollection` (:func:`~mixle.read_volumes`), it samples
+    across all its volumes and returns a
+    :class:`~mixle.data.sampling.volume_patches.VolumePatchSampler`, which also takes
+    ``volume_weights=``, ``patches_per_volume=`` and ``columns=`` (see there).
     """
+
+    #: ``(collection type, subclass)``: ``PatchSampler(collection, ...)`` makes the subclass
+    #: (it registers itself with ``class ...(PatchSampler, collections=<collection type>)``).
+    _over_collections: ClassVar[tuple[type, type[PatchSampler]] | None] = None
+
+    def __init_subclass__(cls, collections: type | None = None, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if collections is not None:
+            PatchSampler._over_collections = (collections, cls)
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> PatchSampler:
+        array = args[0] if args else kwargs.get("array")
+        over = PatchSampler._over_collections
+        if cls is PatchSampler and over is not None and isinstance(array, over[0]):
+            return super().__new__(over[1])
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -165,7 +187,21 @@ class PatchSampler:
         structure: SampleStructure = EXCHANGEABLE,
         schema: Schema | None = None,
         progress: bool | None = None,
+        volume_weights: Any = "uniform",
+        patches_per_volume: int = 1,
+        columns: Sequence[str] | None = None,
     ) -> None:
+        given = {
+            "volume_weights": (volume_weights, "uniform"),
+            "patches_per_volume": (patches_per_volume, 1),
+            "columns": (columns, None),
+        }
+        for name, (value, default) in given.items():
+            if not (value is default or (isinstance(value, type(default)) and value == default)):
+                raise TypeError(
+                    f"{name}={value!r} applies to a collection of volumes "
+                    "(mixle.read_volumes(...)), not to one array"
+                )
         self._layout = parse_patch_layout(
             array,
             patch_size,
@@ -397,3 +433,10 @@ class PatchSampler:
 
     def __iter__(self) -> Iterator[Record]:
         return self.records()
+
+
+# ``inspect.signature(PatchSampler)`` (help(), the docs) shows the constructor, not ``__new__``
+_init = inspect.signature(PatchSampler.__init__)
+PatchSampler.__signature__ = _init.replace(  # type: ignore[attr-defined]
+    parameters=list(_init.parameters.values())[1:]
+)

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from mixle.data.index_math.hashing import below_each, mix
+from mixle.data.index_math.hashing import below_each, mix, uniform01
 from mixle.data.sources.arrays.base import ArraySource
 from mixle.utils.progress import progress_bar
 
@@ -34,7 +34,6 @@ __all__ = [
 INDEX_BLOCK_VOXELS = 1 << 18
 #: Byte budget of the per-block detail (cumulative weights or class positions) kept.
 BLOCK_CACHE_BYTES = 64 * 1024 * 1024
-_TWO53 = 2.0**-53
 _HANG_OVER = (
     "With padding='none' a patch must fit inside the volume; pass padding='constant' (or "
     "'reflect' or 'edge') to let patches hang over the edge, or use a smaller patch_size"
@@ -57,11 +56,6 @@ def index_block_shape(shape: Sequence[int], chunks: Sequence[int] | None) -> tup
 
 def _nbytes(detail: Any) -> int:
     return int(detail.nbytes) if isinstance(detail, np.ndarray) else sum(d.nbytes for d in detail)
-
-
-def uniform01(state: NDArray[np.uint64]) -> NDArray[np.float64]:
-    """Uniform floats in ``[0, 1)`` from the top 53 bits of hash ``state``."""
-    return (state >> np.uint64(11)).astype(np.float64) * _TWO53
 
 
 class BlockIndex:

@@ -1,0 +1,661 @@
+"""Seeded random patches across the volumes of a :class:`~mixle.VolumeCollection`.
+
+``PatchSampler(collection, ...)`` returns a :class:`VolumePatchSampler`. Index ``i`` first
+picks its volume (:mod:`mixle.data.index_math.volumes`), then its corner inside that volume
+with the placement of a single-volume sampler over it (a :class:`PatchLayout` built per
+volume, the first time the volume is drawn). Batches are read volume by volume, each
+through a lease of the collection (its handle stays open meanwhile), in parallel on the
+decode pool.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from mixle.data.index_math.hashing import MASK64, parse_seed
+from mixle.data.index_math.volumes import (
+    cumulative_weights,
+    permuted_positions,
+    uniform_valid_volumes,
+    weighted_volumes,
+)
+from mixle.data.sampling.aligned import COORDS_KEY, PATCH_KEY, VOLUME_KEY, AlignedArrays
+from mixle.data.sampling.padding import parse_padding, read_spatial_boxes
+from mixle.data.sampling.patch_args import (
+    check_combination,
+    fingerprint_digest,
+    parse_epoch,
+    parse_index,
+    patch_entries,
+    record_indices,
+    split_channels,
+)
+from mixle.data.sampling.patch_layout import PatchLayout, parse_patch_layout
+from mixle.data.sampling.patch_sampler import PatchSampler
+from mixle.data.schema import Schema, parse_schema
+from mixle.data.sources.arrays.base import ArraySource
+from mixle.data.sources.collection import VolumeCollection
+from mixle.data.spec import ArraySpec
+from mixle.data.structure import EXCHANGEABLE, SampleStructure, parse_structure
+from mixle.reading.pool import run_all
+from mixle.utils.validation import parse_int
+
+__all__ = ["VolumePatchSampler"]
+
+_RESERVED = (PATCH_KEY, COORDS_KEY, VOLUME_KEY)
+
+
+def _spatial_shape(shape: Any, patch_size: object) -> tuple[int, ...]:
+    """The finest spatial shape of one volume (``shape`` or ``{name: shape}``)."""
+    shapes = list(shape.values()) if isinstance(shape, Mapping) else [shape]
+    nd = patch_entries(patch_size)
+    nd = min(len(s) for s in shapes) if nd is None else nd
+    return tuple(max(s[len(s) - nd + a] for s in shapes) for a in range(nd))
+
+
+class VolumePatchSampler(PatchSampler, collections=VolumeCollection):
+    """``num_patches`` seeded random patches across the volumes of a collection.
+
+    Made by ``PatchSampler(collection, patch_size, num_patches, ...)``; every argument of
+    :class:`~mixle.PatchSampler` applies to each volume, plus:
+
+    Parameters
+    ----------
+    volume_weights
+        How the volume of each patch is drawn: ``"uniform"`` (default, every volume
+        equally likely; reads the shape of the volumes drawn only), ``"voxels"``
+        (proportional to each volume's spatial voxel count, reads every shape), the name
+        of a numeric metadata column, or one weight per volume (array-like, ``>= 0``).
+    patches_per_volume
+        Locality: every ``patches_per_volume`` consecutive indices come from one volume
+        (and, with ``patches_per_chunk``, share regions of it). :attr:`shuffle_block` is
+        this number, so a shuffled :class:`~mixle.Loader` keeps those runs together.
+    columns
+        Metadata columns of the collection added to every record (one value per patch).
+
+    Notes
+    -----
+    Records are dicts: ``{"patch": patch, "coords": corner, "volume": v}`` (for volumes
+    that are dicts of arrays, one entry per array name instead of ``"patch"``) plus the
+    ``columns``. ``coords`` is the int64 corner on the volume's spatial axes, ``volume``
+    the int64 index of the volume in the collection.
+
+    The volume of index ``i`` is a pure function of ``(seed, epoch, i // patches_per_volume)``
+    and its corner of ``(seed, epoch, i)`` and that volume's shape, exactly as for one
+    volume: the same in every process and whatever the order indices are asked in.
+
+    A volume that cannot hold a patch (smaller than ``patch_size`` with
+    ``padding="none"``) is skipped with a warning: uniform draws redraw (every other volume
+    stays equally likely), weighted draws give it weight 0, and sampling without
+    replacement gives it no positions. ``replacement=False`` visits every stride-grid
+    position of every volume once per pass (``num_patches`` defaults to their number) and
+    takes neither ``volume_weights`` nor ``patches_per_volume``.
+
+    Volumes must agree on the patch they give (dtype, channels, scale factors of a dict);
+    one that does not raises ``ValueError`` naming it the first time it is drawn, unless
+    the collection casts (``read_volumes(..., dtype=)``), which relaxes the dtype only.
+    ``weights=``/``labels=`` name arrays of dict volumes (``labels="label"``); each
+    volume's map is indexed the first time that volume is drawn.
+    """
+
+    def __init__(
+        self,
+        array: VolumeCollection,
+        patch_size: int | Sequence[int],
+        num_patches: int | None = None,
+        *,
+        seed: int = 0,
+        epoch: int = 0,
+        stride: int | Sequence[int] | None = None,
+        replacement: bool = True,
+        patches_per_chunk: int = 1,
+        region: int | Sequence[int] | None = None,
+        padding: str = "none",
+        pad_value: float | Mapping[str, float] = 0,
+        weights: Any = None,
+        labels: Any = None,
+        label_probabilities: Mapping[int, float] | None = None,
+        scales: Mapping[str, object] | None = None,
+        structure: SampleStructure = EXCHANGEABLE,
+        schema: Schema | None = None,
+        progress: bool | None = None,
+        volume_weights: Any = "uniform",
+        patches_per_volume: int = 1,
+        columns: Sequence[str] | None = None,
+    ) -> None:
+        vols = array
+        if len(vols) == 0:
+            raise ValueError("the collection has no volumes; a sampler needs at least one")
+        for name, value in (("weights", weights), ("labels", labels)):
+            if value is not None and not isinstance(value, str):
+                raise TypeError(
+                    f"{name}={value!r}: over a collection, {name}= names an array of the "
+                    f"volumes' dicts (e.g. {name}='label'), one map per volume"
+                )
+        if not isinstance(replacement, (bool, np.bool_)):
+            raise TypeError(f"replacement={replacement!r} must be True or False")
+        self._volumes = vols
+        self._seed = parse_seed(seed)
+        self._epoch = parse_epoch(epoch)
+        self._replacement = bool(replacement)
+        self._padding = parse_padding(padding)
+        self._patch_size_arg = patch_size
+        self._per_volume = parse_int(patches_per_volume, "patches_per_volume")
+        if self._per_volume < 1:
+            raise ValueError(f"patches_per_volume={patches_per_volume} must be >= 1")
+        self._per_region = parse_int(patches_per_chunk, "patches_per_chunk")
+        if self._per_region < 1:
+            raise ValueError(f"patches_per_chunk={patches_per_chunk} must be >= 1")
+        weighted = weights is not None or labels is not None
+        check_combination(self._per_region, self._replacement, weighted or None, self._padding)
+        # what every volume's layout is built from (replacement is handled here)
+        self._layout_args: dict[str, Any] = dict(
+            seed=self._seed,
+            epoch=self._epoch,
+            stride=stride,
+            replacement=True,
+            patches_per_chunk=self._per_region,
+            region=region,
+            padding=self._padding,
+            pad_value=pad_value,
+            weights=weights,
+            labels=labels,
+            label_probabilities=label_probabilities,
+            scales=scales,
+            progress=progress,
+        )
+        self._structure = parse_structure(structure)
+        self._init_cache()
+        self._reference = self._reference_specs()
+        self._columns = self._parse_columns(columns)
+        self._volume_weights, self._cumulative = self._parse_volume_weights(volume_weights)
+        if not self._replacement:
+            if self._per_volume > 1:
+                raise ValueError(
+                    f"patches_per_volume={self._per_volume} cannot be combined with "
+                    "replacement=False, which visits every position of every volume once"
+                )
+            self._positions = np.cumsum(
+                [self._grid_size(v) for v in range(len(vols))], dtype=np.int64
+            )
+            if not len(self._positions) or self._positions[-1] < 1:
+                raise ValueError("no volume of the collection can hold a patch")
+        if num_patches is None and not self._replacement:
+            self._num_patches = int(self._positions[-1])
+        elif num_patches is None:
+            raise TypeError(
+                "num_patches=None must be an int (it may be left out only with "
+                "replacement=False, where it defaults to the number of grid positions)"
+            )
+        else:
+            self._num_patches = parse_int(num_patches, "num_patches")
+            if self._num_patches < 0:
+                raise ValueError(f"num_patches={num_patches} must be >= 0")
+        self._schema = parse_schema(schema)
+        if self._schema is not None:
+            if vols.names is not None:
+                raise ValueError("schema= applies to single arrays; these volumes are dicts")
+            spec = self._reference[PATCH_KEY]
+            self._schema.check(spec.dtype, spec.shape, what="PatchSampler patch")
+
+    # -- per-volume state (never pickled: rebuilt lazily where the sampler is used) ------
+    def _init_cache(self) -> None:
+        self._lock = threading.RLock()
+        self._layouts: dict[int, PatchLayout | None] = {}
+        self._valid: NDArray[np.int64] | None = None
+        self._warned: set[int] = set()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        for name in ("_lock", "_layouts", "_valid", "_warned"):
+            state.pop(name, None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._init_cache()
+
+    def _cast(self) -> Any:
+        return self._volumes.cast
+
+    def _reference_specs(self) -> dict[str, ArraySpec]:
+        """The patch spec every volume must give, from volume 0's metadata."""
+        with self._volumes.lease(0) as first:
+            specs = self._specs_of(first)
+        cast = self._cast()
+        if cast is not None:
+            if isinstance(cast, Mapping):
+                specs = {
+                    k: ArraySpec(s.shape, np.dtype(cast.get(k, s.dtype))) for k, s in specs.items()
+                }
+            else:
+                specs = {k: ArraySpec(s.shape, np.dtype(cast)) for k, s in specs.items()}
+        return specs
+
+    def _specs_of(self, volume: Any) -> dict[str, ArraySpec]:
+        """``{record key: spec of one patch}`` of an open volume (source or dict of them)."""
+        size = self._patch_size_arg
+        if isinstance(volume, Mapping):
+            spatial = patch_entries(size)
+            arrays = AlignedArrays(volume, spatial_ndim=spatial, scales=self._layout_args["scales"])
+            nd = len(arrays.shape)
+            full = tuple(size) if spatial is not None else (int(size),) * nd  # type: ignore[arg-type]
+            return arrays.element_specs(full)
+        lead, spatial_shape = split_channels(size, volume.shape)
+        nd = len(spatial_shape)
+        full = tuple(size) if patch_entries(size) is not None else (int(size),) * nd  # type: ignore[arg-type]
+        return {PATCH_KEY: ArraySpec((*lead, *full), volume.dtype)}
+
+    def _fits(self, v: int) -> bool:
+        """Whether volume ``v`` can hold a patch; warns (once) when it cannot."""
+        if self._padding != "none":
+            return True
+        shape = self._volumes.shape(v)
+        spatial = _spatial_shape(shape, self._patch_size_arg)
+        size = self._reference_size(len(spatial))
+        if all(p <= d for p, d in zip(size, spatial)):
+            return True
+        with self._lock:
+            warn = v not in self._warned
+            self._warned.add(v)
+        if warn:
+            warnings.warn(
+                f"volume {v} ({self._volumes.keys[v]!r}) of shape {shape} is smaller than "
+                f"patch_size={self._patch_size_arg!r}; it is skipped (pass padding= to pad "
+                "it instead)",
+                stacklevel=5,
+            )
+        return False
+
+    def _reference_size(self, nd: int) -> tuple[int, ...]:
+        size = self._patch_size_arg
+        if patch_entries(size) is None:
+            return (int(size),) * nd  # type: ignore[call-overload]
+        return tuple(int(p) for p in size)  # type: ignore[union-attr]
+
+    def _volume_layout(self, v: int) -> PatchLayout | None:
+        """Volume ``v``'s placement (``None``: it cannot hold a patch), built once."""
+        try:
+            return self._layouts[v]
+        except KeyError:
+            pass
+        with self._lock:
+            if v in self._layouts:
+                return self._layouts[v]
+            lay = self._build_layout(v)
+            self._layouts[v] = lay
+            return lay
+
+    def _build_layout(self, v: int) -> PatchLayout | None:
+        key = self._volumes.keys[v]
+        if not self._fits(v):
+            return None
+        with self._volumes.lease(v) as volume:
+            specs = self._specs_of(volume)
+            lay = parse_patch_layout(volume, self._patch_size_arg, 0, **self._layout_args)
+        want = self._reference
+        cast = self._cast() is not None
+        same = specs.keys() == want.keys() and all(
+            specs[k].shape == want[k].shape and (cast or specs[k].dtype == want[k].dtype)
+            for k in want
+        )
+        if not same:
+            got = {k: (s.shape, str(s.dtype)) for k, s in specs.items()}
+            ref = {k: (s.shape, str(s.dtype)) for k, s in want.items()}
+            raise ValueError(
+                f"volume {v} ({key!r}) gives patches {got} but volume 0 gives {ref}: every "
+                "volume must have the same dtype, channels and scale factors (pass "
+                "read_volumes(..., dtype=) to cast differing dtypes)"
+            )
+        return lay
+
+    def _grid_size(self, v: int) -> int:
+        lay = self._volume_layout(v)
+        return 0 if lay is None else math.prod(lay.counts)
+
+    def _valid_volumes(self) -> NDArray[np.int64]:
+        if self._valid is None:
+            self._volumes.shapes()  # read every shape at once, in parallel
+            self._valid = np.asarray(
+                [v for v in range(len(self._volumes)) if self._fits(v)], dtype=np.int64
+            )
+        return self._valid
+
+    def _parse_columns(self, columns: Sequence[str] | None) -> tuple[str, ...]:
+        if columns is None:
+            return ()
+        if isinstance(columns, str):
+            columns = [columns]
+        have = tuple(self._volumes.columns)
+        out = []
+        for c in columns:
+            if c not in have:
+                raise KeyError(
+                    f"columns={list(columns)!r}: {c!r} is not a metadata column of the "
+                    f"collection (it has {list(have)!r})"
+                )
+            if c in _RESERVED or (self._volumes.names and c in self._volumes.names):
+                raise ValueError(f"columns={list(columns)!r}: {c!r} is already a record key")
+            out.append(str(c))
+        return tuple(out)
+
+    def _parse_volume_weights(self, value: Any) -> tuple[Any, NDArray[np.float64] | None]:
+        n = len(self._volumes)
+        if isinstance(value, str) and value == "uniform":
+            return "uniform", None
+        if not self._replacement:
+            raise ValueError(
+                f"volume_weights={value!r} cannot be combined with replacement=False, which "
+                "visits every position of every volume once"
+            )
+        if isinstance(value, str) and value == "voxels":
+            valid = set(self._valid_volumes().tolist())
+            weights = [
+                math.prod(_spatial_shape(self._volumes.shape(v), self._patch_size_arg))
+                if v in valid
+                else 0
+                for v in range(n)
+            ]
+            return "voxels", cumulative_weights(weights)
+        if isinstance(value, str):
+            if value not in self._volumes.columns:
+                raise KeyError(
+                    f"volume_weights={value!r} is not 'uniform', 'voxels' or a metadata "
+                    f"column of the collection (it has {list(self._volumes.columns)!r})"
+                )
+            raw = [self._volumes.metadata(v)[value] for v in range(n)]
+            try:
+                weights = np.asarray(raw, dtype=np.float64)
+            except (TypeError, ValueError):
+                raise TypeError(
+                    f"volume_weights={value!r}: the column must be numeric, got {raw[:3]!r}..."
+                ) from None
+            name = value
+        else:
+            weights = np.asarray(value, dtype=np.float64).reshape(-1)
+            if weights.size != n:
+                raise ValueError(
+                    f"volume_weights has {weights.size} entries but the collection has {n} volumes"
+                )
+            name = "array"
+        skipped = np.setdiff1d(np.flatnonzero(weights > 0), self._valid_volumes())
+        weights = weights.copy()
+        weights[skipped] = 0
+        return (name, weights.tolist()), cumulative_weights(weights)
+
+    # -- description --------------------------------------------------------------------
+    @property
+    def collection(self) -> VolumeCollection:
+        """The collection patches are cut from."""
+        return self._volumes
+
+    @property
+    def source(self) -> ArraySource:  # type: ignore[override]
+        """Volume 0's source (the first array's for dict volumes)."""
+        first = self._volumes[0]
+        return next(iter(first.values())) if isinstance(first, Mapping) else first
+
+    @property
+    def sources(self) -> dict[str, ArraySource]:  # type: ignore[override]
+        """Volume 0's ``{name: source}`` (``{"array": source}`` for single arrays)."""
+        first = self._volumes[0]
+        return dict(first) if isinstance(first, Mapping) else {"array": first}
+
+    @property
+    def arrays(self) -> None:  # type: ignore[override]
+        """``None``: each volume has its own aligned arrays."""
+        return None
+
+    @property
+    def patch_size(self) -> tuple[int, ...]:
+        spec = next(iter(self._reference.values()))
+        return self._reference_size(len(spec.shape))[-len(spec.shape) :]
+
+    @property
+    def channel_shape(self) -> tuple[int, ...]:
+        if self._volumes.names is not None:
+            return ()
+        spec = self._reference[PATCH_KEY]
+        nd = patch_entries(self._patch_size_arg)
+        return spec.shape[: len(spec.shape) - (nd or len(spec.shape))]
+
+    @property
+    def stride(self) -> tuple[int, ...]:
+        nd = len(self.patch_size)
+        stride = self._layout_args["stride"]
+        return (1,) * nd if stride is None else self._reference_size_like(stride, nd)
+
+    @staticmethod
+    def _reference_size_like(value: Any, nd: int) -> tuple[int, ...]:
+        return (int(value),) * nd if patch_entries(value) is None else tuple(int(v) for v in value)
+
+    @property
+    def seed(self) -> int:
+        return self._seed
+
+    @property
+    def replacement(self) -> bool:
+        return self._replacement
+
+    @property
+    def padding(self) -> str:
+        return self._padding
+
+    @property
+    def patches_per_chunk(self) -> int:
+        return self._per_region
+
+    @property
+    def region(self) -> tuple[int, ...]:  # type: ignore[override]
+        raise AttributeError("each volume has its own region; see sampler.layout(v).region")
+
+    @property
+    def grid_shape(self) -> tuple[int, ...]:  # type: ignore[override]
+        raise AttributeError("each volume has its own corner grid; see sampler.layout(v).counts")
+
+    @property
+    def weighted(self) -> None:  # type: ignore[override]
+        """``None``: each volume has its own weighted placement (:meth:`layout`)."""
+        return None
+
+    @property
+    def patches_per_volume(self) -> int:
+        """How many consecutive indices share one volume."""
+        return self._per_volume
+
+    @property
+    def shuffle_block(self) -> int:
+        """Records a shuffling :class:`~mixle.Loader` keeps together (``patches_per_volume``)."""
+        return self._per_volume
+
+    @property
+    def volume_weights(self) -> Any:
+        """``"uniform"``, ``"voxels"``, or ``(column name or "array", weights)``."""
+        return self._volume_weights
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """Metadata columns added to every record."""
+        return self._columns
+
+    def layout(self, v: int) -> PatchLayout | None:
+        """Volume ``v``'s placement (its corner grid, region...), ``None`` if it is skipped."""
+        return self._volume_layout(parse_index(v, len(self._volumes), "the collection"))
+
+    def element_spec(self) -> dict[str, ArraySpec]:  # type: ignore[override]
+        """Spec of one record: the patch (or one per array), ``coords``, ``volume``, columns."""
+        nd = len(self.patch_size)
+        spec: dict[str, ArraySpec] = dict(self._reference)
+        spec[COORDS_KEY] = ArraySpec((nd,), np.dtype(np.int64))
+        spec[VOLUME_KEY] = ArraySpec((), np.dtype(np.int64))
+        for c in self._columns:
+            spec[c] = ArraySpec((), np.asarray(self._volumes.metadata(0)[c]).dtype)
+        return spec
+
+    def __len__(self) -> int:
+        return self._num_patches
+
+    def __repr__(self) -> str:
+        extra = ""
+        if self._per_volume > 1:
+            extra += f", patches_per_volume={self._per_volume}"
+        if self._volume_weights != "uniform":
+            name = self._volume_weights
+            extra += f", volume_weights={name if isinstance(name, str) else name[0]!r}"
+        if self._per_region > 1:
+            extra += f", patches_per_chunk={self._per_region}"
+        if self._epoch:
+            extra += f", epoch={self._epoch}"
+        if not self._replacement:
+            extra += ", replacement=False"
+        if self._padding != "none":
+            extra += f", padding={self._padding!r}"
+        return (
+            f"PatchSampler({self._volumes!r}, patch_size={self.patch_size}, "
+            f"num_patches={self._num_patches}, seed={self._seed}{extra})"
+        )
+
+    def fingerprint(self) -> str:
+        """A digest of everything that decides which patch an index means (no volume I/O).
+
+        Covers the collection's own fingerprint, every placement argument, the current
+        epoch, ``volume_weights`` and ``patches_per_volume``; ``columns``, ``structure``,
+        ``schema`` and ``progress`` do not change which patch an index means.
+        """
+        args = {k: v for k, v in self._layout_args.items() if k not in ("progress", "epoch")}
+        args["seed"] = self._seed & MASK64
+        return fingerprint_digest(
+            "VolumePatchSampler",
+            {
+                "collection": self._volumes.fingerprint(),
+                "patch_size": self._patch_size_arg,
+                "num_patches": self._num_patches,
+                "epoch": self._epoch,
+                "replacement": self._replacement,
+                "volume_weights": self._volume_weights,
+                "patches_per_volume": self._per_volume,
+                "args": args,
+            },
+        )
+
+    # -- placement (reads the shapes of the volumes drawn only) -------------------------
+    def volumes_array(self, indices: ArrayLike | None = None) -> NDArray[np.int64]:
+        """The volume of each of patches ``indices`` (default: all), int64."""
+        return self._volumes_of(record_indices(indices, self._num_patches))
+
+    def _volumes_of(self, idx: NDArray[np.int64]) -> NDArray[np.int64]:
+        if not self._replacement:
+            return permuted_positions(self._seed, idx, self._positions, epoch=self._epoch)[0]
+        if self._cumulative is not None:
+            return weighted_volumes(
+                self._seed, idx, self._cumulative, self._per_volume, epoch=self._epoch
+            )
+
+        def valid(vs: NDArray[np.int64]) -> NDArray[np.bool_]:
+            ok = {v: self._volume_layout(v) is not None for v in np.unique(vs).tolist()}
+            return np.fromiter((ok[v] for v in vs.tolist()), dtype=bool, count=vs.size)
+
+        return uniform_valid_volumes(
+            self._seed,
+            idx,
+            len(self._volumes),
+            valid,
+            self._per_volume,
+            epoch=self._epoch,
+            all_valid=self._valid_volumes,
+        )
+
+    def _placed(self, idx: NDArray[np.int64]) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+        """``(volumes, corners)`` of valid indices ``idx``."""
+        corners = np.empty((idx.size, len(self.patch_size)), dtype=np.int64)
+        if not self._replacement:
+            vols, local = permuted_positions(self._seed, idx, self._positions, epoch=self._epoch)
+        else:
+            vols, local = self._volumes_of(idx), None
+        for v in np.unique(vols).tolist():
+            sel = np.flatnonzero(vols == v)
+            lay = self._volume_layout(v)
+            assert lay is not None  # only valid volumes are drawn
+            if local is None:
+                with self._volumes.lease(v):  # a weighted map may read a block of itself
+                    corners[sel] = lay.corners(idx[sel], self._epoch)
+            else:
+                multi = np.unravel_index(local[sel], lay.counts)
+                for a, (m, st, o) in enumerate(zip(multi, lay.stride, lay.origin)):
+                    corners[sel, a] = m * st + o
+        return vols, corners
+
+    def coords_array(self, indices: ArrayLike | None = None) -> NDArray[np.int64]:
+        """Corners of patches ``indices`` (default: all), int64 ``(N, ndim)`` in each volume."""
+        return self._placed(record_indices(indices, self._num_patches))[1]
+
+    def coords(self) -> list[tuple[int, ...]]:
+        """Corners of every patch as tuples of ints (each in its own volume)."""
+        return [tuple(row) for row in self.coords_array().tolist()]
+
+    # -- reading ------------------------------------------------------------------------
+    def get_batch(self, indices: ArrayLike) -> dict[str, Any]:
+        """Patches ``indices`` stacked: ``{"patch": (B, *ch, *patch), "coords", "volume", ...}``.
+
+        The batch is grouped by volume; each volume's patches are read in one batched read
+        (each stored chunk decoded once), the volumes in parallel on the decode pool.
+        """
+        idx = record_indices(indices, self._num_patches)
+        vols, corners = self._placed(idx)
+        out = {k: np.empty((idx.size, *s.shape), dtype=s.dtype) for k, s in self._reference.items()}
+        tasks = [
+            self._read_task(v, np.flatnonzero(vols == v), corners, out)
+            for v in np.unique(vols).tolist()
+        ]
+        run_all(tasks)
+        batch: dict[str, Any] = {**out, COORDS_KEY: corners, VOLUME_KEY: vols}
+        for c in self._columns:
+            batch[c] = np.asarray([self._volumes.metadata(v)[c] for v in vols.tolist()])
+        return batch
+
+    def _read_task(
+        self, v: int, sel: NDArray[np.int64], corners: NDArray[np.int64], out: dict[str, np.ndarray]
+    ) -> Any:
+        def task() -> None:
+            lay = self._volume_layout(v)
+            assert lay is not None
+            with self._volumes.lease(v):
+                if lay.arrays is not None:
+                    parts = lay.arrays.read(
+                        corners[sel], lay.patch_size, padding=lay.padding, pad_values=lay.pad_values
+                    )
+                else:
+                    parts = {PATCH_KEY: self._read_single(lay, corners[sel])}
+            for k, part in parts.items():
+                out[k][sel] = part
+
+        return task
+
+    @staticmethod
+    def _read_single(lay: PatchLayout, corners: NDArray[np.int64]) -> np.ndarray:
+        return read_spatial_boxes(
+            lay.source,
+            corners,
+            lay.lead,
+            lay.patch_size,
+            padding=lay.padding,
+            pad_value=lay.pad_values["array"],
+        )
+
+    def __getitem__(self, index: int) -> dict[str, Any]:  # type: ignore[override]
+        """Record ``index``: ``{"patch": patch, "coords": corner, "volume": v, ...}``."""
+        i = parse_index(index, self._num_patches, f"a sampler of {self._num_patches} patches")
+        batch = self.get_batch(np.array([i], dtype=np.int64))
+        return {k: v[0] for k, v in batch.items()}
+
+    def records(self) -> Iterator[dict[str, Any]]:  # type: ignore[override]
+        """Yield the record of every index in order."""
+        for i in range(self._num_patches):
+            yield self[i]

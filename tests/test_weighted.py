@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import math
 import multiprocessing
 import pickle
@@ -216,7 +217,28 @@ def test_block_cache_counts_a_block_built_by_two_threads_once() -> None:
     with ThreadPoolExecutor(2) as pool:
         details = list(pool.map(index._detail, [0, 0]))
     np.testing.assert_array_equal(details[0], details[1])
-    assert index._cache_bytes == sum(d.nbytes for d in index._cache.values()) == w.nbytes
+    shared = weighted._details
+    mine = [d for (token, _), d in shared.entries.items() if token == index._token]
+    assert len(mine) == 1 and mine[0].nbytes == w.nbytes
+    assert shared.bytes == sum(d.nbytes for d in shared.entries.values())
+
+
+def test_block_details_of_many_maps_share_one_budget(monkeypatch) -> None:
+    # A sampler over many volumes has one map each: their details must not each keep
+    # BLOCK_CACHE_BYTES (that grew without bound with the number of volumes).
+    monkeypatch.setattr(weighted, "_details", weighted._SharedDetails())
+    monkeypatch.setattr(weighted, "BLOCK_CACHE_BYTES", 3 * 64 * 8)
+    maps = [
+        weighted.BlockIndex(ArrayLikeSource(np.full((8, 8), k + 1.0)), (0, 0), (8, 8), None, "w")
+        for k in range(10)
+    ]
+    for k, index in enumerate(maps):
+        np.testing.assert_array_equal(index._detail(0), np.cumsum(np.full(64, k + 1.0)))
+    shared = weighted._details
+    assert len(shared.entries) == 3 and shared.bytes == 3 * 64 * 8
+    del maps, index
+    gc.collect()
+    assert not shared.entries and shared.bytes == 0  # a collected map leaves nothing behind
 
 
 def test_an_absent_class_with_probability_zero_is_allowed() -> None:

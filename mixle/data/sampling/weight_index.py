@@ -3,14 +3,18 @@
 :class:`BlockIndex` reads the map once, block by block (whole stored chunks grown to
 :data:`INDEX_BLOCK_VOXELS`), keeping per-block totals; :meth:`BlockIndex.draw` turns counter
 hashes into voxels by inverse CDF over the blocks, then inside one block (whose detail is
-kept in a byte-budgeted cache, :data:`BLOCK_CACHE_BYTES`).
+kept in one byte-budgeted cache shared by every map of the process,
+:data:`BLOCK_CACHE_BYTES`, so a sampler over many volumes, one map each, stays bounded).
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import math
+import os
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -32,8 +36,62 @@ __all__ = [
 
 #: Index blocks are whole stored chunks grown to at least this many voxels.
 INDEX_BLOCK_VOXELS = 1 << 18
-#: Byte budget of the per-block detail (cumulative weights or class positions) kept.
+#: Byte budget of the per-block detail (cumulative weights or class positions) kept, for
+#: all maps of the process together.
 BLOCK_CACHE_BYTES = 64 * 1024 * 1024
+
+
+class _SharedDetails:
+    """The process-wide LRU of block details, keyed by ``(map token, block)``."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.entries: OrderedDict[tuple[int, int], Any] = OrderedDict()
+        self.bytes = 0
+        self.tokens = itertools.count()
+
+    def get(self, key: tuple[int, int]) -> Any:
+        with self.lock:
+            if key in self.entries:
+                self.entries.move_to_end(key)
+                return self.entries[key]
+        return None
+
+    def put(self, key: tuple[int, int], detail: Any) -> Any:
+        """Keep ``detail`` (or return the one another thread kept first), evicting the oldest."""
+        with self.lock:
+            if key in self.entries:  # another thread built it meanwhile: count its bytes once
+                self.entries.move_to_end(key)
+                return self.entries[key]
+            self.entries[key] = detail
+            self.bytes += _nbytes(detail)
+            while self.bytes > BLOCK_CACHE_BYTES and len(self.entries) > 1:
+                self.bytes -= _nbytes(self.entries.popitem(last=False)[1])
+        return detail
+
+    def drop(self, token: int) -> None:
+        """Forget every block of the map ``token`` (it is being garbage collected)."""
+        with self.lock:
+            for key in [k for k in self.entries if k[0] == token]:
+                self.bytes -= _nbytes(self.entries.pop(key))
+
+
+_details = _SharedDetails()
+
+
+def _drop_details(token: int) -> None:
+    _details.drop(token)
+
+
+def _reset_after_fork() -> None:  # a parent thread may have held the lock at the fork
+    global _details
+    tokens = _details.tokens  # keep counting: maps made before the fork keep their tokens
+    _details = _SharedDetails()
+    _details.tokens = tokens
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_after_fork)
 _HANG_OVER = (
     "With padding='none' a patch must fit inside the volume; pass padding='constant' (or "
     "'reflect' or 'edge') to let patches hang over the edge, or use a smaller patch_size"
@@ -121,13 +179,13 @@ class BlockIndex:
         self._check(required)
         self._init_cache()
 
-    def _init_cache(self) -> None:  # the block cache and lock never travel in a pickle
-        self._cache: OrderedDict[int, Any] = OrderedDict()
-        self._cache_bytes = 0
-        self._lock = threading.Lock()
+    def _init_cache(self) -> None:  # the token of its cached blocks never travels in a pickle
+        self._token = next(_details.tokens)
+        weakref.finalize(self, _drop_details, self._token)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k not in ("_cache", "_lock")}
+        skip = ("_token", "_cache", "_cache_bytes", "_lock")  # the last three: older releases
+        return {k: v for k, v in self.__dict__.items() if k not in skip}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -216,10 +274,10 @@ class BlockIndex:
 
     def _detail(self, b: int) -> Any:
         """Cumulative weights (weights) or ``[positions of each class]`` (labels) of ``b``."""
-        with self._lock:
-            if b in self._cache:
-                self._cache.move_to_end(b)
-                return self._cache[b]
+        key = (self._token, b)
+        cached = _details.get(key)
+        if cached is not None:
+            return cached
         _, block = self._read(b)
         assert block is not None
         flat = block.reshape(-1)
@@ -227,15 +285,7 @@ class BlockIndex:
             detail: Any = np.cumsum(flat, dtype=np.float64)
         else:
             detail = [np.flatnonzero(flat == c).astype(np.int64) for c in self._classes]
-        with self._lock:
-            if b in self._cache:  # another thread built it meanwhile: count its bytes once
-                self._cache.move_to_end(b)
-                return self._cache[b]
-            self._cache[b] = detail
-            self._cache_bytes += _nbytes(detail)
-            while self._cache_bytes > BLOCK_CACHE_BYTES and len(self._cache) > 1:
-                self._cache_bytes -= _nbytes(self._cache.popitem(last=False)[1])
-        return detail
+        return _details.put(key, detail)
 
     def _voxels(self, blocks: NDArray[np.int64], local: NDArray[np.int64]) -> NDArray[np.int64]:
         out = np.empty((blocks.size, len(self._block)), dtype=np.int64)

@@ -134,8 +134,8 @@ class JaxLoader(ActiveRun):
         What 64-bit leaves become while ``jax_enable_x64`` is off: ``"safe"`` (default),
         ``"cast"`` or ``"error"``; see :mod:`mixle.jax.convert`.
     **loader_options
-        Any other :class:`mixle.Loader` argument (``shuffle``, ``seed``, ``num_epochs``,
-        ``drop_last``, ``transform``, ``num_threads``...). ``shard_index`` and
+        Any other :class:`mixle.Loader` argument (``shuffle``, ``shuffle_block``, ``seed``,
+        ``num_epochs``, ``drop_last``, ``transform``, ``num_threads``...). ``shard_index`` and
         ``num_shards`` default to this process's share (:func:`process_shard`), and
         ``shard_layout`` to ``"blocked"`` over several shards: the global array assembled
         from the processes is then exactly the batch one process would read with the

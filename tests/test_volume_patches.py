@@ -11,6 +11,8 @@ import h5py
 import numpy as np
 import pytest
 import zarr
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 import mixle
 from mixle.data.sampling.volume_patches import VolumePatchSampler
@@ -169,6 +171,7 @@ def test_volumes_smaller_than_the_patch_are_skipped_with_a_warning(mode) -> None
     kwargs: dict[str, Any] = {"seed": 1}
     if mode == "voxels":
         kwargs["volume_weights"] = "voxels"
+
     def make() -> Any:
         if mode == "no-replacement":
             return mixle.PatchSampler(mixle.read_volumes(arrays), 5, replacement=False)
@@ -354,3 +357,40 @@ def test_loader_resume_over_a_collection(mixed) -> None:
             np.testing.assert_array_equal(a[k], b[k])
     for batch in seen + rest:
         _check_patches(batch, truth, (4, 4, 4))
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    shapes=st.lists(st.tuples(st.integers(1, 12), st.integers(1, 12)), min_size=1, max_size=6),
+    patch=st.tuples(st.integers(1, 5), st.integers(1, 5)),
+    stride=st.tuples(st.integers(1, 3), st.integers(1, 3)),
+    padded=st.booleans(),
+    per_volume=st.integers(1, 4),
+    seed=st.integers(0, 2**64 - 1),
+)
+def test_every_index_maps_to_a_valid_corner_of_its_volume(
+    shapes, patch, stride, padded, per_volume, seed
+) -> None:
+    fits = [all(p <= d for p, d in zip(patch, s)) for s in shapes]
+    assume(padded or any(fits))
+    arrays = [np.zeros(s, np.uint8) for s in shapes]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # volumes too small are skipped
+        sampler = mixle.PatchSampler(
+            mixle.read_volumes(arrays),
+            patch,
+            50,
+            seed=seed,
+            stride=stride,
+            padding="constant" if padded else "none",
+            patches_per_volume=per_volume,
+        )
+        vols = sampler.volumes_array()
+        corners = sampler.coords_array()
+    for i, (v, corner) in enumerate(zip(vols.tolist(), corners.tolist())):
+        assert vols[i - i % per_volume] == v  # blocks share a volume
+        for c, p, st_, d in zip(corner, patch, stride, shapes[v]):
+            if padded:
+                assert 0 <= c + p // 2 < d + st_  # the centre lies in (or next to) the volume
+            else:
+                assert fits[v] and 0 <= c <= d - p and c % st_ == 0

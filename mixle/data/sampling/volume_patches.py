@@ -583,9 +583,11 @@ class VolumePatchSampler(PatchSampler, collections=VolumeCollection):
             sel = np.flatnonzero(vols == v)
             lay = self._volume_layout(v)
             assert lay is not None  # only valid volumes are drawn
-            if local is None:
-                with self._volumes.lease(v):  # a weighted map may read a block of itself
+            if local is None and lay.weighted is not None:
+                with self._volumes.lease(v):  # a weighted map reads blocks of itself
                     corners[sel] = lay.corners(idx[sel], self._epoch)
+            elif local is None:
+                corners[sel] = lay.corners(idx[sel], self._epoch)
             else:
                 multi = np.unravel_index(local[sel], lay.counts)
                 for a, (m, st, o) in enumerate(zip(multi, lay.stride, lay.origin)):

@@ -23,6 +23,7 @@ __all__ = [
     "MalformedRowError",
     "MetadataLimitError",
     "NotAnArrayError",
+    "NothingToSampleError",
     "NpyHeaderTooLargeError",
     "ParquetReadError",
     "RangeMismatchError",
@@ -93,6 +94,14 @@ class VolumeMismatchError(ValueError):
     Raised by :class:`mixle.VolumeCollection` when the volume is first opened; the message
     names the volume (position or table row, and key), both layouts, and ``dtype=``, which
     casts every volume to one dtype.
+    """
+
+
+class NothingToSampleError(ValueError):
+    """A weight map or label volume leaves no voxel a patch can be centred on.
+
+    The weights are zero wherever a patch fits, or a class of ``label_probabilities`` is
+    absent there. A sampler over a collection skips such a volume with a warning.
     """
 
 

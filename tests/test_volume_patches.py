@@ -394,3 +394,37 @@ def test_every_index_maps_to_a_valid_corner_of_its_volume(
                 assert 0 <= c + p // 2 < d + st_  # the centre lies in (or next to) the volume
             else:
                 assert fits[v] and 0 <= c <= d - p and c % st_ == 0
+
+
+def test_a_volume_without_a_class_draws_the_others_or_is_skipped() -> None:
+    images, labels = [], []
+    for i in range(3):
+        images.append(_vol((12, 12), i))
+        lab = np.zeros((12, 12), np.uint8)
+        if i != 1:  # volume 1 has no foreground (a scan without a lesion)
+            lab[4 + i, 6] = 1
+        labels.append(lab)
+    rows = [{"image": im, "label": lab} for im, lab in zip(images, labels)]
+    both = mixle.PatchSampler(
+        mixle.read_volumes(rows), 3, 300, labels="label", label_probabilities={0: 1, 1: 1}
+    )
+    with pytest.warns(UserWarning, match=r"volume 1 .*no voxel of classes \[1\].*renormalised"):
+        batch = both.get_batch(np.arange(300))
+    assert both.layout(1).weighted.label_probabilities == {0: 1.0, 1: 0.0}
+    centres = batch["coords"] + 1
+    for (z, y), v in zip(centres.tolist(), batch["volume"].tolist()):
+        if v == 1:
+            assert labels[1][z, y] == 0
+    assert 1 in batch["volume"].tolist()
+    only = mixle.PatchSampler(
+        mixle.read_volumes(rows), 3, 300, labels="label", label_probabilities={1: 1}
+    )
+    with pytest.warns(UserWarning, match=r"volume 1 .*asks for classes \[1\].*it is skipped"):
+        batch = only.get_batch(np.arange(300))
+    assert set(batch["volume"].tolist()) == {0, 2}
+    for (z, y), v in zip((batch["coords"] + 1).tolist(), batch["volume"].tolist()):
+        assert labels[v][z, y] == 1
+    weights = [{"image": im, "w": lab.astype(np.float32)} for im, lab in zip(images, labels)]
+    by_weight = mixle.PatchSampler(mixle.read_volumes(weights), 3, 50, weights="w")
+    with pytest.warns(UserWarning, match=r"volume 1 .*weights are zero.*it is skipped"):
+        assert 1 not in by_weight.get_batch(np.arange(50))["volume"].tolist()

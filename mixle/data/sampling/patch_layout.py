@@ -146,8 +146,12 @@ def parse_patch_layout(
     label_probabilities: Mapping[int, float] | None,
     scales: Mapping[str, object] | None,
     progress: bool | None,
+    absent_classes: str = "error",
 ) -> PatchLayout:
     """Validate :class:`~mixle.PatchSampler`'s arguments (all but structure and schema).
+
+    ``absent_classes`` is passed to the weighted placement
+    (:class:`~mixle.data.sampling.weighted.WeightedPlacement`).
 
     Raises
     ------
@@ -209,6 +213,7 @@ def parse_patch_layout(
         step=step,
         padded=padded,
         progress=progress,
+        absent_classes=absent_classes,
     )
     check_combination(per_region, replacement, weighted, padding)
     return PatchLayout(

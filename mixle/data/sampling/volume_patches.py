@@ -44,6 +44,7 @@ from mixle.data.sources.arrays.base import ArraySource
 from mixle.data.sources.collection import VolumeCollection
 from mixle.data.spec import ArraySpec
 from mixle.data.structure import EXCHANGEABLE, SampleStructure, parse_structure
+from mixle.errors import NothingToSampleError
 from mixle.reading.pool import run_all
 from mixle.utils.validation import parse_int
 
@@ -102,7 +103,10 @@ class VolumePatchSampler(PatchSampler, collections=VolumeCollection):
     one that does not raises ``ValueError`` naming it the first time it is drawn, unless
     the collection casts (``read_volumes(..., dtype=)``), which relaxes the dtype only.
     ``weights=``/``labels=`` name arrays of dict volumes (``labels="label"``); each
-    volume's map is indexed the first time that volume is drawn.
+    volume's map is indexed the first time that volume is drawn. A volume whose map lacks
+    a class of ``label_probabilities`` draws the other classes, renormalised (a scan with
+    no lesion gives background patches), with a warning; one with no class left, or with
+    weights zero wherever a patch fits, is skipped with a warning.
     """
 
     def __init__(
@@ -262,17 +266,20 @@ class VolumePatchSampler(PatchSampler, collections=VolumeCollection):
         size = self._reference_size(len(spatial))
         if all(p <= d for p, d in zip(size, spatial)):
             return True
-        with self._lock:
-            warn = v not in self._warned
-            self._warned.add(v)
-        if warn:
-            warnings.warn(
-                f"volume {v} ({self._volumes.keys[v]!r}) of shape {shape} is smaller than "
-                f"patch_size={self._patch_size_arg!r}; it is skipped (pass padding= to pad "
-                "it instead)",
-                stacklevel=5,
-            )
+        self._warn(
+            v,
+            f"of shape {shape} is smaller than patch_size={self._patch_size_arg!r}; it is "
+            "skipped (pass padding= to pad it instead)",
+        )
         return False
+
+    def _warn(self, v: int, what: str) -> None:
+        """Warn once per volume: ``volume v ('key') <what>``."""
+        with self._lock:
+            if v in self._warned:
+                return
+            self._warned.add(v)
+        warnings.warn(f"volume {v} ({self._volumes.keys[v]!r}) {what}", stacklevel=6)
 
     def _reference_size(self, nd: int) -> tuple[int, ...]:
         size = self._patch_size_arg
@@ -299,7 +306,20 @@ class VolumePatchSampler(PatchSampler, collections=VolumeCollection):
             return None
         with self._volumes.lease(v) as volume:
             specs = self._specs_of(volume)
-            lay = parse_patch_layout(volume, self._patch_size_arg, 0, **self._layout_args)
+            try:
+                lay = parse_patch_layout(
+                    volume, self._patch_size_arg, 0, absent_classes="drop", **self._layout_args
+                )
+            except NothingToSampleError as exc:
+                self._warn(v, f"{exc}; it is skipped")
+                return None
+        dropped = [] if lay.weighted is None else lay.weighted.dropped_classes
+        if dropped:
+            self._warn(
+                v,
+                f"has no voxel of classes {dropped} where a patch can be centred; its "
+                "patches draw the other classes of label_probabilities, renormalised",
+            )
         want = self._reference
         cast = self._cast() is not None
         same = specs.keys() == want.keys() and all(

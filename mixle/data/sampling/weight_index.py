@@ -24,6 +24,7 @@ from numpy.typing import NDArray
 
 from mixle.data.index_math.hashing import below_each, mix, uniform01
 from mixle.data.sources.arrays.base import ArraySource
+from mixle.errors import NothingToSampleError
 from mixle.utils.progress import progress_bar
 
 __all__ = [
@@ -229,12 +230,12 @@ class BlockIndex:
         if self._classes is None and not sums[0] > 0:
             outside = self._find_outside_box(lambda block: block > 0)
             if outside is not None:
-                raise ValueError(
+                raise NothingToSampleError(
                     f"weights are zero everywhere a patch can be centred ({where}); the map "
                     f"has positive weights (e.g. at {outside}) only near the edge, where no "
                     f"patch can be centred. {_HANG_OVER}"
                 )
-            raise ValueError(
+            raise NothingToSampleError(
                 f"weights are zero everywhere a patch can be centred ({where}); give "
                 "some voxel a positive weight"
             )
@@ -244,12 +245,12 @@ class BlockIndex:
             if n == 0 and need:
                 outside = self._find_outside_box(lambda block, c=c: block == c)
                 if outside is not None:
-                    raise ValueError(
+                    raise NothingToSampleError(
                         f"label_probabilities asks for class {c}: the {self._name} have it "
                         f"(e.g. at {outside}), but only near the edge, where no patch can be "
                         f"centred (only {where} can centre one). {_HANG_OVER}"
                     )
-                raise ValueError(
+                raise NothingToSampleError(
                     f"label_probabilities asks for class {c}, but no voxel where a patch can be "
                     f"centred has that label; choose classes present in the {self._name} or "
                     "give this one probability 0 (or leave it out)"

@@ -20,6 +20,7 @@ from mixle.data.sampling.patch_args import fingerprint_digest, source_identity
 from mixle.data.sampling.weight_index import BlockIndex, uniform01
 from mixle.data.sources.arrays.adopt import as_array_source
 from mixle.data.sources.arrays.base import ArraySource, listing
+from mixle.errors import NothingToSampleError
 from mixle.utils.validation import parse_int
 
 __all__ = [
@@ -78,6 +79,11 @@ class WeightedPlacement:
         How errors call the map (``"weights"`` or ``"labels"``).
     progress
         Show a progress bar while the map is indexed (see :class:`BlockIndex`).
+    absent_classes
+        ``"error"`` (default): a class of ``label_probabilities`` with probability above 0
+        that no drawable voxel has raises :class:`~mixle.errors.NothingToSampleError`.
+        ``"drop"``: such classes get probability 0 and the rest are renormalised
+        (:attr:`dropped_classes` lists them); the error is raised only when no class is left.
 
     Notes
     -----
@@ -98,7 +104,10 @@ class WeightedPlacement:
         label_probabilities: Mapping[int, float] | None = None,
         name: str = "weights",
         progress: bool | None = None,
+        absent_classes: str = "error",
     ) -> None:
+        if absent_classes not in ("error", "drop"):
+            raise ValueError(f"absent_classes={absent_classes!r} must be 'error' or 'drop'")
         if source.ndim != len(fine_shape):
             raise ValueError(
                 f"{name} has shape {source.shape} but patches have {len(fine_shape)} spatial "
@@ -135,11 +144,31 @@ class WeightedPlacement:
         else:
             self._classes, self._probs = parse_label_probabilities(label_probabilities)
         required = (self._probs > 0).tolist()
+        if absent_classes == "drop":
+            required = [False] * len(required)
         self._source, self._name = source, name
         self._box = (tuple(lo), tuple(hi))
         self._index = BlockIndex(
             source, lo, hi, self._classes, name, required=required, progress=progress
         )
+        self._dropped: list[int] = []
+        if self._classes is not None and absent_classes == "drop":
+            present = self._index.totals.sum(axis=1) > 0
+            gone = (self._probs > 0) & ~present
+            self._dropped = [c for c, g in zip(self._classes, gone.tolist()) if g]
+            if not (self._probs * present).any():
+                raise NothingToSampleError(
+                    f"label_probabilities asks for classes {self._dropped}, but no voxel of "
+                    f"the {name} where a patch can be centred has any of them"
+                )
+            if self._dropped:
+                probs = self._probs * present
+                self._probs = probs / probs.sum()
+
+    @property
+    def dropped_classes(self) -> list[int]:
+        """Classes of ``label_probabilities`` absent from the map, set to probability 0."""
+        return list(self._dropped)
 
     @property
     def source(self) -> ArraySource:
@@ -238,12 +267,14 @@ def weighted_placement(
     step: Sequence[int],
     padded: bool,
     progress: bool | None = None,
+    absent_classes: str = "error",
 ) -> WeightedPlacement | None:
     """The placement a sampler's ``weights=``/``labels=`` ask for, or ``None``.
 
     ``arrays`` are the sampler's aligned arrays (``None`` for one array), by which a map
     may be named; ``shape`` and ``step`` are the grid corners live on and their spacing;
-    ``progress`` shows a bar while the map is indexed.
+    ``progress`` shows a bar while the map is indexed; ``absent_classes`` as for
+    :class:`WeightedPlacement`.
 
     Raises
     ------
@@ -278,4 +309,5 @@ def weighted_placement(
         label_probabilities=label_probabilities,
         name=name,
         progress=progress,
+        absent_classes=absent_classes,
     )

@@ -1,0 +1,359 @@
+"""A collection sampler downstream, unchanged: Loader, JaxLoader, spawn/fork, torch, grain.
+
+Every patch is checked against the writers' own reads (zarr-python, h5py, NumPy) of
+tiny volumes of mixed backends and shapes held in one collection.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+import warnings
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from _volume_seam_helpers import DATASET, batches_in_child, check_batch, write_mixed
+
+import mixle
+from mixle import LoaderStateError
+from mixle.utils.optional_deps import HAS_JAX
+
+ROOT = Path(__file__).resolve().parents[1]
+SIZE = (4, 5, 3)
+#: Hang guard for child processes; no test relies on it for timing.
+T = 120
+
+
+@pytest.fixture
+def mixed(tmp_path: Path) -> tuple[list[str], list[np.ndarray]]:
+    return write_mixed(tmp_path / "vols", count=6)
+
+
+def _sampler(paths: list[str], num: int = 36, **kwargs: Any) -> Any:
+    return mixle.PatchSampler(mixle.read_volumes(paths, dataset=DATASET), SIZE, num, **kwargs)
+
+
+def _same(a: Any, b: Any) -> None:
+    assert set(a) == set(b)
+    for k in a:
+        np.testing.assert_array_equal(np.asarray(a[k]), np.asarray(b[k]), err_msg=k)
+
+
+def _same_batches(got: list[Any], want: list[Any]) -> None:
+    assert len(got) == len(want)
+    for a, b in zip(got, want):
+        _same(a, b)
+
+
+# -- ground truth ----------------------------------------------------------------------
+@pytest.mark.parametrize("dtypes", [None, ["float32", "int16", "uint8"]])
+def test_patches_are_numpy_slicing_of_zarr_hdf5_and_npy_volumes_in_one_collection(
+    tmp_path: Path, dtypes: list[str] | None
+) -> None:
+    paths, truth = write_mixed(tmp_path / "vols", dtypes=dtypes)
+    cast = None if dtypes is None else "float32"
+    vols = mixle.read_volumes(paths, dataset=DATASET, dtype=cast)
+    assert [vols.shape(i) for i in range(len(vols))] == [t.shape for t in truth]
+    sampler = mixle.PatchSampler(vols, SIZE, 96, seed=5)
+    loader = mixle.Loader(sampler, 16, shuffle=True, seed=2)
+    seen = np.concatenate([b["volume"] for b in loader])
+    assert set(seen.tolist()) == set(range(len(paths)))  # every backend and shape drawn
+    total = 0
+    for batch in mixle.Loader(sampler, 16, shuffle=True, seed=2):
+        assert batch["patch"].dtype == np.float32 and batch["patch"].shape[1:] == SIZE
+        total += check_batch(batch, truth, SIZE)
+    assert total == 96
+
+
+# -- Loader ----------------------------------------------------------------------------
+def test_a_shuffled_loader_keeps_each_volume_run_whole(mixed) -> None:
+    paths, truth = mixed
+    sampler = _sampler(paths, 48, seed=4, patches_per_volume=4)
+    loader = mixle.Loader(sampler, 8, shuffle=True, seed=9)
+    assert loader.shuffle_block == sampler.shuffle_block == 4
+    order = []
+    for t, batch in enumerate(loader):
+        idx = loader.last_indices
+        np.testing.assert_array_equal(idx, loader.batch_indices(t, epoch=0))
+        _same(batch, sampler.get_batch(idx))
+        check_batch(batch, truth, SIZE)
+        # blocks of 4 aligned indices, each from one volume, in their own order
+        blocks = idx.reshape(-1, 4)
+        assert (blocks % 4 == 0)[:, 0].all() and (np.diff(blocks, axis=1) == 1).all()
+        assert (batch["volume"].reshape(-1, 4) == batch["volume"][::4, None]).all()
+        order.append(idx)
+    order = np.concatenate(order)
+    assert sorted(order.tolist()) == list(range(48))
+    assert not np.array_equal(order, np.arange(48))  # shuffled
+    one = mixle.Loader(sampler, 8, shuffle=True, seed=9, shuffle_block=1)
+    assert one.shuffle_block == 1
+
+
+@pytest.mark.parametrize("layout", ["interleaved", "blocked"])
+@pytest.mark.parametrize("drop_last", [False, True, "pad"])
+def test_shards_read_every_patch_once_and_each_batch_is_its_indices(
+    mixed, layout: str, drop_last: Any
+) -> None:
+    paths, truth = mixed
+    sampler = _sampler(paths, 37, seed=6, patches_per_volume=3)
+    opts = dict(shuffle=True, seed=1, drop_last=drop_last, num_shards=2, shard_layout=layout)
+    shards = [mixle.Loader(sampler, 4, shard_index=s, **opts) for s in range(2)]
+    assert all(sh.shuffle_block == 3 for sh in shards)
+    seen: list[int] = []
+    per_shard = []
+    for sh in shards:
+        batches = []
+        for t, batch in enumerate(sh):
+            idx = sh.batch_indices(t, epoch=0)
+            real = batch.pop("mask") if drop_last == "pad" else np.ones(idx.size, bool)
+            assert batch["patch"].shape[0] == idx.size
+            _same(batch, sampler.get_batch(idx))
+            check_batch(batch, truth, SIZE)
+            seen += idx[real].tolist()
+            batches.append(batch)
+        per_shard.append(batches)
+    assert len(per_shard[0]) == len(per_shard[1])
+    if drop_last is True:
+        assert len(seen) == len(set(seen)) == 32
+    else:
+        assert sorted(seen) == list(range(37))
+    if layout == "blocked":  # shards stacked in order = one process of the global size
+        single = list(mixle.Loader(sampler, 8, **{**opts, "num_shards": 1}))
+        for parts, whole in zip(zip(*per_shard), single, strict=True):
+            if drop_last == "pad":
+                whole.pop("mask")
+            _same({k: np.concatenate([p[k] for p in parts]) for k in parts[0]}, whole)
+
+
+@pytest.mark.parametrize("shards", [1, 2])
+def test_resume_mid_epoch_over_a_pickled_sampler_gives_the_remaining_batches(
+    mixed, shards: int
+) -> None:
+    paths, truth = mixed
+    sampler = _sampler(paths, 45, seed=3, patches_per_volume=3)
+    opts = dict(shuffle=True, seed=7, num_epochs=2, num_shards=shards, drop_last="pad")
+    loader = mixle.Loader(sampler, 4, shard_index=shards - 1, **opts)
+    it = iter(loader)
+    head = [next(it) for _ in range(3)]  # mid epoch 0
+    state = json.loads(json.dumps(loader.state_dict()))
+    assert state["epoch"] == 0 and 0 < state["batch"] < len(loader)
+    rest = list(it)
+    assert len(head) + len(rest) == 2 * len(loader)
+    # a pickled copy of the sampler, and one rebuilt from the same paths
+    copies = [
+        pickle.loads(pickle.dumps(sampler)),
+        _sampler(paths, 45, seed=3, patches_per_volume=3),
+    ]
+    for copy in copies:
+        resumed = mixle.Loader(copy, 4, shard_index=shards - 1, **opts)
+        resumed.load_state_dict(state)
+        _same_batches(list(resumed), rest)
+    for batch in head + rest:
+        batch = dict(batch)
+        mask = batch.pop("mask")
+        check_batch({k: v[mask] for k, v in batch.items()}, truth, SIZE)
+
+
+def test_the_state_fingerprint_covers_the_collection_and_refuses_another(
+    tmp_path: Path, mixed
+) -> None:
+    paths, _ = mixed
+    other, _ = write_mixed(tmp_path / "other", count=6)  # same shapes and values, other files
+
+    def state(ps: list[str]) -> dict[str, Any]:
+        return mixle.Loader(_sampler(ps, seed=1), 4, shuffle=True).state_dict()
+
+    base = state(paths)
+    assert state(list(paths))["source"] == base["source"]  # the same list again
+    variants = {
+        "reversed": paths[::-1],
+        "swapped": [paths[1], paths[0], *paths[2:]],
+        "fewer": paths[:-1],
+        "other files": other,
+        "one replaced": [*paths[:-1], other[-1]],
+    }
+    fingerprints = {name: state(ps)["source"] for name, ps in variants.items()}
+    for name, fp in fingerprints.items():
+        assert fp != base["source"], name
+    assert len(set(fingerprints.values())) == len(variants)
+    for ps in variants.values():
+        loader = mixle.Loader(_sampler(ps, seed=1), 4, shuffle=True)
+        with pytest.raises(LoaderStateError, match="source"):
+            loader.load_state_dict(base)
+
+
+# -- other processes -------------------------------------------------------------------
+@pytest.mark.slow
+def test_a_spawned_process_reads_the_same_batches(mixed) -> None:
+    paths, truth = mixed
+    sampler = _sampler(paths, 30, seed=8, patches_per_volume=2)
+    options = dict(shuffle=True, seed=4, num_threads=2)
+    want = list(mixle.Loader(sampler, 6, **options))  # the parent has opened its volumes
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:
+        got = pool.submit(batches_in_child, pickle.dumps(sampler), 6, options).result(timeout=T)
+    _same_batches(got, want)
+    for batch in got:
+        check_batch(batch, truth, SIZE)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_reads_the_same_batches_with_inherited_handles(
+    tmp_path: Path, mixed
+) -> None:
+    paths, _ = mixed
+    sampler = _sampler(paths, 30, seed=8, patches_per_volume=2)
+    options = dict(shuffle=True, seed=4, num_threads=2)
+    want = list(mixle.Loader(sampler, 6, **options))  # handles, pool threads, caches live
+    out = tmp_path / "child.pkl"
+
+    def child() -> None:
+        batches = list(mixle.Loader(sampler, 6, **options))
+        out.write_bytes(pickle.dumps(batches))
+
+    ctx = multiprocessing.get_context("fork")
+    with warnings.catch_warnings():  # Python >= 3.12 warns when a process with threads forks
+        warnings.simplefilter("ignore", DeprecationWarning)
+        proc = ctx.Process(target=child)
+        proc.start()
+    proc.join(T)
+    assert proc.exitcode == 0
+    _same_batches(pickle.loads(out.read_bytes()), want)
+    _same_batches(list(mixle.Loader(sampler, 6, **options)), want)  # the parent still reads
+
+
+# -- torch and grain -------------------------------------------------------------------
+def _collated(batch: dict[str, Any]) -> dict[str, np.ndarray]:
+    return {k: v.numpy() for k, v in batch.items()}
+
+
+def test_torch_dataloader_in_process_reads_dict_records(mixed) -> None:
+    pytest.importorskip("torch")
+    from torch.utils.data import DataLoader
+
+    paths, truth = mixed
+    sampler = _sampler(paths, 22, seed=2, columns=None)
+    order = np.random.default_rng(0).permutation(22).tolist()
+    loader = DataLoader(sampler, batch_size=5, sampler=order, num_workers=0)  # type: ignore[arg-type]
+    batches = [_collated(b) for b in loader]
+    assert [b["patch"].shape[0] for b in batches] == [5, 5, 5, 5, 2]
+    for t, batch in enumerate(batches):
+        assert set(batch) == {"patch", "coords", "volume"}
+        assert batch["coords"].dtype == np.int64 and batch["volume"].dtype == np.int64
+        _same(batch, sampler.get_batch(order[5 * t : 5 * t + 5]))
+        check_batch(batch, truth, SIZE)
+
+
+@pytest.mark.slow
+def test_torch_dataloader_with_two_workers_reads_the_same_batches(mixed) -> None:
+    pytest.importorskip("torch")
+    from torch.utils.data import DataLoader
+
+    paths, truth = mixed
+    sampler = _sampler(paths, 22, seed=2)
+    sampler.get_batch(np.arange(22))  # the parent holds handles before the workers fork
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads (3.12+)
+        loader = DataLoader(sampler, batch_size=4, num_workers=2, timeout=T)  # type: ignore[arg-type]
+        batches = [_collated(b) for b in loader]
+    assert len(batches) == 6
+    for t, batch in enumerate(batches):
+        _same(batch, sampler.get_batch(np.arange(4 * t, min(4 * t + 4, 22))))
+        check_batch(batch, truth, SIZE)
+
+
+def test_grain_reads_a_collection_sampler(mixed) -> None:
+    grain = pytest.importorskip("grain.python")
+    paths, truth = mixed
+    sampler = _sampler(paths, 20, seed=3, patches_per_volume=2)
+    assert isinstance(sampler, grain.RandomAccessDataSource)
+    batched = grain.MapDataset.source(sampler).batch(4)
+    for t in range(len(batched)):
+        batch = batched[t]
+        _same(batch, sampler.get_batch(np.arange(4 * t, 4 * t + 4)))
+        check_batch(batch, truth, SIZE)
+    shuffled = grain.MapDataset.source(sampler).shuffle(seed=0)
+    got = sorted((int(r["volume"]), tuple(r["coords"].tolist())) for r in shuffled)
+    want = sorted(
+        zip(sampler.volumes_array().tolist(), map(tuple, sampler.coords_array().tolist()))
+    )
+    assert got == want
+
+
+# -- JaxLoader (in a fresh interpreter: JAX must stay out of this forking process) -------
+JAX_SCRIPT = """
+import json, pickle, sys
+import numpy as np
+import jax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+import mixle
+from mixle.jax import JaxLoader
+
+paths, size = json.loads(sys.argv[1]), (4, 5, 3)
+sampler = mixle.PatchSampler(mixle.read_volumes(paths, dataset="img"), size, 38, seed=5,
+                             patches_per_volume=2)
+mesh = Mesh(np.array(jax.devices()), ("data",))
+sharding = NamedSharding(mesh, P("data"))
+opts = dict(shuffle=True, seed=3, num_epochs=2, drop_last="pad")
+jl = JaxLoader(sampler, 8, sharding=sharding, **opts)
+want = list(mixle.Loader(sampler, 8, **opts))
+out = {"devices": jax.device_count(), "block": jl.loader.shuffle_block, "batches": 0,
+       "values_ok": True, "layout_ok": True, "dtypes": None}
+it = iter(jl)
+head = []
+for t, (batch, ref) in enumerate(zip(it, want)):
+    out["batches"] += 1
+    out["dtypes"] = {k: str(v.dtype) for k, v in batch.items()}
+    for k, leaf in batch.items():
+        out["layout_ok"] &= leaf.sharding == sharding and len(leaf.addressable_shards) == 4
+        out["values_ok"] &= bool(np.array_equal(np.asarray(leaf), ref[k]))
+    if t == 2:
+        state = jl.state_dict()
+        break
+jl.close()
+resumed = JaxLoader(pickle.loads(pickle.dumps(sampler)), 8, sharding=sharding, **opts)
+resumed.load_state_dict(json.loads(json.dumps(state)))
+rest = list(resumed)
+out["rest"] = len(rest)
+out["rest_ok"] = all(
+    np.array_equal(np.asarray(b[k]), w[k]) for b, w in zip(rest, want[3:]) for k in w
+)
+print(json.dumps(out), flush=True)
+"""
+
+
+@pytest.mark.skipif(not HAS_JAX, reason='needs jax: pip install -e ".[jax]"')
+def test_jax_loader_over_a_collection_sampler_on_four_devices(mixed) -> None:
+    paths, _ = mixed
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+    env["JAX_PLATFORMS"] = "cpu"
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(JAX_SCRIPT), json.dumps(paths)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=T,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["devices"] == 4 and out["block"] == 2
+    assert out["batches"] == 3 and out["values_ok"] and out["layout_ok"]
+    assert out["dtypes"] == {
+        "patch": "float32",
+        "coords": "int32",
+        "volume": "int32",
+        "mask": "bool",
+    }
+    assert out["rest"] == 2 * 5 - 3 and out["rest_ok"]

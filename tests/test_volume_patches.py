@@ -428,3 +428,28 @@ def test_a_volume_without_a_class_draws_the_others_or_is_skipped() -> None:
     by_weight = mixle.PatchSampler(mixle.read_volumes(weights), 3, 50, weights="w")
     with pytest.warns(UserWarning, match=r"volume 1 .*weights are zero.*it is skipped"):
         assert 1 not in by_weight.get_batch(np.arange(50))["volume"].tolist()
+
+
+@pytest.mark.parametrize("volume_weights", ["uniform", "voxels"])
+def test_volumes_skipped_for_their_maps_are_never_drawn(volume_weights) -> None:
+    # 40 volumes, only volume 7 has foreground: uniform redraws run out and fall back to
+    # the list of valid volumes, which must know about maps as well as shapes
+    rows = []
+    for i in range(40):
+        lab = np.zeros((6, 6), np.uint8)
+        if i == 7:
+            lab[2, 3] = 1
+        rows.append({"image": _vol((6, 6), i), "label": lab})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        sampler = mixle.PatchSampler(
+            mixle.read_volumes(rows),
+            3,
+            64,
+            labels="label",
+            label_probabilities={1: 1},
+            volume_weights=volume_weights,
+        )
+        batch = sampler.get_batch(np.arange(64))
+    assert set(batch["volume"].tolist()) == {7}
+    assert {tuple(c) for c in batch["coords"].tolist()} == {(1, 2)}

@@ -343,8 +343,14 @@ class VolumePatchSampler(PatchSampler, collections=VolumeCollection):
     def _valid_volumes(self) -> NDArray[np.int64]:
         if self._valid is None:
             self._volumes.shapes()  # read every shape at once, in parallel
+            weighted = self._layout_args["weights"] or self._layout_args["labels"]
             self._valid = np.asarray(
-                [v for v in range(len(self._volumes)) if self._fits(v)], dtype=np.int64
+                [
+                    v
+                    for v in range(len(self._volumes))
+                    if self._fits(v) and (not weighted or self._volume_layout(v) is not None)
+                ],
+                dtype=np.int64,
             )
         return self._valid
 

@@ -453,3 +453,23 @@ def test_volumes_skipped_for_their_maps_are_never_drawn(volume_weights) -> None:
         batch = sampler.get_batch(np.arange(64))
     assert set(batch["volume"].tolist()) == {7}
     assert {tuple(c) for c in batch["coords"].tolist()} == {(1, 2)}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "err", "match"),
+    [
+        ({"patch_size": 0}, ValueError, "patch_size=0 must be >= 1"),
+        ({"patch_size": (4, -1)}, ValueError, r"patch_size=\(4, -1\) must be >= 1"),
+        ({"patch_size": 2.5}, TypeError, "patch_size"),
+        ({"stride": 0}, ValueError, "stride"),
+        ({"region": 1, "patches_per_chunk": 2}, ValueError, "region"),
+        ({"padding": "wrap"}, ValueError, "padding"),
+        ({"patches_per_volume": 0}, ValueError, "patches_per_volume=0 must be >= 1"),
+        ({"labels": "label"}, ValueError, "label_probabilities"),
+    ],
+)
+def test_bad_arguments_are_refused_at_construction(kwargs, err, match) -> None:
+    rows = [{"image": _vol((8, 8), i), "label": np.zeros((8, 8), np.uint8)} for i in range(3)]
+    args = {"patch_size": 4, **kwargs}
+    with pytest.raises(err, match=match):
+        mixle.PatchSampler(mixle.read_volumes(rows), num_patches=10, **args)

@@ -61,6 +61,16 @@ def _spatial_shape(shape: Any, patch_size: object) -> tuple[int, ...]:
     return tuple(max(s[len(s) - nd + a] for s in shapes) for a in range(nd))
 
 
+def _parse_size(patch_size: object) -> int | tuple[int, ...]:
+    """``patch_size`` as an int or a tuple of ints, each ``>= 1`` (checked per volume later)."""
+    n = patch_entries(patch_size)
+    items = [patch_size] if n is None else list(patch_size)  # type: ignore[call-overload]
+    sizes = [parse_int(p, "patch_size") for p in items]
+    if not sizes or any(p < 1 for p in sizes):
+        raise ValueError(f"patch_size={patch_size!r} must be >= 1 on every axis")
+    return sizes[0] if n is None else tuple(sizes)
+
+
 class VolumePatchSampler(PatchSampler, collections=VolumeCollection):
     """``num_patches`` seeded random patches across the volumes of a collection.
 
@@ -150,7 +160,7 @@ class VolumePatchSampler(PatchSampler, collections=VolumeCollection):
         self._epoch = parse_epoch(epoch)
         self._replacement = bool(replacement)
         self._padding = parse_padding(padding)
-        self._patch_size_arg = patch_size
+        self._patch_size_arg = _parse_size(patch_size)
         self._per_volume = parse_int(patches_per_volume, "patches_per_volume")
         if self._per_volume < 1:
             raise ValueError(f"patches_per_volume={patches_per_volume} must be >= 1")
@@ -178,6 +188,8 @@ class VolumePatchSampler(PatchSampler, collections=VolumeCollection):
         self._structure = parse_structure(structure)
         self._init_cache()
         self._reference = self._reference_specs()
+        if self._fits(0):  # every placement argument is checked here, on volume 0
+            self._volume_layout(0)
         self._columns = self._parse_columns(columns)
         self._volume_weights, self._cumulative = self._parse_volume_weights(volume_weights)
         if not self._replacement:

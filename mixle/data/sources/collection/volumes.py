@@ -21,13 +21,52 @@ from mixle.data.sources.collection.inputs import (
     VolumesLike,
     parse_volumes,
 )
-from mixle.data.sources.collection.openers import OpenOptions, open_volume, volume_format
+from mixle.data.sources.collection.openers import (
+    OpenOptions,
+    is_url,
+    open_volume,
+    volume_format,
+)
 from mixle.errors import ColumnNotFoundError, SourceClosedError, VolumeMismatchError
 
 __all__ = ["DEFAULT_MAX_OPEN", "VolumeCollection", "VolumeMismatchError", "read_volumes"]
 
-#: Default bound on volumes with a live handle at once (``max_open=``).
-DEFAULT_MAX_OPEN = 64
+#: Descriptors one live volume may hold: an HDF5 volume keeps h5py's and its chunk reader's.
+DESCRIPTORS_PER_VOLUME = 2
+#: The default bound lets live volumes use at most ``1 / DESCRIPTOR_SHARE`` of the
+#: process's descriptor limit (``RLIMIT_NOFILE``), between these two numbers of volumes.
+DESCRIPTOR_SHARE = 4
+#: The default bound's floor (also the default where the limit cannot be read) and its cap
+#: (a live volume also holds memory: its metadata and chunk reader).
+MIN_DEFAULT_MAX_OPEN = 64
+MAX_DEFAULT_MAX_OPEN = 256
+
+
+def default_max_open(soft_limit: int | None = None) -> int:
+    """The default ``max_open`` for a descriptor limit (default: this process's soft one).
+
+    A quarter of the limit, at :data:`DESCRIPTORS_PER_VOLUME` descriptors a volume, clamped
+    to ``[MIN_DEFAULT_MAX_OPEN, MAX_DEFAULT_MAX_OPEN]``; an unlimited limit gives the cap,
+    one that cannot be read (no ``resource`` module) the floor.
+    """
+    if soft_limit is None:
+        try:
+            import resource
+        except ImportError:  # Windows
+            return MIN_DEFAULT_MAX_OPEN
+        soft_limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        if soft_limit == resource.RLIM_INFINITY:
+            return MAX_DEFAULT_MAX_OPEN
+    if soft_limit < 0:  # RLIM_INFINITY on some platforms
+        return MAX_DEFAULT_MAX_OPEN
+    share = soft_limit // (DESCRIPTOR_SHARE * DESCRIPTORS_PER_VOLUME)
+    return max(MIN_DEFAULT_MAX_OPEN, min(MAX_DEFAULT_MAX_OPEN, share))
+
+
+#: Default bound on volumes with a live handle at once (``max_open=``), from this process's
+#: descriptor limit when mixle is imported (:func:`default_max_open`; 128 at the common
+#: limit of 1,024, 256 from 2,048 up).
+DEFAULT_MAX_OPEN = default_max_open()
 #: Most threads :meth:`VolumeCollection.shapes` reads metadata with (and never past ``max_open``).
 SHAPE_THREADS = 16
 #: Locks guarding the creation of volume sources, shared by index modulo this.
@@ -94,8 +133,9 @@ class VolumeCollection:
       The bound holds for reads made inside leases: a source kept from ``vols[i]`` and read
       later reopens outside the count (and another thread may give back its handle while it
       reads, so read through :meth:`lease` whenever threads share the collection).
-    - Shapes and dtypes are metadata: :meth:`shape`, :meth:`shapes` (read in parallel, at
-      most ``max_open`` volumes at once), :meth:`dtype_of`; shapes are cached and pickled.
+    - Shapes and dtypes are metadata: :meth:`shape`, :meth:`shapes` (local files in turn,
+      remote volumes in parallel, within ``max_open``), :meth:`dtype_of`; shapes are cached
+      and pickled.
     - On first use volume ``i``'s dtype and number of dimensions are compared with volume
       0's; a difference raises :class:`VolumeMismatchError` naming the volume, unless
       ``dtype=`` was given (then only the number of dimensions must agree; the samplers
@@ -348,22 +388,45 @@ class VolumeCollection:
         return {name: tuple(int(n) for n in self._shape_cache[name][i]) for name in self.names}
 
     def shapes(self) -> list[Any]:
-        """Every volume's shape, in order (see :meth:`shape`); unknown ones read in parallel.
+        """Every volume's shape, in order (see :meth:`shape`); unknown remote ones in parallel.
 
-        At most ``min(max_open, SHAPE_THREADS)`` volumes are opened at once, and the bound
-        on live handles holds throughout.
+        Volumes that may be remote (URLs, sources handed in that are not local files) are
+        read by at most ``min(max_open, SHAPE_THREADS)`` threads while the calling thread
+        reads the local ones in turn: a local file's metadata is parsed in Python under the
+        GIL, so threads would only contend for it. The bound on live handles holds
+        throughout.
         """
         self._check_open()
         missing = np.flatnonzero(~self._known).tolist()
-        if missing:
-            threads = min(self._max_open, SHAPE_THREADS, len(missing))
-            if threads == 1:
-                for i in missing:
+        remote = [i for i in missing if self._may_be_remote(i)]
+        local = [i for i in missing if not self._may_be_remote(i)] if remote else missing
+        threads = min(self._max_open - 1, SHAPE_THREADS, len(remote))
+        if threads < 2:  # one remote volume, or max_open too small to share
+            local, remote = missing, []
+        if remote:
+            with ThreadPoolExecutor(threads, thread_name_prefix="mixle-shapes") as pool:
+                done = pool.map(self.shape, remote)
+                for i in local:
                     self.shape(i)
-            else:
-                with ThreadPoolExecutor(threads, thread_name_prefix="mixle-shapes") as pool:
-                    list(pool.map(self.shape, missing))
+                list(done)
+        else:
+            for i in local:
+                self.shape(i)
         return [self._cached_shape(i) for i in range(len(self))]
+
+    def _may_be_remote(self, i: int) -> bool:
+        """Whether opening volume ``i`` may wait on a network (a URL, a store object)."""
+        entry = self._parsed.entries[i]
+        items = entry.values() if isinstance(entry, dict) else (entry,)
+        for item in items:
+            if isinstance(item, str):
+                if is_url(item):
+                    return True
+            elif isinstance(item, ArraySource) and item._meta is None:
+                path = (item._args or {}).get("path")
+                if path is not None and not (isinstance(path, str) and not is_url(path)):
+                    return True
+        return False
 
     def shapes_array(self, name: str | None = None) -> NDArray[np.int64]:
         """Every volume's shape as an ``(n, ndim)`` int64 array (``name``: one aligned array)."""
@@ -626,8 +689,10 @@ def read_volumes(
     storage_options
         fsspec options for URLs (never shown in reprs or errors).
     max_open
-        The most volumes with a live handle at once (an int >= 1, default
-        :data:`DEFAULT_MAX_OPEN`).
+        The most volumes with a live handle at once (an int >= 1). The default,
+        :data:`DEFAULT_MAX_OPEN`, is a quarter of the process's descriptor limit at two
+        descriptors a volume (an HDF5 volume holds two, others one, a local zarr store none
+        between reads), at least 64 and at most 256.
 
     Raises
     ------

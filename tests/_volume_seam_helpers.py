@@ -90,7 +90,9 @@ def check_batch(batch: dict[str, Any], truth: Sequence[np.ndarray], size: Sequen
 
 
 # -- which volumes a process opens ---------------------------------------------------------
-_HOOKED: set[tuple[str, str]] = set()
+#: ``(folder prefix, log)`` pairs this process records opens under; one hook serves them all.
+_ACTIVE: set[tuple[str, str]] = set()
+_HOOKED = False
 
 
 def _note(log: str, path: str) -> None:
@@ -101,35 +103,53 @@ def _note(log: str, path: str) -> None:
         os.close(fd)
 
 
-def _install_hook(root: str, log: str) -> None:
-    if (root, log) in _HOOKED:
+def _hook(event: str, args: tuple[Any, ...]) -> None:
+    if event != "open" or not args or not _ACTIVE:
         return
-    _HOOKED.add((root, log))
-    prefix = root.rstrip(os.sep) + os.sep
-
-    def hook(event: str, args: tuple[Any, ...]) -> None:
-        if event != "open" or not args:
-            return
-        path = args[0]
-        if isinstance(path, bytes):
-            path = os.fsdecode(path)
-        elif isinstance(path, os.PathLike):
-            path = os.fspath(path)
-        if isinstance(path, str) and os.path.abspath(path).startswith(prefix):
-            _note(log, os.path.abspath(path))
-
-    sys.addaudithook(hook)
+    path = args[0]
+    if isinstance(path, bytes):
+        path = os.fsdecode(path)
+    elif isinstance(path, os.PathLike):
+        path = os.fspath(path)
+    if not isinstance(path, str):
+        return
+    path = os.path.abspath(path)
+    for prefix, log in tuple(_ACTIVE):
+        if path.startswith(prefix):
+            _note(log, path)
 
 
-def _scan_fds(root: str, log: str) -> None:
-    prefix = root.rstrip(os.sep) + os.sep
+def record_opens(root: str | Path, log: str | Path) -> None:
+    """Log ``pid<TAB>path`` to ``log`` for every Python-level open under ``root`` here."""
+    global _HOOKED
+    _ACTIVE.add((os.path.abspath(root).rstrip(os.sep) + os.sep, os.path.abspath(log)))
+    if not _HOOKED:  # an audit hook cannot be removed: one for the process, idle when unused
+        _HOOKED = True
+        sys.addaudithook(_hook)
+
+
+def stop_recording() -> None:
+    """Stop every :func:`record_opens` of this process."""
+    _ACTIVE.clear()
+
+
+def open_files(root: str | Path) -> set[str]:
+    """Paths under ``root`` this process holds open (``/proc/self/fd``; HDF5 opens in C)."""
+    prefix = os.path.abspath(root).rstrip(os.sep) + os.sep
+    out = set()
     for fd in os.listdir("/proc/self/fd"):
         try:
             target = os.readlink(f"/proc/self/fd/{fd}")
         except OSError:
             continue
         if target.startswith(prefix):
-            _note(log, target)
+            out.add(target)
+    return out
+
+
+def _scan_fds(root: str, log: str) -> None:
+    for path in open_files(root):
+        _note(log, path)
 
 
 class OpenRecorder:
@@ -149,7 +169,7 @@ class OpenRecorder:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        _install_hook(self.root, self.log)
+        record_opens(self.root, self.log)
 
     def __len__(self) -> int:
         return len(self.data)

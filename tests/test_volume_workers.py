@@ -1,0 +1,128 @@
+"""MPEncodedData and DaskEncodedData over a collection sampler: each worker opens its own
+volumes only, the driver reads nothing, and the shards equal the serial computation.
+
+Which volumes a process opens is logged by :class:`_volume_seam_helpers.OpenRecorder`
+(Python-level opens through an audit hook; files held open by HDF5 through
+``/proc/self/fd``), installed only where the wrapper is unpickled: in the workers.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from _volume_seam_helpers import (
+    DATASET,
+    OpenRecorder,
+    check_batch,
+    identity,
+    open_files,
+    opened_volumes,
+    patch_sums,
+    pid_of,
+    record_opens,
+    stop_recording,
+    write_mixed,
+)
+
+import mixle
+from mixle.utils.parallel.multiprocessing import MPEncodedData
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc/self/fd"),
+]
+
+SIZE = (4, 5, 3)
+#: Hang guard for every call; no test relies on it for timing.
+T = 60
+
+
+@pytest.fixture(autouse=True)
+def _no_leftover_workers():
+    yield
+    assert multiprocessing.active_children() == []
+
+
+@pytest.fixture
+def setup(tmp_path: Path) -> Iterator[dict[str, Any]]:
+    root = tmp_path / "vols"
+    paths, truth = write_mixed(root, count=8)  # zarr, HDF5, .npy in turn
+    sampler = mixle.PatchSampler(mixle.read_volumes(paths, dataset=DATASET), SIZE, 6, seed=2)
+    names = [Path(p).name for p in paths]
+    yield {
+        "root": root,
+        "log": tmp_path / "opens.log",
+        "truth": truth,
+        "sampler": sampler,
+        "names": names,
+    }
+    stop_recording()  # also what a Dask scheduler in this process started by unpickling
+
+
+def _build(make: Callable[[Any], Any], setup: dict[str, Any]) -> Any:
+    """Build the handle while this process records its opens; none may happen here."""
+    root, log = setup["root"], setup["log"]
+    held = open_files(root)  # the sampler's constructor read volume 0's metadata
+    record_opens(root, log)
+    enc = make(OpenRecorder(setup["sampler"], root, log))
+    enc.map(pid_of)
+    assert enc.read_in == "workers"  # chosen by "auto": the sampler pickles small
+    assert enc.stats["driver_bytes_read"] == 0
+    assert open_files(root) <= held
+    assert os.getpid() not in opened_volumes(log, root)
+    stop_recording()
+    return enc
+
+
+def _check(enc: Any, setup: dict[str, Any], pids: list[int]) -> None:
+    sampler, names = setup["sampler"], setup["names"]
+    opened = opened_volumes(setup["log"], setup["root"])
+    assert set(opened) <= set(pids), {p: sorted(v) for p, v in opened.items()}
+    shards = [enc.shard_indices(w) for w in range(enc.num_workers)]
+    # what each worker's records need (index math; it reads shapes here, after the log)
+    own = [{names[v] for v in sampler.volumes_array(s).tolist()} for s in shards]
+    # the check means something: the workers' volumes differ and none needs all of them
+    assert own[0] != own[1] and all(len(o) < len(names) for o in own)
+    for w, pid in enumerate(pids):
+        assert opened.get(pid, set()) == own[w], (w, shards[w])
+    # the shards equal the serial computation here, and the writers' reads
+    got = enc.map(identity)
+    for w, shard in enumerate(got):
+        want = sampler.get_batch(shards[w])
+        assert set(shard) == set(want)
+        for k in want:
+            np.testing.assert_array_equal(shard[k], want[k])
+        check_batch(shard, setup["truth"], SIZE)
+    sums = enc.map_reduce(patch_sums)
+    order = np.concatenate(shards)
+    serial = [float(np.sum(p, dtype=np.float64)) for p in sampler.get_batch(order)["patch"]]
+    assert sums == serial
+
+
+def test_mp_workers_open_only_the_volumes_of_their_own_records(setup) -> None:
+    with _build(lambda data: MPEncodedData(data, num_workers=2, timeout=T), setup) as enc:
+        assert enc.map(pid_of) == list(enc.pids)
+        _check(enc, setup, list(enc.pids))
+
+
+def test_dask_workers_open_only_the_volumes_of_their_own_records(setup) -> None:
+    pytest.importorskip("distributed", reason="needs mixle[dask]")
+    from _encoded_helpers import local_dask_client
+
+    from mixle.utils.parallel.dask_backend import DaskEncodedData
+
+    with local_dask_client(2, timeout=T) as client:
+
+        def make(data: Any) -> Any:
+            return DaskEncodedData(data, client=client, num_workers=2, timeout=T)
+
+        with _build(make, setup) as enc:
+            pids = enc.map(pid_of)
+            assert len(set(pids)) == 2
+            _check(enc, setup, pids)

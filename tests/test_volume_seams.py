@@ -357,3 +357,146 @@ def test_jax_loader_over_a_collection_sampler_on_four_devices(mixed) -> None:
         "mask": "bool",
     }
     assert out["rest"] == 2 * 5 - 3 and out["rest_ok"]
+
+
+# -- more seams: bounded handles under threads, epochs, specs, dict volumes, grids --------
+def test_few_handles_under_reader_threads_give_the_same_batches(mixed) -> None:
+    paths, truth = mixed
+    wide = _sampler(paths, 64, seed=11)
+    narrow = mixle.PatchSampler(
+        mixle.read_volumes(paths, dataset=DATASET, max_open=2), SIZE, 64, seed=11
+    )
+    opts = dict(shuffle=True, seed=5, num_epochs=2)
+    want = list(mixle.Loader(wide, 8, num_threads=0, **opts))
+    got = list(mixle.Loader(narrow, 8, num_threads=4, prefetch=8, **opts))
+    assert max(np.unique(b["volume"]).size for b in got) > 2  # each batch outgrows max_open
+    _same_batches(got, want)
+    for batch in got:
+        check_batch(batch, truth, SIZE)
+
+
+def test_a_state_resumes_whatever_max_open_but_not_with_another_cast(mixed) -> None:
+    paths, _ = mixed
+
+    def loader(**kwargs: Any) -> Any:
+        vols = mixle.read_volumes(paths, dataset=DATASET, **kwargs)
+        return mixle.Loader(mixle.PatchSampler(vols, SIZE, 24, seed=1), 4, shuffle=True)
+
+    first = loader()
+    it = iter(first)
+    next(it)
+    state = first.state_dict()
+    rest = list(it)
+    again = loader(max_open=1)
+    again.load_state_dict(state)
+    _same_batches(list(again), rest)
+    with pytest.raises(LoaderStateError, match="source"):
+        loader(dtype="float64").load_state_dict(state)
+
+
+def test_set_epoch_draws_new_patches_still_true_and_the_state_follows_it(mixed) -> None:
+    paths, truth = mixed
+    sampler = _sampler(paths, 30, seed=2, patches_per_volume=3)
+    first = sampler.get_batch(np.arange(30))
+    state0 = mixle.Loader(sampler, 5).state_dict()
+    sampler.set_epoch(1)
+    second = sampler.get_batch(np.arange(30))
+    assert not np.array_equal(first["coords"], second["coords"])
+    check_batch(second, truth, SIZE)
+    np.testing.assert_array_equal(second["volume"], sampler.volumes_array())
+    loader = mixle.Loader(sampler, 5)
+    assert loader.state_dict()["source"] != state0["source"]
+    with pytest.raises(LoaderStateError, match="set_epoch"):
+        loader.load_state_dict(state0)
+    copy = pickle.loads(pickle.dumps(sampler))  # the epoch travels with the pickle
+    _same(copy.get_batch(np.arange(30)), second)
+    sampler.set_epoch(0)
+    _same(sampler.get_batch(np.arange(30)), first)
+
+
+def test_the_loader_element_spec_is_what_batches_hold(tmp_path: Path) -> None:
+    paths, truth = write_mixed(tmp_path / "vols", count=4, dtypes=["int16", "uint8"])
+    rows = [{"image": p, "age": 40.5 + i, "site": i % 2} for i, p in enumerate(paths)]
+    vols = mixle.read_volumes(rows, dataset=DATASET, dtype="float32")
+    sampler = mixle.PatchSampler(vols, SIZE, 18, seed=4, columns=["age", "site"])
+    loader = mixle.Loader(sampler, 4, drop_last="pad")
+    spec = loader.element_spec()
+    batches = list(loader)
+    assert len(batches) == 5
+    for batch in batches:
+        assert set(batch) == set(spec) == {"image", "coords", "volume", "age", "site", "mask"}
+        for k, s in spec.items():
+            assert (batch[k].shape, batch[k].dtype) == (tuple(s.shape), s.dtype), k
+        np.testing.assert_array_equal(batch["age"], 40.5 + batch["volume"])
+        np.testing.assert_array_equal(batch["site"], batch["volume"] % 2)
+        mask = batch.pop("mask")
+        check_batch(
+            {"patch": batch["image"][mask], **{k: v[mask] for k, v in batch.items()}}, truth, SIZE
+        )
+
+
+def test_dict_volumes_through_the_loader_and_torch(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    from torch.utils.data import DataLoader
+
+    images, _ = write_mixed(tmp_path / "img", count=4)
+    label_truth = []
+    rows = []
+    for i, path in enumerate(images):
+        lab = (np.load(path) if path.endswith(".npy") else _read(path)) > 500
+        label_truth.append(lab.astype(np.uint8))
+        lpath = str(tmp_path / f"label{i}.npy")
+        np.save(lpath, label_truth[-1])
+        rows.append({"image": path, "label": lpath})
+    vols = mixle.read_volumes(rows, dataset={"image": DATASET})
+    sampler = mixle.PatchSampler(vols, SIZE, 20, seed=6, patches_per_volume=2)
+    image_truth = [_read(p) for p in images]
+    batches = list(mixle.Loader(sampler, 4, shuffle=True, seed=1))
+    batches += [
+        {k: v.numpy() for k, v in b.items()}
+        for b in DataLoader(sampler, batch_size=4, num_workers=0)  # type: ignore[arg-type]
+    ]
+    assert isinstance(next(iter(DataLoader(sampler, batch_size=2)))["label"], torch.Tensor)
+    for batch in batches:
+        assert set(batch) == {"image", "label", "coords", "volume"}
+        check_batch({**batch, "patch": batch["image"]}, image_truth, SIZE)
+        check_batch({**batch, "patch": batch["label"]}, label_truth, SIZE)
+
+
+def _read(path: str) -> np.ndarray:
+    """A volume as its writer reads it (zarr-python, h5py or NumPy)."""
+    if path.endswith(".zarr"):
+        import zarr
+
+        return zarr.open_array(path, mode="r")[...]
+    if path.endswith(".h5"):
+        import h5py
+
+        with h5py.File(path, "r") as f:
+            return f[DATASET][...]
+    return np.load(path)
+
+
+@pytest.mark.parametrize("layout", ["interleaved", "blocked"])
+def test_a_grid_over_the_collection_through_sharded_loaders_and_torch(mixed, layout) -> None:
+    pytest.importorskip("torch")
+    from torch.utils.data import DataLoader
+
+    paths, truth = mixed
+    grid = mixle.GridSampler(mixle.read_volumes(paths, dataset=DATASET), SIZE, overlap=1)
+    whole = grid.get_batch(np.arange(len(grid)))
+    assert set(whole["volume"].tolist()) == set(range(len(paths)))
+    check_batch(whole, truth, SIZE)
+    seen = []
+    for s in range(2):
+        loader = mixle.Loader(
+            grid, 8, shuffle=True, seed=3, num_shards=2, shard_index=s, shard_layout=layout
+        )
+        for t, batch in enumerate(loader):
+            idx = loader.batch_indices(t, epoch=0)
+            np.testing.assert_array_equal(idx, loader.last_indices)
+            _same(batch, {k: v[idx] for k, v in whole.items()})
+            seen += idx.tolist()
+    assert sorted(seen) == list(range(len(grid)))
+    first = next(iter(DataLoader(grid, batch_size=8)))  # type: ignore[arg-type]
+    _same({k: v.numpy() for k, v in first.items()}, {k: v[:8] for k, v in whole.items()})

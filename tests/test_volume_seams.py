@@ -500,3 +500,67 @@ def test_a_grid_over_the_collection_through_sharded_loaders_and_torch(mixed, lay
     assert sorted(seen) == list(range(len(grid)))
     first = next(iter(DataLoader(grid, batch_size=8)))  # type: ignore[arg-type]
     _same({k: v.numpy() for k, v in first.items()}, {k: v[:8] for k, v in whole.items()})
+
+
+def test_a_grain_dataloader_in_process_reads_shuffled_records(mixed) -> None:
+    grain = pytest.importorskip("grain.python")
+    paths, truth = mixed
+    sampler = _sampler(paths, 20, seed=3)
+    index = grain.IndexSampler(20, grain.NoSharding(), shuffle=True, num_epochs=1, seed=1)
+    loader = grain.DataLoader(
+        data_source=sampler, sampler=index, operations=[grain.Batch(4)], worker_count=0
+    )
+    got = []
+    for batch in loader:
+        check_batch(batch, truth, SIZE)
+        got += zip(batch["volume"].tolist(), map(tuple, batch["coords"].tolist()))
+    want = zip(sampler.volumes_array().tolist(), map(tuple, sampler.coords_array().tolist()))
+    assert sorted(got) == sorted(want) and len(got) == 20
+
+
+GRAIN_WORKERS = """
+import json, sys
+import numpy as np
+from absl import flags
+import grain.python as grain
+import mixle
+
+flags.FLAGS.mark_as_parsed()  # grain's worker processes read its absl flags
+if __name__ == "__main__":
+    paths = json.loads(sys.argv[1])
+    sampler = mixle.PatchSampler(mixle.read_volumes(paths, dataset="img"), (4, 5, 3), 20, seed=3)
+    index = grain.IndexSampler(20, grain.NoSharding(), shuffle=False, num_epochs=1, seed=0)
+    loader = grain.DataLoader(
+        data_source=sampler, sampler=index, operations=[grain.Batch(4)], worker_count=2
+    )
+    rows = []
+    for batch in loader:
+        rows += [[int(v), c, p] for v, c, p in zip(
+            batch["volume"].tolist(), batch["coords"].tolist(),
+            [float(np.sum(x, dtype=np.float64)) for x in batch["patch"]])]
+    print(json.dumps(rows), flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_a_grain_dataloader_with_two_worker_processes_reads_every_record(mixed) -> None:
+    pytest.importorskip("grain.python")
+    paths, truth = mixed
+    sampler = _sampler(paths, 20, seed=3)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(GRAIN_WORKERS), json.dumps(paths)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=T,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = json.loads(done.stdout.strip().splitlines()[-1])
+    corners = sampler.coords_array().tolist()
+    want = []  # from the writers' reads
+    for v, c in zip(sampler.volumes_array().tolist(), corners):
+        box = tuple(slice(a, a + p) for a, p in zip(c, SIZE))
+        want.append([v, c, float(np.sum(truth[v][box], dtype=np.float64))])
+    assert sorted(rows) == sorted(want)  # grain batches per worker: compare the records

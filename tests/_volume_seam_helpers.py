@@ -213,6 +213,11 @@ def patch_sums(shard: Any) -> list[float]:
     return [float(np.sum(p, dtype=np.float64)) for p in shard["patch"]]
 
 
+def record_sums(records: list[Any]) -> np.ndarray:
+    """An encoder: the float64 sum of each dict record's patch."""
+    return np.array([float(np.sum(r["patch"], dtype=np.float64)) for r in records])
+
+
 def batches_in_child(payload: bytes, batch_size: int, options: dict[str, Any]) -> list[Any]:
     """Run in a fresh process: unpickle a sampler and read its Loader's batches."""
     import mixle

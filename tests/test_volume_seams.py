@@ -254,16 +254,23 @@ def test_torch_dataloader_in_process_reads_dict_records(mixed) -> None:
 
 
 @pytest.mark.slow
-def test_torch_dataloader_with_two_workers_reads_the_same_batches(mixed) -> None:
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_torch_dataloader_with_two_workers_reads_the_same_batches(mixed, context: str) -> None:
     pytest.importorskip("torch")
     from torch.utils.data import DataLoader
 
     paths, truth = mixed
     sampler = _sampler(paths, 22, seed=2)
-    sampler.get_batch(np.arange(22))  # the parent holds handles before the workers fork
+    sampler.get_batch(np.arange(22))  # the parent holds handles before the workers start
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads (3.12+)
-        loader = DataLoader(sampler, batch_size=4, num_workers=2, timeout=T)  # type: ignore[arg-type]
+        loader = DataLoader(
+            sampler,  # type: ignore[arg-type]
+            batch_size=4,
+            num_workers=2,
+            timeout=T,
+            multiprocessing_context=context,
+        )
         batches = [_collated(b) for b in loader]
     assert len(batches) == 6
     for t, batch in enumerate(batches):

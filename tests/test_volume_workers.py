@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from _volume_seam_helpers import (
     patch_sums,
     pid_of,
     record_opens,
+    record_sums,
     stop_recording,
     write_mixed,
 )
@@ -126,3 +128,33 @@ def test_dask_workers_open_only_the_volumes_of_their_own_records(setup) -> None:
             pids = enc.map(pid_of)
             assert len(set(pids)) == 2
             _check(enc, setup, pids)
+
+
+def test_forked_mp_workers_with_an_encoder_in_pieces_equal_the_serial_encoding(setup) -> None:
+    sampler = setup["sampler"]
+    sampler.get_batch(np.arange(len(sampler)))  # the driver holds handles when it forks
+    with warnings.catch_warnings():  # Python >= 3.12 warns when a process with threads forks
+        warnings.simplefilter("ignore", DeprecationWarning)
+        enc = MPEncodedData(
+            sampler, record_sums, num_workers=2, sub_chunks=2, start_method="fork", timeout=T
+        )
+    with enc:
+        assert enc.read_in == "workers" and enc.stats["driver_bytes_read"] == 0
+        for w, pieces in enumerate(enc.map(identity)):
+            shard = enc.shard_indices(w)
+            assert len(pieces) == 2
+            got = np.concatenate(pieces)
+            np.testing.assert_array_equal(got, record_sums([sampler[int(i)] for i in shard]))
+
+
+def test_read_in_driver_counts_the_bytes_the_driver_read(setup) -> None:
+    sampler = setup["sampler"]
+    with MPEncodedData(sampler, num_workers=2, read_in="driver", timeout=T) as enc:
+        got = enc.map(identity)
+        want = sum(
+            sum(v.nbytes for v in sampler.get_batch(enc.shard_indices(w)).values())
+            for w in range(2)
+        )
+        assert enc.stats["driver_bytes_read"] == want > 0
+        for shard in got:
+            check_batch(shard, setup["truth"], SIZE)

@@ -171,6 +171,11 @@ class OpenRecorder:
         self.__dict__.update(state)
         record_opens(self.root, self.log)
 
+    @property
+    def structure(self) -> Any:
+        """The sampler's own (how backends shard it)."""
+        return getattr(self.data, "structure", None)
+
     def __len__(self) -> int:
         return len(self.data)
 
@@ -196,6 +201,18 @@ def opened_volumes(log: str | Path, root: str | Path) -> dict[int, set[str]]:
         pid, _, name = line.partition("\t")
         out.setdefault(int(pid), set()).add(Path(name).relative_to(root).parts[0])
     return out
+
+
+class VolumeOf:
+    """``by(i)``: the volume of index ``i`` of ``sampler`` (index math; no patch is read).
+
+    For ``partially_exchangeable(by)``: set ``by.sampler`` once the sampler exists.
+    """
+
+    sampler: Any = None
+
+    def __call__(self, index: int) -> int:
+        return int(self.sampler.volumes_array([index])[0])
 
 
 def pid_of(shard: Any) -> int:

@@ -20,6 +20,7 @@ import pytest
 from _volume_seam_helpers import (
     DATASET,
     OpenRecorder,
+    VolumeOf,
     check_batch,
     identity,
     open_files,
@@ -33,6 +34,7 @@ from _volume_seam_helpers import (
 )
 
 import mixle
+from mixle.data.structure import partially_exchangeable
 from mixle.utils.parallel.multiprocessing import MPEncodedData
 
 pytestmark = [
@@ -158,3 +160,41 @@ def test_read_in_driver_counts_the_bytes_the_driver_read(setup) -> None:
         assert enc.stats["driver_bytes_read"] == want > 0
         for shard in got:
             check_batch(shard, setup["truth"], SIZE)
+
+
+def _grouped(setup: dict[str, Any], by: Any) -> Any:
+    vols = setup["sampler"].collection
+    return mixle.PatchSampler(vols, SIZE, 12, seed=2, structure=partially_exchangeable(by))
+
+
+def test_workers_grouped_by_volume_hold_disjoint_volumes_and_open_only_those(setup) -> None:
+    by = VolumeOf()
+    sampler = by.sampler = _grouped(setup, by)
+    keys = [by(i) for i in range(len(sampler))]  # metadata only, before the driver records
+    setup["sampler"] = sampler
+    with _build(lambda data: MPEncodedData(data, num_workers=2, timeout=T), setup) as enc:
+        held = [set(np.asarray(keys)[enc.shard_indices(w)].tolist()) for w in range(2)]
+        assert held[0].isdisjoint(held[1]) and held[0] | held[1] == set(keys)
+        _check(enc, setup, list(enc.pids))
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="partially_exchangeable('volume') makes plan_shards read every record in the "
+    "driver (group_keys reads data[i]) while stats['driver_bytes_read'] stays 0",
+)
+def test_grouping_by_the_volume_field_reads_nothing_in_the_driver_or_counts_it(
+    setup, monkeypatch
+) -> None:
+    sampler = _grouped(setup, "volume")
+    calls: list[int] = []
+    read = type(sampler).get_batch
+
+    def counted(self: Any, indices: Any) -> Any:
+        calls.append(int(np.size(indices)))
+        return read(self, indices)
+
+    monkeypatch.setattr(type(sampler), "get_batch", counted)  # in the driver only (spawn)
+    with MPEncodedData(sampler, num_workers=2, timeout=T) as enc:
+        assert enc.read_in == "workers"
+        assert not calls or enc.stats["driver_bytes_read"] > 0, (calls, enc.stats)

@@ -213,3 +213,14 @@ def test_dict_metadata_that_does_not_form_a_table(two_npy: list[str]) -> None:
         mixle.read_volumes([{"image": two_npy[0], "id": "a"}, {"image": two_npy[1]}], key="id")
     keyed = mixle.read_volumes([{"image": p} for p in two_npy], key="image")  # an array entry
     assert keyed.keys == tuple(two_npy)
+
+
+def test_a_dict_entry_naming_an_image_mixle_cannot_open_is_not_metadata(
+    two_npy: list[str],
+) -> None:
+    # A MONAI-style data list with a NIfTI label would silently lose the label array
+    rows = [{"image": two_npy[0], "label": "case0_seg.nii.gz", "site": "A"}]
+    with pytest.raises(mixle.UnsupportedStoreError, match=r"volumes\[0\]\['label'\]=.*nii.gz"):
+        mixle.read_volumes(rows)
+    kept = mixle.read_volumes(rows, table_columns=["image"])  # asked for: metadata
+    assert kept.metadata(0) == {"label": "case0_seg.nii.gz", "site": "A"}

@@ -29,7 +29,7 @@ from mixle.data.sources.collection.openers import (
 )
 from mixle.data.sources.records.base import MemorySource, RecordSource
 from mixle.data.sources.records.dataframe_source import read_dataframe
-from mixle.errors import ColumnNotFoundError
+from mixle.errors import ColumnNotFoundError, UnsupportedStoreError
 from mixle.utils.redact import display_path
 
 __all__ = ["Entry", "ParsedVolumes", "TableColumnsLike", "VolumesLike", "parse_volumes"]
@@ -45,6 +45,20 @@ TableColumnsLike = str | Sequence[str] | Mapping[str, str] | None
 
 _GLOB_CHARS = frozenset("*?[")
 _VOLUME_SUFFIXES = (".zarr", ".npy", *HDF5_SUFFIXES, *RAW_SUFFIXES)
+#: Image formats mixle does not open: a dict entry naming one is an error, not metadata.
+_FOREIGN_IMAGE_SUFFIXES = (
+    ".nii",
+    ".nii.gz",
+    ".mha",
+    ".mhd",
+    ".nrrd",
+    ".nhdr",
+    ".mgz",
+    ".tif",
+    ".tiff",
+    ".dcm",
+    ".n5",
+)
 
 
 @dataclass
@@ -242,9 +256,25 @@ def _unique(keys: tuple[str, ...], argument: str) -> tuple[str, ...]:
     return keys
 
 
+def _foreign_image(value: object) -> bool:
+    """Whether ``value`` names an image in a format mixle does not open (NIfTI, TIFF...)."""
+    if not _is_pathlike(value):
+        return False
+    text = os.fspath(value).rstrip("/\\").split("?")[0].lower()  # type: ignore[arg-type]
+    return text.endswith(_FOREIGN_IMAGE_SUFFIXES)
+
+
 def _array_names(first: Mapping[str, Any], table_columns: TableColumnsLike) -> dict[str, str]:
     """``{array name: entry}`` of dict volumes (entries not listed are metadata)."""
     if table_columns is None:
+        foreign = [k for k, v in first.items() if _foreign_image(v)]
+        if foreign:  # silently keeping a label image as metadata would lose the array
+            k = foreign[0]
+            raise UnsupportedStoreError(
+                f"volumes[0][{k!r}]={first[k]!r} names an image in a format mixle does not "
+                "open (zarr, HDF5, .npy and raw files are); convert it (e.g. to zarr), or "
+                f"pass table_columns= naming the array entries to keep {k!r} as metadata"
+            )
         return {
             str(k): str(k) for k, v in first.items() if _is_array(v) or _looks_like_volume_path(v)
         }

@@ -103,7 +103,8 @@ class VolumePatchSampler(PatchSampler, collections=VolumeCollection):
     volume: the same in every process and whatever the order indices are asked in.
 
     A volume that cannot hold a patch (smaller than ``patch_size`` with
-    ``padding="none"``) is skipped with a warning: uniform draws redraw (every other volume
+    ``padding="none"``) is skipped with a warning (once, when it is first drawn for
+    uniform weights; when the sampler is made otherwise): uniform draws redraw (every other volume
     stays equally likely), weighted draws give it weight 0, and sampling without
     replacement gives it no positions. ``replacement=False`` visits every stride-grid
     position of every volume once per pass (``num_patches`` defaults to their number) and
@@ -585,7 +586,12 @@ class VolumePatchSampler(PatchSampler, collections=VolumeCollection):
 
     # -- placement (reads the shapes of the volumes drawn only) -------------------------
     def volumes_array(self, indices: ArrayLike | None = None) -> NDArray[np.int64]:
-        """The volume of each of patches ``indices`` (default: all), int64."""
+        """The volume of each of patches ``indices`` (default: all), int64.
+
+        Reads no voxel. With uniform ``volume_weights`` it reads the shapes (and, for
+        ``weights=``/``labels=``, indexes the maps) of the volumes drawn, to redraw past the
+        ones that are skipped; the other weightings read them when the sampler is made.
+        """
         return self._volumes_of(record_indices(indices, self._num_patches))
 
     def _volumes_of(self, idx: NDArray[np.int64]) -> NDArray[np.int64]:

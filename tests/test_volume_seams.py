@@ -207,11 +207,13 @@ def test_a_spawned_process_reads_the_same_batches(mixed) -> None:
 
 @pytest.mark.slow
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+@pytest.mark.parametrize("max_open", [64, 1])
 def test_a_forked_child_reads_the_same_batches_with_inherited_handles(
-    tmp_path: Path, mixed
+    tmp_path: Path, mixed, max_open: int
 ) -> None:
     paths, _ = mixed
-    sampler = _sampler(paths, 30, seed=8, patches_per_volume=2)
+    vols = mixle.read_volumes(paths, dataset=DATASET, max_open=max_open)
+    sampler = mixle.PatchSampler(vols, SIZE, 30, seed=8, patches_per_volume=2)
     options = dict(shuffle=True, seed=4, num_threads=2)
     want = list(mixle.Loader(sampler, 6, **options))  # handles, pool threads, caches live
     out = tmp_path / "child.pkl"
@@ -571,3 +573,30 @@ def test_a_grain_dataloader_with_two_worker_processes_reads_every_record(mixed) 
         box = tuple(slice(a, a + p) for a, p in zip(c, SIZE))
         want.append([v, c, float(np.sum(truth[v][box], dtype=np.float64))])
     assert sorted(rows) == sorted(want)  # grain batches per worker: compare the records
+
+
+def test_without_replacement_each_epoch_visits_every_position_of_every_volume_once(
+    mixed,
+) -> None:
+    paths, truth = mixed
+    sampler = _sampler(paths, None, seed=3, replacement=False, stride=SIZE)
+    n = len(sampler)
+    orders = []
+    for epoch in range(2):
+        sampler.set_epoch(epoch)
+        batches = list(mixle.Loader(sampler, 7, shuffle=True, seed=epoch))
+        seen = [
+            (v, tuple(c))
+            for b in batches
+            for v, c in zip(b["volume"].tolist(), b["coords"].tolist())
+        ]
+        assert len(seen) == len(set(seen)) == n
+        for b in batches:
+            check_batch(b, truth, SIZE)
+        orders.append(seen)
+    assert orders[0] != orders[1] and sorted(orders[0]) == sorted(orders[1])
+    grid = set()  # the stride grid of every volume, from the writers' shapes
+    for v, t in enumerate(truth):
+        counts = [d // p for d, p in zip(t.shape, SIZE)]
+        grid |= {(v, tuple(int(m) * p for m, p in zip(ms, SIZE))) for ms in np.ndindex(*counts)}
+    assert set(orders[0]) == grid

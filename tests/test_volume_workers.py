@@ -198,3 +198,15 @@ def test_grouping_by_the_volume_field_reads_nothing_in_the_driver_or_counts_it(
     with MPEncodedData(sampler, num_workers=2, timeout=T) as enc:
         assert enc.read_in == "workers"
         assert not calls or enc.stats["driver_bytes_read"] > 0, (calls, enc.stats)
+
+
+def test_a_collection_from_a_csv_table_shards_to_workers_by_reference(setup, tmp_path) -> None:
+    paths = [str(setup["root"] / n) for n in setup["names"]]
+    csv = tmp_path / "volumes.csv"  # outside the volumes' folder: its reads are not logged
+    csv.write_text("path,age\n" + "".join(f"{p},{30 + i}\n" for i, p in enumerate(paths)))
+    vols = mixle.read_volumes(mixle.read_csv(str(csv)), table_columns="path", dataset=DATASET)
+    setup["sampler"] = mixle.PatchSampler(vols, SIZE, 6, seed=2, columns=["age"])
+    with _build(lambda data: MPEncodedData(data, num_workers=2, timeout=T), setup) as enc:
+        _check(enc, setup, list(enc.pids))
+        for shard in enc.map(identity):
+            np.testing.assert_array_equal(shard["age"], 30 + shard["volume"])

@@ -600,3 +600,39 @@ def test_without_replacement_each_epoch_visits_every_position_of_every_volume_on
         counts = [d // p for d, p in zip(t.shape, SIZE)]
         grid |= {(v, tuple(int(m) * p for m, p in zip(ms, SIZE))) for ms in np.ndindex(*counts)}
     assert set(orders[0]) == grid
+
+
+def _open_sources(paths: list[str]) -> list[Any]:
+    """Each volume opened as a mixle source (by its reader), in the order given."""
+    out = []
+    for p in paths:
+        if p.endswith(".zarr"):
+            out.append(mixle.read_zarr(p))
+        elif p.endswith(".h5"):
+            out.append(mixle.read_hdf5(p, DATASET))
+        else:
+            out.append(mixle.read_volumes([p])[0])
+    return out
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a collection of open sources or arrays has keys '#0', '#1', ... and its "
+    "fingerprint (count, keys, options) ignores which volumes they are: another order of "
+    "other volumes gives the same Loader state 'source', which resumes silently",
+)
+@pytest.mark.parametrize("given", ["sources", "arrays"])
+def test_the_state_of_a_collection_of_open_volumes_refuses_another_order(mixed, given: str) -> None:
+    paths, truth = mixed
+
+    def loader(order: list[int]) -> Any:
+        items = _open_sources(paths) if given == "sources" else list(truth)
+        vols = mixle.read_volumes([items[i] for i in order])
+        return mixle.Loader(mixle.PatchSampler(vols, SIZE, 12, seed=1), 4, shuffle=True)
+
+    ahead = list(range(len(paths)))
+    state = loader(ahead).state_dict()
+    other = loader(ahead[::-1])  # different shapes at every index: other patches
+    assert other.state_dict()["source"] != state["source"]
+    with pytest.raises(LoaderStateError, match="source"):
+        other.load_state_dict(state)

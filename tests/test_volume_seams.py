@@ -636,3 +636,40 @@ def test_the_state_of_a_collection_of_open_volumes_refuses_another_order(mixed, 
     assert other.state_dict()["source"] != state["source"]
     with pytest.raises(LoaderStateError, match="source"):
         other.load_state_dict(state)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_fork_while_reader_threads_hold_leases_reads_true_patches_in_the_child(
+    tmp_path: Path,
+) -> None:
+    paths, truth = write_mixed(tmp_path / "vols")
+    vols = mixle.read_volumes(paths, dataset=DATASET, max_open=2)  # evicting all the time
+    sampler = mixle.PatchSampler(vols, SIZE, 400, seed=1)
+    want = sampler.get_batch(np.arange(64))
+    codes = []
+    for _ in range(5):
+        loader = mixle.Loader(sampler, 16, shuffle=True, num_epochs=None, prefetch=8)
+        it = iter(loader)
+        next(it)  # reader threads are reading ahead, holding leases, when the fork comes
+        with warnings.catch_warnings():  # Python >= 3.12 warns when a process with threads forks
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            code = 1
+            try:
+                import signal
+
+                signal.alarm(T)  # a hang in the child ends it instead of the run
+                got = sampler.get_batch(np.arange(64))
+                same = all(np.array_equal(got[k], want[k]) for k in want)
+                check_batch(got, truth, SIZE)
+                rest = list(zip(range(3), mixle.Loader(sampler, 16, num_threads=2)))
+                code = 0 if same and len(rest) == 3 else 2
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        codes.append(os.waitstatus_to_exitcode(status))
+        loader.close()
+    assert codes == [0] * 5
+    _same(sampler.get_batch(np.arange(64)), want)  # and the parent still reads

@@ -178,11 +178,6 @@ def test_workers_grouped_by_volume_hold_disjoint_volumes_and_open_only_those(set
         _check(enc, setup, list(enc.pids))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="partially_exchangeable('volume') makes plan_shards read every record in the "
-    "driver (group_keys reads data[i]) while stats['driver_bytes_read'] stays 0",
-)
 def test_grouping_by_the_volume_field_reads_nothing_in_the_driver_or_counts_it(
     setup, monkeypatch
 ) -> None:

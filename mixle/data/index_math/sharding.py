@@ -253,11 +253,18 @@ def split_range(indices: range, parts: int) -> list[range]:
 def group_keys(data: Any, by: str | Callable[[int], Hashable], n: int) -> list[Hashable]:
     """The group key of every index: ``by(i)``, or field ``by`` of record ``i``.
 
-    A field name reads every record in the calling process; pass a callable mapping an
-    index to its group to avoid that.
+    A field name reads every record in the calling process, unless ``data`` knows the
+    field's values without reading (``data.field_values(by, indices)`` returns them, or
+    ``None`` when it does not; a sampler over a collection knows ``"volume"``). Otherwise
+    pass a callable mapping an index to its group to avoid the reads.
     """
     if callable(by):
         return [by(i) for i in range(n)]
+    peek = getattr(data, "field_values", None)
+    if callable(peek):
+        values = peek(by, np.arange(n, dtype=np.int64))
+        if values is not None:
+            return list(np.asarray(values).tolist())
     keys = []
     for i in range(n):
         record = data[i]

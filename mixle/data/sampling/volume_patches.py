@@ -594,6 +594,25 @@ class VolumePatchSampler(PatchSampler, collections=VolumeCollection):
         """
         return self._volumes_of(record_indices(indices, self._num_patches))
 
+    def field_values(self, name: str, indices: ArrayLike | None = None) -> NDArray[Any] | None:
+        """Field ``name`` of records ``indices`` where it needs no voxel read, else ``None``.
+
+        ``"volume"`` (:meth:`volumes_array`), ``"coords"`` (:meth:`coords_array`) and the
+        metadata ``columns``; ``None`` for patches. Grouping records by ``"volume"``
+        (``structure=partially_exchangeable("volume")``) uses it instead of reading them.
+        """
+        idx = record_indices(indices, self._num_patches)
+        if name == VOLUME_KEY:
+            return self._volumes_of(idx)
+        if name == COORDS_KEY:
+            return self._placed(idx)[1]
+        if name in self._columns:
+            return self._column(name, self._volumes_of(idx))
+        return None
+
+    def _column(self, name: str, vols: NDArray[np.int64]) -> NDArray[Any]:
+        return np.asarray([self._volumes.metadata(v)[name] for v in vols.tolist()])
+
     def _volumes_of(self, idx: NDArray[np.int64]) -> NDArray[np.int64]:
         if not self._replacement:
             return permuted_positions(self._seed, idx, self._positions, epoch=self._epoch)[0]
@@ -663,7 +682,7 @@ class VolumePatchSampler(PatchSampler, collections=VolumeCollection):
         run_all(tasks)
         batch: dict[str, Any] = {**out, COORDS_KEY: corners, VOLUME_KEY: vols}
         for c in self._columns:
-            batch[c] = np.asarray([self._volumes.metadata(v)[c] for v in vols.tolist()])
+            batch[c] = self._column(c, vols)
         return batch
 
     def _read_task(

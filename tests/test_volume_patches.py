@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 import pickle
+import threading
 import warnings
 from pathlib import Path
 from typing import Any
@@ -16,6 +19,7 @@ from hypothesis import strategies as st
 
 import mixle
 from mixle.data.sampling.volume_patches import VolumePatchSampler
+from mixle.data.sources.arrays.adopt import ArrayLikeSource
 
 #: 99.9% quantile of the chi-square distribution with 3 degrees of freedom.
 CHI2_3_999 = 16.27
@@ -473,3 +477,99 @@ def test_bad_arguments_are_refused_at_construction(kwargs, err, match) -> None:
     args = {"patch_size": 4, **kwargs}
     with pytest.raises(err, match=match):
         mixle.PatchSampler(mixle.read_volumes(rows), num_patches=10, **args)
+
+
+def test_an_int_patch_size_over_dict_volumes_with_channels_in_the_first_array() -> None:
+    rows = [
+        {"image": _vol((2, 12, 12, 12), i), "label": _vol((12, 12, 12), 10 + i, "uint8")}
+        for i in range(2)
+    ]
+    sampler = mixle.PatchSampler(mixle.read_volumes(rows), 4, 20, seed=1)
+    assert sampler.patch_size == (4, 4, 4)
+    batch = sampler.get_batch(np.arange(20))
+    assert batch["image"].shape == (20, 2, 4, 4, 4) and batch["coords"].shape == (20, 3)
+    for k in range(20):
+        z, y, x = batch["coords"][k].tolist()
+        row = rows[int(batch["volume"][k])]
+        box = (slice(z, z + 4), slice(y, y + 4), slice(x, x + 4))
+        np.testing.assert_array_equal(batch["image"][k], row["image"][(slice(None), *box)])
+        np.testing.assert_array_equal(batch["label"][k], row["label"][box])
+
+
+def test_a_cast_collection_pads_with_a_value_only_the_cast_dtype_holds() -> None:
+    arrays = [_vol((6, 6), 0, "float32"), _vol((5, 7), 1, "uint8")]
+    vols = mixle.read_volumes(arrays, dtype="float32")
+    sampler = mixle.PatchSampler(vols, 4, 60, padding="constant", pad_value=-1.5, seed=3)
+    batch = sampler.get_batch(np.arange(60))
+    assert 1 in batch["volume"].tolist()
+    for patch, corner, v in zip(batch["patch"], batch["coords"], batch["volume"]):
+        padded = np.pad(arrays[int(v)].astype(np.float32), 8, constant_values=-1.5)
+        box = tuple(slice(c + 8, c + 12) for c in corner.tolist())
+        np.testing.assert_array_equal(patch, padded[box])
+    other = mixle.PatchSampler(vols, 4, 60, padding="constant", pad_value=-2.5, seed=3)
+    assert other.fingerprint() != sampler.fingerprint()
+    with pytest.raises(ValueError, match=r"pad_value=0\.5 does not fit"):
+        mixle.PatchSampler(
+            mixle.read_volumes(arrays, dtype="int16"), 4, 6, padding="constant", pad_value=0.5
+        )
+
+
+def test_metadata_columns_keep_one_dtype_in_every_batch() -> None:
+    rows = [{"image": _vol((6, 6), i), "site": s, "age": i} for i, s in enumerate(["a", "bbbb"])]
+    sampler = mixle.PatchSampler(mixle.read_volumes(rows), 3, 10, columns=["site", "age"])
+    spec = sampler.element_spec()
+    for idx in ([], [0], np.arange(10)):
+        batch = sampler.get_batch(idx)
+        assert batch["site"].dtype == spec["site"].dtype and batch["age"].dtype == np.int64
+
+
+class _BlockedMap(ArrayLikeSource):
+    """A label map whose reads wait, in the process that made it, until ``release`` is set."""
+
+    release = threading.Event()
+    blocking = threading.Event()
+    owner = os.getpid()
+
+    def read_box(self, start, size):  # type: ignore[no-untyped-def]
+        if self.blocking.is_set() and os.getpid() == self.owner:
+            self.release.wait(timeout=60)
+        return super().read_box(start, size)
+
+
+def _build_layout_or_fail(sampler: Any, v: int) -> None:
+    os._exit(0 if sampler.layout(v) is not None else 3)
+
+
+def test_layouts_of_different_volumes_build_in_parallel_and_after_a_fork() -> None:
+    """One volume's slow map must not hold up another's, nor leave a forked child stuck."""
+    rows = []
+    for i in range(3):
+        lab = np.zeros((8, 8), np.uint8)
+        lab[3, 3] = 1
+        rows.append({"image": _vol((8, 8), i), "label": _BlockedMap(lab) if i == 1 else lab})
+    sampler = mixle.PatchSampler(
+        mixle.read_volumes(rows), 3, 30, labels="label", label_probabilities={1: 1}
+    )  # volume 0's layout is built here
+    _BlockedMap.owner = os.getpid()
+    _BlockedMap.release.clear()
+    _BlockedMap.blocking.set()
+    try:
+        stuck = threading.Thread(target=sampler.layout, args=(1,), daemon=True)
+        stuck.start()  # volume 1's map waits for release: its build is in progress
+        other = threading.Thread(target=sampler.layout, args=(2,), daemon=True)
+        other.start()
+        other.join(timeout=30)  # only catches a hang: it needs no lock volume 1 holds
+        assert not other.is_alive()
+        child = multiprocessing.get_context("fork").Process(
+            target=_build_layout_or_fail, args=(sampler, 1)
+        )
+        child.start()  # forked (not pickled) while volume 1's build holds its lock
+        child.join(timeout=60)
+        if child.is_alive():
+            child.kill()
+        assert child.exitcode == 0
+    finally:
+        _BlockedMap.release.set()
+        _BlockedMap.blocking.clear()
+    stuck.join(timeout=60)
+    assert sampler.layout(1) is not None

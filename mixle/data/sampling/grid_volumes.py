@@ -11,7 +11,12 @@ from numpy.typing import ArrayLike, NDArray
 
 from mixle.data.sampling.aligned import COORDS_KEY, PATCH_KEY, VOLUME_KEY
 from mixle.data.sampling.grid import GridSampler, parse_overlap
-from mixle.data.sampling.padding import parse_pad_value, parse_padding, read_boxes_padded
+from mixle.data.sampling.padding import (
+    fill_outside,
+    parse_pad_value,
+    parse_padding,
+    read_boxes_padded,
+)
 from mixle.data.sampling.patch_args import (
     fingerprint_digest,
     parse_index,
@@ -423,12 +428,7 @@ class VolumeGridSampler(GridSampler, tiles=VolumeCollection):
             return
         # a cast: pad_value fits the output dtype, perhaps not the stored one (-1 for uint8)
         block = read_boxes_padded(source, starts, size, padding="constant").astype(out.dtype)
-        spatial = tuple(source.shape)[len(lead) :]
-        for b, corner in enumerate(corners.tolist()):
-            for a, (c, d, p) in enumerate(zip(corner, spatial, self._patch_size)):
-                edge = (slice(None),) * (len(lead) + a)
-                block[(b, *edge, slice(0, max(0, min(p, -c))))] = pad
-                block[(b, *edge, slice(max(0, d - c), p))] = pad
+        fill_outside(block, corners, tuple(source.shape)[len(lead) :], self._patch_size, pad)
         out[rows] = block
 
     def __getitem__(self, index: int) -> Record:  # type: ignore[override]

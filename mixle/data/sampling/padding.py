@@ -18,6 +18,7 @@ from numpy.typing import ArrayLike, NDArray
 
 __all__ = [
     "PADDING_MODES",
+    "fill_outside",
     "map_axis",
     "parse_pad_value",
     "parse_padding",
@@ -211,6 +212,27 @@ def read_spatial_boxes(
     return read_boxes_padded(
         source, starts, (*channels, *size), padding=padding, pad_value=pad_value
     )
+
+
+def fill_outside(
+    block: np.ndarray,
+    corners: NDArray[np.int64],
+    shape: Sequence[int],
+    size: Sequence[int],
+    value: Any,
+) -> None:
+    """Set the voxels of boxes ``block[b]`` (at spatial ``corners[b]``) outside ``shape``.
+
+    ``block`` is ``(B, *channels, *size)``; only the trailing spatial axes are filled, so a
+    box read with another fill (a cast whose ``value`` the stored dtype cannot hold) gets
+    ``value`` exactly where :func:`read_spatial_boxes` padded.
+    """
+    lead = block.ndim - 1 - len(size)
+    for b, corner in enumerate(corners.tolist()):
+        for a, (c, d, p) in enumerate(zip(corner, shape, size)):
+            edge = (slice(None),) * (lead + a)
+            block[(b, *edge, slice(0, max(0, min(p, -c))))] = value
+            block[(b, *edge, slice(max(0, d - c), p))] = value
 
 
 def _window(

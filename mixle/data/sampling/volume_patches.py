@@ -11,6 +11,7 @@ decode pool.
 from __future__ import annotations
 
 import math
+import os
 import threading
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
@@ -27,7 +28,12 @@ from mixle.data.index_math.volumes import (
     weighted_volumes,
 )
 from mixle.data.sampling.aligned import COORDS_KEY, PATCH_KEY, VOLUME_KEY, AlignedArrays
-from mixle.data.sampling.padding import parse_padding, read_spatial_boxes
+from mixle.data.sampling.padding import (
+    fill_outside,
+    parse_pad_value,
+    parse_padding,
+    read_spatial_boxes,
+)
 from mixle.data.sampling.patch_args import (
     check_combination,
     fingerprint_digest,
@@ -49,6 +55,20 @@ from mixle.reading.pool import run_all
 from mixle.utils.validation import parse_int
 
 __all__ = ["VolumePatchSampler"]
+
+#: Locks that serialise building one volume's layout, shared by volume index modulo this.
+_BUILD_LOCKS = 64
+#: Serialises the reset of a sampler's locks in a forked child.
+_FORK_LOCK = threading.Lock()
+
+
+def _new_fork_lock() -> None:
+    global _FORK_LOCK
+    _FORK_LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_fork_lock)
 
 _RESERVED = (PATCH_KEY, COORDS_KEY, VOLUME_KEY)
 
@@ -189,6 +209,10 @@ class VolumePatchSampler(PatchSampler, collections=VolumeCollection):
         self._structure = parse_structure(structure)
         self._init_cache()
         self._reference = self._reference_specs()
+        self._pad_value = pad_value
+        self._fills = self._cast_fills(pad_value)
+        if self._fills:  # read with 0 (any stored dtype holds it), fill after the cast
+            self._layout_args["pad_value"] = 0
         if self._fits(0):  # every placement argument is checked here, on volume 0
             self._volume_layout(0)
         self._columns = self._parse_columns(columns)
@@ -224,14 +248,25 @@ class VolumePatchSampler(PatchSampler, collections=VolumeCollection):
 
     # -- per-volume state (never pickled: rebuilt lazily where the sampler is used) ------
     def _init_cache(self) -> None:
-        self._lock = threading.RLock()
+        self._pid = os.getpid()
+        self._lock = threading.RLock()  # guards the dicts below, never held across I/O
+        self._build_locks = [threading.Lock() for _ in range(_BUILD_LOCKS)]
         self._layouts: dict[int, PatchLayout | None] = {}
         self._valid: NDArray[np.int64] | None = None
         self._warned: set[int] = set()
 
+    def _own(self) -> None:
+        """In a forked child: new locks (a parent thread may have held one at the fork)."""
+        if self._pid != os.getpid():
+            with _FORK_LOCK:
+                if self._pid != os.getpid():
+                    self._lock = threading.RLock()
+                    self._build_locks = [threading.Lock() for _ in range(_BUILD_LOCKS)]
+                    self._pid = os.getpid()
+
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        for name in ("_lock", "_layouts", "_valid", "_warned"):
+        for name in ("_pid", "_lock", "_build_locks", "_layouts", "_valid", "_warned"):
             state.pop(name, None)
         return state
 
@@ -246,6 +281,7 @@ class VolumePatchSampler(PatchSampler, collections=VolumeCollection):
         """The patch spec every volume must give, from volume 0's metadata."""
         with self._volumes.lease(0) as first:
             specs = self._specs_of(first)
+            self._spatial_ndim = self._spatial_ndim_of(first)
         cast = self._cast()
         if cast is not None:
             if isinstance(cast, Mapping):
@@ -255,6 +291,26 @@ class VolumePatchSampler(PatchSampler, collections=VolumeCollection):
             else:
                 specs = {k: ArraySpec(s.shape, np.dtype(cast)) for k, s in specs.items()}
         return specs
+
+    def _cast_fills(self, pad_value: Any) -> dict[str, Any]:
+        """``{record key: fill}`` checked against the cast dtype (``{}``: no cast or fill)."""
+        if self._cast() is None or self._padding != "constant":
+            return {}
+        fills = {}
+        for k, spec in self._reference.items():
+            value = pad_value.get(k, 0) if isinstance(pad_value, Mapping) else pad_value
+            name = f"pad_value[{k!r}]" if isinstance(pad_value, Mapping) else "pad_value"
+            fills[k] = parse_pad_value(value, spec.dtype, name)
+        return fills
+
+    def _spatial_ndim_of(self, volume: Any) -> int:
+        """How many trailing axes of an open volume are spatial."""
+        nd = patch_entries(self._patch_size_arg)
+        if nd is not None:
+            return nd
+        if isinstance(volume, Mapping):
+            return min(src.ndim for src in volume.values())
+        return int(volume.ndim)
 
     def _specs_of(self, volume: Any) -> dict[str, ArraySpec]:
         """``{record key: spec of one patch}`` of an open volume (source or dict of them)."""
@@ -288,6 +344,7 @@ class VolumePatchSampler(PatchSampler, collections=VolumeCollection):
 
     def _warn(self, v: int, what: str) -> None:
         """Warn once per volume: ``volume v ('key') <what>``."""
+        self._own()
         with self._lock:
             if v in self._warned:
                 return
@@ -306,11 +363,13 @@ class VolumePatchSampler(PatchSampler, collections=VolumeCollection):
             return self._layouts[v]
         except KeyError:
             pass
-        with self._lock:
+        self._own()
+        with self._build_locks[v % _BUILD_LOCKS]:  # volumes build in parallel, each once
             if v in self._layouts:
                 return self._layouts[v]
             lay = self._build_layout(v)
-            self._layouts[v] = lay
+            with self._lock:
+                self._layouts[v] = lay
             return lay
 
     def _build_layout(self, v: int) -> PatchLayout | None:
@@ -454,16 +513,16 @@ class VolumePatchSampler(PatchSampler, collections=VolumeCollection):
 
     @property
     def patch_size(self) -> tuple[int, ...]:
-        spec = next(iter(self._reference.values()))
-        return self._reference_size(len(spec.shape))[-len(spec.shape) :]
+        """Patch extent per spatial axis (the trailing axes of every volume)."""
+        return self._reference_size(self._spatial_ndim)
 
     @property
     def channel_shape(self) -> tuple[int, ...]:
+        """Leading axes every patch holds whole (``()`` if none or for dict volumes)."""
         if self._volumes.names is not None:
             return ()
         spec = self._reference[PATCH_KEY]
-        nd = patch_entries(self._patch_size_arg)
-        return spec.shape[: len(spec.shape) - (nd or len(spec.shape))]
+        return spec.shape[: len(spec.shape) - self._spatial_ndim]
 
     @property
     def stride(self) -> tuple[int, ...]:
@@ -535,7 +594,7 @@ class VolumePatchSampler(PatchSampler, collections=VolumeCollection):
         spec[COORDS_KEY] = ArraySpec((nd,), np.dtype(np.int64))
         spec[VOLUME_KEY] = ArraySpec((), np.dtype(np.int64))
         for c in self._columns:
-            spec[c] = ArraySpec((), np.asarray(self._volumes.metadata(0)[c]).dtype)
+            spec[c] = ArraySpec((), self._column(c, np.zeros(1, dtype=np.int64)).dtype)
         return spec
 
     def __len__(self) -> int:
@@ -570,6 +629,7 @@ class VolumePatchSampler(PatchSampler, collections=VolumeCollection):
         """
         args = {k: v for k, v in self._layout_args.items() if k not in ("progress", "epoch")}
         args["seed"] = self._seed & MASK64
+        args["pad_value"] = self._pad_value
         return fingerprint_digest(
             "VolumePatchSampler",
             {
@@ -611,7 +671,7 @@ class VolumePatchSampler(PatchSampler, collections=VolumeCollection):
         return None
 
     def _column(self, name: str, vols: NDArray[np.int64]) -> NDArray[Any]:
-        return np.asarray([self._volumes.metadata(v)[name] for v in vols.tolist()])
+        return self._volumes.metadata_batch(vols, [name])[name]
 
     def _volumes_of(self, idx: NDArray[np.int64]) -> NDArray[np.int64]:
         if not self._replacement:
@@ -698,10 +758,24 @@ class VolumePatchSampler(PatchSampler, collections=VolumeCollection):
                     )
                 else:
                     parts = {PATCH_KEY: self._read_single(lay, corners[sel])}
-            for k, part in parts.items():
-                out[k][sel] = part
+                for k, part in parts.items():
+                    if k in self._fills:
+                        part = part.astype(out[k].dtype)
+                        self._fill(lay, k, part, corners[sel])
+                    out[k][sel] = part
 
         return task
+
+    def _fill(self, lay: PatchLayout, k: str, part: np.ndarray, corners: NDArray[np.int64]) -> None:
+        """Put the cast fill where the read padded (with 0) outside the volume."""
+        if lay.arrays is None:
+            fill_outside(part, corners, lay.shape, lay.patch_size, self._fills[k])
+            return
+        f = np.asarray(lay.arrays.factors[k], dtype=np.int64)
+        src = lay.arrays.sources[k]
+        nd = len(lay.patch_size)
+        size = tuple(p // int(m) for p, m in zip(lay.patch_size, f))
+        fill_outside(part, corners // f, src.shape[src.ndim - nd :], size, self._fills[k])
 
     @staticmethod
     def _read_single(lay: PatchLayout, corners: NDArray[np.int64]) -> np.ndarray:

@@ -327,3 +327,28 @@ def test_sql_url_without_sqlalchemy_hides_credentials_and_sqlite_paths_still_rea
     assert out["secrets_in_pickle"] == [True, True]
     # a SQLite path or plain sqlite:/// URL is read by mixle's own sqlite3 connection
     assert out["sqlite_ids"] == [expected["id"].tolist()] * 2
+
+
+def test_a_library_another_thread_is_still_importing_counts_as_not_imported(tmp_path):
+    """Threads opening volumes at once met a half-imported zarr (no ``zarr.Array`` yet)."""
+    path = tmp_path / "v.npy"
+    np.save(path, np.arange(6.0))
+    out = _run(
+        """
+import importlib.machinery, sys, types
+import numpy as np
+import mixle
+from mixle.data.sources.arrays.adopt import as_array_source
+from mixle.data.sources.arrays.zarr.local_files import local_root
+for name in ("zarr", "h5py"):  # what sys.modules holds while another thread imports them
+    half = types.ModuleType(name)
+    half.__spec__ = importlib.machinery.ModuleSpec(name, None)
+    half.__spec__._initializing = True
+    sys.modules[name] = half
+src = as_array_source(np.zeros((2, 3)))
+vols = mixle.read_volumes([sys.argv[1], np.ones((4, 4))])
+print(src.shape, vols[0][:].tolist(), local_root(object()))
+""",
+        str(path),
+    )
+    assert out.strip() == "(2, 3) [0.0, 1.0, 2.0, 3.0, 4.0, 5.0] None"

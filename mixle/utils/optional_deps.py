@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import sys
 from types import ModuleType
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "HAS_TQDM",
     "HAS_ZARR",
     "has",
+    "imported",
     "not_opened_note",
     "require",
 ]
@@ -98,6 +100,19 @@ def require(name: str, extra: str | None = None, *, feature: str | None = None) 
             f'{what}, which is not installed: pip install -e ".[{extra}]" in a clone of the mixle '
             "repository (the name mixle on the package index belongs to an unrelated project)"
         ) from exc
+
+
+def imported(name: str) -> ModuleType | None:
+    """Module ``name`` if it is already fully imported, else ``None``; imports nothing.
+
+    A module another thread is still importing is in ``sys.modules`` half made (zarr
+    without ``zarr.Array`` yet): it counts as not imported. Code that only asks "is this
+    object a zarr array?" uses it, since such an object exists only once zarr is imported.
+    """
+    module = sys.modules.get(name)
+    if module is None or getattr(getattr(module, "__spec__", None), "_initializing", False):
+        return None
+    return module
 
 
 def not_opened_note(library: str | None) -> str:

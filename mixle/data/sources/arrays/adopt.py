@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import mmap
-import sys
 from typing import Any
 
 import numpy as np
@@ -14,6 +13,7 @@ from mixle.data.sources.arrays.hdf5.source import HDF5ArraySource
 from mixle.data.sources.arrays.memmap.source import MemmapArraySource
 from mixle.data.sources.arrays.zarr.source import ZarrArraySource
 from mixle.data.structure import EXCHANGEABLE, SampleStructure
+from mixle.utils.optional_deps import imported
 
 __all__ = ["ArrayLikeSource", "as_array_source"]
 
@@ -73,10 +73,10 @@ def as_array_source(
     """
     if isinstance(obj, ArraySource):
         return obj
-    h5py = sys.modules.get("h5py")
+    h5py = imported("h5py")
     if h5py is not None and isinstance(obj, h5py.Dataset):
         return HDF5ArraySource.from_dataset(obj, structure=structure, schema=schema)
-    zarr = sys.modules.get("zarr")
+    zarr = imported("zarr")
     if zarr is not None and isinstance(obj, zarr.Array):
         return ZarrArraySource.from_array(obj, structure=structure, schema=schema)
     if isinstance(obj, np.memmap) and isinstance(obj.base, mmap.mmap) and obj.filename:

@@ -12,13 +12,13 @@ import errno
 import json
 import os
 import stat
-import sys
 from typing import Any
 
 from mixle.data.sources.arrays.zarr.limits import ZARR_METADATA_LIMIT
 from mixle.errors import SpecialFileError
 from mixle.reading import CorruptChunkError
 from mixle.utils.files import open_regular_file, require_regular_file
+from mixle.utils.optional_deps import imported
 
 __all__ = [
     "ByteRange",
@@ -190,7 +190,7 @@ def local_root(path: Any) -> str | None:
             return path.removeprefix("file://") if path.startswith("file://") else None
         return path
     root = getattr(path, "root", None)
-    zarr = sys.modules.get("zarr")
+    zarr = imported("zarr")
     if zarr is not None and isinstance(path, zarr.storage.LocalStore) and root is not None:
         return os.fspath(root)
     return None

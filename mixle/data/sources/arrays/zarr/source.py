@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import sys
 import urllib.parse
 import warnings
 from typing import Any
@@ -26,7 +25,7 @@ from mixle.errors import ArrayNotFoundError, NotAnArrayError
 from mixle.reading.faults import retry_call
 from mixle.reading.fs_options import query_as_params, timed_storage_options
 from mixle.utils import optional_deps
-from mixle.utils.optional_deps import require
+from mixle.utils.optional_deps import imported, require
 from mixle.utils.redact import display_path, redact_text
 
 __all__ = ["ZARR_METADATA_LIMIT", "ZarrArraySource", "check_chunk_grid", "list_zarr_arrays"]
@@ -107,7 +106,7 @@ class ZarrArraySource(ArraySource):
         structure: SampleStructure = EXCHANGEABLE,
         schema: Schema | None = None,
     ) -> None:
-        zarr = sys.modules.get("zarr")  # a zarr.Array can only exist once zarr is imported
+        zarr = imported("zarr")  # a zarr.Array can only exist once zarr is imported
         if zarr is not None and isinstance(path, zarr.Array):
             if component is not None or storage_options is not None:
                 raise ValueError(

@@ -573,3 +573,16 @@ def test_layouts_of_different_volumes_build_in_parallel_and_after_a_fork() -> No
         _BlockedMap.blocking.clear()
     stuck.join(timeout=60)
     assert sampler.layout(1) is not None
+
+
+@pytest.mark.parametrize("kwargs", [{"volume_weights": "voxels"}, {"replacement": False}, {}])
+def test_fingerprint_sees_volumes_rewritten_with_other_shapes(tmp_path: Path, kwargs) -> None:
+    paths = [str(tmp_path / f"v{i}.npy") for i in range(3)]
+    for i, p in enumerate(paths):
+        np.save(p, _vol((8, 8), i))
+    args = {"num_patches": None if kwargs.get("replacement") is False else 10, **kwargs}
+    before = mixle.PatchSampler(mixle.read_volumes(paths), 4, **args).fingerprint()
+    changed = 0 if not kwargs else 2  # uniform sampling reads only volume 0's shape up front
+    np.save(paths[changed], _vol((12, 8), 9))
+    after = mixle.PatchSampler(mixle.read_volumes(paths), 4, **args).fingerprint()
+    assert after != before

@@ -615,12 +615,6 @@ def _open_sources(paths: list[str]) -> list[Any]:
     return out
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a collection of open sources or arrays has keys '#0', '#1', ... and its "
-    "fingerprint (count, keys, options) ignores which volumes they are: another order of "
-    "other volumes gives the same Loader state 'source', which resumes silently",
-)
 @pytest.mark.parametrize("given", ["sources", "arrays"])
 def test_the_state_of_a_collection_of_open_volumes_refuses_another_order(mixed, given: str) -> None:
     paths, truth = mixed

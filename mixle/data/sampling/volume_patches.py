@@ -239,6 +239,7 @@ class VolumePatchSampler(PatchSampler, collections=VolumeCollection):
             self._num_patches = parse_int(num_patches, "num_patches")
             if self._num_patches < 0:
                 raise ValueError(f"num_patches={num_patches} must be >= 0")
+        self._volume_identity = self._identity()
         self._schema = parse_schema(schema)
         if self._schema is not None:
             if vols.names is not None:
@@ -291,6 +292,25 @@ class VolumePatchSampler(PatchSampler, collections=VolumeCollection):
             else:
                 specs = {k: ArraySpec(s.shape, np.dtype(cast)) for k, s in specs.items()}
         return specs
+
+    def _identity(self) -> dict[str, Any]:
+        """What the fingerprint knows of the volumes themselves, fixed at construction.
+
+        Volume 0's shape and patch spec always; every shape (as a digest) when the sampler
+        read them all to start (weighted volumes, ``replacement=False``), plus the draw
+        tables they gave. Uniform sampling reads no other shape up front, so a volume other
+        than 0 rewritten with another shape is not told apart.
+        """
+        ident: dict[str, Any] = {
+            "shape0": self._volumes.shape(0),
+            "specs": {k: (s.shape, str(s.dtype)) for k, s in self._reference.items()},
+        }
+        if self._cumulative is not None or not self._replacement:
+            names = self._volumes.names or (None,)
+            shapes = [self._volumes.shapes_array(n) for n in names]
+            ident["shapes"] = fingerprint_digest("shapes", {"shapes": shapes})
+            ident["table"] = self._positions if not self._replacement else self._cumulative
+        return ident
 
     def _cast_fills(self, pad_value: Any) -> dict[str, Any]:
         """``{record key: fill}`` checked against the cast dtype (``{}``: no cast or fill)."""
@@ -641,6 +661,7 @@ class VolumePatchSampler(PatchSampler, collections=VolumeCollection):
                 "volume_weights": self._volume_weights,
                 "patches_per_volume": self._per_volume,
                 "args": args,
+                "volumes": self._volume_identity,
             },
         )
 

@@ -392,3 +392,25 @@ def test_release_handle_racing_record_reads(tmp_path: Path) -> None:
     table.release_handle()
     assert not _open_files_under(tmp_path)  # every handle given back was closed
     table.close()
+
+
+def test_a_source_handed_in_for_every_volume_keeps_its_handle_while_one_reads(tmp_path) -> None:
+    # One mask source in every dict, max_open=1: giving back one volume dropped the handle
+    # another volume was reading through ("Not an id of a file object").
+    rng = np.random.default_rng(0)
+    mask = (rng.random((24, 24, 24)) > 0.5).astype(np.uint8)
+    with h5py.File(tmp_path / "mask.h5", "w") as f:
+        f.create_dataset("m", data=mask, chunks=(8, 8, 8))
+    shared = mixle.read_hdf5(str(tmp_path / "mask.h5"), "m")
+    images = [rng.random((24, 24, 24)).astype(np.float32) for _ in range(6)]
+    vols = mixle.read_volumes([{"image": im, "mask": shared} for im in images], max_open=1)
+    sampler = mixle.PatchSampler(vols, 6, 64 * 60, seed=0)
+    for b in range(60):
+        batch = sampler.get_batch(np.arange(b * 64, (b + 1) * 64))
+        for k in range(64):
+            box = tuple(slice(c, c + 6) for c in batch["coords"][k].tolist())
+            np.testing.assert_array_equal(batch["mask"][k], mask[box])
+            np.testing.assert_array_equal(batch["image"][k], images[batch["volume"][k]][box])
+    vols.close()
+    assert not shared.closed  # handed in: released, never closed
+    np.testing.assert_array_equal(shared[:2, :2, :2], mask[:2, :2, :2])

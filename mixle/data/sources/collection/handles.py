@@ -69,6 +69,10 @@ class HandlePool:
         """The bound on live volumes."""
         return self._max
 
+    def is_live_locked(self, i: int) -> bool:
+        """Whether volume ``i`` is live; only from inside ``release`` (the lock is held)."""
+        return i in self._live
+
     def live(self) -> tuple[int, ...]:
         """The live volumes, least recently used first."""
         self._own()

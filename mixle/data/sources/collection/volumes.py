@@ -177,6 +177,8 @@ class VolumeCollection:
         self._locks = [threading.RLock() for _ in range(min(n, _CREATE_LOCKS))]
         self._lock = threading.RLock()
         self._pool = HandlePool(self._max_open, self._give_back)
+        #: id of a source handed in for more than one volume -> those volumes
+        self._holders = _shared_sources(self._parsed.entries)
         self._pid = os.getpid()
 
     # -- what it holds ------------------------------------------------------------------
@@ -336,11 +338,18 @@ class VolumeCollection:
                 )
 
     def _give_back(self, i: int) -> None:
-        """Drop volume ``i``'s handles (the pool's ``release``; the sources stay usable)."""
+        """Drop volume ``i``'s handles (the pool's ``release``; the sources stay usable).
+
+        A source handed in for several volumes (one mask in every dict) keeps its handle
+        while another of those volumes is live: it may be reading through it.
+        """
         volume = self._sources[i]
         if volume is None:  # not created (yet, or its opening failed)
             return
         for src in volume.values() if isinstance(volume, dict) else (volume,):
+            others = self._holders.get(id(src), ())
+            if any(j != i and self._pool.is_live_locked(j) for j in others):
+                continue
             src.release_handle()
 
     def _owns(self, i: int, name: str | None) -> bool:
@@ -575,6 +584,16 @@ class VolumeCollection:
             "layout": self._layout,
         }
         return (_rebuild, (state,))
+
+
+def _shared_sources(entries: list[Any]) -> dict[int, tuple[int, ...]]:
+    """``{id(source): volumes}`` for sources handed in that more than one volume holds."""
+    holders: dict[int, list[int]] = {}
+    for i, entry in enumerate(entries):
+        items = entry.values() if isinstance(entry, dict) else (entry,)
+        for item in {id(x): x for x in items if isinstance(x, ArraySource)}.values():
+            holders.setdefault(id(item), []).append(i)
+    return {k: tuple(v) for k, v in holders.items() if len(v) > 1}
 
 
 def _rebuild(state: dict[str, Any]) -> VolumeCollection:

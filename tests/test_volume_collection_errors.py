@@ -224,3 +224,23 @@ def test_a_dict_entry_naming_an_image_mixle_cannot_open_is_not_metadata(
         mixle.read_volumes(rows)
     kept = mixle.read_volumes(rows, table_columns=["image"])  # asked for: metadata
     assert kept.metadata(0) == {"label": "case0_seg.nii.gz", "site": "A"}
+
+
+def test_numpy_scalars_and_vectors_in_dicts_are_metadata_by_default(two_npy: list[str]) -> None:
+    # values from df.iterrows() are NumPy scalars; a spacing vector is 1-D
+    rows = [
+        {"image": np.zeros((4, 4)), "age": np.int64(41 + i), "spacing": np.array([1.0, 2.5])}
+        for i in range(2)
+    ]
+    vols = mixle.read_volumes(rows)
+    assert vols.names == ("image",) and vols.columns == ("age", "spacing")
+    assert vols.metadata(1)["age"] == 42
+    named = mixle.read_volumes(rows, table_columns=["image", "spacing"])  # asked for
+    assert named.names == ("image", "spacing")
+
+
+def test_a_table_whose_key_is_its_path_column(two_npy: list[str], tmp_path) -> None:
+    table = tmp_path / "t.csv"
+    table.write_text("path\n" + "".join(f"{p}\n" for p in two_npy))
+    vols = mixle.read_volumes(mixle.read_csv(str(table)), table_columns="path", key="path")
+    assert len(vols) == 2 and vols.keys == tuple(two_npy)

@@ -88,9 +88,15 @@ def _is_pathlike(value: object) -> bool:
 
 
 def _is_array(value: object) -> bool:
+    """A source, or an array-like of at least one axis (NumPy scalars are metadata)."""
+    if isinstance(value, ArraySource):
+        return True
     shape = getattr(value, "shape", None)
-    return isinstance(value, ArraySource) or (
-        isinstance(shape, tuple) and hasattr(value, "__getitem__")
+    return (
+        isinstance(shape, tuple)
+        and len(shape) >= 1
+        and not isinstance(value, np.generic)
+        and hasattr(value, "__getitem__")
     )
 
 
@@ -256,6 +262,18 @@ def _unique(keys: tuple[str, ...], argument: str) -> tuple[str, ...]:
     return keys
 
 
+def _is_volume_entry(value: object) -> bool:
+    """Whether a dict entry is an array of the volume by default (else it is metadata).
+
+    Sources, paths with a volume suffix, folders, and in-memory arrays of two or more axes;
+    NumPy scalars and 1-D arrays (a spacing vector) are metadata unless ``table_columns=``
+    names them.
+    """
+    if isinstance(value, ArraySource) or _looks_like_volume_path(value):
+        return True
+    return _is_array(value) and len(value.shape) >= 2  # type: ignore[attr-defined]
+
+
 def _foreign_image(value: object) -> bool:
     """Whether ``value`` names an image in a format mixle does not open (NIfTI, TIFF...)."""
     if not _is_pathlike(value):
@@ -275,9 +293,7 @@ def _array_names(first: Mapping[str, Any], table_columns: TableColumnsLike) -> d
                 "open (zarr, HDF5, .npy and raw files are); convert it (e.g. to zarr), or "
                 f"pass table_columns= naming the array entries to keep {k!r} as metadata"
             )
-        return {
-            str(k): str(k) for k, v in first.items() if _is_array(v) or _looks_like_volume_path(v)
-        }
+        return {str(k): str(k) for k, v in first.items() if _is_volume_entry(v)}
     if isinstance(table_columns, str):
         return {table_columns: table_columns}
     if isinstance(table_columns, Mapping):
@@ -366,7 +382,7 @@ def _parse_table(
     arrays = _array_names({}, table_columns)
     if key is not None and not isinstance(key, str):
         raise TypeError(f"key={key!r}: for a table pass the column naming each volume")
-    wanted = [*arrays.values(), *([key] if key is not None else [])]
+    wanted = list(dict.fromkeys([*arrays.values(), *([key] if key is not None else [])]))
     for column in wanted:
         if column not in table.columns:
             argument = "key" if column == key and column not in arrays.values() else "table_columns"

@@ -367,3 +367,18 @@ def test_collection_is_thread_safe_for_shapes(tmp_path: Path) -> None:
     assert vols.shapes() == [(i + 1, 2, 3) for i in range(40)]
     assert len(vols._pool.live()) <= 4
     assert os.path.basename(vols.keys[5]) == "v5.npy"
+
+
+def test_fingerprint_tells_sources_and_arrays_handed_in_apart(tmp_path) -> None:
+    a, b = np.zeros((4, 5)), np.zeros((6, 5))
+    assert (
+        mixle.read_volumes([a, b]).fingerprint() != mixle.read_volumes([b, a]).fingerprint()
+    )
+    assert mixle.read_volumes([a, b]).fingerprint() == mixle.read_volumes([a, b]).fingerprint()
+    paths = []
+    for i in range(2):
+        paths.append(str(tmp_path / f"v{i}.npy"))
+        np.save(paths[-1], np.zeros((4, 4)))
+    one = mixle.read_volumes([mixle.read_npy(p) for p in paths]).fingerprint()
+    other = mixle.read_volumes([mixle.read_npy(p) for p in paths[::-1]]).fingerprint()
+    assert one != other  # same shapes, other files: told apart by location

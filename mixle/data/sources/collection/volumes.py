@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, DTypeLike, NDArray
 
+from mixle.data.sources.arrays.adopt import ArrayLikeSource
 from mixle.data.sources.arrays.base import ArraySource
 from mixle.data.sources.collection.handles import HandlePool
 from mixle.data.sources.collection.inputs import (
@@ -531,6 +532,7 @@ class VolumeCollection:
                 options.raw_shape,
                 options.raw_offset,
             ],
+            "given": [_given_identity(entry) for entry in self._parsed.entries],
         }
         text = json.dumps(described, sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()[:32]
@@ -584,6 +586,25 @@ class VolumeCollection:
             "layout": self._layout,
         }
         return (_rebuild, (state,))
+
+
+def _given_identity(entry: Any) -> Any:
+    """What tells a source handed in apart without reading it: type and location.
+
+    In-memory arrays add their shape and dtype (in memory, no I/O); paths give ``None``
+    (the key is the path).
+    """
+    items = entry.items() if isinstance(entry, dict) else [(None, entry)]
+    out = []
+    for name, item in items:
+        if not isinstance(item, ArraySource):
+            out.append(None)
+            continue
+        ident = [name, type(item).__qualname__, item._location()]
+        if isinstance(item, ArrayLikeSource) and not item.closed:
+            ident += [list(item.shape), str(item.dtype)]
+        out.append(ident)
+    return out
 
 
 def _shared_sources(entries: list[Any]) -> dict[int, tuple[int, ...]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -244,3 +245,17 @@ def test_a_table_whose_key_is_its_path_column(two_npy: list[str], tmp_path) -> N
     table.write_text("path\n" + "".join(f"{p}\n" for p in two_npy))
     vols = mixle.read_volumes(mixle.read_csv(str(table)), table_columns="path", key="path")
     assert len(vols) == 2 and vols.keys == tuple(two_npy)
+
+
+def test_a_volume_gone_after_its_handle_was_given_back_is_named(tmp_path) -> None:
+    paths = []
+    for i in range(3):
+        paths.append(str(tmp_path / f"v{i}.npy"))
+        np.save(paths[-1], np.zeros((4, 4)))
+    vols = mixle.read_volumes(paths, max_open=1)
+    for i in range(3):
+        with vols.lease(i):
+            pass  # volume 0 is given back by now
+    os.remove(paths[0])
+    with pytest.raises(FileNotFoundError, match=r"volumes\[0\] \(key '.*v0\.npy'\)"):
+        vols.lease(0).__enter__()

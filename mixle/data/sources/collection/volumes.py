@@ -252,6 +252,7 @@ class VolumeCollection:
         """Volume ``i``'s source(s), created and checked on first use (leased by the caller)."""
         volume = self._sources[i]
         if volume is not None:
+            self._reopen(i, volume)
             return volume
         with self._locks[i % len(self._locks)]:
             volume = self._sources[i]
@@ -262,6 +263,16 @@ class VolumeCollection:
                     self._check_open()
                 self._sources[i] = volume
         return volume
+
+    def _reopen(self, i: int, volume: Volume) -> None:
+        """Reopen handles given back earlier, naming the volume if that fails (file gone)."""
+        items = volume.items() if isinstance(volume, dict) else [(None, volume)]
+        for name, src in items:
+            if src._handle is None and not src.closed:
+                try:
+                    src._live()
+                except Exception as exc:
+                    raise _named(exc, self._where(i, name)) from exc
 
     def _open(self, i: int) -> Volume:
         entry = self._parsed.entries[i]

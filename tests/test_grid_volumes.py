@@ -497,8 +497,9 @@ def test_describes_itself_per_volume(mixed: Any) -> None:
     assert grid.patch_size == (5, 4, 6) and grid.overlap == (1, 1, 1)
     assert "volumes=3" in repr(grid) and f"tiles={len(grid)}" in repr(grid)
     for name in ("shape", "starts", "grid_shape", "source"):
-        with pytest.raises(TypeError, match=r"per volume|\.volume_shape"):
+        with pytest.raises(AttributeError, match=r"per volume|\.volume_shape"):
             getattr(grid, name)
+        assert not hasattr(grid, name)  # AttributeError: hasattr answers instead of raising
     spec = grid.element_spec()
     assert spec["patch"].shape == (5, 4, 6) and spec["coords"].shape == (3,)
     assert spec["volume"].shape == () and spec["volume"].dtype == np.int64

@@ -220,26 +220,26 @@ class VolumeGridSampler(GridSampler, tiles=VolumeCollection):
     @property
     def source(self) -> Any:
         """Not defined for a collection (one source per volume): use :attr:`collection`."""
-        raise TypeError("a grid over a VolumeCollection has one source per volume; use .collection")
+        raise AttributeError("a grid over a VolumeCollection has one source per volume; use .collection")
 
     @property
     def shape(self) -> tuple[int, ...]:
         """Not defined for a collection: use :meth:`volume_shape`."""
-        raise TypeError(
+        raise AttributeError(
             "a grid over a VolumeCollection has one shape per volume; use .volume_shape(v)"
         )
 
     @property
     def starts(self) -> tuple[NDArray[np.int64], ...]:
         """Not defined for a collection: use :meth:`volume_starts`."""
-        raise TypeError(
+        raise AttributeError(
             "a grid over a VolumeCollection has tile starts per volume; use .volume_starts(v)"
         )
 
     @property
     def grid_shape(self) -> tuple[int, ...]:
         """Not defined for a collection: use :meth:`volume_grid_shape`."""
-        raise TypeError(
+        raise AttributeError(
             "a grid over a VolumeCollection has one grid shape per volume; use "
             ".volume_grid_shape(v)"
         )

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from mixle.data.sources.collection import DEFAULT_MAX_OPEN
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -37,14 +39,14 @@ def test_collections_benchmark_quick_run_prints_its_tables(tmp_path):
     want = set()
     for k in (1, 4):  # --quick: locality 4
         want |= {
-            ("mixle", "uniform", k, 0, "default", 64),
-            ("mixle", "voxels", k, 0, "default", 64),
+            ("mixle", "uniform", k, 0, "default", DEFAULT_MAX_OPEN),
+            ("mixle", "voxels", k, 0, "default", DEFAULT_MAX_OPEN),
             ("wrapper", "uniform", k, 0, "default", None),
-            ("mixle", "uniform", k, 0, "off", 64),
+            ("mixle", "uniform", k, 0, "off", DEFAULT_MAX_OPEN),
             ("wrapper", "uniform", k, 0, "off", None),
         }
-    # every volume's handle kept (--quick: 6 volumes)
-    want |= {("mixle", "uniform", 1, 0, cache, 6) for cache in ("default", "off")}
+    # bounded below the number of volumes (--quick: --small-max-open 3 of 6 volumes)
+    want |= {("mixle", "uniform", 1, 0, cache, 3) for cache in ("default", "off")}
     torchio = importlib.util.find_spec("torchio") is not None
     if torchio:
         want |= {("torchio", "uniform", k, 0, "-", None) for k in (1, 4)}

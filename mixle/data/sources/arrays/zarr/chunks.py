@@ -76,9 +76,8 @@ def fill_chunk(array: Any, chunks: tuple[int, ...]) -> np.ndarray:
     than the array itself.
     """
     shape = tuple(min(c, s) for c, s in zip(chunks, array.shape))
-    chunk = np.full(shape, fill_value(array), dtype=np.dtype(array.dtype))
-    chunk.flags.writeable = False
-    return chunk
+    one = np.full((), fill_value(array), dtype=np.dtype(array.dtype))
+    return np.broadcast_to(one, shape)  # read-only, one element of memory
 
 
 def decode_checked(

@@ -74,7 +74,7 @@ import numpy as np
 
 MIB = 2**20
 SEED = 0
-TORCHIO_INSTALL = "python -m pip install torchio"
+TORCHIO_INSTALL = 'pip install -e ".[bench]" in a clone of mixle'
 FULL: dict[str, Any] = {
     "volumes": 200,
     "min_size": 64,

@@ -537,3 +537,17 @@ def test_volume_array_names_are_valid_and_distinct() -> None:
     assert all("/" not in n and not n.startswith("__") and n not in (".", "..") for n in names)
     with pytest.raises(ValueError, match="distinct keys"):
         volume_array_names(["a", "a", "a-1"])
+
+
+def test_metadata_columns_in_tiles_and_after_pickling() -> None:
+    rows = [{"image": np.full((6, 6), float(i)), "age": 30 + i, "site": "ab"[i]} for i in range(2)]
+    vols = mixle.read_volumes(rows)
+    grid = mixle.GridSampler(vols, 3, columns=["age", "site"])
+    batch = grid.get_batch(np.arange(len(grid)))
+    np.testing.assert_array_equal(batch["age"], 30 + batch["volume"])
+    assert batch["site"].tolist() == ["ab"[v] for v in batch["volume"].tolist()]
+    assert set(grid.element_spec()) == {"image", "coords", "volume", "age", "site"}
+    again = pickle.loads(pickle.dumps(grid)).get_batch([0, len(grid) - 1])
+    assert again["age"].tolist() == [30, 31]
+    with pytest.raises(KeyError, match="'weight' is not a metadata column"):
+        mixle.GridSampler(vols, 3, columns=["weight"])

@@ -51,11 +51,14 @@ class VolumeGridSampler(GridSampler, tiles=VolumeCollection):
     ----------
     array
         The :class:`~mixle.VolumeCollection`. Its shapes are read at construction
-        (metadata only, in parallel, cached by the collection).
+        (metadata only, cached by the collection).
     patch_size, overlap, padding, pad_value, pad_overlap
         As for :class:`~mixle.GridSampler`, the same for every volume. Axes before the
         ``len(patch_size)`` trailing ones are channel axes, read whole; every volume must
         have the same channel shape.
+    columns
+        Metadata columns of the collection added to every record (one value per tile), as
+        for the collection's :class:`~mixle.PatchSampler`.
 
     Raises
     ------
@@ -92,6 +95,7 @@ class VolumeGridSampler(GridSampler, tiles=VolumeCollection):
         padding: str = "none",
         pad_value: float = 0,
         pad_overlap: bool = False,
+        columns: Sequence[str] | None = None,
     ) -> None:
         if not isinstance(array, VolumeCollection):
             raise TypeError(f"array={type(array).__name__} must be a VolumeCollection")
@@ -106,6 +110,7 @@ class VolumeGridSampler(GridSampler, tiles=VolumeCollection):
                 "pad_overlap=True pads overlap // 2 voxels on every side, but padding='none' "
                 "has nothing to fill them with; pass padding='constant', 'reflect' or 'edge'"
             )
+        self._columns = _parse_columns(vols, columns)
         keys = vols.keys
         shapes = [_as_names(s) for s in vols.shapes()]
         names = list(shapes[0])
@@ -220,7 +225,9 @@ class VolumeGridSampler(GridSampler, tiles=VolumeCollection):
     @property
     def source(self) -> Any:
         """Not defined for a collection (one source per volume): use :attr:`collection`."""
-        raise AttributeError("a grid over a VolumeCollection has one source per volume; use .collection")
+        raise AttributeError(
+            "a grid over a VolumeCollection has one source per volume; use .collection"
+        )
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -300,10 +307,12 @@ class VolumeGridSampler(GridSampler, tiles=VolumeCollection):
             )
             for name in self._lead
         }
+        first = self._vols.metadata_batch(np.zeros(1, dtype=np.int64), self._columns)
         return {
             **tiles,
             COORDS_KEY: ArraySpec((len(self._patch_size),), np.dtype(np.int64)),
             VOLUME_KEY: ArraySpec((), np.dtype(np.int64)),
+            **{c: ArraySpec((), first[c].dtype) for c in self._columns},
         }
 
     def fingerprint(self) -> str:
@@ -332,7 +341,7 @@ class VolumeGridSampler(GridSampler, tiles=VolumeCollection):
     def __reduce__(self) -> tuple[Any, ...]:
         """Pickle by reference: the collection (by reference) and the arguments, no tables."""
         args = (self._patch_size, self._overlap, self._padding, self._pad_value_given)
-        return (_rebuild, (self._vols, *args, self._pad_overlap))
+        return (_rebuild, (self._vols, *args, self._pad_overlap, self._columns))
 
     def __repr__(self) -> str:
         return (
@@ -448,7 +457,8 @@ class VolumeGridSampler(GridSampler, tiles=VolumeCollection):
         idx = record_indices(indices, len(self))
         vol = self.volumes_array(idx)
         corners = self._corners(idx, vol)
-        return {**self._read(vol, corners), COORDS_KEY: corners, VOLUME_KEY: vol}
+        columns = self._vols.metadata_batch(vol, self._columns) if self._columns else {}
+        return {**self._read(vol, corners), COORDS_KEY: corners, VOLUME_KEY: vol, **columns}
 
     def records(self) -> Iterator[Record]:  # type: ignore[override]
         """Yield the record of every tile in order."""
@@ -466,6 +476,7 @@ def _rebuild(
     padding: str,
     pad_value: float,
     pad_overlap: bool,
+    columns: tuple[str, ...] = (),
 ) -> VolumeGridSampler:
     """Unpickle a :class:`VolumeGridSampler` (the collection brings its cached shapes)."""
     return VolumeGridSampler(
@@ -475,4 +486,21 @@ def _rebuild(
         padding=padding,
         pad_value=pad_value,
         pad_overlap=pad_overlap,
+        columns=columns,
     )
+
+
+def _parse_columns(vols: VolumeCollection, columns: Sequence[str] | None) -> tuple[str, ...]:
+    """Metadata ``columns`` added to every tile's record, checked against the collection."""
+    if columns is None:
+        return ()
+    wanted = [columns] if isinstance(columns, str) else list(columns)
+    for c in wanted:
+        if c not in vols.columns:
+            raise KeyError(
+                f"columns={wanted!r}: {c!r} is not a metadata column of the collection (it "
+                f"has {list(vols.columns)!r})"
+            )
+        if c in (PATCH_KEY, COORDS_KEY, VOLUME_KEY) or c in (vols.names or ()):
+            raise ValueError(f"columns={wanted!r}: {c!r} is already a record key")
+    return tuple(str(c) for c in wanted)

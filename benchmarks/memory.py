@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _proc import children, private_bytes, vm_hwm
 
 MIB = 2**20
 CHUNK = 64
@@ -78,41 +79,6 @@ def write_volume(path: Path, size: int) -> None:
     z, y, x = np.ogrid[0:CHUNK, 0:size, 0:size]
     for z0 in range(0, size, CHUNK):
         arr[z0 : z0 + CHUNK] = (np.sin(0.05 * (z + z0)) * np.cos(0.03 * y) + 0.01 * x).astype("f4")
-
-
-def vm_hwm() -> int:
-    """Peak resident set of this process in bytes (VmHWM; never ru_maxrss)."""
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmHWM in /proc/self/status")
-
-
-def private_bytes(pid: int) -> int:
-    """Private_Clean + Private_Dirty of process ``pid`` (0 once it has exited)."""
-    try:
-        with open(f"/proc/{pid}/smaps_rollup") as fh:
-            lines = fh.read().splitlines()
-    except OSError:
-        return 0
-    fields = {line.split(":")[0]: line.split()[1] for line in lines if ":" in line}
-    return (int(fields.get("Private_Clean", 0)) + int(fields.get("Private_Dirty", 0))) * 1024
-
-
-def children(pid: int) -> list[int]:
-    """Processes whose parent is ``pid``."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as fh:
-                    stat = fh.read()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(entry))
-    return found
 
 
 # -- measurements, each in its own process ------------------------------------------------

@@ -26,6 +26,7 @@ __all__ = [
     "inverse_permute",
     "permutation_key",
     "permute",
+    "permute_in_passes",
 ]
 
 #: Rounds of the Feistel network for domains above :data:`SMALL_DOMAIN_BITS` bits.
@@ -177,3 +178,21 @@ def inverse_permute(
     """
     n = _parse_n(n)
     return _walk(records, n, permutation_key(seed, epoch), inverse=True)
+
+
+def permute_in_passes(
+    indices: ArrayLike, total: int, seed: int, stream: int, epoch: int
+) -> NDArray[np.int64]:
+    """Indices ``[k*total, (k+1)*total)`` (pass ``k``) permuted within their pass.
+
+    Pass ``k`` is :func:`permute` of ``range(total)`` keyed by the hash of ``(seed, stream,
+    epoch, k)``: every value of ``range(total)`` once per pass, a new order each pass. The
+    callers (placement without replacement, over one volume or many) check ``total``.
+    """
+    idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+    passes, positions = np.divmod(idx, total)
+    flat = np.empty(idx.size, dtype=np.int64)
+    for k in np.unique(passes).tolist():
+        sel = np.flatnonzero(passes == k)
+        flat[sel] = permute(positions[sel], total, seed=hash_int(seed, stream, epoch, k))
+    return flat

@@ -21,7 +21,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from mixle.data.index_math.hashing import below, hash_int, mix, uniform01
-from mixle.data.index_math.permutation import MAX_PERMUTATION_SIZE, permute
+from mixle.data.index_math.permutation import MAX_PERMUTATION_SIZE, permute_in_passes
 
 __all__ = [
     "MAX_VOLUME_REDRAWS",
@@ -161,13 +161,7 @@ def permuted_positions(
             f"the volumes have {total} corner positions in all, more than a permutation "
             "takes (2**62); use a larger stride or sampling with replacement"
         )
-    passes, positions = np.divmod(idx, total)
-    flat = np.empty(idx.size, dtype=np.int64)
-    for k in np.unique(passes).tolist():
-        sel = np.flatnonzero(passes == k)
-        flat[sel] = permute(
-            positions[sel], total, seed=hash_int(seed, STREAM_VOLUME_PASSES, epoch, k)
-        )
+    flat = permute_in_passes(idx, total, seed, STREAM_VOLUME_PASSES, epoch)
     volume = np.searchsorted(cumulative, flat, side="right").astype(np.int64)
     before = np.where(volume > 0, cumulative[np.maximum(volume - 1, 0)], 0)
     return volume, flat - before

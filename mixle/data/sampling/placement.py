@@ -9,7 +9,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from mixle.data.index_math.hashing import below, below_each, below_int, hash_int, mix, mix_int
-from mixle.data.index_math.permutation import MAX_PERMUTATION_SIZE, permute
+from mixle.data.index_math.permutation import MAX_PERMUTATION_SIZE, permute_in_passes
 
 __all__ = [
     "SCALAR_PATH_MAX",
@@ -147,12 +147,7 @@ def permuted_corners(
             f"the corner grid {tuple(counts)} has {total} positions, more than a permutation "
             "takes (2**62); use a larger stride or sampling with replacement"
         )
-    passes, positions = np.divmod(idx, total)
-    flat = np.empty(idx.size, dtype=np.int64)
-    for k in np.unique(passes).tolist():
-        sel = np.flatnonzero(passes == k)
-        key = hash_int(seed, STREAM_PERMUTED_CORNERS, epoch, k)
-        flat[sel] = permute(positions[sel], total, seed=key)
+    flat = permute_in_passes(idx, total, seed, STREAM_PERMUTED_CORNERS, epoch)
     multi = np.unravel_index(flat, tuple(int(n) for n in counts))
     out = np.empty((idx.size, len(counts)), dtype=np.int64)
     for axis, (m, st) in enumerate(zip(multi, stride)):

@@ -52,6 +52,7 @@ from mixle.data.spec import ArraySpec
 from mixle.data.structure import EXCHANGEABLE, SampleStructure, parse_structure
 from mixle.errors import NothingToSampleError
 from mixle.reading.pool import run_all
+from mixle.utils.forks import ForkLock
 from mixle.utils.validation import parse_int
 
 __all__ = ["VolumePatchSampler"]
@@ -59,16 +60,8 @@ __all__ = ["VolumePatchSampler"]
 #: Locks that serialise building one volume's layout, shared by volume index modulo this.
 _BUILD_LOCKS = 64
 #: Serialises the reset of a sampler's locks in a forked child.
-_FORK_LOCK = threading.Lock()
+_FORK_LOCK = ForkLock()
 
-
-def _new_fork_lock() -> None:
-    global _FORK_LOCK
-    _FORK_LOCK = threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_new_fork_lock)
 
 _RESERVED = (PATCH_KEY, COORDS_KEY, VOLUME_KEY)
 

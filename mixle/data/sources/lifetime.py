@@ -13,23 +13,14 @@ import threading
 from typing import Any, TypeVar
 
 from mixle.errors import SourceClosedError
+from mixle.utils.forks import ForkLock
 
 __all__ = ["SourceLifetime"]
 
 S = TypeVar("S", bound="SourceLifetime")
 
 #: Serialises the one reset of each source in a forked child (:meth:`SourceLifetime._own`).
-_fork_lock = threading.RLock()
-
-
-def _new_fork_lock() -> None:
-    """Give a forked child its own reset lock: a parent thread may hold the inherited one."""
-    global _fork_lock
-    _fork_lock = threading.RLock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_new_fork_lock)
+_fork_lock = ForkLock(reentrant=True)
 
 
 class SourceLifetime:

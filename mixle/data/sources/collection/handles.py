@@ -13,19 +13,12 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 
+from mixle.utils.forks import ForkLock
+
 __all__ = ["HandlePool"]
 
 #: Serialises the one reset of each pool in a forked child.
-_fork_lock = threading.Lock()
-
-
-def _new_fork_lock() -> None:
-    global _fork_lock
-    _fork_lock = threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_new_fork_lock)
+_fork_lock = ForkLock()
 
 
 class HandlePool:

@@ -29,6 +29,7 @@ from mixle.data.sources.collection.openers import (
     volume_format,
 )
 from mixle.errors import ColumnNotFoundError, SourceClosedError, VolumeMismatchError
+from mixle.utils.forks import ForkLock
 
 __all__ = ["DEFAULT_MAX_OPEN", "VolumeCollection", "VolumeMismatchError", "read_volumes"]
 
@@ -74,16 +75,8 @@ SHAPE_THREADS = 16
 _CREATE_LOCKS = 64
 
 #: Serialises the one reset of each collection in a forked child.
-_fork_lock = threading.Lock()
+_fork_lock = ForkLock()
 
-
-def _new_fork_lock() -> None:
-    global _fork_lock
-    _fork_lock = threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_new_fork_lock)
 
 #: A volume: its source, or its sources by array name.
 Volume = ArraySource | dict[str, ArraySource]

@@ -341,22 +341,26 @@ print(json.dumps(out), flush=True)
 
 
 @pytest.mark.skipif(not HAS_JAX, reason='needs jax: pip install -e ".[jax]"')
-def test_jax_loader_over_a_collection_sampler_on_four_devices(mixed) -> None:
-    paths, _ = mixed
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
-    env["JAX_PLATFORMS"] = "cpu"
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+def _child(script: str, paths: list[str], path: list[str], env: dict | None = None) -> Any:
+    """Run ``script`` with ``paths`` in a fresh interpreter; its last stdout line, as JSON."""
+    full = {**os.environ, **(env or {})}
+    full["PYTHONPATH"] = os.pathsep.join(filter(None, [*path, os.environ.get("PYTHONPATH")]))
     done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(JAX_SCRIPT), json.dumps(paths)],
+        [sys.executable, "-c", textwrap.dedent(script), json.dumps(paths)],
         cwd=ROOT,
-        env=env,
+        env=full,
         capture_output=True,
         text=True,
         timeout=T,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    out = json.loads(done.stdout.strip().splitlines()[-1])
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_jax_loader_over_a_collection_sampler_on_four_devices(mixed) -> None:
+    paths, _ = mixed
+    flags = {"XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
+    out = _child(JAX_SCRIPT, paths, [str(ROOT)], flags)
     assert out["devices"] == 4 and out["block"] == 2
     assert out["batches"] == 3 and out["values_ok"] and out["layout_ok"]
     assert out["dtypes"] == {
@@ -556,17 +560,7 @@ def test_a_grain_dataloader_with_two_worker_processes_reads_every_record(mixed) 
     pytest.importorskip("grain.python")
     paths, truth = mixed
     sampler = _sampler(paths, 20, seed=3)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
-    done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(GRAIN_WORKERS), json.dumps(paths)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=T,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    rows = json.loads(done.stdout.strip().splitlines()[-1])
+    rows = _child(GRAIN_WORKERS, paths, [str(ROOT), str(ROOT / "tests")])
     corners = sampler.coords_array().tolist()
     want = []  # from the writers' reads
     for v, c in zip(sampler.volumes_array().tolist(), corners):

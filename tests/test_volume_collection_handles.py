@@ -12,6 +12,7 @@ import pickle
 import threading
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -414,3 +415,35 @@ def test_a_source_handed_in_for_every_volume_keeps_its_handle_while_one_reads(tm
     vols.close()
     assert not shared.closed  # handed in: released, never closed
     np.testing.assert_array_equal(shared[:2, :2, :2], mask[:2, :2, :2])
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc/self/fd")
+def test_a_sampler_over_2000_volumes_with_max_open_16_holds_at_most_16(
+    many_h5: tuple[Path, list[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 18's bound, through the sampler: counted inside every read, on every thread."""
+    from mixle.data.sampling import volume_patches
+
+    folder, paths = many_h5
+    vols = mixle.read_volumes(paths, dataset="vol", max_open=16)
+    sampler = mixle.PatchSampler(vols, 2, 64 * 40, seed=4)
+    seen: list[int] = []
+    read = volume_patches.read_spatial_boxes
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        out = read(*args, **kwargs)
+        # listing /proc/self/fd is not atomic: while another thread closes one volume and
+        # opens the next, a listing may see both. Under the pool's lock no volume is being
+        # given back or taken, so the listing is one moment's truth.
+        with vols._pool._lock:
+            seen.append(len(_open_files_under(folder)))
+        return out
+
+    monkeypatch.setattr(volume_patches, "read_spatial_boxes", counted)
+    base = np.arange(8, dtype="int32").reshape(2, 2, 2)
+    for b in range(40):
+        batch = sampler.get_batch(np.arange(b * 64, (b + 1) * 64))
+        np.testing.assert_array_equal(batch["patch"], base + batch["volume"][:, None, None, None])
+    assert len(seen) > 1000 and max(seen) <= 16  # about 1,900 volumes read in all
+    vols.close()
+    assert not _open_files_under(folder)

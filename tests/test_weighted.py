@@ -8,6 +8,7 @@ import multiprocessing
 import pickle
 import threading
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 import pytest
@@ -218,9 +219,9 @@ def test_block_cache_counts_a_block_built_by_two_threads_once() -> None:
         details = list(pool.map(index._detail, [0, 0]))
     np.testing.assert_array_equal(details[0], details[1])
     shared = weighted._details
-    mine = [d for (token, _), d in shared.entries.items() if token == index._token]
+    mine = [d for (token, _), (d, _) in shared.entries.items() if token == index._token]
     assert len(mine) == 1 and mine[0].nbytes == w.nbytes
-    assert shared.bytes == sum(d.nbytes for d in shared.entries.values())
+    assert shared.bytes == sum(d.nbytes for d, _ in shared.entries.values())
 
 
 def test_block_details_of_many_maps_share_one_budget(monkeypatch) -> None:
@@ -238,7 +239,39 @@ def test_block_details_of_many_maps_share_one_budget(monkeypatch) -> None:
     assert len(shared.entries) == 3 and shared.bytes == 3 * 64 * 8
     del maps, index
     gc.collect()
-    assert not shared.entries and shared.bytes == 0  # a collected map leaves nothing behind
+    shared.get((-1, 0))  # the next use drops what collected maps left
+    assert not shared.entries and shared.bytes == 0 and not shared.by_token
+
+
+def test_a_map_collected_inside_the_cache_does_not_deadlock(monkeypatch) -> None:
+    # A garbage collection can start while put() holds the cache's lock; a map collected
+    # then must not ask for that lock again on the same thread (it hung).
+    monkeypatch.setattr(weighted, "_details", weighted._SharedDetails())
+    index = weighted.BlockIndex(ArrayLikeSource(np.ones((4, 4))), (0, 0), (4, 4), None, "w")
+    token = index._token
+    cycle: list[Any] = [index]
+    cycle.append(cycle)  # collected only by the cycle collector
+    del index
+    real = weighted._nbytes
+
+    def collect_inside(detail: Any) -> int:
+        gc.collect()  # what an allocation under the lock may trigger
+        return real(detail)
+
+    monkeypatch.setattr(weighted, "_nbytes", collect_inside)
+    done = threading.Event()
+
+    def put() -> None:
+        weighted._details.put((token + 1, 0), np.zeros(3))
+        with weighted._details.lock:  # the lock is free again
+            pass
+        done.set()
+
+    del cycle
+    thread = threading.Thread(target=put, daemon=True)
+    thread.start()
+    thread.join(timeout=30)  # only catches the hang
+    assert done.is_set()
 
 
 def test_an_absent_class_with_probability_zero_is_allowed() -> None:

@@ -15,7 +15,7 @@ import math
 import os
 import threading
 import weakref
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -43,45 +43,68 @@ BLOCK_CACHE_BYTES = 64 * 1024 * 1024
 
 
 class _SharedDetails:
-    """The process-wide LRU of block details, keyed by ``(map token, block)``."""
+    """The process-wide LRU of block details, keyed by ``(map token, block)``.
+
+    A map that is garbage collected only queues its token (:meth:`forget`, no lock: the
+    collection may run inside :meth:`put` on the same thread); its blocks go at the next
+    :meth:`get` or :meth:`put`.
+    """
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.entries: OrderedDict[tuple[int, int], Any] = OrderedDict()
+        self.entries: OrderedDict[tuple[int, int], tuple[Any, int]] = OrderedDict()
+        self.by_token: dict[int, set[int]] = {}
         self.bytes = 0
         self.tokens = itertools.count()
+        self.gone: deque[int] = deque()
 
     def get(self, key: tuple[int, int]) -> Any:
         with self.lock:
+            self._drop_gone()
             if key in self.entries:
                 self.entries.move_to_end(key)
-                return self.entries[key]
+                return self.entries[key][0]
         return None
 
     def put(self, key: tuple[int, int], detail: Any) -> Any:
         """Keep ``detail`` (or return the one another thread kept first), evicting the oldest."""
+        size = _nbytes(detail)  # before the lock: nothing allocates while it is held
         with self.lock:
+            self._drop_gone()
             if key in self.entries:  # another thread built it meanwhile: count its bytes once
                 self.entries.move_to_end(key)
-                return self.entries[key]
-            self.entries[key] = detail
-            self.bytes += _nbytes(detail)
+                return self.entries[key][0]
+            self.entries[key] = (detail, size)
+            self.by_token.setdefault(key[0], set()).add(key[1])
+            self.bytes += size
             while self.bytes > BLOCK_CACHE_BYTES and len(self.entries) > 1:
-                self.bytes -= _nbytes(self.entries.popitem(last=False)[1])
+                self._pop(next(iter(self.entries)))
         return detail
 
-    def drop(self, token: int) -> None:
-        """Forget every block of the map ``token`` (it is being garbage collected)."""
-        with self.lock:
-            for key in [k for k in self.entries if k[0] == token]:
-                self.bytes -= _nbytes(self.entries.pop(key))
+    def forget(self, token: int) -> None:
+        """Queue the blocks of map ``token`` for dropping (it is being garbage collected)."""
+        self.gone.append(token)
+
+    def _pop(self, key: tuple[int, int]) -> None:
+        self.bytes -= self.entries.pop(key)[1]
+        blocks = self.by_token.get(key[0])
+        if blocks is not None:
+            blocks.discard(key[1])
+            if not blocks:
+                del self.by_token[key[0]]
+
+    def _drop_gone(self) -> None:
+        while self.gone:
+            token = self.gone.popleft()
+            for b in list(self.by_token.get(token, ())):
+                self._pop((token, b))
 
 
 _details = _SharedDetails()
 
 
 def _drop_details(token: int) -> None:
-    _details.drop(token)
+    _details.forget(token)
 
 
 def _reset_after_fork() -> None:  # a parent thread may have held the lock at the fork

@@ -259,3 +259,26 @@ def test_a_volume_gone_after_its_handle_was_given_back_is_named(tmp_path) -> Non
     os.remove(paths[0])
     with pytest.raises(FileNotFoundError, match=r"volumes\[0\] \(key '.*v0\.npy'\)"):
         vols.lease(0).__enter__()
+
+
+def test_a_metadata_string_naming_a_folder_in_the_cwd_stays_metadata(
+    two_npy: list[str], tmp_path, monkeypatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    os.mkdir("train")  # a folder that is not a zarr store
+    rows = [{"image": p, "split": s} for p, s in zip(two_npy, ["train", "val"])]
+    vols = mixle.read_volumes(rows)
+    assert vols.names == ("image",) and vols.metadata(0) == {"split": "train"}
+
+
+def test_the_first_open_of_a_source_handed_in_names_the_volume(tmp_path) -> None:
+    paths = []
+    for i in range(2):
+        paths.append(str(tmp_path / f"v{i}.npy"))
+        np.save(paths[-1], np.zeros((4, 4)))
+    sources = [mixle.read_npy(p) for p in paths]
+    sources[1].release_handle()
+    os.remove(paths[1])
+    vols = mixle.read_volumes(sources)
+    with pytest.raises(OSError, match=r"volumes\[1\] \(key '#1'\)"):
+        vols.lease(1).__enter__()

@@ -479,12 +479,19 @@ def test_bad_arguments_are_refused_at_construction(kwargs, err, match) -> None:
         mixle.PatchSampler(mixle.read_volumes(rows), num_patches=10, **args)
 
 
-def test_an_int_patch_size_over_dict_volumes_with_channels_in_the_first_array() -> None:
+def test_dict_volumes_whose_arrays_differ_in_axes_need_a_size_per_spatial_axis() -> None:
     rows = [
         {"image": _vol((2, 12, 12, 12), i), "label": _vol((12, 12, 12), 10 + i, "uint8")}
         for i in range(2)
     ]
-    sampler = mixle.PatchSampler(mixle.read_volumes(rows), 4, 20, seed=1)
+    # one int is ambiguous: channels, or a 4x4 affine beside a 3-D image (which was sampled
+    # as a 2-D image of 16 channels without an error)
+    with pytest.raises(ValueError, match=r"different numbers of axes \{'image': 4, 'label': 3\}"):
+        mixle.PatchSampler(mixle.read_volumes(rows), 4, 20, seed=1)
+    affine = [{"image": _vol((16, 16, 16), 0), "affine": np.eye(4)}]
+    with pytest.raises(ValueError, match="'affine': 2"):
+        mixle.PatchSampler(mixle.read_volumes(affine), 4, 20, seed=1)
+    sampler = mixle.PatchSampler(mixle.read_volumes(rows), (4, 4, 4), 20, seed=1)
     assert sampler.patch_size == (4, 4, 4)
     batch = sampler.get_batch(np.arange(20))
     assert batch["image"].shape == (20, 2, 4, 4, 4) and batch["coords"].shape == (20, 3)
@@ -586,3 +593,14 @@ def test_fingerprint_sees_volumes_rewritten_with_other_shapes(tmp_path: Path, kw
     np.save(paths[changed], _vol((12, 8), 9))
     after = mixle.PatchSampler(mixle.read_volumes(paths), 4, **args).fingerprint()
     assert after != before
+
+
+def test_vector_metadata_columns_have_their_shape_in_the_spec() -> None:
+    rows = [{"image": _vol((6, 6), i), "spacing": np.array([1.0, 2.0, 0.5 + i])} for i in range(2)]
+    vols = mixle.read_volumes(rows)
+    for sampler in (
+        mixle.PatchSampler(vols, 3, 4, columns=["spacing"]),
+        mixle.GridSampler(vols, 3, columns=["spacing"]),
+    ):
+        spec, batch = sampler.element_spec()["spacing"], sampler.get_batch([0, 1])["spacing"]
+        assert spec.shape == (3,) and batch.shape == (2, 3) and spec.dtype == batch.dtype

@@ -312,7 +312,7 @@ class VolumeGridSampler(GridSampler, tiles=VolumeCollection):
             **tiles,
             COORDS_KEY: ArraySpec((len(self._patch_size),), np.dtype(np.int64)),
             VOLUME_KEY: ArraySpec((), np.dtype(np.int64)),
-            **{c: ArraySpec((), first[c].dtype) for c in self._columns},
+            **{c: ArraySpec(first[c].shape[1:], first[c].dtype) for c in self._columns},
         }
 
     def fingerprint(self) -> str:

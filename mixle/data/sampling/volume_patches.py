@@ -322,7 +322,15 @@ class VolumePatchSampler(PatchSampler, collections=VolumeCollection):
         if nd is not None:
             return nd
         if isinstance(volume, Mapping):
-            return min(src.ndim for src in volume.values())
+            ndims = {name: src.ndim for name, src in volume.items()}
+            if len(set(ndims.values())) > 1:  # e.g. a 4x4 affine beside a 3-D image
+                raise ValueError(
+                    f"patch_size={self._patch_size_arg!r} is one int but the volumes' arrays "
+                    f"have different numbers of axes {ndims}: give one size per spatial axis "
+                    "(the trailing axes; leading ones are channels), or name the arrays with "
+                    "read_volumes(..., table_columns=[...]) so the others become metadata"
+                )
+            return min(ndims.values())
         return int(volume.ndim)
 
     def _specs_of(self, volume: Any) -> dict[str, ArraySpec]:
@@ -607,7 +615,8 @@ class VolumePatchSampler(PatchSampler, collections=VolumeCollection):
         spec[COORDS_KEY] = ArraySpec((nd,), np.dtype(np.int64))
         spec[VOLUME_KEY] = ArraySpec((), np.dtype(np.int64))
         for c in self._columns:
-            spec[c] = ArraySpec((), self._column(c, np.zeros(1, dtype=np.int64)).dtype)
+            first = self._column(c, np.zeros(1, dtype=np.int64))
+            spec[c] = ArraySpec(first.shape[1:], first.dtype)
         return spec
 
     def __len__(self) -> int:

@@ -44,6 +44,8 @@ VolumesLike = Any
 TableColumnsLike = str | Sequence[str] | Mapping[str, str] | None
 
 _GLOB_CHARS = frozenset("*?[")
+#: Files that make a folder a zarr store (v3, v2 array, v2 group).
+_ZARR_METADATA = ("zarr.json", ".zarray", ".zgroup")
 _VOLUME_SUFFIXES = (".zarr", ".npy", *HDF5_SUFFIXES, *RAW_SUFFIXES)
 #: Image formats mixle does not open: a dict entry naming one is an error, not metadata.
 _FOREIGN_IMAGE_SUFFIXES = (
@@ -107,7 +109,11 @@ def _looks_like_volume_path(value: object) -> bool:
     text = os.fspath(value)  # type: ignore[arg-type]
     if os.path.splitext(text.rstrip("/\\").split("?")[0])[1].lower() in _VOLUME_SUFFIXES:
         return True
-    return not is_url(text) and os.path.isdir(text)
+    # a folder without a suffix counts only when it is a zarr store: a metadata value such
+    # as "train" must not turn into an array because a folder of that name is in the cwd
+    return not is_url(text) and any(
+        os.path.isfile(os.path.join(text, name)) for name in _ZARR_METADATA
+    )
 
 
 def _is_path_column(obj: Any) -> bool:
@@ -265,7 +271,8 @@ def _unique(keys: tuple[str, ...], argument: str) -> tuple[str, ...]:
 def _is_volume_entry(value: object) -> bool:
     """Whether a dict entry is an array of the volume by default (else it is metadata).
 
-    Sources, paths with a volume suffix, folders, and in-memory arrays of two or more axes;
+    Sources, paths with a volume suffix, zarr store folders, and in-memory arrays of two or
+    more axes;
     NumPy scalars and 1-D arrays (a spacing vector) are metadata unless ``table_columns=``
     names them.
     """

@@ -288,7 +288,10 @@ class VolumeCollection:
 
     def _open_array(self, i: int, item: Any, name: str | None) -> ArraySource:
         if isinstance(item, ArraySource):
-            item._live()  # reopens a given-back handle: counted by the lease
+            try:
+                item._live()  # reopens a given-back handle: counted by the lease
+            except Exception as exc:
+                raise _named(exc, self._where(i, name)) from exc
             return item
         what = self._where(i, name)
         fmt = volume_format(item, self._options, what)

@@ -371,9 +371,7 @@ def test_collection_is_thread_safe_for_shapes(tmp_path: Path) -> None:
 
 def test_fingerprint_tells_sources_and_arrays_handed_in_apart(tmp_path) -> None:
     a, b = np.zeros((4, 5)), np.zeros((6, 5))
-    assert (
-        mixle.read_volumes([a, b]).fingerprint() != mixle.read_volumes([b, a]).fingerprint()
-    )
+    assert mixle.read_volumes([a, b]).fingerprint() != mixle.read_volumes([b, a]).fingerprint()
     assert mixle.read_volumes([a, b]).fingerprint() == mixle.read_volumes([a, b]).fingerprint()
     paths = []
     for i in range(2):

@@ -24,6 +24,7 @@ from mixle.data.sampling.patch_args import (
     record_indices,
     split_channels,
 )
+from mixle.data.sampling.volume_args import parse_columns
 from mixle.data.sources.collection import VolumeCollection
 from mixle.data.spec import ArraySpec
 from mixle.reading.pool import run_all
@@ -110,7 +111,7 @@ class VolumeGridSampler(GridSampler, tiles=VolumeCollection):
                 "pad_overlap=True pads overlap // 2 voxels on every side, but padding='none' "
                 "has nothing to fill them with; pass padding='constant', 'reflect' or 'edge'"
             )
-        self._columns = _parse_columns(vols, columns)
+        self._columns = parse_columns(vols, columns)
         keys = vols.keys
         shapes = [_as_names(s) for s in vols.shapes()]
         names = list(shapes[0])
@@ -488,19 +489,3 @@ def _rebuild(
         pad_overlap=pad_overlap,
         columns=columns,
     )
-
-
-def _parse_columns(vols: VolumeCollection, columns: Sequence[str] | None) -> tuple[str, ...]:
-    """Metadata ``columns`` added to every tile's record, checked against the collection."""
-    if columns is None:
-        return ()
-    wanted = [columns] if isinstance(columns, str) else list(columns)
-    for c in wanted:
-        if c not in vols.columns:
-            raise KeyError(
-                f"columns={wanted!r}: {c!r} is not a metadata column of the collection (it "
-                f"has {list(vols.columns)!r})"
-            )
-        if c in (PATCH_KEY, COORDS_KEY, VOLUME_KEY) or c in (vols.names or ()):
-            raise ValueError(f"columns={wanted!r}: {c!r} is already a record key")
-    return tuple(str(c) for c in wanted)

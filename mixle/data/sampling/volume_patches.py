@@ -22,7 +22,6 @@ from numpy.typing import ArrayLike, NDArray
 
 from mixle.data.index_math.hashing import MASK64, parse_seed
 from mixle.data.index_math.volumes import (
-    cumulative_weights,
     permuted_positions,
     uniform_valid_volumes,
     weighted_volumes,
@@ -45,6 +44,13 @@ from mixle.data.sampling.patch_args import (
 )
 from mixle.data.sampling.patch_layout import PatchLayout, parse_patch_layout
 from mixle.data.sampling.patch_sampler import PatchSampler
+from mixle.data.sampling.volume_args import (
+    full_size,
+    parse_columns,
+    parse_size,
+    parse_volume_weights,
+    spatial_shape,
+)
 from mixle.data.schema import Schema, parse_schema
 from mixle.data.sources.arrays.base import ArraySource
 from mixle.data.sources.collection import VolumeCollection
@@ -61,27 +67,6 @@ __all__ = ["VolumePatchSampler"]
 _BUILD_LOCKS = 64
 #: Serialises the reset of a sampler's locks in a forked child.
 _FORK_LOCK = ForkLock()
-
-
-_RESERVED = (PATCH_KEY, COORDS_KEY, VOLUME_KEY)
-
-
-def _spatial_shape(shape: Any, patch_size: object) -> tuple[int, ...]:
-    """The finest spatial shape of one volume (``shape`` or ``{name: shape}``)."""
-    shapes = list(shape.values()) if isinstance(shape, Mapping) else [shape]
-    nd = patch_entries(patch_size)
-    nd = min(len(s) for s in shapes) if nd is None else nd
-    return tuple(max(s[len(s) - nd + a] for s in shapes) for a in range(nd))
-
-
-def _parse_size(patch_size: object) -> int | tuple[int, ...]:
-    """``patch_size`` as an int or a tuple of ints, each ``>= 1`` (checked per volume later)."""
-    n = patch_entries(patch_size)
-    items = [patch_size] if n is None else list(patch_size)  # type: ignore[call-overload]
-    sizes = [parse_int(p, "patch_size") for p in items]
-    if not sizes or any(p < 1 for p in sizes):
-        raise ValueError(f"patch_size={patch_size!r} must be >= 1 on every axis")
-    return sizes[0] if n is None else tuple(sizes)
 
 
 class VolumePatchSampler(PatchSampler, collections=VolumeCollection):
@@ -174,7 +159,7 @@ class VolumePatchSampler(PatchSampler, collections=VolumeCollection):
         self._epoch = parse_epoch(epoch)
         self._replacement = bool(replacement)
         self._padding = parse_padding(padding)
-        self._patch_size_arg = _parse_size(patch_size)
+        self._patch_size_arg = parse_size(patch_size)
         self._per_volume = parse_int(patches_per_volume, "patches_per_volume")
         if self._per_volume < 1:
             raise ValueError(f"patches_per_volume={patches_per_volume} must be >= 1")
@@ -208,8 +193,17 @@ class VolumePatchSampler(PatchSampler, collections=VolumeCollection):
             self._layout_args["pad_value"] = 0
         if self._fits(0):  # every placement argument is checked here, on volume 0
             self._volume_layout(0)
-        self._columns = self._parse_columns(columns)
-        self._volume_weights, self._cumulative = self._parse_volume_weights(volume_weights)
+        self._columns = parse_columns(vols, columns)
+        if not self._replacement and not (
+            isinstance(volume_weights, str) and volume_weights == "uniform"
+        ):
+            raise ValueError(
+                f"volume_weights={volume_weights!r} cannot be combined with replacement=False, "
+                "which visits every position of every volume once"
+            )
+        self._volume_weights, self._cumulative = parse_volume_weights(
+            vols, volume_weights, self._patch_size_arg, self._valid_volumes
+        )
         if not self._replacement:
             if self._per_volume > 1:
                 raise ValueError(
@@ -318,9 +312,8 @@ class VolumePatchSampler(PatchSampler, collections=VolumeCollection):
 
     def _spatial_ndim_of(self, volume: Any) -> int:
         """How many trailing axes of an open volume are spatial."""
-        nd = patch_entries(self._patch_size_arg)
-        if nd is not None:
-            return nd
+        if not isinstance(self._patch_size_arg, int):
+            return len(self._patch_size_arg)
         if isinstance(volume, Mapping):
             ndims = {name: src.ndim for name, src in volume.items()}
             if len(set(ndims.values())) > 1:  # e.g. a 4x4 affine beside a 3-D image
@@ -337,23 +330,19 @@ class VolumePatchSampler(PatchSampler, collections=VolumeCollection):
         """``{record key: spec of one patch}`` of an open volume (source or dict of them)."""
         size = self._patch_size_arg
         if isinstance(volume, Mapping):
-            spatial = patch_entries(size)
+            spatial = None if isinstance(size, int) else len(size)
             arrays = AlignedArrays(volume, spatial_ndim=spatial, scales=self._layout_args["scales"])
-            nd = len(arrays.shape)
-            full = tuple(size) if spatial is not None else (int(size),) * nd  # type: ignore[arg-type]
-            return arrays.element_specs(full)
-        lead, spatial_shape = split_channels(size, volume.shape)
-        nd = len(spatial_shape)
-        full = tuple(size) if patch_entries(size) is not None else (int(size),) * nd  # type: ignore[arg-type]
-        return {PATCH_KEY: ArraySpec((*lead, *full), volume.dtype)}
+            return arrays.element_specs(full_size(size, len(arrays.shape)))
+        lead, shape = split_channels(size, volume.shape)
+        return {PATCH_KEY: ArraySpec((*lead, *full_size(size, len(shape))), volume.dtype)}
 
     def _fits(self, v: int) -> bool:
         """Whether volume ``v`` can hold a patch; warns (once) when it cannot."""
         if self._padding != "none":
             return True
         shape = self._volumes.shape(v)
-        spatial = _spatial_shape(shape, self._patch_size_arg)
-        size = self._reference_size(len(spatial))
+        spatial = spatial_shape(shape, self._patch_size_arg)
+        size = full_size(self._patch_size_arg, len(spatial))
         if all(p <= d for p, d in zip(size, spatial)):
             return True
         self._warn(
@@ -371,12 +360,6 @@ class VolumePatchSampler(PatchSampler, collections=VolumeCollection):
                 return
             self._warned.add(v)
         warnings.warn(f"volume {v} ({self._volumes.keys[v]!r}) {what}", stacklevel=6)
-
-    def _reference_size(self, nd: int) -> tuple[int, ...]:
-        size = self._patch_size_arg
-        if patch_entries(size) is None:
-            return (int(size),) * nd  # type: ignore[call-overload]
-        return tuple(int(p) for p in size)  # type: ignore[union-attr]
 
     def _volume_layout(self, v: int) -> PatchLayout | None:
         """Volume ``v``'s placement (``None``: it cannot hold a patch), built once."""
@@ -447,68 +430,6 @@ class VolumePatchSampler(PatchSampler, collections=VolumeCollection):
             )
         return self._valid
 
-    def _parse_columns(self, columns: Sequence[str] | None) -> tuple[str, ...]:
-        if columns is None:
-            return ()
-        if isinstance(columns, str):
-            columns = [columns]
-        have = tuple(self._volumes.columns)
-        out = []
-        for c in columns:
-            if c not in have:
-                raise KeyError(
-                    f"columns={list(columns)!r}: {c!r} is not a metadata column of the "
-                    f"collection (it has {list(have)!r})"
-                )
-            if c in _RESERVED or (self._volumes.names and c in self._volumes.names):
-                raise ValueError(f"columns={list(columns)!r}: {c!r} is already a record key")
-            out.append(str(c))
-        return tuple(out)
-
-    def _parse_volume_weights(self, value: Any) -> tuple[Any, NDArray[np.float64] | None]:
-        n = len(self._volumes)
-        if isinstance(value, str) and value == "uniform":
-            return "uniform", None
-        if not self._replacement:
-            raise ValueError(
-                f"volume_weights={value!r} cannot be combined with replacement=False, which "
-                "visits every position of every volume once"
-            )
-        if isinstance(value, str) and value == "voxels":
-            valid = set(self._valid_volumes().tolist())
-            weights = [
-                math.prod(_spatial_shape(self._volumes.shape(v), self._patch_size_arg))
-                if v in valid
-                else 0
-                for v in range(n)
-            ]
-            return "voxels", cumulative_weights(weights)
-        if isinstance(value, str):
-            if value not in self._volumes.columns:
-                raise KeyError(
-                    f"volume_weights={value!r} is not 'uniform', 'voxels' or a metadata "
-                    f"column of the collection (it has {list(self._volumes.columns)!r})"
-                )
-            raw = [self._volumes.metadata(v)[value] for v in range(n)]
-            try:
-                weights = np.asarray(raw, dtype=np.float64)
-            except (TypeError, ValueError):
-                raise TypeError(
-                    f"volume_weights={value!r}: the column must be numeric, got {raw[:3]!r}..."
-                ) from None
-            name = value
-        else:
-            weights = np.asarray(value, dtype=np.float64).reshape(-1)
-            if weights.size != n:
-                raise ValueError(
-                    f"volume_weights has {weights.size} entries but the collection has {n} volumes"
-                )
-            name = "array"
-        skipped = np.setdiff1d(np.flatnonzero(weights > 0), self._valid_volumes())
-        weights = weights.copy()
-        weights[skipped] = 0
-        return (name, weights.tolist()), cumulative_weights(weights)
-
     # -- description --------------------------------------------------------------------
     @property
     def collection(self) -> VolumeCollection:
@@ -535,7 +456,7 @@ class VolumePatchSampler(PatchSampler, collections=VolumeCollection):
     @property
     def patch_size(self) -> tuple[int, ...]:
         """Patch extent per spatial axis (the trailing axes of every volume)."""
-        return self._reference_size(self._spatial_ndim)
+        return full_size(self._patch_size_arg, self._spatial_ndim)
 
     @property
     def channel_shape(self) -> tuple[int, ...]:

@@ -422,13 +422,13 @@ def test_a_sampler_over_2000_volumes_with_max_open_16_holds_at_most_16(
     many_h5: tuple[Path, list[str]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Issue 18's bound, through the sampler: counted inside every read, on every thread."""
-    from mixle.data.sampling import volume_patches
+    from mixle.data.sampling import patch_layout
 
     folder, paths = many_h5
     vols = mixle.read_volumes(paths, dataset="vol", max_open=16)
     sampler = mixle.PatchSampler(vols, 2, 64 * 40, seed=4)
     seen: list[int] = []
-    read = volume_patches.read_spatial_boxes
+    read = patch_layout.read_spatial_boxes
 
     def counted(*args: Any, **kwargs: Any) -> Any:
         out = read(*args, **kwargs)
@@ -439,7 +439,7 @@ def test_a_sampler_over_2000_volumes_with_max_open_16_holds_at_most_16(
             seen.append(len(_open_files_under(folder)))
         return out
 
-    monkeypatch.setattr(volume_patches, "read_spatial_boxes", counted)
+    monkeypatch.setattr(patch_layout, "read_spatial_boxes", counted)
     base = np.arange(8, dtype="int32").reshape(2, 2, 2)
     for b in range(40):
         batch = sampler.get_batch(np.arange(b * 64, (b + 1) * 64))

@@ -17,7 +17,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from mixle.data.index_math.hashing import MASK64, parse_seed
 from mixle.data.sampling.aligned import AlignedArrays
-from mixle.data.sampling.padding import parse_padding
+from mixle.data.sampling.padding import parse_padding, read_spatial_boxes
 from mixle.data.sampling.patch_args import (
     centred_grid,
     check_combination,
@@ -97,6 +97,21 @@ class PatchLayout:
         if any(self.origin):
             out += np.asarray(self.origin, dtype=np.int64)
         return out
+
+    def read(self, corners: NDArray[np.int64]) -> Any:
+        """Patches at ``corners``: ``(B, *lead, *patch_size)``, or ``{name: ...}`` for a dict."""
+        if self.arrays is not None:
+            return self.arrays.read(
+                corners, self.patch_size, padding=self.padding, pad_values=self.pad_values
+            )
+        return read_spatial_boxes(
+            self.source,
+            corners,
+            self.lead,
+            self.patch_size,
+            padding=self.padding,
+            pad_value=self.pad_values["array"],
+        )
 
     def fingerprint(self, epoch: int) -> str:
         """A digest of everything that decides which patch an index of ``epoch`` means.

@@ -11,7 +11,6 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from mixle.data.sampling.aligned import COORDS_KEY, AlignedArrays
-from mixle.data.sampling.padding import read_spatial_boxes
 from mixle.data.sampling.patch_args import (
     parse_epoch,
     parse_index,
@@ -383,22 +382,7 @@ class PatchSampler:
 
     # -- reading ------------------------------------------------------------------------
     def _read(self, corners: NDArray[np.int64]) -> Any:
-        lay = self._layout
-        if lay.arrays is not None:
-            return lay.arrays.read(
-                corners,
-                lay.patch_size,
-                padding=lay.padding,
-                pad_values=lay.pad_values,
-            )
-        return read_spatial_boxes(
-            lay.source,
-            corners,
-            lay.lead,
-            lay.patch_size,
-            padding=lay.padding,
-            pad_value=lay.pad_values["array"],
-        )
+        return self._layout.read(corners)
 
     def __getitem__(self, index: int) -> Record:
         """Patch ``index`` and its corner: ``(patch, coords)``, or a dict for a dict."""

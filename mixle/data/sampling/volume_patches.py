@@ -31,14 +31,13 @@ from mixle.data.sampling.padding import (
     fill_outside,
     parse_pad_value,
     parse_padding,
-    read_spatial_boxes,
 )
 from mixle.data.sampling.patch_args import (
     check_combination,
     fingerprint_digest,
     parse_epoch,
     parse_index,
-    patch_entries,
+    parse_stride,
     record_indices,
     split_channels,
 )
@@ -262,15 +261,12 @@ class VolumePatchSampler(PatchSampler, collections=VolumeCollection):
         self.__dict__.update(state)
         self._init_cache()
 
-    def _cast(self) -> Any:
-        return self._volumes.cast
-
     def _reference_specs(self) -> dict[str, ArraySpec]:
         """The patch spec every volume must give, from volume 0's metadata."""
         with self._volumes.lease(0) as first:
             specs = self._specs_of(first)
             self._spatial_ndim = self._spatial_ndim_of(first)
-        cast = self._cast()
+        cast = self._volumes.cast
         if cast is not None:
             if isinstance(cast, Mapping):
                 specs = {
@@ -301,7 +297,7 @@ class VolumePatchSampler(PatchSampler, collections=VolumeCollection):
 
     def _cast_fills(self, pad_value: Any) -> dict[str, Any]:
         """``{record key: fill}`` checked against the cast dtype (``{}``: no cast or fill)."""
-        if self._cast() is None or self._padding != "constant":
+        if self._volumes.cast is None or self._padding != "constant":
             return {}
         fills = {}
         for k, spec in self._reference.items():
@@ -397,7 +393,7 @@ class VolumePatchSampler(PatchSampler, collections=VolumeCollection):
                 "patches draw the other classes of label_probabilities, renormalised",
             )
         want = self._reference
-        cast = self._cast() is not None
+        cast = self._volumes.cast is not None
         same = specs.keys() == want.keys() and all(
             specs[k].shape == want[k].shape and (cast or specs[k].dtype == want[k].dtype)
             for k in want
@@ -470,11 +466,7 @@ class VolumePatchSampler(PatchSampler, collections=VolumeCollection):
     def stride(self) -> tuple[int, ...]:
         nd = len(self.patch_size)
         stride = self._layout_args["stride"]
-        return (1,) * nd if stride is None else self._reference_size_like(stride, nd)
-
-    @staticmethod
-    def _reference_size_like(value: Any, nd: int) -> tuple[int, ...]:
-        return (int(value),) * nd if patch_entries(value) is None else tuple(int(v) for v in value)
+        return parse_stride(stride, nd)
 
     @property
     def seed(self) -> int:
@@ -696,12 +688,9 @@ class VolumePatchSampler(PatchSampler, collections=VolumeCollection):
             lay = self._volume_layout(v)
             assert lay is not None
             with self._volumes.lease(v):
-                if lay.arrays is not None:
-                    parts = lay.arrays.read(
-                        corners[sel], lay.patch_size, padding=lay.padding, pad_values=lay.pad_values
-                    )
-                else:
-                    parts = {PATCH_KEY: self._read_single(lay, corners[sel])}
+                parts = lay.read(corners[sel])
+                if lay.arrays is None:
+                    parts = {PATCH_KEY: parts}
                 for k, part in parts.items():
                     if k in self._fills:
                         part = part.astype(out[k].dtype)
@@ -720,17 +709,6 @@ class VolumePatchSampler(PatchSampler, collections=VolumeCollection):
         nd = len(lay.patch_size)
         size = tuple(p // int(m) for p, m in zip(lay.patch_size, f))
         fill_outside(part, corners // f, src.shape[src.ndim - nd :], size, self._fills[k])
-
-    @staticmethod
-    def _read_single(lay: PatchLayout, corners: NDArray[np.int64]) -> np.ndarray:
-        return read_spatial_boxes(
-            lay.source,
-            corners,
-            lay.lead,
-            lay.patch_size,
-            padding=lay.padding,
-            pad_value=lay.pad_values["array"],
-        )
 
     def __getitem__(self, index: int) -> dict[str, Any]:  # type: ignore[override]
         """Record ``index``: ``{"patch": patch, "coords": corner, "volume": v, ...}``."""

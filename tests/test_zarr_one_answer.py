@@ -30,7 +30,7 @@ import mixle
 from mixle.data.sources.arrays.zarr.readers import zarr_chunk_reader
 from mixle.data.sources.indexing import parse_key
 from mixle.data.sources.key_plan import plan_key, read_extent
-from mixle.reading import CorruptChunkError, chunk_cache
+from mixle.reading import CorruptChunkError, chunk_cache, set_chunk_cache_bytes
 
 SHAPE = (12, 10, 7)
 CHUNKS = (4, 5, 4)
@@ -569,3 +569,44 @@ def test_fixed_width_dtypes_read_as_zarr_reads_them(tmp_path, dtype):
     assert type(zarr_chunk_reader(opened)).__name__ == "ZarrCodecReader"
     got, expected = mixle.read_zarr(path)[...], opened[...]
     assert got.dtype == expected.dtype and got.tobytes() == expected.tobytes()
+
+
+def _at_corner(batch_patches: np.ndarray, corners: np.ndarray, corner: list[int]) -> np.ndarray:
+    """The patch of a full-grid batch whose corner is ``corner``."""
+    (k,) = np.flatnonzero((corners == corner).all(axis=1))
+    return batch_patches[k]
+
+
+@pytest.mark.parametrize("cache", [True, False])
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_never_written_chunks_read_as_writable_copies_of_the_fill(written, layout, cache):
+    """Unwritten chunks come from one shared, read-only fill element per reader: every read
+    path must hand out its own writable array, and writing into it must not reach the fill
+    that later reads see."""
+    path, expected = written[layout]
+    box = (slice(8, 12), slice(0, 5), slice(0, 4))  # one whole never-written chunk
+    assert (expected[box] == FILL).all()
+    if not cache:
+        set_chunk_cache_bytes(0)
+    chunk_cache().clear()
+    src = mixle.read_zarr(path)
+    grid = {"replacement": False, "stride": (8, 5, 4)}  # corners (0|8, 0|5, 0)
+    one = mixle.PatchSampler(src, (4, 5, 4), **grid)
+    many = mixle.PatchSampler(mixle.read_volumes([str(path)]), (4, 5, 4), **grid)
+    reads = {
+        "src[key]": lambda: src[box],
+        "read_box": lambda: src.read_box([8, 0, 0], [4, 5, 4]),
+        "read_boxes": lambda: src.read_boxes([[8, 0, 0]], [4, 5, 4])[0],
+        "get_batch": lambda: src.get_batch([8, 9, 10, 11])[:, :5, :4],
+        "sampler": lambda: _at_corner(*one.get_batch(range(len(one))), [8, 0, 0]),
+        "collection": lambda: _at_corner(
+            *(lambda b: (b["patch"], b["coords"]))(many.get_batch(range(len(many)))), [8, 0, 0]
+        ),
+    }
+    for name, read in reads.items():
+        got = read()
+        np.testing.assert_array_equal(got, expected[box], err_msg=name)
+        assert got.flags.writeable, name
+        got[...] = 123  # the caller's array: no later read may see this
+        for again in reads.values():
+            np.testing.assert_array_equal(again(), expected[box], err_msg=name)

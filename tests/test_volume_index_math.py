@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from mixle.data.index_math.volumes import (
     MAX_VOLUME_REDRAWS,
     cumulative_weights,
+    group_by_volume,
     permuted_positions,
     uniform_valid_volumes,
     uniform_volumes,
@@ -167,3 +168,14 @@ def test_bad_weights(weights, match) -> None:
 def test_no_positions_is_an_error() -> None:
     with pytest.raises(ValueError, match="no volume of the collection has a corner position"):
         permuted_positions(0, [0], np.array([0, 0], dtype=np.int64))
+
+
+@given(vols=st.lists(st.integers(0, 6), max_size=60))
+def test_group_by_volume_partitions_positions_largest_first(vols) -> None:
+    groups = group_by_volume(vols)
+    assert sorted(np.concatenate(groups).tolist() if groups else []) == list(range(len(vols)))
+    for g in groups:
+        assert len({vols[i] for i in g.tolist()}) == 1 and g.tolist() == sorted(g.tolist())
+    sizes = [len(g) for g in groups]
+    assert sizes == sorted(sizes, reverse=True)
+    assert len(groups) == len(set(vols))

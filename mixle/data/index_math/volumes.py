@@ -28,6 +28,7 @@ __all__ = [
     "STREAM_VOLUMES",
     "STREAM_VOLUME_PASSES",
     "cumulative_weights",
+    "group_by_volume",
     "permuted_positions",
     "uniform_valid_volumes",
     "uniform_volumes",
@@ -165,3 +166,18 @@ def permuted_positions(
     volume = np.searchsorted(cumulative, flat, side="right").astype(np.int64)
     before = np.where(volume > 0, cumulative[np.maximum(volume - 1, 0)], 0)
     return volume, flat - before
+
+
+def group_by_volume(volumes: ArrayLike) -> list[NDArray[np.intp]]:
+    """Positions of each distinct volume in ``volumes``, one ascending array per volume.
+
+    Largest group first (ties: lowest volume), so a caller reading groups in parallel can
+    read the biggest itself. O(n log n), one stable sort.
+    """
+    vols = np.asarray(volumes, dtype=np.int64).reshape(-1)
+    if not vols.size:
+        return []
+    order = np.argsort(vols, kind="stable")
+    groups = np.split(order, np.flatnonzero(np.diff(vols[order])) + 1)
+    groups.sort(key=len, reverse=True)  # stable: equal sizes stay in volume order
+    return groups

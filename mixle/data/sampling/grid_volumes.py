@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from mixle.data.index_math.volumes import group_by_volume
 from mixle.data.sampling.aligned import COORDS_KEY, PATCH_KEY, VOLUME_KEY
 from mixle.data.sampling.grid import GridSampler, parse_overlap
 from mixle.data.sampling.padding import (
@@ -392,9 +393,7 @@ class VolumeGridSampler(GridSampler, tiles=VolumeCollection):
             name: np.empty((b, *self._lead[name], *self._patch_size), dtype=self._dtypes[name])
             for name in self._lead
         }
-        order = np.argsort(vol, kind="stable")
-        groups = np.split(order, np.flatnonzero(np.diff(vol[order])) + 1) if b else []
-        groups.sort(key=len, reverse=True)  # the caller reads the largest, decoding on the pool
+        groups = group_by_volume(vol)  # largest first: the caller reads it, the pool the rest
         run_all([partial(self._read_volume, int(vol[r[0]]), corners[r], outs, r) for r in groups])
         return {PATCH_KEY if name is None else name: out for name, out in outs.items()}
 

@@ -22,6 +22,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from mixle.data.index_math.hashing import MASK64, parse_seed
 from mixle.data.index_math.volumes import (
+    group_by_volume,
     permuted_positions,
     uniform_valid_volumes,
     weighted_volumes,
@@ -638,8 +639,8 @@ class VolumePatchSampler(PatchSampler, collections=VolumeCollection):
             vols, local = permuted_positions(self._seed, idx, self._positions, epoch=self._epoch)
         else:
             vols, local = self._volumes_of(idx), None
-        for v in np.unique(vols).tolist():
-            sel = np.flatnonzero(vols == v)
+        for sel in group_by_volume(vols):
+            v = int(vols[sel[0]])
             lay = self._volume_layout(v)
             assert lay is not None  # only valid volumes are drawn
             if local is None and lay.weighted is not None:
@@ -671,11 +672,7 @@ class VolumePatchSampler(PatchSampler, collections=VolumeCollection):
         idx = record_indices(indices, self._num_patches)
         vols, corners = self._placed(idx)
         out = {k: np.empty((idx.size, *s.shape), dtype=s.dtype) for k, s in self._reference.items()}
-        tasks = [
-            self._read_task(v, np.flatnonzero(vols == v), corners, out)
-            for v in np.unique(vols).tolist()
-        ]
-        run_all(tasks)
+        run_all([self._read_task(int(vols[r[0]]), r, corners, out) for r in group_by_volume(vols)])
         batch: dict[str, Any] = {**out, COORDS_KEY: corners, VOLUME_KEY: vols}
         for c in self._columns:
             batch[c] = self._column(c, vols)

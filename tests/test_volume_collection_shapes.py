@@ -104,6 +104,40 @@ def test_mixed_local_and_remote_volumes_give_every_shape(
     vols.close()
 
 
+def test_an_interrupt_stops_the_remote_shape_reads_not_yet_begun(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("fsspec")
+    paths = []
+    for i in range(40):
+        url = f"memory://mixle-shapes-stop/r{i}.zarr"
+        zarr.create_array(url, data=np.zeros((2, 2), dtype="f4"), overwrite=True)
+        paths.append(url)
+    paths.append(str(tmp_path / "local.zarr"))  # read by the calling thread
+    zarr.create_array(paths[-1], data=np.zeros((2, 2), dtype="f4"))
+    vols = mixle.read_volumes(paths, max_open=3)  # 2 threads for the 40 remote volumes
+    caller = threading.current_thread()
+    started = threading.Event()
+    remote_reads: list[int] = []
+    real = volumes_module.open_volume
+
+    def slow_or_interrupted(item: Any, *args: Any, **kwargs: Any) -> Any:
+        if str(item).startswith("memory://"):
+            remote_reads.append(1)
+            started.set()
+            threading.Event().wait(0.05)  # a slow store
+        elif threading.current_thread() is caller and started.wait(timeout=30):
+            raise KeyboardInterrupt  # Ctrl-C in the calling thread, remote reads running
+        return real(item, *args, **kwargs)
+
+    monkeypatch.setattr(volumes_module, "open_volume", slow_or_interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        vols.shapes()
+    done = len(remote_reads)
+    threading.Event().wait(0.5)  # queued reads would go on without the caller
+    assert len(remote_reads) <= done + 2 < 40  # only those already running finished
+
+
 @pytest.mark.parametrize(
     ("soft", "expected"),
     [

@@ -411,7 +411,8 @@ class VolumeCollection:
         read by at most ``min(max_open, SHAPE_THREADS)`` threads while the calling thread
         reads the local ones in turn: a local file's metadata is parsed in Python under the
         GIL, so threads would only contend for it. The bound on live handles holds
-        throughout.
+        throughout. An interrupt (Ctrl-C) or an error stops the remote reads not yet begun;
+        the ones in flight end within the store's own timeouts.
         """
         self._check_open()
         missing = np.flatnonzero(~self._known).tolist()
@@ -421,11 +422,14 @@ class VolumeCollection:
         if threads < 2:  # one remote volume, or max_open too small to share
             local, remote = missing, []
         if remote:
-            with ThreadPoolExecutor(threads, thread_name_prefix="mixle-shapes") as pool:
+            pool = ThreadPoolExecutor(threads, thread_name_prefix="mixle-shapes")
+            try:
                 done = pool.map(self.shape, remote)
                 for i in local:
                     self.shape(i)
                 list(done)
+            finally:  # on Ctrl-C or an error: the shapes not yet asked for are not read
+                pool.shutdown(wait=False, cancel_futures=True)
         else:
             for i in local:
                 self.shape(i)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["parse_choice", "parse_int"]
+__all__ = ["parse_choice", "parse_int", "parse_timeout"]
 
 
 def parse_int(value: object, name: str) -> int:
@@ -36,4 +37,16 @@ def parse_choice(value: object, name: str, choices: Sequence[str]) -> str:
     """
     if not isinstance(value, str) or value not in choices:
         raise ValueError(f"{name}={value!r} must be one of {', '.join(map(repr, choices))}")
+    return value
+
+
+def parse_timeout(timeout: object, name: str = "timeout") -> float | None:
+    """Validate a timeout in seconds: ``None`` (no limit) or a positive finite number."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name}={timeout!r} must be a number of seconds or None")
+    value = float(timeout)
+    if not (value > 0 and math.isfinite(value)):
+        raise ValueError(f"{name}={timeout!r} must be a positive, finite number of seconds")
     return value

@@ -6,10 +6,8 @@ chunk cache and NumPy. Messages are pickled tuples ``(seq, kind, *payload)``; ev
 ``(seq, "error", type name, message, traceback)``; a message the worker cannot unpickle
 gets an error reply with ``seq`` -1.
 
-A worker never outlives its driver, even while ``fn`` runs: on Linux the kernel sends it
-SIGKILL when the driver dies (``PR_SET_PDEATHSIG``), and everywhere a watchdog thread ends
-the process within :data:`WATCHDOG_INTERVAL_S` once its parent changes or the driver's
-end of the pipe closes.
+A worker never outlives its driver, even while ``fn`` runs
+(:func:`mixle.utils.processes.guard_against_orphaning`).
 
 A worker is one of ``workers`` processes sharing one job's default chunk-cache budget
 (:func:`~mixle.reading.process_cache.share_default_chunk_cache`), unless the driver's user set a
@@ -18,84 +16,21 @@ budget (``set_chunk_cache_bytes``), which the worker then keeps, whatever the st
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import os
 import pickle
-import select
 import signal
-import sys
-import threading
-import time
 import traceback
 from multiprocessing.connection import Connection
 from typing import Any
 
 from mixle.reading.process_cache import set_chunk_cache_bytes, share_default_chunk_cache
 from mixle.utils.parallel.encoding import build_shard
+from mixle.utils.processes import WATCHDOG_INTERVAL_S, guard_against_orphaning
 
 __all__ = ["CLOSE", "WATCHDOG_INTERVAL_S", "guard_against_orphaning", "worker_main"]
 
 #: The message that ends a worker's loop.
 CLOSE = pickle.dumps((-1, "close"), protocol=pickle.HIGHEST_PROTOCOL)
-#: How often a worker's watchdog checks that its parent (the driver) is still there.
-WATCHDOG_INTERVAL_S = 0.5
-#: ``prctl`` option: the signal the kernel sends this process when its parent thread exits.
-_PR_SET_PDEATHSIG = 1
-#: Exit status of a worker that ended because its driver went away.
-_ORPHANED_EXIT = 3
-
-
-def _die_with_parent() -> None:
-    """Ask Linux to SIGKILL this process when the thread that started it exits."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):  # no usable libc: the watchdog alone covers it
-        pass
-
-
-def _watch_parent(parent: int, fd: int) -> None:
-    """End the process once the driver is gone: the parent changed (re-parented) or the
-    driver's end of the pipe ``fd`` closed (a forkserver's child keeps its parent)."""
-    poller = select.poll() if hasattr(select, "poll") else None
-    if poller is not None:
-        poller.register(fd, select.POLLHUP)  # never consumes what the main thread reads
-    gone = select.POLLHUP | select.POLLERR | select.POLLNVAL if poller is not None else 0
-    while True:
-        if os.getppid() != parent:
-            os._exit(_ORPHANED_EXIT)
-        if poller is None:
-            time.sleep(WATCHDOG_INTERVAL_S)
-        elif any(events & gone for _, events in poller.poll(WATCHDOG_INTERVAL_S * 1000)):
-            os._exit(_ORPHANED_EXIT)
-
-
-def guard_against_orphaning(conn: Connection, parent: int | None, pdeathsig: bool) -> None:
-    """Make this process exit when the driver dies: death signal plus a watchdog thread.
-
-    Parameters
-    ----------
-    conn
-        This worker's end of the pipe whose other end only the driver holds.
-    parent
-        The pid the parent must have; ``None``: the current parent.
-    pdeathsig
-        Also ask the kernel (Linux) to kill this process when its parent thread exits.
-    """
-    expected = os.getppid() if parent is None else parent
-    if pdeathsig:
-        _die_with_parent()
-    if os.getppid() != expected:  # the parent died before the guard was in place
-        os._exit(_ORPHANED_EXIT)
-    threading.Thread(
-        target=_watch_parent,
-        args=(expected, conn.fileno()),
-        name="mixle-worker-watchdog",
-        daemon=True,
-    ).start()
 
 
 def _error_reply(seq: int, exc: BaseException) -> bytes:

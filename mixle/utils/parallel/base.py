@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import abc
 import functools
-import math
 import operator
 from collections.abc import Callable
 from typing import Any, Literal
@@ -20,7 +19,7 @@ from numpy.typing import NDArray
 from mixle.data.index_math.sharding import ShardPlan
 from mixle.errors import BrokenEncodedDataError, EncodedDataClosedError
 from mixle.utils.parallel.encoding import pickled_size, read_piece, tree_nbytes
-from mixle.utils.validation import parse_choice
+from mixle.utils.validation import parse_choice, parse_timeout
 
 __all__ = [
     "WORKER_READ_MAX_PICKLE_BYTES",
@@ -38,18 +37,6 @@ WORKER_READ_MAX_PICKLE_BYTES = 64 * 1024
 
 #: Marks "use the handle's own timeout" in per-call ``timeout=`` arguments.
 _HANDLE_TIMEOUT: Any = object()
-
-
-def parse_timeout(timeout: object, name: str = "timeout") -> float | None:
-    """Validate a timeout in seconds: ``None`` (no limit) or a positive finite number."""
-    if timeout is None:
-        return None
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float, np.integer, np.floating)):
-        raise TypeError(f"{name}={timeout!r} must be a number of seconds or None")
-    value = float(timeout)
-    if not (value > 0 and math.isfinite(value)):
-        raise ValueError(f"{name}={timeout!r} must be a positive, finite number of seconds")
-    return value
 
 
 def parse_read_in(read_in: object, data: Any) -> Literal["workers", "driver"]:

@@ -7,12 +7,10 @@ runs ``fn(shard, *args)`` on request.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import multiprocessing
 import os
 import pickle
-import signal
 import threading
 import time
 import weakref
@@ -32,6 +30,7 @@ from mixle.utils.parallel.encoding import (
     parse_encoder,
     reads_batches,
 )
+from mixle.utils.processes import describe_exit, orphan_guard_args, stop_processes
 from mixle.utils.progress import parse_progress, progress_bar
 
 __all__ = ["SHUTDOWN_GRACE_S", "MPEncodedData"]
@@ -40,38 +39,9 @@ __all__ = ["SHUTDOWN_GRACE_S", "MPEncodedData"]
 SHUTDOWN_GRACE_S = 5.0
 
 
-def _describe_exit(proc: BaseProcess) -> str:
-    proc.join(timeout=1.0)
-    code = proc.exitcode
-    if code is None:
-        return "stopped answering"
-    if code < 0:
-        try:
-            return f"was killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    return f"exited with code {code}"
-
-
 def _shutdown(procs: list[BaseProcess], conns: list[Connection], graceful: bool) -> None:
     """Stop ``procs`` and close ``conns``: ask, then terminate, then kill. Idempotent."""
-    if graceful:
-        for conn in conns:
-            with contextlib.suppress(OSError, ValueError):
-                conn.send_bytes(CLOSE)
-        deadline = time.monotonic() + SHUTDOWN_GRACE_S
-        for proc in procs:
-            proc.join(timeout=max(0.0, deadline - time.monotonic()))
-    for proc in procs:
-        if proc.is_alive():
-            proc.terminate()
-    for proc in procs:
-        proc.join(timeout=2.0)
-        if proc.is_alive():
-            proc.kill()
-            proc.join(timeout=2.0)
-    for conn in conns:
-        conn.close()
+    stop_processes(procs, conns, close_message=CLOSE if graceful else None, grace=SHUTDOWN_GRACE_S)
     procs.clear()
     conns.clear()
 
@@ -173,13 +143,7 @@ class MPEncodedData(EncodedData):
         return tuple(self._pids)
 
     def _start(self, ctx: Any) -> None:
-        method = ctx.get_start_method()
-        # a forkserver's children have the server as parent (it outlives the driver while
-        # they run); the death signal follows the thread that forks, and only the main
-        # thread lives as long as the driver
-        parent = None if method == "forkserver" else os.getpid()
-        main = threading.current_thread() is threading.main_thread()
-        pdeathsig = parent is not None and main
+        parent, pdeathsig = orphan_guard_args(ctx.get_start_method())
         # the workers share one job's default cache budget; one the user set here wins
         cache = (self.num_workers, user_chunk_cache_bytes())
         for _ in range(self.num_workers):
@@ -237,7 +201,7 @@ class MPEncodedData(EncodedData):
             self._died(worker, what)
 
     def _died(self, worker: int, what: str) -> None:
-        how = _describe_exit(self._procs[worker])
+        how = describe_exit(self._procs[worker])
         reason = f"worker {worker} (pid {self._pids[worker]}) {how} during {what}"
         self._break(reason)
         raise WorkerDiedError(

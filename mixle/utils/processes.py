@@ -1,0 +1,151 @@
+"""Worker processes that never outlive their parent, and how to stop them and say why.
+
+Shared by every process pool in mixle: the Loader's workers (:mod:`mixle.loading.workers`)
+and the encoded-data workers (:mod:`mixle.utils.parallel.multiprocessing`).
+
+A worker never outlives its parent, even while it runs user code: on Linux the kernel sends
+it SIGKILL when the parent's starting thread exits (``PR_SET_PDEATHSIG``), and everywhere a
+watchdog thread ends the process within :data:`WATCHDOG_INTERVAL_S` once its parent changes
+or the parent's end of the pipe closes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import os
+import select
+import signal
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+
+__all__ = [
+    "WATCHDOG_INTERVAL_S",
+    "describe_exit",
+    "guard_against_orphaning",
+    "orphan_guard_args",
+    "stop_processes",
+]
+
+#: How often a worker's watchdog checks that its parent (the driver) is still there.
+WATCHDOG_INTERVAL_S = 0.5
+#: ``prctl`` option: the signal the kernel sends this process when its parent thread exits.
+_PR_SET_PDEATHSIG = 1
+#: Exit status of a worker that ended because its driver went away.
+_ORPHANED_EXIT = 3
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when the thread that started it exits."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):  # no usable libc: the watchdog alone covers it
+        pass
+
+
+def _watch_parent(parent: int, fd: int) -> None:
+    """End the process once the driver is gone: the parent changed (re-parented) or the
+    driver's end of the pipe ``fd`` closed (a forkserver's child keeps its parent)."""
+    poller = select.poll() if hasattr(select, "poll") else None
+    if poller is not None:
+        poller.register(fd, select.POLLHUP)  # never consumes what the main thread reads
+    gone = select.POLLHUP | select.POLLERR | select.POLLNVAL if poller is not None else 0
+    while True:
+        if os.getppid() != parent:
+            os._exit(_ORPHANED_EXIT)
+        if poller is None:
+            time.sleep(WATCHDOG_INTERVAL_S)
+        elif any(events & gone for _, events in poller.poll(WATCHDOG_INTERVAL_S * 1000)):
+            os._exit(_ORPHANED_EXIT)
+
+
+def guard_against_orphaning(conn: Connection, parent: int | None, pdeathsig: bool) -> None:
+    """Make this process exit when the driver dies: death signal plus a watchdog thread.
+
+    Parameters
+    ----------
+    conn
+        This worker's end of the pipe whose other end only the driver holds.
+    parent
+        The pid the parent must have; ``None``: the current parent.
+    pdeathsig
+        Also ask the kernel (Linux) to kill this process when its parent thread exits.
+    """
+    expected = os.getppid() if parent is None else parent
+    if pdeathsig:
+        _die_with_parent()
+    if os.getppid() != expected:  # the parent died before the guard was in place
+        os._exit(_ORPHANED_EXIT)
+    threading.Thread(
+        target=_watch_parent,
+        args=(expected, conn.fileno()),
+        name="mixle-worker-watchdog",
+        daemon=True,
+    ).start()
+
+
+def orphan_guard_args(start_method: str) -> tuple[int | None, bool]:
+    """``(parent, pdeathsig)`` for :func:`guard_against_orphaning` in a child started now.
+
+    A forkserver's children have the server as parent (it outlives the caller while they
+    run), so they watch only the pipe; the death signal follows the thread that forks, and
+    only the main thread lives as long as the process.
+    """
+    parent = None if start_method == "forkserver" else os.getpid()
+    main = threading.current_thread() is threading.main_thread()
+    return parent, parent is not None and main
+
+
+def describe_exit(proc: BaseProcess, wait_s: float = 1.0) -> str:
+    """How ``proc`` ended, for an error message: ``"was killed by SIGKILL"``, ``"exited with
+    code 1"``, or ``"stopped answering"`` when it is still running after ``wait_s``."""
+    proc.join(timeout=wait_s)
+    code = proc.exitcode
+    if code is None:
+        return "stopped answering"
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def stop_processes(
+    procs: Sequence[BaseProcess],
+    conns: Sequence[Connection],
+    *,
+    close_message: bytes | None,
+    grace: float,
+) -> None:
+    """Stop ``procs`` and close ``conns``: ask, then terminate, then kill. Idempotent.
+
+    With ``close_message``, each connection is sent it and the processes get ``grace``
+    seconds (in all) to exit by themselves; then the ones still alive are terminated
+    (SIGTERM), and killed (SIGKILL) if they are still there 2 s later.
+    """
+    if close_message is not None:
+        for conn in conns:
+            with contextlib.suppress(OSError, ValueError):
+                conn.send_bytes(close_message)
+        deadline = time.monotonic() + grace
+        for proc in procs:
+            proc.join(timeout=max(0.0, deadline - time.monotonic()))
+    for proc in procs:
+        if proc.is_alive():
+            proc.terminate()
+    for proc in procs:
+        proc.join(timeout=2.0)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(timeout=2.0)
+    for conn in conns:
+        conn.close()

@@ -8,7 +8,17 @@ Nothing here changes JAX's global configuration: 64-bit leaves follow an explici
 - :func:`prefetch_to_device`: any iterator of batches, a few kept in flight on the device.
 - :class:`JaxLoader`: a :class:`mixle.Loader` whose batches arrive on devices, laid out by a
   ``jax.sharding.Sharding`` across devices and processes, with the Loader's resume state
-  and a ``jax.ShapeDtypeStruct`` element spec.
+  and a ``jax.ShapeDtypeStruct`` element spec; ``last_indices`` and ``last_epoch`` name the
+  records of the batch the loop received last.
+- :func:`record_keys`: typed JAX PRNG keys per record, a pure function of ``(seed, epoch,
+  record index)``, so augmentation can run on the device, jitted, with the same keys
+  whatever the batch, shard, thread or worker a record lands in::
+
+      loader = JaxLoader(sampler, 32, shuffle=True, seed=seed)
+      augment_batch = jax.jit(jax.vmap(augment))  # augment(key, patch) -> patch
+      for patches, coords in loader:
+          keys = record_keys(seed, loader.last_epoch, loader.last_indices)
+          patches = augment_batch(keys, patches)
 """
 
 from mixle.jax.convert import (
@@ -21,11 +31,13 @@ from mixle.jax.convert import (
     to_jax,
     x64_enabled,
 )
+from mixle.jax.keys import DEFAULT_KEY_IMPL, record_key_data, record_keys
 from mixle.jax.loader import JaxLoader, batch_axis_blocks, process_shard
 from mixle.jax.prefetch import THREAD_NAME, prefetch_to_device
 from mixle.loading.adapters import register_adapter
 
 __all__ = [
+    "DEFAULT_KEY_IMPL",
     "DTYPE_POLICIES",
     "THREAD_NAME",
     "DtypeOverflowError",
@@ -37,6 +49,8 @@ __all__ = [
     "jax_spec",
     "prefetch_to_device",
     "process_shard",
+    "record_key_data",
+    "record_keys",
     "to_jax",
     "x64_enabled",
 ]

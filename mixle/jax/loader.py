@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from numpy.typing import NDArray
@@ -23,6 +23,15 @@ from mixle.loading.prefetch import StopSignal
 from mixle.loading.runs import ActiveRun
 
 __all__ = ["JaxLoader", "batch_axis_blocks", "process_shard"]
+
+
+class _Received(NamedTuple):
+    """A batch as the loop receives it, with what the Loader said when it was read."""
+
+    batch: Any
+    state: dict[str, Any]  # the cursor after the batch
+    indices: NDArray[np.int64] | None  # its record indices
+    epoch: int  # its epoch
 
 
 def batch_axis_blocks(
@@ -215,6 +224,8 @@ class JaxLoader(ActiveRun):
         self._policy = parse_dtype_policy(dtype_policy)
         self._check_layout()
         self._state = loader.state_dict()
+        self._last_indices: NDArray[np.int64] | None = None
+        self._last_epoch: int | None = None
 
     def _check_layout(self) -> None:
         lay = self._loader.layout
@@ -276,6 +287,26 @@ class JaxLoader(ActiveRun):
         """The epoch of the next batch the loop receives."""
         return int(self._state["epoch"])
 
+    @property
+    def last_indices(self) -> NDArray[np.int64] | None:
+        """Record indices of the batch the loop received last (``None`` before the first).
+
+        This process's rows, in order; padding rows of ``drop_last="pad"`` repeat real
+        records. Use it, with :attr:`last_epoch`, for :func:`mixle.jax.record_keys`. Not
+        ``self.loader.last_indices``: with ``prefetch > 0`` the Loader has already read
+        batches ahead of the loop.
+        """
+        return self._last_indices
+
+    @property
+    def last_epoch(self) -> int | None:
+        """The epoch of the batch the loop received last (``None`` before the first).
+
+        Unlike :attr:`epoch` (the epoch of the next batch), it stays the batch's own epoch
+        after the last batch of an epoch.
+        """
+        return self._last_epoch
+
     def __len__(self) -> int:
         """Batches per epoch on this process."""
         return len(self._loader)
@@ -309,15 +340,14 @@ class JaxLoader(ActiveRun):
         )
 
     # -- iteration ----------------------------------------------------------------------
-    def _place(self, item: tuple[Any, dict[str, Any]]) -> tuple[Any, dict[str, Any]]:
-        batch, state = item
+    def _place(self, item: _Received) -> _Received:
         placed = to_jax(
-            batch, device=self._device, sharding=self._sharding, dtype_policy=self._policy
+            item.batch, device=self._device, sharding=self._sharding, dtype_policy=self._policy
         )
-        return placed, state
+        return item._replace(batch=placed)
 
-    def _host_batches(self, signal: StopSignal) -> Iterator[tuple[Any, dict[str, Any]]]:
-        """Loader batches with the cursor after each (runs in the prefetch thread).
+    def _host_batches(self, signal: StopSignal) -> Iterator[_Received]:
+        """Loader batches with the cursor, indices and epoch of each (in the prefetch thread).
 
         ``signal`` stops the Loader's run from the caller's thread, which wakes the
         prefetch thread if it waits for the Loader's reader threads.
@@ -326,7 +356,11 @@ class JaxLoader(ActiveRun):
         run = loader._iterate(signal)
         try:
             for batch in run:
-                yield batch, loader.state_dict()
+                state = loader.state_dict()
+                indices = loader.last_indices  # set before the Loader yields a batch
+                # the cursor moved past the batch: to batch 0 of the next epoch after the last
+                epoch = state["epoch"] - 1 if state["batch"] == 0 else state["epoch"]
+                yield _Received(batch, state, indices, epoch)
                 del batch
         finally:
             run.close()  # type: ignore[attr-defined]
@@ -336,17 +370,20 @@ class JaxLoader(ActiveRun):
         self._loader.load_state_dict(self._state)  # batches prefetched, never received
         signal = StopSignal()
         host = self._host_batches(signal)
-        stream: Iterator[tuple[Any, dict[str, Any]]]
+        stream: Iterator[_Received]
         if self._prefetch:
             stream = DevicePrefetcher(host, self._place, self._prefetch, on_stop=signal.set)
         else:
             stream = place_each(host, self._place)
         return self._start_run(self._run(stream))
 
-    def _run(self, stream: Iterator[tuple[Any, dict[str, Any]]]) -> Iterator[Any]:
+    def _run(self, stream: Iterator[_Received]) -> Iterator[Any]:
         try:
-            for batch, state in stream:
-                self._state = state
+            for item in stream:
+                self._state = item.state
+                self._last_indices, self._last_epoch = item.indices, item.epoch
+                batch = item.batch
+                del item
                 yield batch
                 del batch
             self._state = self._loader.state_dict()  # the end of the run

@@ -7,6 +7,7 @@ named constants here, defined once.
 
 from __future__ import annotations
 
+import multiprocessing
 import operator
 import os
 from collections.abc import Callable
@@ -15,22 +16,30 @@ from typing import Any
 import numpy as np
 
 from mixle.data.structure import SampleStructure
-from mixle.utils.validation import parse_int
+from mixle.utils.validation import parse_choice, parse_int, parse_timeout
 
 __all__ = [
     "DEFAULT_NUM_THREADS",
     "PREFETCH_PER_THREAD",
+    "PREFETCH_PER_WORKER",
+    "START_METHODS",
     "check_source",
     "parse_callable",
     "parse_count",
     "parse_shuffle_block",
     "parse_threads",
+    "parse_workers",
 ]
 
 #: Reader threads when ``num_threads`` is not given (fewer on machines with fewer cores).
 DEFAULT_NUM_THREADS = 4
 #: Batches prefetched per reader thread when ``prefetch`` is not given.
 PREFETCH_PER_THREAD = 2
+#: Batches in flight per worker process when ``prefetch`` is not given (or one per reader
+#: thread of the worker, when it has more threads).
+PREFETCH_PER_WORKER = 2
+#: How a Loader may start its worker processes.
+START_METHODS = ("spawn", "forkserver", "fork")
 
 
 def check_source(source: object, shuffle: object) -> None:
@@ -109,16 +118,55 @@ def parse_callable(fn: object, name: str) -> Callable[..., Any] | None:
     return fn  # type: ignore[return-value]
 
 
-def parse_threads(num_threads: object, prefetch: object) -> tuple[int, int]:
+def parse_threads(num_threads: object, prefetch: object, num_workers: int = 0) -> tuple[int, int]:
     """``(num_threads, prefetch)`` with their defaults filled in and checked.
 
     ``num_threads=None`` is ``min(DEFAULT_NUM_THREADS, os.cpu_count())`` (``0`` reads in
-    the caller's thread); ``prefetch=None`` is ``PREFETCH_PER_THREAD`` per thread (at
-    least one batch).
+    the caller's thread, or a worker's receiving thread); ``prefetch=None`` is
+    ``PREFETCH_PER_THREAD`` per thread (at least one batch), or with worker processes
+    ``max(PREFETCH_PER_WORKER, num_threads)`` per worker.
     """
     if num_threads is None:
         num_threads = min(DEFAULT_NUM_THREADS, os.cpu_count() or 1)
     threads = parse_count(num_threads, "num_threads", 0)
     if prefetch is None:
-        prefetch = PREFETCH_PER_THREAD * max(1, threads)
+        workers = max(PREFETCH_PER_WORKER, threads)
+        prefetch = workers if num_workers else PREFETCH_PER_THREAD * max(1, threads)
     return threads, parse_count(prefetch, "prefetch", 1)
+
+
+def parse_workers(
+    num_workers: object, start_method: object, timeout: object
+) -> tuple[int, str, float | None]:
+    """``(num_workers, worker_start_method, timeout)`` checked.
+
+    Raises
+    ------
+    TypeError
+        A value of the wrong type.
+    ValueError
+        ``num_workers < 0``; a start method that is not one of :data:`START_METHODS` or
+        not available on this system; a ``timeout`` that is not a positive number of
+        seconds, or given without worker processes (it bounds a worker's batch); worker
+        processes on a system that cannot pass file descriptors between processes.
+    """
+    workers = parse_count(num_workers, "num_workers", 0)
+    method = parse_choice(start_method, "worker_start_method", START_METHODS)
+    available = multiprocessing.get_all_start_methods()
+    if method not in available:
+        raise ValueError(
+            f"worker_start_method={method!r} is not available on this system; use one of "
+            f"{', '.join(map(repr, available))}"
+        )
+    limit = parse_timeout(timeout)
+    if limit is not None and not workers:
+        raise ValueError(
+            f"timeout={timeout!r} bounds how long a worker process may take per batch, but "
+            "num_workers=0 reads in threads; pass num_workers >= 1 or leave timeout=None"
+        )
+    if workers and os.name != "posix":
+        raise ValueError(
+            f"num_workers={workers} needs a POSIX system (worker processes hand batches back "
+            "through shared memory passed as file descriptors); use num_workers=0"
+        )
+    return workers, method, limit

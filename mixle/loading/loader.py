@@ -21,11 +21,12 @@ from mixle.loading.arguments import (
     parse_count,
     parse_shuffle_block,
     parse_threads,
+    parse_workers,
 )
-from mixle.loading.batching import attach_mask, stack_records, unstack_batch
 from mixle.loading.element_spec import spec_from_metadata, widen_leading
 from mixle.loading.plan import INDEX_WINDOW_ROWS, BatchPlan, batch_plans, record_rng, window
 from mixle.loading.prefetch import StopSignal, ordered_map
+from mixle.loading.reader import BatchReader, takes_rng
 from mixle.loading.runs import ActiveRun
 from mixle.loading.state import (
     STATE_VERSION,
@@ -33,6 +34,8 @@ from mixle.loading.state import (
     check_state,
     source_fingerprint,
 )
+from mixle.loading.workers import WorkerPool
+from mixle.loading.workers.pool import reader_payload
 from mixle.utils.validation import parse_choice, parse_int
 
 if TYPE_CHECKING:
@@ -89,22 +92,44 @@ class Loader(ActiveRun):
         shards' batches stacked in shard order equal one process's batch of the global
         size); see :mod:`mixle.data.index_math.sharding`.
     transform
-        ``transform(batch) -> batch``, run in the reader threads.
+        ``transform(batch) -> batch``, run where the batch is read (a reader thread or a
+        worker process). A transform with two required positional parameters (or a
+        second one named ``rng``) is called ``transform(batch, rng)``, ``rng`` being
+        :func:`~mixle.loading.plan.batch_rng` of ``(seed, epoch, batch number,
+        shard_index)``.
     record_transform
         ``record_transform(record, rng) -> record`` per record before stacking; ``rng`` is
         :func:`record_rng` of ``(seed, epoch, record index)``.
     num_threads
-        Reader threads (default ``min(4, os.cpu_count())``); 0 reads in the caller's thread.
+        Reader threads (default ``min(4, os.cpu_count())``); 0 reads in the caller's
+        thread. With ``num_workers``, the reader threads inside each worker process.
     prefetch
-        Batches read ahead (default ``2 * num_threads``; ``>= 1``).
+        Batches read ahead (default ``2 * num_threads``; ``>= 1``). With ``num_workers``,
+        batches in flight per worker (default ``max(2, num_threads)``).
+    num_workers
+        Worker processes that read the batches and run the transforms (default 0: read in
+        this process, in threads). Use them when the transforms are Python-heavy (they
+        hold the GIL, so threads add nothing): batch ``k`` of the run goes to worker
+        ``k % num_workers``, and the batches come back in order through shared memory,
+        as views without a copy (see ``docs/loader.md``).
+    worker_start_method
+        ``"spawn"`` (default), ``"forkserver"`` or ``"fork"``. Except with ``"fork"``, the
+        source and transforms are pickled to each worker (mixle sources by reference, a
+        few hundred bytes) and must be importable there.
+    timeout
+        Seconds a worker process may take to read one batch (``None``: no limit); past it
+        the loop raises :class:`~mixle.WorkerTimeoutError`. Only with ``num_workers``.
 
     Raises
     ------
     TypeError
-        ``source`` is not map-style, or an argument has the wrong type.
+        ``source`` is not map-style, or an argument has the wrong type; with
+        ``num_workers`` and a start method other than ``"fork"``, the source or a
+        transform cannot be pickled (the message names which).
     ValueError
-        ``batch_size``, ``num_epochs``, ``num_shards``, ``num_threads``, ``prefetch`` or
-        ``shuffle_block`` (or the source's ``shuffle_block``) is out of range,
+        ``batch_size``, ``num_epochs``, ``num_shards``, ``num_threads``, ``prefetch``,
+        ``num_workers``, ``timeout`` or ``shuffle_block`` (or the source's
+        ``shuffle_block``) is out of range, ``worker_start_method`` is not available,
         ``drop_last`` is not ``False``/``True``/``"pad"``, or ``shuffle=True`` for a source
         whose structure forbids reordering.
     IndexError
@@ -116,7 +141,8 @@ class Loader(ActiveRun):
       ``num_epochs``; ``state_dict()`` taken inside the loop body resumes at the next batch.
       A new ``iter()`` stops the previous iterator and continues from the cursor.
     - Batch ``t`` of epoch ``e`` is a pure function of ``(seed, e, t)``, the source and the
-      shard layout: the same whatever ``num_threads`` and ``prefetch``.
+      shard layout: the same whatever ``num_threads``, ``prefetch``, ``num_workers`` and
+      the start method.
     - With ``drop_last="pad"`` the mask of real rows is ``batch["mask"]`` for dict records,
       the last element for tuple and list records, and ``(batch, mask)`` for array records.
       It is attached after ``transform``. Padding rows repeat real records (see
@@ -130,6 +156,11 @@ class Loader(ActiveRun):
       thread stuck in it to end by itself (its batch is dropped); it never keeps the
       process from exiting. ``close()`` from another thread stops a loop in progress,
       which raises :class:`~mixle.ReadsStopped`.
+    - Worker processes start when a run starts (the first ``next()``) and stop when it
+      ends, breaks, fails, is collected or closed, and on Ctrl-C; they exit by themselves
+      if this process dies. An exception in a worker is re-raised at its batch, with the
+      worker's traceback as its cause; a worker that dies raises
+      :class:`~mixle.WorkerDiedError` naming it.
     """
 
     def __init__(
@@ -149,6 +180,9 @@ class Loader(ActiveRun):
         record_transform: Callable[[Any, np.random.Generator], Any] | None = None,
         num_threads: int | None = None,
         prefetch: int | None = None,
+        num_workers: int = 0,
+        worker_start_method: str = "spawn",
+        timeout: float | None = None,
     ) -> None:
         check_source(source, shuffle)
         self._source = source
@@ -167,8 +201,22 @@ class Loader(ActiveRun):
         self._num_epochs = None if num_epochs is None else parse_count(num_epochs, "num_epochs", 1)
         self._transform = parse_callable(transform, "transform")
         self._record_transform = parse_callable(record_transform, "record_transform")
-        self._num_threads, self._prefetch = parse_threads(num_threads, prefetch)
-        self._batched = isinstance(source, SupportsBatchRead)
+        self._num_workers, self._start_method, self._timeout = parse_workers(
+            num_workers, worker_start_method, timeout
+        )
+        self._num_threads, self._prefetch = parse_threads(num_threads, prefetch, self._num_workers)
+        fn = self._transform
+        self._reader = BatchReader(
+            source,
+            isinstance(source, SupportsBatchRead),
+            self._seed,
+            self._layout.shard_index,
+            self._record_transform,
+            fn,
+            fn is not None and takes_rng(fn),
+        )
+        if self._num_workers:
+            reader_payload(self._reader, self._start_method, check_only=True)
         self._spec: SpecTree | None = None
         self._epoch = 0
         self._batch = 0
@@ -196,6 +244,11 @@ class Loader(ActiveRun):
         return self._shuffle_block
 
     @property
+    def num_workers(self) -> int:
+        """Worker processes that read the batches (0: read in this process)."""
+        return self._num_workers
+
+    @property
     def epoch(self) -> int:
         """The epoch of the next batch."""
         return self._epoch
@@ -212,6 +265,8 @@ class Loader(ActiveRun):
     def __repr__(self) -> str:
         lay = self._layout
         block = f"shuffle_block={self._shuffle_block}, " if self._shuffle_block != 1 else ""
+        if self._num_workers:
+            block += f"num_workers={self._num_workers}, "
         return (
             f"Loader({type(self._source).__name__} of {lay.num_records}, "
             f"batch_size={lay.batch_size}, shuffle={self._shuffle}, {block}seed={self._seed}, "
@@ -254,29 +309,8 @@ class Loader(ActiveRun):
 
     # -- reading ------------------------------------------------------------------------
     def _read(self, plan: BatchPlan) -> Any:
-        """Read, transform and mask one batch (runs in a reader thread)."""
-        source, indices = self._source, plan.indices
-        fn = self._record_transform
-        if self._batched:
-            batch = source.get_batch(indices)
-            if fn is not None:
-                records = unstack_batch(batch, indices.size)
-        else:
-            records = [source[i] for i in indices.tolist()]
-            if fn is None:
-                batch = stack_records(records)
-        if fn is not None:
-            seed, epoch = self._seed, plan.epoch
-            records = [
-                fn(record, record_rng(seed, epoch, i))
-                for record, i in zip(records, indices.tolist())
-            ]
-            batch = stack_records(records)
-        if self._transform is not None:
-            batch = self._transform(batch)
-        if plan.mask is not None:
-            batch = attach_mask(batch, plan.mask)
-        return batch
+        """Read, transform and mask one batch here (a reader thread or the caller's)."""
+        return self._reader(plan)
 
     def __iter__(self) -> Iterator[Any]:
         return self._iterate(StopSignal())
@@ -297,13 +331,27 @@ class Loader(ActiveRun):
             shuffle_block=self._shuffle_block,
         )
         nb = self._layout.num_batches
-        stream = ordered_map(
-            self._read,
-            plans,
-            num_threads=self._num_threads,
-            prefetch=self._prefetch,
-            signal=signal,
-        )
+        pool = None
+        if self._num_workers:
+            pool = WorkerPool(
+                self._reader,
+                num_workers=self._num_workers,
+                start_method=self._start_method,
+                num_threads=self._num_threads,
+                prefetch=self._prefetch,
+                timeout=self._timeout,
+                pickled=reader_payload(self._reader, self._start_method),
+            )
+            stream = pool.batches(plans, signal)
+        else:
+            stream = ordered_map(
+                self._read,
+                plans,
+                num_threads=self._num_threads,
+                prefetch=self._prefetch,
+                signal=signal,
+            )
+        finished = False
         try:
             for plan, batch in stream:
                 self._epoch, self._batch = (
@@ -314,8 +362,11 @@ class Loader(ActiveRun):
                 del batch  # the caller holds it; do not keep it alive while reading the next
             if self._num_epochs is not None:  # also a shard with no batches ends its run
                 self._epoch, self._batch = self._num_epochs, 0
+            finished = True
         finally:
             stream.close()  # type: ignore[attr-defined]
+            if pool is not None:
+                pool.stop(graceful=finished)
 
     def to_jax(self, **options: Any) -> JaxLoader:
         """This loader's batches as ``jax.Array`` pytrees on devices (needs ``mixle[jax]``).

@@ -20,6 +20,7 @@ __all__ = [
     "INDEX_WINDOW_ROWS",
     "BatchPlan",
     "batch_plans",
+    "batch_rng",
     "permute_blocks",
     "record_rng",
     "window",
@@ -28,6 +29,7 @@ __all__ = [
 #: Record indices are computed this many rows at a time, vectorised, then sliced per batch.
 INDEX_WINDOW_ROWS = 8192
 _TRANSFORM_STREAM = 0x52454354  # "RECT": keeps record randomness apart from shuffles
+_BATCH_STREAM = 0x42415443  # "BATC": a batch transform's randomness, apart from records'
 
 
 def record_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
@@ -37,6 +39,18 @@ def record_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
     whatever its position in the stream, the shard or the thread that reads it.
     """
     key = hash_int(parse_seed(seed), _TRANSFORM_STREAM, int(epoch), int(index))
+    return np.random.Generator(np.random.Philox(key=key))
+
+
+def batch_rng(seed: int, epoch: int, batch: int, shard_index: int = 0) -> np.random.Generator:
+    """The random generator a two-argument ``transform(batch, rng)`` gets for a batch.
+
+    A Philox generator keyed by the hash of ``(seed, epoch, batch, shard_index)``, where
+    ``batch`` is the batch's number in the epoch on its shard: the same whatever the
+    thread or worker process that reads it. Each shard gets its own stream, so shards
+    reading their batch ``t`` side by side do not draw the same augmentation.
+    """
+    key = hash_int(parse_seed(seed), _BATCH_STREAM, int(epoch), int(batch), int(shard_index))
     return np.random.Generator(np.random.Philox(key=key))
 
 

@@ -1,0 +1,93 @@
+"""What reading one batch does, as a picklable object: threads and worker processes share it.
+
+:class:`BatchReader` reads a :class:`~mixle.loading.plan.BatchPlan`'s records (one
+``get_batch`` call when the source has it), runs ``record_transform`` per record and
+``transform`` on the batch, and attaches the padding mask. The Loader calls it in its reader
+threads; with ``num_workers`` it is pickled once to each worker process, which calls it
+there (:mod:`mixle.loading.workers`).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from mixle.loading.batching import attach_mask, stack_records, unstack_batch
+from mixle.loading.plan import BatchPlan, batch_rng, record_rng
+
+__all__ = ["BatchReader", "takes_rng"]
+
+
+def takes_rng(fn: Callable[..., Any]) -> bool:
+    """Whether ``transform`` wants ``(batch, rng)``: two required positional parameters, or
+    a second positional parameter named ``rng``.
+
+    A callable whose signature cannot be read (some builtins) or that takes ``*args`` gets
+    the batch alone, as before two-argument transforms existed.
+    """
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    positional = [p for p in params if p.kind in kinds]
+    required = [p for p in positional if p.default is inspect.Parameter.empty]
+    return len(required) >= 2 or (len(positional) >= 2 and positional[1].name == "rng")
+
+
+@dataclass(frozen=True)
+class BatchReader:
+    """Read, transform and mask one batch of ``source``; a pure function of the plan.
+
+    Attributes
+    ----------
+    source
+        The Loader's source.
+    batched
+        The source has ``get_batch(indices)``; else records are read one by one.
+    seed, shard_index
+        Key the per-record (:func:`~mixle.loading.plan.record_rng`) and per-batch
+        (:func:`~mixle.loading.plan.batch_rng`) generators.
+    record_transform, transform
+        The Loader's transforms (``None``: none); ``transform`` gets ``(batch, rng)``
+        when ``transform_rng``.
+    """
+
+    source: Any
+    batched: bool
+    seed: int
+    shard_index: int
+    record_transform: Callable[[Any, np.random.Generator], Any] | None
+    transform: Callable[..., Any] | None
+    transform_rng: bool
+
+    def __call__(self, plan: BatchPlan) -> Any:
+        source, indices, fn = self.source, plan.indices, self.record_transform
+        if self.batched:
+            batch = source.get_batch(indices)
+            if fn is not None:
+                records = unstack_batch(batch, indices.size)
+        else:
+            records = [source[i] for i in indices.tolist()]
+            if fn is None:
+                batch = stack_records(records)
+        if fn is not None:
+            seed, epoch = self.seed, plan.epoch
+            records = [
+                fn(record, record_rng(seed, epoch, i))
+                for record, i in zip(records, indices.tolist())
+            ]
+            batch = stack_records(records)
+        if self.transform is not None:
+            if self.transform_rng:
+                rng = batch_rng(self.seed, plan.epoch, plan.batch, self.shard_index)
+                batch = self.transform(batch, rng)
+            else:
+                batch = self.transform(batch)
+        if plan.mask is not None:
+            batch = attach_mask(batch, plan.mask)
+        return batch

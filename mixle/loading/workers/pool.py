@@ -1,0 +1,300 @@
+"""The parent's side of a Loader's worker processes: start them, hand out batches round-robin,
+yield the results in order, and stop them whatever happens.
+
+Batch ``k`` of a run goes to worker ``k % num_workers``; each worker has ``prefetch`` batches
+in flight. The parent waits for the batches in order, so a slow worker delays the stream,
+never reorders it, and what each batch holds is the same as with no workers (it is a pure
+function of its plan).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import multiprocessing
+import pickle
+import socket
+import time
+import weakref
+from collections import deque
+from collections.abc import Iterable, Iterator
+from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
+from multiprocessing.reduction import recvfds
+from typing import Any
+
+from mixle.errors import ReadsStopped, WorkerDiedError, WorkerError, WorkerTimeoutError
+from mixle.loading.plan import BatchPlan
+from mixle.loading.prefetch import StopSignal
+from mixle.loading.workers.process import CLOSE, loader_worker_main
+from mixle.loading.workers.slots import SlotMaps, Written
+from mixle.reading.process_cache import user_chunk_cache_bytes
+from mixle.utils.processes import describe_exit, orphan_guard_args, stop_processes
+
+__all__ = ["STOP_GRACE_S", "WAIT_SLICE_S", "WorkerPool", "reader_payload"]
+
+#: Seconds the workers get to exit by themselves at the end of a run before SIGTERM.
+STOP_GRACE_S = 1.0
+#: The parent waits for a batch in slices this long, to notice ``close()`` from another
+#: thread (a :class:`~mixle.loading.prefetch.StopSignal`).
+WAIT_SLICE_S = 0.2
+SOCK = socket.SOCK_STREAM
+
+
+class _RemoteTraceback(Exception):
+    """The traceback of an exception raised in a worker, shown as its cause."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.text = text
+
+    def __str__(self) -> str:
+        return f"\n\nthe worker's traceback:\n\n{self.text}"
+
+
+class _Discard:
+    """A file that keeps nothing: pickling into it checks picklability in O(1) memory."""
+
+    def write(self, data: bytes) -> int:
+        return len(data)
+
+
+def reader_payload(reader: Any, start_method: str, *, check_only: bool = False) -> bytes | None:
+    """What the workers are started with: ``reader`` pickled, or ``None`` for ``"fork"``
+    (the workers inherit it, so lambdas and unpicklable sources work there).
+
+    Raises
+    ------
+    TypeError
+        The source, ``record_transform`` or ``transform`` cannot be pickled; the message
+        names which, the value and the fixes.
+    """
+    if start_method == "fork":
+        return None
+    parts = (
+        ("source", reader.source),
+        ("record_transform", reader.record_transform),
+        ("transform", reader.transform),
+    )
+    for name, value in parts:
+        try:
+            pickle.Pickler(_Discard(), pickle.HIGHEST_PROTOCOL).dump(value)  # type: ignore[arg-type]
+        except Exception as exc:
+            shown = repr(value)
+            shown = shown if len(shown) <= 80 else shown[:77] + "..."
+            raise TypeError(
+                f"{name}={shown} cannot be pickled ({type(exc).__name__}: {exc}), but "
+                f"num_workers with worker_start_method={start_method!r} sends it to each "
+                "worker process by pickling: open sources with a mixle read_* function "
+                "(pickled by reference), define functions at module level (not lambdas "
+                "or closures), or use worker_start_method='fork'"
+            ) from None
+    if check_only:
+        return None
+    return pickle.dumps(reader, pickle.HIGHEST_PROTOCOL)
+
+
+def _stop(procs: list[BaseProcess], conns: list[Connection], graceful: bool) -> None:
+    stop_processes(procs, conns, close_message=CLOSE if graceful else None, grace=STOP_GRACE_S)
+    procs.clear()
+    conns.clear()
+
+
+class WorkerPool:
+    """``num_workers`` processes, each reading the batches of a run that it is sent.
+
+    Parameters
+    ----------
+    reader
+        The :class:`~mixle.loading.reader.BatchReader`; pickled once per worker (by
+        reference for mixle sources) unless the start method is ``"fork"``.
+    num_workers, start_method, num_threads, prefetch, timeout
+        The Loader's arguments: ``num_threads`` reader threads in each worker, ``prefetch``
+        batches in flight per worker, ``timeout`` seconds a batch may take (``None``: no
+        limit).
+
+    Notes
+    -----
+    The processes start in the constructor and are stopped by :meth:`stop`, which the
+    Loader calls when a run ends, breaks, fails or is collected; a finalizer stops them at
+    interpreter exit too. They exit by themselves when the parent dies.
+    """
+
+    def __init__(
+        self,
+        reader: Any,
+        *,
+        num_workers: int,
+        start_method: str,
+        num_threads: int,
+        prefetch: int,
+        timeout: float | None,
+        pickled: bytes | None,
+    ) -> None:
+        self._n, self._prefetch, self._timeout = num_workers, prefetch, timeout
+        self._procs: list[BaseProcess] = []
+        self._conns: list[Connection] = []
+        self._pids: list[int] = []
+        self._maps = [SlotMaps() for _ in range(num_workers)]
+        self._done: list[dict[int, tuple[Any, ...]]] = [{} for _ in range(num_workers)]
+        self._finalizer = weakref.finalize(self, _stop, self._procs, self._conns, False)
+        ctx = multiprocessing.get_context(start_method)
+        parent, pdeathsig = orphan_guard_args(start_method)
+        payload = reader if pickled is None else pickled
+        args = (num_threads, parent, pdeathsig, num_workers, user_chunk_cache_bytes())
+        try:
+            for _ in range(num_workers):
+                mine, theirs = ctx.Pipe(duplex=True)
+                self._conns.append(mine)
+                proc = ctx.Process(
+                    target=loader_worker_main,
+                    args=(theirs, payload, *args),
+                    name="mixle-loader-worker",
+                    daemon=True,
+                )
+                proc.start()
+                self._procs.append(proc)
+                theirs.close()  # the worker sees EOF when the parent goes away
+                assert proc.pid is not None
+                self._pids.append(proc.pid)
+        except BaseException:
+            self.stop(graceful=False)
+            raise
+
+    @property
+    def pids(self) -> tuple[int, ...]:
+        """Process ids of the workers, in worker order."""
+        return tuple(self._pids)
+
+    # -- the run ------------------------------------------------------------------------
+    def batches(
+        self, plans: Iterable[BatchPlan], signal: StopSignal
+    ) -> Iterator[tuple[BatchPlan, Any]]:
+        """Yield ``(plan, batch)`` for each plan in order, read by the workers ahead.
+
+        Raises
+        ------
+        Exception
+            A worker's exception for a batch, re-raised (its traceback as the cause)
+            when the stream reaches that batch; :class:`~mixle.WorkerError` when it
+            cannot be rebuilt here.
+        WorkerDiedError, WorkerTimeoutError
+            A worker died, or a batch took longer than ``timeout``.
+        ReadsStopped
+            ``signal`` was set (``close()`` from another thread).
+        """
+        stream = iter(plans)
+        pending: deque[tuple[int, BatchPlan]] = deque()
+        counter = itertools.count()
+
+        def submit() -> None:
+            for plan in itertools.islice(stream, 1):
+                seq = next(counter)
+                self._send(seq % self._n, ("read", seq, plan))
+                pending.append((seq, plan))
+
+        for _ in range(self._n * self._prefetch):
+            submit()
+        while pending:
+            seq, plan = pending.popleft()
+            batch = self._receive(seq, plan, signal)
+            self._send_released()
+            submit()
+            yield plan, batch
+            del batch
+
+    def _send(self, worker: int, message: tuple[Any, ...]) -> None:
+        try:
+            self._conns[worker].send_bytes(pickle.dumps(message, pickle.HIGHEST_PROTOCOL))
+        except OSError:
+            self._died(worker, f"sending it batch {message[1]}")
+
+    def _send_released(self) -> None:
+        for w, maps in enumerate(self._maps):
+            slots = maps.take_released()
+            if slots:
+                with contextlib.suppress(OSError):  # a dead worker is reported on its read
+                    self._conns[w].send_bytes(pickle.dumps(("free", slots)))
+
+    def _receive(self, seq: int, plan: BatchPlan, signal: StopSignal) -> Any:
+        w = seq % self._n
+        done, conn, proc = self._done[w], self._conns[w], self._procs[w]
+        what = f"batch {plan.batch} of epoch {plan.epoch}"
+        deadline = None if self._timeout is None else time.monotonic() + self._timeout
+        while seq not in done:
+            if signal.is_set():
+                raise ReadsStopped("the Loader was closed while it waited for a worker")
+            left = WAIT_SLICE_S if deadline is None else deadline - time.monotonic()
+            if left <= 0:
+                raise WorkerTimeoutError(
+                    f"Loader worker {w} (pid {self._pids[w]}) took longer than "
+                    f"timeout={self._timeout}s to read {what}; the workers are stopped: "
+                    "raise timeout= or look at what the source or transform waits for",
+                    workers=(w,),
+                )
+            ready = wait([conn, proc.sentinel], timeout=min(left, WAIT_SLICE_S))
+            if conn in ready:
+                self._take(w, done)
+            elif proc.sentinel in ready:
+                self._died(w, f"reading {what}")
+        reply = done.pop(seq)
+        if reply[0] == "batch":
+            return self._maps[w].batch(reply[2])
+        raise self._error(w, reply, what)
+
+    def _take(self, w: int, done: dict[int, tuple[Any, ...]]) -> None:
+        """Receive one message from worker ``w`` (and the descriptor of a new slot)."""
+        try:
+            reply = pickle.loads(self._conns[w].recv_bytes())
+            if reply[0] == "batch":
+                written: Written = reply[2]
+                if written.new_size:
+                    with socket.fromfd(self._conns[w].fileno(), socket.AF_UNIX, SOCK) as sock:
+                        (fd,) = recvfds(sock, 1)
+                    self._maps[w].add(written.slot, written.new_size, fd)
+        except (EOFError, OSError):
+            self._died(w, "sending a batch")
+        if reply[1] < 0:  # the worker could not start: the reader did not unpickle
+            raise self._error(w, reply, "starting")
+        done[reply[1]] = reply
+
+    def _error(self, w: int, reply: tuple[Any, ...], what: str) -> BaseException:
+        _, _, blob, name, message, text = reply
+        where = f"Loader worker {w} (pid {self._pids[w]}) raised {name} while {what}"
+        if blob is not None and what != "starting":
+            exc: BaseException = pickle.loads(blob)
+            exc.__cause__ = _RemoteTraceback(text)
+            if hasattr(exc, "add_note"):
+                exc.add_note(where)
+            return exc
+        fix = ""
+        if what == "starting":
+            fix = (
+                "; with worker_start_method='spawn' or 'forkserver' the worker imports what "
+                "the source and transforms need: define them in an importable module (not "
+                "in __main__ of an interactive session), or use worker_start_method='fork'"
+            )
+        return WorkerError(
+            f"{where}: {message}{fix}\n\nthe worker's traceback:\n\n{text}",
+            worker=w,
+            remote_traceback=text,
+            exc_type=name,
+        )
+
+    def _died(self, w: int, what: str) -> None:
+        how = describe_exit(self._procs[w])
+        raise WorkerDiedError(
+            f"Loader worker {w} (pid {self._pids[w]}) {how} while {what}; the other workers "
+            "are stopped. A worker killed by SIGKILL often ran out of memory: lower "
+            "num_workers, prefetch or the batch size",
+            worker=w,
+        )
+
+    # -- lifetime -----------------------------------------------------------------------
+    def stop(self, graceful: bool) -> None:
+        """Stop the workers (asked first when ``graceful``) and drop the parent's mappings;
+        arrays of batches still alive keep theirs. Idempotent."""
+        _stop(self._procs, self._conns, graceful)
+        self._finalizer.detach()
+        for maps in self._maps:
+            maps.close()

@@ -1,0 +1,260 @@
+"""Batches through shared memory: a worker writes a batch's arrays into a slot, the parent
+maps them without a copy.
+
+A slot is an anonymous shared mapping (``memfd_create`` on Linux, an unlinked temporary file
+elsewhere) that the worker creates and passes to the parent as a file descriptor over their
+socket; it has no name, so nothing is ever left in ``/dev/shm``, whoever dies first: the
+memory goes back to the system once the last process maps it no more.
+
+The parent's arrays are views of the slot (no copy). A slot is leased to the batch it
+holds: it goes back to its worker for reuse only once every array of that batch (and every
+view of them) has been collected, so a batch the caller keeps is never overwritten. A
+worker reuses a free slot that is large enough and creates one when none is, so each worker
+holds about ``prefetch + 1`` slots in a loop that drops each batch before the next.
+
+Leaves that are not plain NumPy arrays (strings, objects, arrays of objects, NumPy
+subclasses) and arrays under :data:`INLINE_MAX_BYTES` travel pickled in the batch's
+message instead.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import tempfile
+import threading
+import weakref
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "INLINE_MAX_BYTES",
+    "SLOT_ALIGN",
+    "SlotMaps",
+    "SlotWriter",
+    "Written",
+]
+
+#: Arrays smaller than this many bytes travel pickled with the batch's message.
+INLINE_MAX_BYTES = 8192
+#: Byte alignment of each array in a slot (a cache line; enough for any dtype and SIMD).
+SLOT_ALIGN = 64
+_PAGE = mmap.PAGESIZE
+#: Use an unlinked temporary file even where ``memfd_create`` exists (tests set it).
+FORCE_FILE_SLOTS = False
+
+
+def _new_fd(size: int) -> int:
+    """A file descriptor of ``size`` bytes of anonymous shared memory (no name anywhere)."""
+    if hasattr(os, "memfd_create") and not FORCE_FILE_SLOTS:
+        fd = os.memfd_create("mixle-batch", os.MFD_CLOEXEC)
+    else:
+        with tempfile.TemporaryFile() as file:  # unlinked already on POSIX
+            fd = os.dup(file.fileno())
+    try:
+        os.ftruncate(fd, size)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+@dataclass(frozen=True)
+class _Leaf:
+    """Placeholder of an array leaf in a batch's skeleton: its place in the slot."""
+
+    offset: int
+    dtype: np.dtype[Any]
+    shape: tuple[int, ...]
+
+
+def _goes_in_slot(leaf: Any) -> bool:
+    return (
+        type(leaf) in (np.ndarray, np.memmap)
+        and not leaf.dtype.hasobject
+        and leaf.nbytes >= INLINE_MAX_BYTES
+    )
+
+
+def _skeleton(batch: Any, arrays: list[np.ndarray], offset: list[int]) -> Any:
+    """``batch`` with each slot-bound array replaced by a :class:`_Leaf` (arrays collected)."""
+    kind = type(batch)
+    if kind is dict:
+        return {key: _skeleton(item, arrays, offset) for key, item in batch.items()}
+    if kind is list:
+        return [_skeleton(item, arrays, offset) for item in batch]
+    if isinstance(batch, tuple) and (kind is tuple or hasattr(batch, "_fields")):
+        items = [_skeleton(item, arrays, offset) for item in batch]
+        return tuple(items) if kind is tuple else kind(*items)
+    if _goes_in_slot(batch):
+        start = -(-offset[0] // SLOT_ALIGN) * SLOT_ALIGN
+        offset[0] = start + batch.nbytes
+        arrays.append(batch)
+        return _Leaf(start, batch.dtype, batch.shape)
+    return batch
+
+
+def _fill(skeleton: Any, view: Callable[[_Leaf], np.ndarray]) -> Any:
+    """The batch of ``skeleton``, each :class:`_Leaf` replaced by ``view(leaf)``."""
+    kind = type(skeleton)
+    if kind is dict:
+        return {key: _fill(item, view) for key, item in skeleton.items()}
+    if kind is list:
+        return [_fill(item, view) for item in skeleton]
+    if isinstance(skeleton, tuple) and (kind is tuple or hasattr(skeleton, "_fields")):
+        items = [_fill(item, view) for item in skeleton]
+        return tuple(items) if kind is tuple else kind(*items)
+    if kind is _Leaf:
+        return view(skeleton)
+    return skeleton
+
+
+@dataclass(frozen=True)
+class Written:
+    """What the parent needs to map one written batch (pickled into the batch's message).
+
+    ``slot`` is ``-1`` when no array went to a slot; ``new_size`` is the size of a slot
+    created for this batch, whose file descriptor follows the message (0: a known slot);
+    ``retired`` lists slots the worker dropped (too small), which the parent unmaps.
+    """
+
+    slot: int
+    new_size: int
+    used: int
+    skeleton: Any
+    retired: tuple[int, ...]
+
+
+class SlotWriter:
+    """A worker's slots: write a batch into a free one (creating it when needed).
+
+    Thread-safe: the worker's reader threads write batches side by side, and its receiving
+    thread frees slots as the parent lets them go.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._maps: dict[int, mmap.mmap] = {}
+        self._free: set[int] = set()
+        self._retired: list[int] = []
+        self._next = 0
+
+    def free(self, slots: list[int]) -> None:
+        """Slots whose batch the parent has let go (ids it does not know are ignored)."""
+        with self._lock:
+            self._free.update(s for s in slots if s in self._maps)
+
+    def write(self, batch: Any) -> tuple[Written, int | None]:
+        """Copy ``batch``'s arrays into a slot: what to send, and the new slot's descriptor.
+
+        The descriptor (``None`` for a slot the parent already maps) must be sent right
+        after the message and then closed by the caller.
+        """
+        arrays: list[np.ndarray] = []
+        end = [0]
+        skeleton = _skeleton(batch, arrays, end)
+        if not arrays:
+            return Written(-1, 0, 0, skeleton, self._take_retired()), None
+        used = end[0]
+        slot, mm, fd = self._claim(used)
+        for leaf, array in zip(_leaves(skeleton), arrays):
+            out = np.ndarray(leaf.shape, leaf.dtype, buffer=mm, offset=leaf.offset)
+            np.copyto(out, array, casting="no")
+            del out  # an exported view would keep the slot from ever being closed
+        size = len(mm) if fd is not None else 0
+        return Written(slot, size, used, skeleton, self._take_retired()), fd
+
+    def _claim(self, used: int) -> tuple[int, mmap.mmap, int | None]:
+        with self._lock:
+            fits = [s for s in self._free if len(self._maps[s]) >= used]
+            if fits:
+                slot = min(fits, key=lambda s: len(self._maps[s]))
+                self._free.discard(slot)
+                return slot, self._maps[slot], None
+            for small in list(self._free):  # free but too small: a batch this size needs more
+                self._free.discard(small)
+                self._maps.pop(small).close()
+                self._retired.append(small)
+            slot, self._next = self._next, self._next + 1
+        size = max(_PAGE, -(-used // _PAGE) * _PAGE)
+        fd = _new_fd(size)
+        try:
+            mm = mmap.mmap(fd, size)
+        except BaseException:
+            os.close(fd)
+            raise
+        with self._lock:
+            self._maps[slot] = mm
+        return slot, mm, fd
+
+    def _take_retired(self) -> tuple[int, ...]:
+        with self._lock:
+            retired, self._retired = tuple(self._retired), []
+        return retired
+
+    def close(self) -> None:
+        """Unmap every slot (the parent's mappings stay valid)."""
+        with self._lock:
+            for mm in self._maps.values():
+                mm.close()
+            self._maps.clear()
+            self._free.clear()
+
+
+def _leaves(skeleton: Any) -> list[_Leaf]:
+    found: list[_Leaf] = []
+    _fill(skeleton, lambda leaf: found.append(leaf))  # type: ignore[func-returns-value]
+    return found
+
+
+class SlotMaps:
+    """The parent's mappings of one worker's slots, and the batches leased from them.
+
+    :meth:`batch` maps a written batch without copying; when every array of it is gone,
+    its slot joins the released queue, which :meth:`take_released` hands back to be sent
+    to the worker (finalizers run in whichever thread drops the last array, so they only
+    append to a deque).
+    """
+
+    def __init__(self) -> None:
+        self._maps: dict[int, mmap.mmap] = {}
+        self._released: deque[int] = deque()
+
+    def add(self, slot: int, size: int, fd: int) -> None:
+        """Map the new slot ``slot`` of ``size`` bytes from ``fd`` (closed here)."""
+        try:
+            self._maps[slot] = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+
+    def batch(self, written: Written) -> Any:
+        """The batch ``written`` describes; its arrays are views of the worker's slot."""
+        for slot in written.retired:
+            self._maps.pop(slot, None)  # free, so no array of it is alive here
+        if written.slot < 0:
+            return written.skeleton
+        root = np.frombuffer(self._maps[written.slot], np.uint8, count=written.used)
+        weakref.finalize(root, self._released.append, written.slot)
+
+        def view(leaf: _Leaf) -> np.ndarray:
+            size = leaf.dtype.itemsize * int(np.prod(leaf.shape, dtype=np.int64))
+            part = root[leaf.offset : leaf.offset + size]
+            return part.view(leaf.dtype).reshape(leaf.shape)
+
+        return _fill(written.skeleton, view)
+
+    def take_released(self) -> list[int]:
+        """Slots whose batches are gone since the last call."""
+        out = []
+        while self._released:
+            out.append(self._released.popleft())
+        return out
+
+    def close(self) -> None:
+        """Drop the mappings; arrays still alive keep theirs until they are collected."""
+        self._maps.clear()
+        self._released.clear()

@@ -9,6 +9,7 @@ collects ``case_*`` instead of ``test_*``.
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import subprocess
 import sys
@@ -22,7 +23,8 @@ import pytest
 
 jax = pytest.importorskip("jax")
 
-from mixle import Loader  # noqa: E402
+import mixle  # noqa: E402
+from mixle import Loader, PatchSampler  # noqa: E402
 from mixle.data.index_math.hashing import hash_words  # noqa: E402
 from mixle.jax import JaxLoader, record_key_data, record_keys  # noqa: E402
 
@@ -300,3 +302,36 @@ def case_last_epoch_stays_the_batch_epoch_at_an_epoch_end() -> None:
     for _ in loader:
         seen.append((loader.last_epoch, loader.epoch))
     assert seen == [(0, 0), (0, 1), (1, 1), (1, 2)]
+
+
+def case_workers_give_the_same_jax_batches_and_keys(tmp_path: Path) -> None:
+    volume = np.random.default_rng(1).standard_normal((20, 24, 16), dtype=np.float32)
+    np.save(tmp_path / "v.npy", volume)
+    sampler = PatchSampler(mixle.read_npy(tmp_path / "v.npy"), (4, 5, 6), 37, seed=3)
+    seed = 9
+
+    def run(**workers: Any) -> list[tuple[list[np.ndarray], np.ndarray, np.ndarray]]:
+        loader = JaxLoader(
+            sampler, 8, shuffle=True, seed=seed, num_epochs=2, drop_last="pad", **workers
+        )
+        assert loader.loader.num_workers == workers.get("num_workers", 0)
+        out = []
+        for epoch, _, batch in received(loader):
+            indices = loader.last_indices
+            assert indices is not None
+            keys = jax.random.key_data(record_keys(seed, epoch, indices))
+            leaves = [np.asarray(leaf) for leaf in jax.tree_util.tree_leaves(batch)]
+            out.append((leaves, np.asarray(keys), indices.copy()))
+        loader.close()
+        return out
+
+    threads = run(num_threads=1)
+    workers = run(num_workers=2, worker_start_method="spawn", num_threads=1)
+    assert len(threads) == len(workers) == 2 * 5  # ceil(37 / 8) batches per epoch
+    for (leaves, keys, indices), (w_leaves, w_keys, w_indices) in zip(threads, workers):
+        assert len(leaves) == len(w_leaves) == 3  # patches, coords, mask
+        for a, b in zip(leaves, w_leaves):
+            np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(indices, w_indices)
+        np.testing.assert_array_equal(keys, w_keys)
+    assert not multiprocessing.active_children()  # the workers are gone

@@ -221,6 +221,8 @@ class Loader(ActiveRun):
         self._epoch = 0
         self._batch = 0
         self._last_indices: NDArray[np.int64] | None = None
+        self._last_epoch: int | None = None
+        self._pool: WorkerPool | None = None
 
     # -- description --------------------------------------------------------------------
     @property
@@ -249,6 +251,13 @@ class Loader(ActiveRun):
         return self._num_workers
 
     @property
+    def worker_pids(self) -> tuple[int, ...]:
+        """Process ids of the running worker processes, in worker order (empty when no run
+        with workers is in progress)."""
+        pool = self._pool
+        return () if pool is None else pool.pids
+
+    @property
     def epoch(self) -> int:
         """The epoch of the next batch."""
         return self._epoch
@@ -257,6 +266,13 @@ class Loader(ActiveRun):
     def last_indices(self) -> NDArray[np.int64] | None:
         """Record indices of the batch yielded last (padding rows repeat real records)."""
         return self._last_indices
+
+    @property
+    def last_epoch(self) -> int | None:
+        """The epoch of the batch yielded last (``epoch`` is the next batch's, one more
+        after an epoch's last batch); with :attr:`last_indices` it keys per-record
+        randomness such as :func:`mixle.jax.record_keys`."""
+        return self._last_epoch
 
     def __len__(self) -> int:
         """Batches per epoch on this shard."""
@@ -342,6 +358,7 @@ class Loader(ActiveRun):
                 timeout=self._timeout,
                 pickled=reader_payload(self._reader, self._start_method),
             )
+            self._pool = pool
             stream = pool.batches(plans, signal)
         else:
             stream = ordered_map(
@@ -357,7 +374,7 @@ class Loader(ActiveRun):
                 self._epoch, self._batch = (
                     (plan.epoch + 1, 0) if plan.batch + 1 >= nb else (plan.epoch, plan.batch + 1)
                 )
-                self._last_indices = plan.indices
+                self._last_indices, self._last_epoch = plan.indices, plan.epoch
                 yield batch
                 del batch  # the caller holds it; do not keep it alive while reading the next
             if self._num_epochs is not None:  # also a shard with no batches ends its run
@@ -367,6 +384,8 @@ class Loader(ActiveRun):
             stream.close()  # type: ignore[attr-defined]
             if pool is not None:
                 pool.stop(graceful=finished)
+                if self._pool is pool:
+                    self._pool = None
 
     def to_jax(self, **options: Any) -> JaxLoader:
         """This loader's batches as ``jax.Array`` pytrees on devices (needs ``mixle[jax]``).

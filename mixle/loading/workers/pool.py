@@ -13,21 +13,19 @@ import contextlib
 import itertools
 import multiprocessing
 import pickle
-import socket
 import time
 import weakref
 from collections import deque
 from collections.abc import Iterable, Iterator
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
-from multiprocessing.reduction import recvfds
 from typing import Any
 
 from mixle.errors import ReadsStopped, WorkerDiedError, WorkerError, WorkerTimeoutError
 from mixle.loading.plan import BatchPlan
 from mixle.loading.prefetch import StopSignal
 from mixle.loading.workers.process import CLOSE, loader_worker_main
-from mixle.loading.workers.slots import SlotMaps, Written
+from mixle.loading.workers.slots import SlotMaps, Written, recv_fd
 from mixle.reading.process_cache import user_chunk_cache_bytes
 from mixle.utils.processes import describe_exit, orphan_guard_args, stop_processes
 
@@ -38,7 +36,6 @@ STOP_GRACE_S = 1.0
 #: The parent waits for a batch in slices this long, to notice ``close()`` from another
 #: thread (a :class:`~mixle.loading.prefetch.StopSignal`).
 WAIT_SLICE_S = 0.2
-SOCK = socket.SOCK_STREAM
 
 
 class _RemoteTraceback(Exception):
@@ -249,8 +246,7 @@ class WorkerPool:
             if reply[0] == "batch":
                 written: Written = reply[2]
                 if written.new_size:
-                    with socket.fromfd(self._conns[w].fileno(), socket.AF_UNIX, SOCK) as sock:
-                        (fd,) = recvfds(sock, 1)
+                    fd = recv_fd(self._conns[w].fileno())
                     self._maps[w].add(written.slot, written.new_size, fd)
         except (EOFError, OSError):
             self._died(w, "sending a batch")

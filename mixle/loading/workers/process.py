@@ -18,16 +18,14 @@ import contextlib
 import os
 import pickle
 import signal
-import socket
 import threading
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
-from multiprocessing.reduction import sendfds
 from typing import Any
 
 from mixle.loading.plan import BatchPlan
-from mixle.loading.workers.slots import SlotWriter
+from mixle.loading.workers.slots import SlotWriter, send_fd
 from mixle.reading.process_cache import set_chunk_cache_bytes, share_default_chunk_cache
 from mixle.utils.processes import guard_against_orphaning
 
@@ -60,9 +58,7 @@ class _Replies:
         with self._lock:
             self._conn.send_bytes(blob)
             if fd is not None:
-                fileno = self._conn.fileno()
-                with socket.fromfd(fileno, socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-                    sendfds(sock, [fd])
+                send_fd(self._conn.fileno(), fd)
 
 
 def _read_one(reader: Any, slots: SlotWriter, replies: _Replies, seq: int, plan: Any) -> None:
@@ -70,8 +66,8 @@ def _read_one(reader: Any, slots: SlotWriter, replies: _Replies, seq: int, plan:
     try:
         written, fd = slots.write(reader(plan))
         blob = pickle.dumps(("batch", seq, written), protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception as exc:  # the parent raises it at this batch, in order
-        blob = error_reply(seq, exc)
+    except BaseException as exc:  # the parent raises it at this batch, in order (a
+        blob = error_reply(seq, exc)  # SystemExit too: a reader thread would swallow it)
     try:
         replies.send(blob, fd)
     except OSError:  # the parent went away; the watchdog ends the process

@@ -19,8 +19,11 @@ message instead.
 
 from __future__ import annotations
 
+import array
+import contextlib
 import mmap
 import os
+import socket
 import tempfile
 import threading
 import weakref
@@ -37,6 +40,8 @@ __all__ = [
     "SlotMaps",
     "SlotWriter",
     "Written",
+    "recv_fd",
+    "send_fd",
 ]
 
 #: Arrays smaller than this many bytes travel pickled with the batch's message.
@@ -61,6 +66,35 @@ def _new_fd(size: int) -> int:
         os.close(fd)
         raise
     return fd
+
+
+def send_fd(fileno: int, fd: int) -> None:
+    """Send the descriptor ``fd`` over the Unix socket ``fileno`` (one marker byte with it)."""
+    sock = socket.socket(fileno=fileno)
+    try:
+        sock.sendmsg([b"F"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))])
+    finally:
+        sock.detach()  # the connection owns ``fileno``
+
+
+def recv_fd(fileno: int) -> int:
+    """Receive one descriptor :func:`send_fd` sent over the Unix socket ``fileno``.
+
+    Raises
+    ------
+    EOFError
+        The other end closed (or sent no descriptor) before it arrived.
+    """
+    sock = socket.socket(fileno=fileno)
+    try:
+        size = array.array("i").itemsize
+        msg, ancdata, _, _ = sock.recvmsg(1, socket.CMSG_SPACE(size))
+    finally:
+        sock.detach()
+    for level, kind, data in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS and len(data) >= size:
+            return array.array("i", data[:size])[0]
+    raise EOFError(f"expected a file descriptor, got {msg!r}")
 
 
 @dataclass(frozen=True)
@@ -161,9 +195,9 @@ class SlotWriter:
             return Written(-1, 0, 0, skeleton, self._take_retired()), None
         used = end[0]
         slot, mm, fd = self._claim(used)
-        for leaf, array in zip(_leaves(skeleton), arrays):
+        for leaf, value in zip(_leaves(skeleton), arrays):
             out = np.ndarray(leaf.shape, leaf.dtype, buffer=mm, offset=leaf.offset)
-            np.copyto(out, array, casting="no")
+            np.copyto(out, value, casting="no")
             del out  # an exported view would keep the slot from ever being closed
         size = len(mm) if fd is not None else 0
         return Written(slot, size, used, skeleton, self._take_retired()), fd
@@ -177,7 +211,7 @@ class SlotWriter:
                 return slot, self._maps[slot], None
             for small in list(self._free):  # free but too small: a batch this size needs more
                 self._free.discard(small)
-                self._maps.pop(small).close()
+                _close(self._maps.pop(small))
                 self._retired.append(small)
             slot, self._next = self._next, self._next + 1
         size = max(_PAGE, -(-used // _PAGE) * _PAGE)
@@ -200,9 +234,14 @@ class SlotWriter:
         """Unmap every slot (the parent's mappings stay valid)."""
         with self._lock:
             for mm in self._maps.values():
-                mm.close()
+                _close(mm)
             self._maps.clear()
             self._free.clear()
+
+
+def _close(mm: mmap.mmap) -> None:
+    with contextlib.suppress(BufferError):  # a view still exported: unmapped when collected
+        mm.close()
 
 
 def _leaves(skeleton: Any) -> list[_Leaf]:

@@ -99,6 +99,12 @@ def scale_rows(batch: Any) -> Any:
     return batch * 2
 
 
+def fails_at_batch_2(batch: Any, rng: np.random.Generator) -> Any:
+    if int(np.asarray(batch).ravel()[0]) == 6:
+        raise ValueError("boom at the batch starting with 6")
+    return batch
+
+
 def reader_pid(batch: Any) -> Any:
     return np.array([os.getpid()])
 
@@ -381,6 +387,31 @@ def test_batch_k_is_read_by_worker_k_mod_n(method: str, workers: int) -> None:
     assert len(set(pids[:workers])) == workers
     assert os.getpid() not in pids
     assert pids == [pids[k % workers] for k in range(len(pids))]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="error_reply (mixle/loading/workers/process.py) builds (seq, 'error', ...) but the "
+    "parent reads ('error', seq, ...): pool._take compares 'error' < 0 and raises TypeError",
+)
+@pytest.mark.parametrize("threads", [0, 2])
+def test_an_exception_in_a_worker_is_reraised_at_its_batch(threads: int) -> None:
+    """(Faults are another file's; this is the smallest case, found while writing these.)"""
+    loader = mixle.Loader(
+        np.arange(12),
+        3,
+        transform=fails_at_batch_2,
+        num_workers=2,
+        worker_start_method="fork",
+        num_threads=threads,
+        timeout=T,
+    )
+    got = []
+    with pytest.raises(ValueError, match="boom at the batch starting with 6") as info:
+        for batch in loader:
+            got.append(batch)
+    assert len(got) == 2
+    assert "fails_at_batch_2" in str(info.value.__cause__)
 
 
 # -- resume --------------------------------------------------------------------------------

@@ -190,18 +190,19 @@ def open_fds() -> int:
 
 
 def shm_files_held(pid: int) -> list[str]:
-    """Paths under /dev/shm that process ``pid`` maps or holds open."""
+    """Paths under /dev/shm that process ``pid`` maps or holds open and that still have a
+    name there (a POSIX semaphore of ``multiprocessing`` is unlinked at once: not counted)."""
     found = []
     try:
         with open(f"/proc/{pid}/maps") as f:
-            found += [line.split()[-1] for line in f if "/dev/shm/" in line]
+            found += [line.split(maxsplit=5)[-1].strip() for line in f if "/dev/shm/" in line]
         for fd in os.listdir(f"/proc/{pid}/fd"):
             target = os.readlink(f"/proc/{pid}/fd/{fd}")
             if target.startswith("/dev/shm/"):
                 found.append(target)
     except (FileNotFoundError, ProcessLookupError):
         pass
-    return found
+    return [path for path in found if not path.endswith("(deleted)")]
 
 
 def child_pids() -> list[int]:
@@ -464,6 +465,33 @@ def test_slot_writer_and_maps_hand_off_and_reuse() -> None:
     maps.close()
     np.testing.assert_array_equal(got4[0], bigger)  # live arrays keep their mapping
     np.testing.assert_array_equal(got2["a"], a + 1)
+
+
+def test_send_fd_and_recv_fd_pass_a_descriptor() -> None:
+    import socket
+
+    left, right = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    fd = os.memfd_create("mixle-test", os.MFD_CLOEXEC)
+    try:
+        os.write(fd, b"hello")
+        slots.send_fd(left.fileno(), fd)
+        got = slots.recv_fd(right.fileno())
+        try:
+            assert got != fd and os.fstat(got).st_ino == os.fstat(fd).st_ino
+            assert os.pread(got, 5, 0) == b"hello"
+        finally:
+            os.close(got)
+        left.sendall(b"x")  # a byte without a descriptor
+        with pytest.raises(EOFError, match="expected a file descriptor"):
+            slots.recv_fd(right.fileno())
+        left.close()
+        with pytest.raises(EOFError):
+            slots.recv_fd(right.fileno())
+        assert right.fileno() >= 0  # the socket still owns its descriptor
+    finally:
+        os.close(fd)
+        left.close()
+        right.close()
 
 
 def test_a_parent_view_shares_the_workers_memory() -> None:

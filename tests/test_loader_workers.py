@@ -406,12 +406,56 @@ def test_an_exception_in_a_worker_is_reraised_at_its_batch(threads: int) -> None
         num_threads=threads,
         timeout=T,
     )
-    got = []
+    it = iter(loader)
+    assert_runs_equal([next(it), next(it)], [np.arange(3), np.arange(3, 6)])
     with pytest.raises(ValueError, match="boom at the batch starting with 6") as info:
-        for batch in loader:
-            got.append(batch)
-    assert len(got) == 2
+        next(it)
     assert "fails_at_batch_2" in str(info.value.__cause__)
+
+
+def test_more_workers_than_batches_an_empty_shard_and_an_endless_run() -> None:
+    got = list(mixle.Loader(np.arange(4), 2, num_workers=5, worker_start_method="fork"))
+    assert_runs_equal(got, [np.array([0, 1]), np.array([2, 3])])
+    empty = mixle.Loader(
+        np.arange(3),
+        2,
+        shard_index=3,
+        num_shards=4,
+        drop_last=True,
+        num_workers=2,
+        worker_start_method="fork",
+        timeout=T,
+    )
+    assert list(empty) == []
+    endless = mixle.Loader(
+        np.arange(5), 2, num_epochs=None, num_workers=2, worker_start_method="fork", timeout=T
+    )
+    want = reference(np.arange(5), 2, num_epochs=7)
+    got = []
+    for k, batch in enumerate(endless):
+        got.append(batch)
+        if k == 20:
+            break
+    assert_runs_equal(got, want[:21])
+    assert (endless.epoch, endless.state_dict()["batch"]) == (7, 0)
+    assert endless.worker_pids == ()
+
+
+def test_a_new_iter_stops_the_previous_run_and_continues_from_the_cursor() -> None:
+    source = make_source("dicts", {})
+    want = reference(source, 4, shuffle=True, seed=1)
+    loader = mixle.Loader(
+        source, 4, shuffle=True, seed=1, num_workers=2, worker_start_method="fork", timeout=T
+    )
+    first = iter(loader)
+    kept = [next(first), next(first)]
+    pids = loader.worker_pids
+    assert len(pids) == 2
+    rest = list(iter(loader))
+    assert loader.worker_pids == ()
+    assert_runs_equal(kept + rest, want)
+    assert next(first, None) is None  # the first run was stopped
+    assert not set(pids) & set(int(p) for p in os.listdir("/proc") if p.isdigit())
 
 
 # -- resume --------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import os
 import pickle
 import sys
 import tempfile
-from collections import namedtuple
+from collections import OrderedDict, namedtuple
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +53,20 @@ class Frames:
         size = int(np.prod(self.shape))
         frames = (idx[:, None] * 1000 + np.arange(size)).astype(np.float32)
         return frames.reshape(idx.size, *self.shape), idx * 3
+
+
+class Growing:
+    """Each batch bigger than the one before: a free slot is always too small (retired)."""
+
+    def __len__(self) -> int:
+        return 40
+
+    def __getitem__(self, i: int) -> Any:
+        raise AssertionError("the Loader reads with get_batch")
+
+    def get_batch(self, indices: Any) -> Any:
+        k = int(np.asarray(indices)[0]) // 4
+        return np.full((k + 1) * 3000, k, dtype=np.float64), {"k": np.full(2000, -k)}
 
 
 class Structures:
@@ -113,7 +127,10 @@ class Structures:
                 (idx[:, None] + np.arange(2000)).astype("datetime64[s]"),
                 np.array([f"ü{i:05d}" for i in range(n * 100)]),
                 base.astype(np.float16),
+                np.broadcast_to(base[:, :1, :1], (n, 64, 40)),  # stride 0, read-only
+                base[:, ::-1, ::-3],  # negative strides
             ),
+            "ordered": OrderedDict(z=base.astype(np.float32), a=idx),  # a dict subclass
         }
 
 
@@ -347,6 +364,30 @@ def test_slot_count_stays_bounded_and_everything_goes_back(tmp_path: Path) -> No
     assert held == []
     new = set(os.listdir("/dev/shm")) - shm
     assert not [name for name in new if "mixle" in name or name.startswith("psm_")], new
+
+
+def test_growing_batches_retire_small_slots_and_stay_bounded() -> None:
+    """Batches that outgrow every free slot: the worker retires the small ones, the parent
+    unmaps them, and the batches are still right."""
+    want = reference(Growing(), 4, num_epochs=2)
+    list(worker_loader(Frames(8), 4))
+    gc.collect()
+    fds = open_fds()
+    workers, prefetch = 2, 1
+    most = 0
+    loader = worker_loader(Growing(), 4, num_epochs=2, num_workers=workers, prefetch=prefetch)
+    for k, batch in enumerate(loader):
+        assert_same(batch, want[k], f"batch {k}")
+        del batch
+        most = max(most, memfd_slots())
+    assert k == 19
+    assert most <= (prefetch + 2) * workers
+    gc.collect()
+    assert memfd_slots() == 0
+    assert open_fds() == fds
+    kept = list(worker_loader(Growing(), 4, num_epochs=2, prefetch=prefetch))
+    for k, (g, w) in enumerate(zip(kept, want)):
+        assert_same(g, w, f"kept batch {k}")
 
 
 def test_break_and_close_release_every_slot() -> None:

@@ -58,6 +58,19 @@ class Unpicklable:
         return np.full(3, int(i))
 
 
+def _refuse_outside(parent: int) -> Any:
+    if os.getpid() != parent:
+        raise RuntimeError("this source cannot be rebuilt in another process")
+    return BreaksInWorkers()
+
+
+class BreaksInWorkers(Unpicklable):
+    """Pickles (the check at Loader() passes) but cannot be unpickled in a worker."""
+
+    def __reduce__(self) -> Any:
+        return _refuse_outside, (os.getpid(),)
+
+
 def python_heavy_patch(record: Any, rng: np.random.Generator) -> Any:
     """A record transform that holds the GIL (a Python loop) and uses its generator."""
     patch, coords = record
@@ -391,6 +404,7 @@ def test_batch_k_is_read_by_worker_k_mod_n(method: str, workers: int) -> None:
 
 @pytest.mark.xfail(
     strict=True,
+    raises=TypeError,
     reason="error_reply (mixle/loading/workers/process.py) builds (seq, 'error', ...) but the "
     "parent reads ('error', seq, ...): pool._take compares 'error' < 0 and raises TypeError",
 )
@@ -545,6 +559,18 @@ def test_with_fork_a_lambda_and_an_unpicklable_source_work() -> None:
         )
     )
     assert_runs_equal(got, [w + 3 for w in want])
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=TypeError,
+    reason="error_reply (mixle/loading/workers/process.py) builds (-1, 'error', ...) but the "
+    "parent reads ('error', -1, ...): pool._take compares 'error' < 0 and raises TypeError",
+)
+def test_a_source_the_worker_cannot_rebuild_raises_worker_error() -> None:
+    loader = mixle.Loader(BreaksInWorkers(), 2, num_workers=1, worker_start_method="spawn")
+    with pytest.raises(mixle.WorkerError, match=r"(?s)starting.*cannot be rebuilt"):
+        next(iter(loader))
 
 
 # -- bad arguments ---------------------------------------------------------------------------

@@ -129,6 +129,7 @@ class Structures:
                 base.astype(np.float16),
                 np.broadcast_to(base[:, :1, :1], (n, 64, 40)),  # stride 0, read-only
                 base[:, ::-1, ::-3],  # negative strides
+                np.frombuffer(b"\0" + base.tobytes(), np.float64, offset=1),  # unaligned
             ),
             "ordered": OrderedDict(z=base.astype(np.float32), a=idx),  # a dict subclass
         }

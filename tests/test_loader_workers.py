@@ -8,6 +8,7 @@ on timing).
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from collections.abc import Callable
@@ -106,6 +107,21 @@ def dict_with_rng(batch: dict[str, Any], rng: np.random.Generator) -> dict[str, 
 def draws_only(batch: Any, rng: np.random.Generator) -> Any:
     """Keep only the batch generator's draws (to check which generator it is)."""
     return rng.integers(0, 2**62, size=4)
+
+
+class DrawsWith:
+    """A callable object taking ``(batch, rng)``: gets the batch generator too."""
+
+    def __call__(self, batch: Any, rng: np.random.Generator) -> Any:
+        return draws_only(batch, rng)
+
+
+def draws_scaled(batch: Any, rng: np.random.Generator, scale: int = 1) -> Any:
+    return draws_only(batch, rng) * scale
+
+
+def draws_if_named_rng(batch: Any, rng: Any = None) -> Any:
+    return draws_only(batch, rng)
 
 
 def scale_rows(batch: Any) -> Any:
@@ -369,6 +385,31 @@ def test_transform_rng_is_batch_rng_and_record_rng_is_record_rng(files: dict[str
         np.testing.assert_array_equal(draws, want)
 
 
+@pytest.mark.parametrize(
+    "transform",
+    [DrawsWith(), functools.partial(draws_scaled, scale=3), draws_if_named_rng],
+    ids=["callable-object", "partial", "second-named-rng"],
+)
+def test_every_form_of_two_argument_transform_gets_batch_rng(transform: Any) -> None:
+    scale = 3 if isinstance(transform, functools.partial) else 1
+    loader = mixle.Loader(
+        np.arange(14),
+        4,
+        seed=8,
+        num_epochs=2,
+        transform=transform,
+        num_workers=2,
+        worker_start_method="spawn" if scale == 3 else "fork",
+        timeout=T,
+    )
+    got = list(loader)
+    assert len(got) == 8
+    for k, draws in enumerate(got):
+        epoch, batch = divmod(k, 4)
+        want = batch_rng(8, epoch, batch, 0).integers(0, 2**62, size=4) * scale
+        np.testing.assert_array_equal(draws, want)
+
+
 def test_array_source_padded_gives_batch_and_mask() -> None:
     data = np.arange(11 * 3, dtype=np.float64).reshape(11, 3)
     want = reference(data, 4, drop_last="pad", num_epochs=2)
@@ -476,7 +517,8 @@ def test_a_new_iter_stops_the_previous_run_and_continues_from_the_cursor() -> No
 RESUME = {"shuffle": True, "seed": 3, "num_epochs": 2, "drop_last": "pad"}
 
 
-@pytest.mark.parametrize("stop_at", [2, 7])  # mid epoch 0 (5 batches per epoch), mid epoch 1
+# 5 batches per epoch: mid epoch 0, the last batch of epoch 0, mid epoch 1
+@pytest.mark.parametrize("stop_at", [2, 4, 7])
 def test_resume_mid_epoch_with_workers(files: dict[str, Any], stop_at: int) -> None:
     source = make_source("zarr-patches", files)
     options = {**RESUME, "record_transform": python_heavy_patch}

@@ -49,9 +49,10 @@ left out; ``with start-up`` is the rate over the whole run, from building the lo
 end of the last batch (ending the iterator, which joins the workers, is never timed).
 ``parent CPU`` is this process's own ``getrusage(RUSAGE_SELF)`` user + system time over the
 rate columns' span (all its threads, its children excluded), per MiB handed off in (b).
-``x threads`` divides by the ``mixle threads`` row, ``x parent`` by the ``mixle parent
-reads`` row with the same consumer. Best of ``--repeats`` interleaved runs (most records/s
-or batches/s; start-up: the shortest of the runs, with start-up: the highest).
+``x threads`` divides by the ``mixle threads`` row, ``x parent rate`` and ``x parent CPU``
+by the ``mixle parent reads`` row with the same consumer. Best of ``--repeats`` interleaved
+runs (most records/s or batches/s; start-up: the shortest of the runs, with start-up: the
+highest).
 
 ``--quick`` runs a smoke version (tiny sizes, one run each) in well under a minute;
 ``--json`` also prints the rows as JSON lines.
@@ -483,7 +484,7 @@ def print_tables(rows: list[dict[str, Any]], plan: dict[str, Any], steps: int) -
             f"{plan['repeats']}"
         )
         print(
-            "| consumer | contender | workers | threads | batches/s | MiB/s | x parent "
+            "| consumer | contender | workers | threads | batches/s | MiB/s | x parent rate "
             "| parent CPU ms/MiB | x parent CPU | start-up s | batches/s with start-up |"
         )
         print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")

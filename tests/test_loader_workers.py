@@ -443,12 +443,6 @@ def test_batch_k_is_read_by_worker_k_mod_n(method: str, workers: int) -> None:
     assert pids == [pids[k % workers] for k in range(len(pids))]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=TypeError,
-    reason="error_reply (mixle/loading/workers/process.py) builds (seq, 'error', ...) but the "
-    "parent reads ('error', seq, ...): pool._take compares 'error' < 0 and raises TypeError",
-)
 @pytest.mark.parametrize("threads", [0, 2])
 def test_an_exception_in_a_worker_is_reraised_at_its_batch(threads: int) -> None:
     """(Faults are another file's; this is the smallest case, found while writing these.)"""
@@ -603,12 +597,6 @@ def test_with_fork_a_lambda_and_an_unpicklable_source_work() -> None:
     assert_runs_equal(got, [w + 3 for w in want])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=TypeError,
-    reason="error_reply (mixle/loading/workers/process.py) builds (-1, 'error', ...) but the "
-    "parent reads ('error', -1, ...): pool._take compares 'error' < 0 and raises TypeError",
-)
 def test_a_source_the_worker_cannot_rebuild_raises_worker_error() -> None:
     loader = mixle.Loader(BreaksInWorkers(), 2, num_workers=1, worker_start_method="spawn")
     with pytest.raises(mixle.WorkerError, match=r"(?s)starting.*cannot be rebuilt"):

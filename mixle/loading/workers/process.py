@@ -43,7 +43,7 @@ def error_reply(seq: int, exc: BaseException) -> bytes:
         pickle.loads(blob)  # some exceptions pickle but cannot be rebuilt
     except Exception:
         blob = None
-    message = (seq, "error", blob, type(exc).__name__, str(exc), text)
+    message = ("error", seq, blob, type(exc).__name__, str(exc), text)
     return pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
 
 

@@ -493,7 +493,7 @@ def print_tables(rows: list[dict[str, Any]], plan: dict[str, Any], steps: int) -
                 f"| {r['touch']} | {r['contender']} | {r['workers']} | {_fmt(r['threads'])} "
                 f"| {r['batches_per_s']:.2f} | {r['mib_per_s']:.0f} "
                 f"| {_fmt(r.get('x_parent_rate'), 2)} | {r['parent_cpu_ms_per_mib']:.3f} "
-                f"| {_fmt(r.get('x_parent_cpu'), 2)} | {r['startup_s']:.2f} "
+                f"| {_fmt(r.get('x_parent_cpu'), 3)} | {r['startup_s']:.2f} "
                 f"| {r['batches_per_s_with_startup']:.2f} |"
             )
         for touch in ("none", "sum"):
@@ -502,7 +502,7 @@ def print_tables(rows: list[dict[str, Any]], plan: dict[str, Any], steps: int) -
                 x = got[0]["x_parent_cpu"]
                 print(
                     f"goal ({touch}): mixle workers' parent CPU per MiB <= {GOAL_PARENT}x the "
-                    f"parent reading itself: {x:.2f}x" + (" -- met" if x <= GOAL_PARENT else
+                    f"parent reading itself: {x:.3f}x" + (" -- met" if x <= GOAL_PARENT else
                                                           " -- NOT met")
                 )  # fmt: skip
 

@@ -155,11 +155,16 @@ class NapAt:
 def main() -> None:
     """Run one scenario in this (child) process: ``sys.argv[1:]`` is ``SCENARIO METHOD LOG``.
 
-    ``interrupt``: a ``num_workers=2`` loop whose batches 2 and 3 nap for minutes; it prints
-    ``batch k`` per batch, and on Ctrl-C prints ``{"caught": <monotonic time>, "children":
-    [...]}`` (the worker processes still alive) and re-raises. ``orphan``: the same loop,
-    to be killed with SIGKILL while both workers nap.
+    A ``num_workers=2`` loop whose batches 2 and 3 nap for minutes (both workers inside
+    the transform); it prints ``pids [...]`` (``Loader.worker_pids``) after batch 0 and
+    ``batch k`` per batch. ``interrupt``: on Ctrl-C it prints ``{"caught": <monotonic time>,
+    "children": [...]}`` (the worker processes multiprocessing still sees) and re-raises.
+    ``orphan``: to be killed with SIGKILL while both workers nap. ``orphan-thread``: the
+    same, but the first batch (which starts the workers) is taken in a thread that has
+    ended before the loop goes on in the main thread.
     """
+    import multiprocessing
+
     import mixle
 
     scenario, method, log = sys.argv[1:4]
@@ -174,10 +179,17 @@ def main() -> None:
         num_threads=0,
         prefetch=2,
     )
-    import multiprocessing
-
+    it = iter(loader)
     try:
-        for k, _ in enumerate(loader):
+        if scenario == "orphan-thread":
+            thread = threading.Thread(target=next, args=(it,))
+            thread.start()
+            thread.join()
+        else:
+            next(it)
+        print(f"pids {json.dumps(list(loader.worker_pids))}", flush=True)
+        print("batch 0", flush=True)
+        for k, _ in enumerate(it, 1):
             print(f"batch {k}", flush=True)
     except KeyboardInterrupt:
         caught = time.monotonic()

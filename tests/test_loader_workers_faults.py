@@ -176,17 +176,35 @@ def _shm_entries() -> set[str]:
         return set()
 
 
+def _mixle_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name.startswith("mixle-")}
+
+
 class Leaks:
-    """The state before a test, and :meth:`check` that nothing was added after it."""
+    """The state before a test; :meth:`running` checks a run in progress, :meth:`check`
+    that nothing was added once it is over."""
 
     def __init__(self) -> None:
         gc.collect()
         self.workers = _workers()
         self.shm = _shm_entries()
         self.slots = _slot_refs()
+        self.threads = _mixle_threads()
 
     def new_workers(self) -> set[int]:
         return _workers() - self.workers
+
+    def running(self, loader: mixle.Loader) -> tuple[int, ...]:
+        """``loader.worker_pids``, checked: they are the new processes, they hand batches
+        over in slots (memfds), and nobody maps or holds open anything in ``/dev/shm``."""
+        pids = loader.worker_pids
+        assert len(pids) == loader.num_workers and set(pids) == self.new_workers(), (
+            pids,
+            _described(self.new_workers()),
+        )
+        assert any(_slot_refs(pid) for pid in pids), "no worker holds a slot"
+        assert _shm_refs(set(pids)) == []
+        return pids
 
     def check(self) -> None:
         gc.collect()
@@ -197,6 +215,7 @@ class Leaks:
         left = set(_slot_refs()) - set(self.slots)  # an earlier failure's traceback may
         assert not left, f"slot mappings or descriptors left after gc: {left}"  # hold some
         assert _shm_entries() - self.shm == set()
+        assert _mixle_threads() <= self.threads
 
 
 @pytest.fixture
@@ -277,9 +296,10 @@ def test_an_exception_that_does_not_pickle_arrives_as_worker_error(leaks, where,
 # -- a worker dies ------------------------------------------------------------------------
 @pytest.mark.xfail(
     strict=True,
-    reason="pool.py WorkerPool._send raises WorkerDiedError as soon as sending a new read to "
-    "a dead worker fails (in submit(), right after the batch before it was received), so the "
-    "loop loses batches 1 and 2, which were read, and raises at batch 1 instead of 3",
+    reason="mixle/loading/workers/pool.py WorkerPool._send (line 207) raises WorkerDiedError "
+    "as soon as sending a new read to a dead worker fails, in submit() right after the batch "
+    "before was received (line 199): the loop loses batches 1 and 2, which were read, and "
+    "raises at batch 1 instead of 3",
 )
 def test_a_worker_that_kills_itself_raises_worker_died_error_at_its_batch(leaks):
     loader = mixle.Loader(  # no reader threads: worker 1 sends batch 1 before it reads 3
@@ -312,16 +332,11 @@ def test_a_worker_that_kills_itself_raises_worker_died_error_at_its_batch(leaks)
 
 
 def _napping(log: Path, at: tuple[int, ...], seconds: float = 30.0, **kwargs: Any) -> mixle.Loader:
-    """Two fork workers, one batch at a time each, that nap ``seconds`` at batches ``at``."""
+    """Two workers (fork unless told), one batch at a time each, that nap ``seconds`` at
+    batches ``at``."""
+    options = {"worker_start_method": "fork", "num_threads": 0, "prefetch": 2, **kwargs}
     return mixle.Loader(
-        Rows(),
-        BATCH,
-        transform=NapAt(at, seconds, str(log)),
-        num_workers=2,
-        worker_start_method="fork",
-        num_threads=0,
-        prefetch=2,
-        **kwargs,
+        Rows(), BATCH, transform=NapAt(at, seconds, str(log)), num_workers=2, **options
     )
 
 
@@ -332,13 +347,14 @@ def _logged(log: Path, n: int) -> dict[int, int]:
     return {int(k): int(pid) for pid, k in (line.split() for line in lines)}
 
 
-def test_killing_the_worker_the_loop_waits_for_raises_worker_died_error(leaks, tmp_path):
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_killing_the_worker_the_loop_waits_for_raises_worker_died_error(leaks, tmp_path, method):
     log = tmp_path / "naps.txt"
-    it = iter(_napping(log, (1,)))
+    loader = _napping(log, (1,), worker_start_method=method)
+    it = iter(loader)
     assert np.array_equal(next(it), expected(0))
     pid = _logged(log, 1)[1]  # worker 1 naps in batch 1, which the loop waits for
-    workers = leaks.new_workers()
-    assert len(workers) == 2 and _shm_refs(workers) == [], _described(workers)
+    assert leaks.running(loader)[1] == pid
     os.kill(pid, signal.SIGKILL)
     killed = time.monotonic()
     with pytest.raises(mixle.WorkerDiedError) as info:
@@ -346,15 +362,17 @@ def test_killing_the_worker_the_loop_waits_for_raises_worker_died_error(leaks, t
     assert time.monotonic() - killed < RAISE_WITHIN_S
     message = str(info.value)
     assert f"Loader worker 1 (pid {pid}) was killed by SIGKILL" in message, message
+    assert info.value.worker == 1 and loader.worker_pids == ()
     del it, info
     leaks.check()
 
 
 @pytest.mark.xfail(
     strict=True,
-    reason="pool.py WorkerPool._receive waits only on the worker of the batch it wants: a "
-    "worker that dies while the loop waits for another's slow batch is noticed only once "
-    "that batch arrives (here after its 10 s nap, and the loop yields it first)",
+    reason="mixle/loading/workers/pool.py WorkerPool._receive (line 232) waits only on the "
+    "worker of the batch it wants: a worker that dies while the loop waits for another's "
+    "slow batch is noticed only once that batch arrives (here after its 10 s nap, and the "
+    "loop yields it first)",
 )
 def test_a_worker_killed_while_the_loop_waits_for_another_is_noticed(leaks, tmp_path):
     log = tmp_path / "naps.txt"
@@ -394,6 +412,7 @@ def test_break_stops_the_workers_and_a_kept_batch_keeps_its_slot(leaks):
     for k, batch in enumerate(loader):
         kept = batch
         if k == 2:
+            leaks.running(loader)
             break
     del batch
     assert _wait_until(lambda: not leaks.new_workers(), GONE_WITHIN_S)
@@ -428,7 +447,7 @@ def test_an_abandoned_iterator_that_is_collected_stops_the_workers(leaks):
     loader = _loader()
     it = iter(loader)
     first = next(it)
-    assert len(leaks.new_workers()) == 2, _described(leaks.new_workers())
+    leaks.running(loader)
     del it
     gc.collect()
     assert _wait_until(lambda: not leaks.new_workers(), GONE_WITHIN_S)
@@ -442,16 +461,16 @@ def test_close_then_a_new_iter_starts_fresh_workers_at_the_cursor(leaks):
     reference = [np.array(b) for b in mixle.Loader(Rows(), BATCH, shuffle=True, seed=5)]
     it = iter(loader)
     first = [np.array(next(it)) for _ in range(2)]
-    old = leaks.new_workers()
-    assert len(old) == 2, _described(old)
+    old = set(leaks.running(loader))
     loader.close()
+    assert loader.worker_pids == ()
     assert _wait_until(lambda: not any(map(pid_alive, old)), GONE_WITHIN_S)
     with pytest.raises(StopIteration):
         next(it)
     rest = []
     for batch in loader:
         rest.append(np.array(batch))
-        assert leaks.new_workers().isdisjoint(old)
+        assert old.isdisjoint(leaks.running(loader))
         del batch
     assert len(first + rest) == NB
     assert all(np.array_equal(g, w) for g, w in zip(first + rest, reference))
@@ -560,7 +579,7 @@ def test_workers_of_a_sigkilled_parent_exit_by_themselves(tmp_path, scenario):
 
 
 _MAIN_SOURCE = """
-import json, sys, time
+import json, multiprocessing, sys, time
 sys.path[:0] = {paths!r}
 import numpy as np
 import mixle
@@ -582,6 +601,7 @@ try:
 except Exception as exc:
     out = {{"raised": type(exc).__name__, "message": str(exc)}}
 out["seconds"] = time.monotonic() - start
+out["children"] = [p.pid for p in multiprocessing.active_children()]
 print(json.dumps(out), flush=True)
 """
 
@@ -599,3 +619,4 @@ def test_a_reader_the_worker_cannot_unpickle_raises_worker_error_with_advice(met
     assert "Loader worker 0" in message and "Source" in message, message
     assert "worker_start_method='fork'" in message and "importable module" in message, message
     assert out["seconds"] < RAISE_WITHIN_S + 10, out  # spawning the worker included
+    assert out["children"] == [], out

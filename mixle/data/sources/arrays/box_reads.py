@@ -153,16 +153,18 @@ def take_rows(
 ) -> np.ndarray:
     """Fill ``out`` with rows ``idx`` (validated, non-negative) of an array of ``shape``.
 
-    Each distinct row is read once, each run of consecutive rows in one ``read``.
+    Each distinct row is read once, each run of consecutive rows in one ``read``; rows
+    asked for in increasing order, each once, are read straight into ``out``.
     """
     unique = np.unique(idx)
     breaks = np.flatnonzero(np.diff(unique) != 1) + 1
-    rows = np.empty((unique.size, *shape[1:]), dtype=out.dtype)
+    in_order = unique.size == idx.size and bool(np.array_equal(unique, idx))
+    rows = out if in_order else np.empty((unique.size, *shape[1:]), dtype=out.dtype)
     for run in np.split(np.arange(unique.size), breaks):
         lo, hi = int(unique[run[0]]), int(unique[run[-1]]) + 1
         rows[run[0] : run[-1] + 1] = read((slice(lo, hi),))
-    position = np.searchsorted(unique, idx)
-    np.take(rows, position, axis=0, out=out)
+    if not in_order:
+        np.take(rows, np.searchsorted(unique, idx), axis=0, out=out)
     return out
 
 

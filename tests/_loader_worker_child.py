@@ -159,16 +159,18 @@ def main() -> None:
     the transform); it prints ``pids [...]`` (``Loader.worker_pids``) after batch 0 and
     ``batch k`` per batch. ``interrupt``: on Ctrl-C it prints ``{"caught": <monotonic time>,
     "children": [...]}`` (the worker processes multiprocessing still sees) and re-raises.
-    ``orphan``: to be killed with SIGKILL while both workers nap. ``orphan-thread``: the
-    same, but the first batch (which starts the workers) is taken in a thread that has
-    ended before the loop goes on in the main thread.
+    ``interrupt-early``: the same, Ctrl-C expected while the workers start (``starting``
+    is printed just before the first ``next()``). ``orphan``: to be killed with SIGKILL
+    while both workers nap. ``orphan-thread``: the same, but the first batch (which starts
+    the workers) is taken in a thread that has ended before the loop goes on in the main
+    thread.
     """
     import multiprocessing
 
     import mixle
 
     scenario, method, log = sys.argv[1:4]
-    if scenario == "interrupt":
+    if scenario.startswith("interrupt"):
         signal.signal(signal.SIGINT, signal.default_int_handler)
     loader = mixle.Loader(
         Rows(),
@@ -180,6 +182,7 @@ def main() -> None:
         prefetch=2,
     )
     it = iter(loader)
+    print("starting", flush=True)
     try:
         if scenario == "orphan-thread":
             thread = threading.Thread(target=next, args=(it,))

@@ -82,6 +82,23 @@ def _live_children() -> dict[int, list[int]]:
     return kids
 
 
+def _session(sid: int) -> dict[int, str]:
+    """Live processes of session ``sid`` (a child started with ``start_new_session`` and
+    everything it started, workers, forkserver and resource tracker included)."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if fields[0] not in ("Z", "X") and int(fields[3]) == sid:
+            found[int(entry)] = _cmdline(int(entry))[:200]
+    return found
+
+
 def _cmdline(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
@@ -516,8 +533,11 @@ def _napping_pids(proc: subprocess.Popen[str], log: Path, tmp_path: Path) -> lis
     pids = [int(pid) for pid, _ in (line.split() for line in log.read_text().splitlines())]
     assert proc.stdout is not None
     printed = proc.stdout.readline()
+    if printed == "starting\n":
+        printed = proc.stdout.readline()
     assert printed.startswith("pids "), printed
     assert sorted(pids) == sorted(json.loads(printed[5:])), printed
+    assert {proc.pid, *pids} <= set(_session(proc.pid)), _session(proc.pid)
     return pids
 
 
@@ -540,6 +560,8 @@ def test_ctrl_c_ends_the_loop_promptly_and_leaves_no_worker(tmp_path, signals):
         exited = time.monotonic()
         gone = _wait_until(lambda: not any(map(pid_alive, pids)), GONE_WITHIN_S)
         alive = [p for p in pids if pid_alive(p)]
+        emptied = _wait_until(lambda: not _session(proc.pid), GONE_WITHIN_S)
+        leftover = _session(proc.pid)  # before _child kills what is left
     err = _stderr(tmp_path)
     assert proc.returncode in (-signal.SIGINT, 1, 130), err
     assert "KeyboardInterrupt" in err, err
@@ -549,6 +571,29 @@ def test_ctrl_c_ends_the_loop_promptly_and_leaves_no_worker(tmp_path, signals):
         report = json.loads(lines[-1])
         assert report["caught"] - sent < RAISE_WITHIN_S and report["children"] == [], report
     assert gone, f"workers {alive} outlived the interrupted loop"
+    assert emptied, f"processes of the interrupted child left: {leftover}"
+    assert _shm_entries() - shm == set()
+
+
+def test_ctrl_c_while_the_workers_start_leaves_nothing_behind(tmp_path):
+    log, shm = tmp_path / "naps.txt", _shm_entries()
+    with _child(["interrupt-early", "spawn", str(log)], tmp_path) as proc:
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == "starting\n", _stderr(tmp_path)
+        time.sleep(0.1)  # spawned workers are importing now
+        sent = time.monotonic()
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.communicate(timeout=T)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the child hung after Ctrl-C:\n{_stderr(tmp_path)}")
+        exited = time.monotonic()
+        left = _wait_until(lambda: not _session(proc.pid), GONE_WITHIN_S)
+        leftover = _session(proc.pid)  # before _child kills what is left
+    err = _stderr(tmp_path)
+    assert proc.returncode in (-signal.SIGINT, 1, 130) and "KeyboardInterrupt" in err, err
+    assert exited - sent < RAISE_WITHIN_S
+    assert left, f"processes of the interrupted child left: {leftover}"
     assert _shm_entries() - shm == set()
 
 
@@ -567,10 +612,13 @@ def test_workers_of_a_sigkilled_parent_exit_by_themselves(tmp_path, scenario):
         proc.wait()
         gone = _wait_until(lambda: not any(map(pid_alive, pids)), GONE_WITHIN_S)
         alive = [p for p in pids if pid_alive(p)]
+        emptied = _wait_until(lambda: not _session(proc.pid), GONE_WITHIN_S)
+        leftover = _session(proc.pid)  # before _child kills what is left
         for pid in alive:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
     assert gone, f"workers {alive} outlived their parent by {GONE_WITHIN_S} s"
+    assert emptied, f"processes of the killed child left: {leftover}"
     assert _shm_entries() - shm == set()
 
 

@@ -152,6 +152,10 @@ class NapAt:
         return batch
 
 
+#: What the ``exit`` scenarios keep alive until the interpreter exits.
+_KEPT: list[Any] = []
+
+
 def main() -> None:
     """Run one scenario in this (child) process: ``sys.argv[1:]`` is ``SCENARIO METHOD LOG``.
 
@@ -163,7 +167,9 @@ def main() -> None:
     is printed just before the first ``next()``). ``orphan``: to be killed with SIGKILL
     while both workers nap. ``orphan-thread``: the same, but the first batch (which starts
     the workers) is taken in a thread that has ended before the loop goes on in the main
-    thread.
+    thread. ``exit`` and ``exit-error``: after batch 0 the script ends (normally, or with
+    an uncaught exception) once the file ``LOG.go`` exists, with the iterator and the batch
+    still referenced from a module global, while both workers nap.
     """
     import multiprocessing
 
@@ -189,9 +195,16 @@ def main() -> None:
             thread.start()
             thread.join()
         else:
-            next(it)
+            _KEPT.append(next(it))
         print(f"pids {json.dumps(list(loader.worker_pids))}", flush=True)
         print("batch 0", flush=True)
+        if scenario.startswith("exit"):
+            _KEPT.append(it)
+            while not os.path.exists(log + ".go"):  # the test has seen both workers nap
+                time.sleep(0.02)
+            if scenario == "exit-error":
+                raise RuntimeError("the script fails mid-run")
+            return
         for k, _ in enumerate(it, 1):
             print(f"batch {k}", flush=True)
     except KeyboardInterrupt:

@@ -622,6 +622,27 @@ def test_workers_of_a_sigkilled_parent_exit_by_themselves(tmp_path, scenario):
     assert _shm_entries() - shm == set()
 
 
+@pytest.mark.parametrize("scenario", ["exit", "exit-error"])
+def test_a_script_that_ends_mid_run_exits_promptly_and_leaves_nothing(tmp_path, scenario):
+    log, shm = tmp_path / "naps.txt", _shm_entries()
+    with _child([scenario, "spawn", str(log)], tmp_path) as proc:
+        pids = _napping_pids(proc, log, tmp_path)
+        Path(f"{log}.go").touch()  # the script ends now
+        ended = time.monotonic()
+        try:
+            proc.communicate(timeout=T)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the child hung at exit:\n{_stderr(tmp_path)}")
+        exited = time.monotonic()
+        emptied = _wait_until(lambda: not _session(proc.pid), GONE_WITHIN_S)
+        leftover = _session(proc.pid)  # before _child kills what is left
+    err = _stderr(tmp_path)
+    assert proc.returncode == (1 if scenario == "exit-error" else 0), err
+    assert exited - ended < RAISE_WITHIN_S
+    assert not any(map(pid_alive, pids)) and emptied, f"left at exit: {leftover}"
+    assert _shm_entries() - shm == set()
+
+
 _MAIN_SOURCE = """
 import json, multiprocessing, sys, time
 sys.path[:0] = {paths!r}

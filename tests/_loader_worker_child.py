@@ -32,6 +32,7 @@ __all__ = [
     "KillAt",
     "NapAt",
     "NeedsArg",
+    "OnlyHere",
     "Rows",
     "main",
     "table",
@@ -70,14 +71,31 @@ class HoldsLock(Exception):
         self.lock = threading.Lock()
 
 
+def _rebuild_here_only(pid: int, message: str) -> Exception:
+    if os.getpid() != pid:
+        raise RuntimeError("this exception can only be rebuilt in the process that raised it")
+    return OnlyHere(message)
+
+
+class OnlyHere(Exception):
+    """Pickles, and unpickles in the process that raised it, but in no other (as one that
+    holds a handle on a process-local resource)."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _rebuild_here_only, (os.getpid(), *self.args)
+
+
 def make_error(kind: str, where: str) -> Exception:
-    """The exception ``kind`` (``"value"``, ``"needs-arg"``, ``"lock"``) raised in ``where``."""
+    """The exception ``kind`` (``"value"``, ``"needs-arg"``, ``"lock"``, ``"only-here"``)
+    raised in ``where``."""
     if kind == "value":
         return ValueError(f"bad record in {where}")
     if kind == "needs-arg":
         return NeedsArg(7, f"bad record in {where}")
     if kind == "lock":
         return HoldsLock(f"bad record in {where}")
+    if kind == "only-here":
+        return OnlyHere(f"bad record in {where}")
     raise AssertionError(kind)
 
 

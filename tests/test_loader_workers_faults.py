@@ -310,6 +310,31 @@ def test_an_exception_that_does_not_pickle_arrives_as_worker_error(leaks, where,
     leaks.check()
 
 
+@pytest.mark.xfail(
+    strict=True,
+    raises=RuntimeError,
+    reason="mixle/loading/workers/pool.py WorkerPool._error (line 261) unpickles the "
+    "worker's exception unguarded: one that pickles and unpickles in the worker but not in "
+    "the parent comes out as the unpickling error, without the worker's traceback",
+)
+def test_an_exception_that_only_unpickles_in_the_worker_arrives_as_worker_error(leaks):
+    loader = mixle.Loader(
+        Rows(),
+        BATCH,
+        transform=FailingTransform(FAIL_AT, "only-here"),
+        num_workers=2,
+        worker_start_method="fork",
+    )
+    got, exc = _drain(loader)
+    assert len(got) == FAIL_AT
+    if isinstance(exc, RuntimeError) and "only be rebuilt" in str(exc):
+        raise exc
+    assert type(exc) is mixle.WorkerError and exc.exc_type == "OnlyHere", repr(exc)
+    assert "bad record in transform" in exc.remote_traceback
+    del exc
+    leaks.check()
+
+
 # -- a worker dies ------------------------------------------------------------------------
 def test_a_worker_that_kills_itself_raises_worker_died_error(leaks):
     """The batches before the error are right, and none from the dead worker's batch on.

@@ -6,6 +6,9 @@ this process, see :func:`_workers`), no child that ``multiprocessing`` still tra
 mapping or descriptor of a batch slot (``memfd:mixle-batch``) once the batches are
 collected, and nothing in ``/dev/shm`` (see :func:`_shm_entries`).
 
+Child processes (Ctrl-C, a SIGKILLed parent, a script that ends mid-run) run in their own
+session, and nothing of that session may be left once they are gone.
+
 Most tests use ``"fork"`` (cheapest); spawn and forkserver where the test is about them
 (pickling, orphaning). Timeouts are hang guards; the only timed assertions are "raised or
 exited within :data:`RAISE_WITHIN_S`", generous against what the issue asks (a couple of
@@ -62,13 +65,14 @@ _PATHS = [str(Path(__file__).parent), str(Path(mixle.__file__).parents[1])]
 
 
 def expected(k: int) -> np.ndarray:
+    """Batch ``k`` of a run without shuffling."""
     return table()[k * BATCH : (k + 1) * BATCH]
 
 
 # -- what is left behind ------------------------------------------------------------------
-def _live_children() -> dict[int, list[int]]:
-    """Parent pid -> pids of its live (not zombie) children, from ``/proc``."""
-    kids: dict[int, list[int]] = {}
+def _processes() -> dict[int, tuple[int, int]]:
+    """Pid -> ``(parent pid, session id)`` of every live (not zombie) process, from ``/proc``."""
+    found = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -76,27 +80,24 @@ def _live_children() -> dict[int, list[int]]:
             stat = Path(f"/proc/{entry}/stat").read_text()
         except OSError:  # gone while we looked
             continue
-        state, ppid = stat[stat.rindex(")") + 2 :].split()[:2]
+        state, ppid, _, sid = stat[stat.rindex(")") + 2 :].split()[:4]
         if state not in ("Z", "X"):
-            kids.setdefault(int(ppid), []).append(int(entry))
+            found[int(entry)] = (int(ppid), int(sid))
+    return found
+
+
+def _live_children() -> dict[int, list[int]]:
+    """Parent pid -> pids of its live children."""
+    kids: dict[int, list[int]] = {}
+    for pid, (ppid, _) in _processes().items():
+        kids.setdefault(ppid, []).append(pid)
     return kids
 
 
 def _session(sid: int) -> dict[int, str]:
     """Live processes of session ``sid`` (a child started with ``start_new_session`` and
     everything it started, workers, forkserver and resource tracker included)."""
-    found = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        if fields[0] not in ("Z", "X") and int(fields[3]) == sid:
-            found[int(entry)] = _cmdline(int(entry))[:200]
-    return found
+    return {pid: _cmdline(pid)[:200] for pid, (_, s) in _processes().items() if s == sid}
 
 
 def _cmdline(pid: int) -> str:
@@ -161,18 +162,20 @@ def _slot_refs(pid: int | str = "self") -> list[str]:
     return refs
 
 
-def _shm_refs(pids: set[int]) -> list[str]:
-    """Anything under ``/dev/shm`` that this process or ``pids`` maps or holds open."""
-    found = []
+def _shm_refs(pids: set[int]) -> set[str]:
+    """Paths under ``/dev/shm`` that this process or ``pids`` maps or holds open."""
+    found = set()
     for pid in {"self", *pids}:
         with contextlib.suppress(OSError):
-            maps = Path(f"/proc/{pid}/maps").read_text().splitlines()
-            found += [f"{pid}: {line}" for line in maps if "/dev/shm/" in line]
+            for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+                if "/dev/shm/" in line:
+                    found.add(line[line.index("/dev/shm/") :])
             fds = Path(f"/proc/{pid}/fd")
             for fd in os.listdir(fds):
                 with contextlib.suppress(OSError):
-                    if os.readlink(fds / fd).startswith("/dev/shm/"):
-                        found.append(f"{pid}: fd {fd} -> {os.readlink(fds / fd)}")
+                    link = os.readlink(fds / fd)
+                    if link.startswith("/dev/shm/"):
+                        found.add(link)
     return found
 
 
@@ -207,6 +210,10 @@ class Leaks:
         self.shm = _shm_entries()
         self.slots = _slot_refs()
         self.threads = _mixle_threads()
+        self.children = {p.pid for p in multiprocessing.active_children()}
+        # what this process maps in /dev/shm already (e.g. a multiprocessing lock of an
+        # earlier test): fork workers inherit it
+        self.shm_refs = _shm_refs(set())
 
     def new_workers(self) -> set[int]:
         return _workers() - self.workers
@@ -220,7 +227,7 @@ class Leaks:
             _described(self.new_workers()),
         )
         assert any(_slot_refs(pid) for pid in pids), "no worker holds a slot"
-        assert _shm_refs(set(pids)) == []
+        assert _shm_refs(set(pids)) - self.shm_refs == set()
         return pids
 
     def check(self) -> None:
@@ -228,7 +235,7 @@ class Leaks:
         assert _wait_until(lambda: not self.new_workers(), GONE_WITHIN_S), (
             f"worker processes left: {_described(self.new_workers())}"
         )
-        assert multiprocessing.active_children() == []
+        assert {p.pid for p in multiprocessing.active_children()} <= self.children
         left = set(_slot_refs()) - set(self.slots)  # an earlier failure's traceback may
         assert not left, f"slot mappings or descriptors left after gc: {left}"  # hold some
         assert _shm_entries() - self.shm == set()

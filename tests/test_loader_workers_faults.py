@@ -424,10 +424,11 @@ def test_killing_the_worker_the_loop_waits_for_raises_worker_died_error(leaks, t
 )
 def test_a_worker_killed_while_the_loop_waits_for_another_is_noticed(leaks, tmp_path):
     log = tmp_path / "naps.txt"
-    it = iter(_napping(log, (1,), 10.0))
+    loader = _napping(log, (1,), 10.0)
+    it = iter(loader)
     assert np.array_equal(next(it), expected(0))
-    napping = _logged(log, 1)[1]
-    (other,) = leaks.new_workers() - {napping}  # worker 0, done with batch 2 by now
+    assert leaks.running(loader)[1] == _logged(log, 1)[1]  # worker 1 naps in batch 1
+    other = loader.worker_pids[0]  # idle, or reading batch 2
     os.kill(other, signal.SIGKILL)
     with pytest.raises(mixle.WorkerDiedError, match=f"Loader worker 0 \\(pid {other}\\)"):
         next(it)  # not batch 1, 10 s later

@@ -637,3 +637,186 @@ def test_no_process_starts_before_the_first_batch() -> None:
     assert set(multiprocessing.active_children()) == before
     assert len(list(loader)) == 4
     assert set(multiprocessing.active_children()) == before
+
+
+# -- regressions found by review ----------------------------------------------------------
+class TextRows:
+    """A source whose batches are big object arrays of strings (they travel pickled)."""
+
+    def __init__(self, n: int, width: int = 40) -> None:
+        self.n, self.width = n, width
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> str:
+        return f"{int(i):0{self.width}d}"
+
+    def get_batch(self, indices: np.ndarray) -> np.ndarray:
+        return np.array([self[i] for i in indices.tolist()], dtype=object)
+
+
+class UnprintableError(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("str() of this exception fails")
+
+
+def raises_unprintable(batch: Any) -> Any:
+    raise UnprintableError("boom")
+
+
+def sleeps_a_little(batch: Any) -> Any:
+    import time
+
+    time.sleep(0.05)
+    return batch
+
+
+class SlowToRebuild:
+    """An array source that takes 1 s to unpickle in another process (a slow open)."""
+
+    def __init__(self, array: np.ndarray) -> None:
+        self.array, self.pid = array, os.getpid()
+
+    def __len__(self) -> int:
+        return len(self.array)
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return self.array[i]
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        import time
+
+        self.__dict__.update(state)
+        if os.getpid() != self.pid:
+            time.sleep(1.0)
+
+
+class _Unloadable:
+    """Pickles in the worker, but rebuilding it fails in any other process."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+
+    def __reduce__(self) -> Any:
+        return _load_only_in, (os.getpid(),)
+
+
+def _load_only_in(pid: int) -> Any:
+    if os.getpid() != pid:
+        raise ValueError("this object cannot be rebuilt here")
+    return _Unloadable()
+
+
+def returns_unloadable(batch: Any) -> Any:
+    return batch, _Unloadable()
+
+
+def test_a_source_of_64_kib_or_more_passes_the_pickle_check() -> None:
+    # protocol 5 hands big buffers to the check's file as PickleBuffer (no len()): a plain
+    # array source of 64 KiB was refused as "cannot be pickled"
+    source = np.arange(16384, dtype=np.int64).reshape(2048, 8)
+    got = list(mixle.Loader(source, 512, num_workers=1, worker_start_method="spawn", timeout=T))
+    assert_runs_equal(got, reference(source, 512))
+
+
+@pytest.mark.parametrize("threads", [0, 2])
+def test_big_pickled_batches_do_not_deadlock_the_pipes(threads: int) -> None:
+    # a worker reading in its receiving thread blocked replying a batch bigger than the
+    # socket buffer while the parent blocked sending the next plans: neither read again
+    source = TextRows(120_000)
+    loader = mixle.Loader(
+        source,
+        30_000,
+        num_workers=1,
+        num_threads=threads,
+        prefetch=4,
+        worker_start_method="fork",
+        timeout=T,
+    )
+    got = list(loader)
+    assert [len(b) for b in got] == [30_000] * 4
+    np.testing.assert_array_equal(np.concatenate(got), source.get_batch(np.arange(120_000)))
+
+
+@pytest.mark.parametrize("threads", [0, 1])
+def test_an_exception_whose_str_fails_is_still_reraised(threads: int) -> None:
+    # formatting the reply raised in the worker: a reader thread swallowed it (the loop
+    # waited forever) and the receiving thread died (reported as a dead worker)
+    loader = mixle.Loader(
+        np.zeros((8, 2)),
+        4,
+        transform=raises_unprintable,
+        num_workers=1,
+        num_threads=threads,
+        worker_start_method="fork",
+        timeout=T,
+    )
+    with pytest.raises(UnprintableError):
+        next(iter(loader))
+
+
+def test_fork_workers_do_not_run_the_parents_sigterm_handler(tmp_path: Any) -> None:
+    import signal
+
+    marker = tmp_path / "handler-ran"
+
+    def handler(signum: int, frame: Any) -> None:
+        marker.write_text(str(os.getpid()))
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        loader = mixle.Loader(
+            np.zeros((64, 4)), 2, num_workers=2, worker_start_method="fork", timeout=T
+        )
+        for _ in loader:
+            break  # the workers are terminated with SIGTERM
+        loader.close()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert not marker.exists()
+
+
+def test_timeout_counts_from_the_worker_ready_not_from_its_start() -> None:
+    # a worker's start-up (imports, rebuilding the source: 1 s here) counted against
+    # batch 0's timeout
+    source = SlowToRebuild(np.arange(32.0).reshape(16, 2))
+    loader = mixle.Loader(
+        source,
+        2,
+        transform=sleeps_a_little,
+        num_workers=1,
+        worker_start_method="spawn",
+        timeout=0.5,  # far above 0.05 s per batch, below the worker's start-up
+    )
+    assert_runs_equal(list(loader), reference(source.array, 2))
+
+
+def test_a_batch_the_parent_cannot_unpickle_raises_worker_error_naming_the_worker() -> None:
+    loader = mixle.Loader(
+        np.zeros((8, 2)),
+        4,
+        transform=returns_unloadable,
+        num_workers=1,
+        worker_start_method="fork",
+        timeout=T,
+    )
+    with pytest.raises(mixle.WorkerError, match=r"worker 0 .*cannot unpickle"):
+        next(iter(loader))
+
+
+def test_a_run_with_no_batch_left_starts_no_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    from mixle.loading.workers import pool
+
+    loader = mixle.Loader(np.zeros((6, 2)), 2, num_workers=2, worker_start_method="fork")
+    assert len(list(loader)) == 3
+    started: list[int] = []
+    real = pool.WorkerPool.__init__
+
+    def counting(self: Any, *args: Any, **kwargs: Any) -> None:
+        started.append(1)
+        real(self, *args, **kwargs)
+
+    monkeypatch.setattr(pool.WorkerPool, "__init__", counting)
+    assert list(loader) == []  # the run is over
+    assert started == []

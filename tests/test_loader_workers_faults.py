@@ -319,13 +319,6 @@ def test_an_exception_that_does_not_pickle_arrives_as_worker_error(leaks, where,
     leaks.check()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=RuntimeError,
-    reason="mixle/loading/workers/pool.py WorkerPool._error (line 261) unpickles the "
-    "worker's exception unguarded: one that pickles and unpickles in the worker but not in "
-    "the parent comes out as the unpickling error, without the worker's traceback",
-)
 def test_an_exception_that_only_unpickles_in_the_worker_arrives_as_worker_error(leaks):
     loader = mixle.Loader(
         Rows(),
@@ -414,14 +407,6 @@ def test_killing_the_worker_the_loop_waits_for_raises_worker_died_error(leaks, t
     leaks.check()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=pytest.fail.Exception,  # DID NOT RAISE: batch 1 came instead
-    reason="mixle/loading/workers/pool.py WorkerPool._receive (line 232) waits only on the "
-    "worker of the batch it wants: a worker that dies while the loop waits for another's "
-    "slow batch is noticed only once that batch arrives (here after its 10 s nap, and the "
-    "loop yields it first)",
-)
 def test_a_worker_killed_while_the_loop_waits_for_another_is_noticed(leaks, tmp_path):
     log = tmp_path / "naps.txt"
     loader = _napping(log, (1,), 10.0)

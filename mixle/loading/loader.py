@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -34,12 +35,11 @@ from mixle.loading.state import (
     check_state,
     source_fingerprint,
 )
-from mixle.loading.workers import WorkerPool
-from mixle.loading.workers.pool import reader_payload
 from mixle.utils.validation import parse_choice, parse_int
 
 if TYPE_CHECKING:
     from mixle.jax import JaxLoader
+    from mixle.loading.workers import WorkerPool
 
 __all__ = [
     "DEFAULT_NUM_THREADS",
@@ -49,6 +49,14 @@ __all__ = [
     "Loader",
     "record_rng",
 ]
+
+
+def _workers() -> Any:
+    """:mod:`mixle.loading.workers.pool`, imported when a Loader first uses workers, so that
+    ``import mixle`` does not load ``multiprocessing.connection`` and sockets."""
+    from mixle.loading.workers import pool
+
+    return pool
 
 
 class Loader(ActiveRun):
@@ -216,7 +224,7 @@ class Loader(ActiveRun):
             fn is not None and takes_rng(fn),
         )
         if self._num_workers:
-            reader_payload(self._reader, self._start_method, check_only=True)
+            _workers().reader_payload(self._reader, self._start_method, check_only=True)
         self._spec: SpecTree | None = None
         self._epoch = 0
         self._batch = 0
@@ -348,15 +356,18 @@ class Loader(ActiveRun):
         )
         nb = self._layout.num_batches
         pool = None
-        if self._num_workers:
-            pool = WorkerPool(
+        first = list(itertools.islice(plans, 1))  # no batch left: no worker to start
+        plans = itertools.chain(first, plans)
+        if self._num_workers and first:
+            workers = _workers()
+            pool = workers.WorkerPool(
                 self._reader,
                 num_workers=self._num_workers,
                 start_method=self._start_method,
                 num_threads=self._num_threads,
                 prefetch=self._prefetch,
                 timeout=self._timeout,
-                pickled=reader_payload(self._reader, self._start_method),
+                pickled=workers.reader_payload(self._reader, self._start_method),
             )
             self._pool = pool
             stream = pool.batches(plans, signal)

@@ -130,7 +130,7 @@ def stop_processes(
 
     With ``close_message``, each connection is sent it and the processes get ``grace``
     seconds (in all) to exit by themselves; then the ones still alive are terminated
-    (SIGTERM), and killed (SIGKILL) if they are still there 2 s later.
+    (SIGTERM), and killed (SIGKILL) if they are still there 2 s later (in all).
     """
     if close_message is not None:
         for conn in conns:
@@ -142,10 +142,13 @@ def stop_processes(
     for proc in procs:
         if proc.is_alive():
             proc.terminate()
+    deadline = time.monotonic() + 2.0  # one wait for all of them, not 2 s each
     for proc in procs:
-        proc.join(timeout=2.0)
+        proc.join(timeout=max(0.0, deadline - time.monotonic()))
+    for proc in procs:
         if proc.is_alive():
             proc.kill()
-            proc.join(timeout=2.0)
+    for proc in procs:
+        proc.join(timeout=2.0)
     for conn in conns:
         conn.close()

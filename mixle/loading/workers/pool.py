@@ -52,8 +52,8 @@ class _RemoteTraceback(Exception):
 class _Discard:
     """A file that keeps nothing: pickling into it checks picklability in O(1) memory."""
 
-    def write(self, data: bytes) -> int:
-        return len(data)
+    def write(self, data: Any) -> int:
+        return memoryview(data).nbytes  # protocol 5 hands big buffers as PickleBuffer
 
 
 def reader_payload(reader: Any, start_method: str, *, check_only: bool = False) -> bytes | None:
@@ -134,6 +134,7 @@ class WorkerPool:
         self._pids: list[int] = []
         self._maps = [SlotMaps() for _ in range(num_workers)]
         self._done: list[dict[int, tuple[Any, ...]]] = [{} for _ in range(num_workers)]
+        self._ready = [False] * num_workers  # the worker has rebuilt the reader
         self._finalizer = weakref.finalize(self, _stop, self._procs, self._conns, False)
         ctx = multiprocessing.get_context(start_method)
         parent, pdeathsig = orphan_guard_args(start_method)
@@ -184,19 +185,29 @@ class WorkerPool:
         pending: deque[tuple[int, BatchPlan]] = deque()
         counter = itertools.count()
 
+        lost: list[WorkerDiedError] = []  # raised after the batch already in hand
+
         def submit() -> None:
             for plan in itertools.islice(stream, 1):
                 seq = next(counter)
-                self._send(seq % self._n, ("read", seq, plan))
+                try:
+                    self._send(seq % self._n, ("read", seq, plan))
+                except WorkerDiedError as exc:
+                    lost.append(exc)
+                    return
                 pending.append((seq, plan))
 
         for _ in range(self._n * self._prefetch):
-            submit()
-        while pending:
+            if not lost:
+                submit()
+        while pending or lost:
+            if lost:
+                raise lost[0]
             seq, plan = pending.popleft()
             batch = self._receive(seq, plan, signal)
             self._send_released()
-            submit()
+            if not lost:
+                submit()
             yield plan, batch
             del batch
 
@@ -204,7 +215,7 @@ class WorkerPool:
         try:
             self._conns[worker].send_bytes(pickle.dumps(message, pickle.HIGHEST_PROTOCOL))
         except OSError:
-            self._died(worker, f"sending it batch {message[1]}")
+            self._died(worker, f"the loop sent it batch {message[1]} of the run")
 
     def _send_released(self) -> None:
         for w, maps in enumerate(self._maps):
@@ -215,12 +226,15 @@ class WorkerPool:
 
     def _receive(self, seq: int, plan: BatchPlan, signal: StopSignal) -> Any:
         w = seq % self._n
-        done, conn, proc = self._done[w], self._conns[w], self._procs[w]
+        done, conn = self._done[w], self._conns[w]
         what = f"batch {plan.batch} of epoch {plan.epoch}"
-        deadline = None if self._timeout is None else time.monotonic() + self._timeout
+        ends = {proc.sentinel: i for i, proc in enumerate(self._procs)}
+        deadline = None
         while seq not in done:
             if signal.is_set():
                 raise ReadsStopped("the Loader was closed while it waited for a worker")
+            if deadline is None and self._timeout is not None and self._ready[w]:
+                deadline = time.monotonic() + self._timeout  # start-up does not count
             left = WAIT_SLICE_S if deadline is None else deadline - time.monotonic()
             if left <= 0:
                 raise WorkerTimeoutError(
@@ -229,27 +243,54 @@ class WorkerPool:
                     "raise timeout= or look at what the source or transform waits for",
                     workers=(w,),
                 )
-            ready = wait([conn, proc.sentinel], timeout=min(left, WAIT_SLICE_S))
-            if conn in ready:
+            ready = wait([conn, *ends], timeout=min(left, WAIT_SLICE_S))
+            if conn in ready:  # before its end: what it sent before it died counts
                 self._take(w, done)
-            elif proc.sentinel in ready:
-                self._died(w, f"reading {what}")
+                continue
+            for end in ready:  # any worker that dies is reported now, not at its batch
+                other = ends[end]
+                doing = f"reading {what}" if other == w else f"the loop waited for {what}"
+                self._died(other, doing)
         reply = done.pop(seq)
         if reply[0] == "batch":
             return self._maps[w].batch(reply[2])
-        raise self._error(w, reply, what)
+        raise self._error(w, reply, f"reading {what}")
 
     def _take(self, w: int, done: dict[int, tuple[Any, ...]]) -> None:
         """Receive one message from worker ``w`` (and the descriptor of a new slot)."""
         try:
-            reply = pickle.loads(self._conns[w].recv_bytes())
-            if reply[0] == "batch":
-                written: Written = reply[2]
-                if written.new_size:
-                    fd = recv_fd(self._conns[w].fileno())
-                    self._maps[w].add(written.slot, written.new_size, fd)
+            blob = self._conns[w].recv_bytes()
         except (EOFError, OSError):
             self._died(w, "sending a batch")
+        try:
+            reply = pickle.loads(blob)
+        except Exception as exc:
+            raise WorkerError(
+                f"Loader worker {w} (pid {self._pids[w]}) sent a batch this process cannot "
+                f"unpickle ({type(exc).__name__}: {exc}); return NumPy arrays, or objects "
+                "that pickle both ways, from the source and transforms",
+                worker=w,
+                exc_type=type(exc).__name__,
+            ) from exc
+        if reply[0] == "ready":
+            self._ready[w] = True
+            return
+        if reply[0] == "batch" and reply[2].new_size:
+            written: Written = reply[2]
+            try:
+                fd = recv_fd(self._conns[w].fileno())
+            except (EOFError, OSError):
+                self._died(w, "sending a batch")
+            try:
+                self._maps[w].add(written.slot, written.new_size, fd)
+            except OSError as exc:
+                raise OSError(
+                    exc.errno,
+                    f"cannot map the shared memory of a batch from Loader worker {w} "
+                    f"({written.new_size} bytes): {exc.strerror}; every batch kept alive "
+                    "holds one mapping (vm.max_map_count bounds them): keep fewer batches "
+                    "or copy the ones you keep",
+                ) from exc
         if reply[1] < 0:  # the worker could not start: the reader did not unpickle
             raise self._error(w, reply, "starting")
         done[reply[1]] = reply
@@ -258,11 +299,15 @@ class WorkerPool:
         _, _, blob, name, message, text = reply
         where = f"Loader worker {w} (pid {self._pids[w]}) raised {name} while {what}"
         if blob is not None and what != "starting":
-            exc: BaseException = pickle.loads(blob)
-            exc.__cause__ = _RemoteTraceback(text)
-            if hasattr(exc, "add_note"):
-                exc.add_note(where)
-            return exc
+            try:
+                exc: BaseException = pickle.loads(blob)
+            except Exception:  # rebuilds only where it was raised: the WorkerError below
+                pass
+            else:
+                exc.__cause__ = _RemoteTraceback(text)
+                if hasattr(exc, "add_note"):
+                    exc.add_note(where)
+                return exc
         fix = ""
         if what == "starting":
             fix = (
@@ -279,10 +324,22 @@ class WorkerPool:
 
     def _died(self, w: int, what: str) -> None:
         how = describe_exit(self._procs[w])
+        if "SIGKILL" in how:
+            hint = (
+                " A worker killed by SIGKILL often ran out of memory: lower num_workers, "
+                "prefetch or the batch size."
+            )
+        elif how.startswith("exited") and not self._ready[w]:
+            hint = (
+                " It ended before it could start reading: its own error is on stderr. With "
+                "worker_start_method='spawn' or 'forkserver' a script must start the Loader "
+                'under `if __name__ == "__main__":`.'
+            )
+        else:
+            hint = ""
         raise WorkerDiedError(
             f"Loader worker {w} (pid {self._pids[w]}) {how} while {what}; the other workers "
-            "are stopped. A worker killed by SIGKILL often ran out of memory: lower "
-            "num_workers, prefetch or the batch size",
+            f"are stopped.{hint}",
             worker=w,
         )
 

@@ -2,14 +2,18 @@
 through shared memory.
 
 Messages from the parent are pickled tuples: ``("read", seq, plan)``, ``("free", [slot,
-...])`` and ``("close",)``. Replies are ``("batch", seq, written)`` (followed by a file
-descriptor when ``written`` names a new slot; see :mod:`mixle.loading.workers.slots`) or
-``("error", seq, exception or None, type name, message, traceback text)``; ``seq`` is
-``-1`` for an error before the first read (the reader did not unpickle).
+...])`` and ``("close",)``. Replies are ``("ready", pid)`` once the reader is rebuilt,
+``("batch", seq, written)`` (followed by a file descriptor when ``written`` names a new
+slot; see :mod:`mixle.loading.workers.slots`) and ``("error", seq, exception or None, type
+name, message, traceback text)``; ``seq`` is ``-1`` for an error before the first read
+(the reader did not unpickle).
 
-With ``num_threads`` reader threads, batches are read side by side and replied to as each
-is done (the parent puts them back in order); with 0 each is read in the receiving thread.
-Ctrl-C is ignored here: it reaches the whole process group, and the parent decides.
+The receiving thread only receives: it queues reads for the reader threads (``num_threads``
+of them, or one when ``num_threads`` is 0) and frees slots, so the worker always drains its
+inbox and the parent never blocks sending while the worker blocks replying. Batches are
+replied to as each is done; the parent puts them back in order. Ctrl-C is ignored here (it
+reaches the whole process group, and the parent decides), and SIGTERM ends the process
+whatever handler a forked worker inherited.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle
+import queue
 import signal
 import threading
 import traceback
@@ -33,18 +38,31 @@ __all__ = ["CLOSE", "error_reply", "loader_worker_main"]
 
 #: The message that ends a worker's loop.
 CLOSE = pickle.dumps(("close",), protocol=pickle.HIGHEST_PROTOCOL)
+#: Exit status of a worker whose reply could not be sent whole (the stream is unusable).
+_BROKEN_PIPE_EXIT = 4
+
+
+def _text(make: Any, what: str) -> str:
+    try:
+        return str(make())
+    except BaseException:
+        return f"<{what} could not be formatted>"
 
 
 def error_reply(seq: int, exc: BaseException) -> bytes:
     """The reply for ``exc``: the exception itself when it pickles, and its traceback."""
-    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    text = _text(
+        lambda: "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+        "the traceback",
+    )
+    message = _text(lambda: exc, f"str() of the {type(exc).__name__}")
     try:
         blob: bytes | None = pickle.dumps(exc, protocol=pickle.HIGHEST_PROTOCOL)
         pickle.loads(blob)  # some exceptions pickle but cannot be rebuilt
-    except Exception:
+    except BaseException:
         blob = None
-    message = ("error", seq, blob, type(exc).__name__, str(exc), text)
-    return pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    reply = ("error", seq, blob, type(exc).__name__, message, text)
+    return pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)
 
 
 class _Replies:
@@ -56,26 +74,54 @@ class _Replies:
 
     def send(self, blob: bytes, fd: int | None = None) -> None:
         with self._lock:
-            self._conn.send_bytes(blob)
+            try:
+                self._conn.send_bytes(blob)
+            except OSError:  # the parent went away; the watchdog ends the process
+                return
             if fd is not None:
-                send_fd(self._conn.fileno(), fd)
+                try:
+                    send_fd(self._conn.fileno(), fd)
+                except OSError:  # the message went out without its descriptor: the parent
+                    os._exit(_BROKEN_PIPE_EXIT)  # would wait for it; end so it sees EOF
 
 
 def _read_one(reader: Any, slots: SlotWriter, replies: _Replies, seq: int, plan: Any) -> None:
-    fd = None
+    written, fd = None, None
     try:
         written, fd = slots.write(reader(plan))
         blob = pickle.dumps(("batch", seq, written), protocol=pickle.HIGHEST_PROTOCOL)
     except BaseException as exc:  # the parent raises it at this batch, in order (a
-        blob = error_reply(seq, exc)  # SystemExit too: a reader thread would swallow it)
+        if written is not None and written.slot >= 0:  # SystemExit too: a reader thread
+            slots.abandon(written.slot, fd)  # would swallow it)
+        fd = None
+        blob = error_reply(seq, exc)
     try:
         replies.send(blob, fd)
-    except OSError:  # the parent went away; the watchdog ends the process
-        pass
     finally:
         if fd is not None:
             with contextlib.suppress(OSError):
                 os.close(fd)
+
+
+def _receive(conn: Connection, todo: Any, slots: SlotWriter) -> None:
+    """Queue every read the parent sends until ``close`` or EOF (then queue ``None``)."""
+    try:
+        while True:
+            try:
+                kind, *payload = pickle.loads(conn.recv_bytes())
+            except (EOFError, OSError):  # the parent closed its end or exited
+                return
+            if kind == "read":
+                seq, plan = payload
+                if not isinstance(plan, BatchPlan):
+                    raise TypeError(f"a read message carries {type(plan).__name__}")
+                todo(seq, plan)
+            elif kind == "free":
+                slots.free(payload[0])
+            elif kind == "close":
+                return
+    finally:
+        todo(None, None)
 
 
 def loader_worker_main(
@@ -96,6 +142,7 @@ def loader_worker_main(
     ``cache_budget``.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     guard_against_orphaning(conn, parent, pdeathsig)
     share_default_chunk_cache(workers)
     if cache_budget is not None:
@@ -104,30 +151,32 @@ def loader_worker_main(
     try:
         if isinstance(reader, bytes):
             reader = pickle.loads(reader)
-    except Exception as exc:
-        with contextlib.suppress(OSError):
-            replies.send(error_reply(-1, exc))
+    except BaseException as exc:
+        replies.send(error_reply(-1, exc))
         return
+    replies.send(pickle.dumps(("ready", os.getpid()), protocol=pickle.HIGHEST_PROTOCOL))
     slots = SlotWriter()
-    pool = ThreadPoolExecutor(num_threads, "mixle-worker-reader") if num_threads else None
-    try:
-        while True:
-            try:
-                kind, *payload = pickle.loads(conn.recv_bytes())
-            except (EOFError, OSError):  # the parent closed its end or exited
-                return
-            if kind == "read":
-                seq, plan = payload
-                if not isinstance(plan, BatchPlan):
-                    raise TypeError(f"a read message carries {type(plan).__name__}")
-                if pool is None:
-                    _read_one(reader, slots, replies, seq, plan)
-                else:
-                    pool.submit(_read_one, reader, slots, replies, seq, plan)
-            elif kind == "free":
-                slots.free(payload[0])
-            elif kind == "close":
-                return
-    finally:
-        if pool is not None:
+    if num_threads:
+        pool = ThreadPoolExecutor(num_threads, "mixle-worker-reader")
+
+        def submit(seq: Any, plan: Any) -> None:
+            if seq is not None:
+                pool.submit(_read_one, reader, slots, replies, seq, plan)
+
+        try:
+            _receive(conn, submit, slots)
+        finally:
             pool.shutdown(wait=False, cancel_futures=True)
+        return
+    todo: queue.SimpleQueue[tuple[Any, Any]] = queue.SimpleQueue()
+    threading.Thread(
+        target=_receive,
+        args=(conn, lambda seq, plan: todo.put((seq, plan)), slots),
+        name="mixle-worker-receiver",
+        daemon=True,
+    ).start()
+    while True:
+        seq, plan = todo.get()
+        if seq is None:
+            return
+        _read_one(reader, slots, replies, seq, plan)

@@ -195,12 +195,28 @@ class SlotWriter:
             return Written(-1, 0, 0, skeleton, self._take_retired()), None
         used = end[0]
         slot, mm, fd = self._claim(used)
-        for leaf, value in zip(_leaves(skeleton), arrays):
-            out = np.ndarray(leaf.shape, leaf.dtype, buffer=mm, offset=leaf.offset)
-            np.copyto(out, value, casting="no")
-            del out  # an exported view would keep the slot from ever being closed
+        try:
+            for leaf, value in zip(_leaves(skeleton), arrays):
+                out = np.ndarray(leaf.shape, leaf.dtype, buffer=mm, offset=leaf.offset)
+                np.copyto(out, value, casting="no")
+                del out  # an exported view would keep the slot from ever being closed
+        except BaseException:
+            self.abandon(slot, fd)
+            raise
         size = len(mm) if fd is not None else 0
         return Written(slot, size, used, skeleton, self._take_retired()), fd
+
+    def abandon(self, slot: int, fd: int | None) -> None:
+        """Give back a slot :meth:`write` claimed for a batch that will not be sent: free
+        again, or, when it is new (``fd``, closed here), dropped (the parent never saw it)."""
+        if fd is None:
+            self.free([slot])
+            return
+        os.close(fd)
+        with self._lock:
+            mm = self._maps.pop(slot, None)
+        if mm is not None:
+            _close(mm)
 
     def _claim(self, used: int) -> tuple[int, mmap.mmap, int | None]:
         with self._lock:

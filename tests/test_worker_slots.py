@@ -13,7 +13,7 @@ import os
 import pickle
 import sys
 import tempfile
-from collections import OrderedDict, namedtuple
+from collections import OrderedDict, defaultdict, namedtuple
 from pathlib import Path
 from typing import Any
 
@@ -547,3 +547,31 @@ def test_a_parent_view_shares_the_workers_memory() -> None:
     writer._maps[written.slot][:8] = np.float64(5).tobytes()
     assert view[0] == 5.0
     writer.close()
+
+
+class Mappings:
+    """Batches in an OrderedDict and a defaultdict: walked leaf by leaf, not pickled whole."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> Any:
+        raise IndexError(i)
+
+    def get_batch(self, idx: np.ndarray) -> Any:
+        rows = np.repeat(idx.astype(np.float64)[:, None], 4096, axis=1)
+        return {
+            "ordered": OrderedDict(a=rows, b="text"),
+            "default": defaultdict(list, c=rows + 1),
+        }
+
+
+def test_ordered_and_default_dicts_keep_their_type_and_travel_in_slots() -> None:
+    want = list(mixle.Loader(Mappings(), 4, num_threads=0))
+    got = list(mixle.Loader(Mappings(), 4, num_workers=1, worker_start_method="fork", timeout=60))
+    for a, b in zip(want, got, strict=True):
+        assert type(b["ordered"]) is OrderedDict and list(b["ordered"]) == ["a", "b"]
+        assert type(b["default"]) is defaultdict and b["default"].default_factory is list
+        np.testing.assert_array_equal(b["ordered"]["a"], a["ordered"]["a"])
+        np.testing.assert_array_equal(b["default"]["c"], a["default"]["c"])
+        assert reaches_shared_memory(b["ordered"]["a"]) and reaches_shared_memory(b["default"]["c"])

@@ -27,7 +27,7 @@ import socket
 import tempfile
 import threading
 import weakref
-from collections import deque
+from collections import OrderedDict, defaultdict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -106,6 +106,17 @@ class _Leaf:
     shape: tuple[int, ...]
 
 
+#: Mappings walked leaf by leaf (other dict subclasses travel pickled whole).
+_DICTS = (dict, OrderedDict, defaultdict)
+
+
+def _rebuild_dict(like: Any, items: list[tuple[Any, Any]]) -> Any:
+    """A mapping of ``like``'s type (and default factory) holding ``items``."""
+    if type(like) is defaultdict:
+        return defaultdict(like.default_factory, items)
+    return type(like)(items)
+
+
 def _goes_in_slot(leaf: Any) -> bool:
     return (
         type(leaf) in (np.ndarray, np.memmap)
@@ -117,8 +128,9 @@ def _goes_in_slot(leaf: Any) -> bool:
 def _skeleton(batch: Any, arrays: list[np.ndarray], offset: list[int]) -> Any:
     """``batch`` with each slot-bound array replaced by a :class:`_Leaf` (arrays collected)."""
     kind = type(batch)
-    if kind is dict:
-        return {key: _skeleton(item, arrays, offset) for key, item in batch.items()}
+    if kind in _DICTS:
+        items = [(key, _skeleton(item, arrays, offset)) for key, item in batch.items()]
+        return _rebuild_dict(batch, items)
     if kind is list:
         return [_skeleton(item, arrays, offset) for item in batch]
     if isinstance(batch, tuple) and (kind is tuple or hasattr(batch, "_fields")):
@@ -135,8 +147,8 @@ def _skeleton(batch: Any, arrays: list[np.ndarray], offset: list[int]) -> Any:
 def _fill(skeleton: Any, view: Callable[[_Leaf], np.ndarray]) -> Any:
     """The batch of ``skeleton``, each :class:`_Leaf` replaced by ``view(leaf)``."""
     kind = type(skeleton)
-    if kind is dict:
-        return {key: _fill(item, view) for key, item in skeleton.items()}
+    if kind in _DICTS:
+        return _rebuild_dict(skeleton, [(key, _fill(item, view)) for key, item in skeleton.items()])
     if kind is list:
         return [_fill(item, view) for item in skeleton]
     if isinstance(skeleton, tuple) and (kind is tuple or hasattr(skeleton, "_fields")):

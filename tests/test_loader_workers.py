@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _batch_checks import assert_same
 
 import mixle
 from mixle.loading.plan import batch_rng, record_rng
@@ -175,25 +176,6 @@ def make_source(kind: str, files: dict[str, Any]) -> Any:
     if kind == "dicts":
         return DictRecords(26)
     raise AssertionError(kind)
-
-
-def assert_same(got: Any, want: Any, where: str = "batch") -> None:
-    """Same structure, leaf types, dtypes, shapes and values."""
-    assert type(got) is type(want), f"{where}: {type(got).__name__} != {type(want).__name__}"
-    if isinstance(want, dict):
-        assert list(got) == list(want), f"{where}: keys {list(got)} != {list(want)}"
-        for key in want:
-            assert_same(got[key], want[key], f"{where}[{key!r}]")
-    elif isinstance(want, (list, tuple)):
-        assert len(got) == len(want), f"{where}: {len(got)} != {len(want)} items"
-        for i, (g, w) in enumerate(zip(got, want)):
-            assert_same(g, w, f"{where}[{i}]")
-    elif isinstance(want, (np.ndarray, np.generic)):
-        assert got.dtype == want.dtype, f"{where}: dtype {got.dtype} != {want.dtype}"
-        assert np.shape(got) == np.shape(want), f"{where}: shape"
-        np.testing.assert_array_equal(got, want, err_msg=where)
-    else:
-        assert got == want, where
 
 
 def assert_runs_equal(got: list[Any], want: list[Any]) -> None:

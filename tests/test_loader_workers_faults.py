@@ -22,6 +22,7 @@ import gc
 import json
 import multiprocessing
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -44,6 +45,7 @@ from _loader_worker_child import (
     Rows,
     table,
 )
+from _session_child import session_child
 
 import mixle
 
@@ -298,6 +300,14 @@ def test_a_worker_exception_arrives_at_its_batch_as_without_workers(leaks, where
     leaks.check()
 
 
+def _rebuilds(exc: BaseException) -> bool:
+    try:
+        pickle.loads(pickle.dumps(exc))
+    except Exception:
+        return False
+    return True
+
+
 @pytest.mark.parametrize("kind", ["needs-arg", "lock"])
 @pytest.mark.parametrize("where", ["record_transform", "transform", "get_batch"])
 def test_an_exception_that_does_not_pickle_arrives_as_worker_error(leaks, where, kind):
@@ -310,11 +320,17 @@ def test_an_exception_that_does_not_pickle_arrives_as_worker_error(leaks, where,
     loader = mixle.Loader(source, BATCH, **args, num_workers=2, worker_start_method="fork")
     got, exc = _drain(loader)
     assert len(got) == FAIL_AT and all(np.array_equal(g, w) for g, w in zip(got, want))
-    assert type(exc) is mixle.WorkerError, repr(exc)
-    assert exc.worker == FAIL_AT % 2 and exc.exc_type == name
-    assert "Traceback (most recent call last)" in exc.remote_traceback
-    assert f"{name}: " in exc.remote_traceback and "make_error" in exc.remote_traceback
-    assert f"bad record in {where}" in str(exc) and "Loader worker 1" in str(exc)
+    if kind == "needs-arg" and _rebuilds(want_exc):
+        # dask's distributed, once imported (by an earlier test), installs tblib's exception
+        # pickling process-wide, and that rebuilds NeedsArg: then it arrives as itself
+        assert type(exc) is type(want_exc) and str(exc) == str(want_exc), repr(exc)
+        assert "bad record in" in str(exc.__cause__)
+    else:
+        assert type(exc) is mixle.WorkerError, repr(exc)
+        assert exc.worker == FAIL_AT % 2 and exc.exc_type == name
+        assert "Traceback (most recent call last)" in exc.remote_traceback
+        assert f"{name}: " in exc.remote_traceback and "make_error" in exc.remote_traceback
+        assert f"bad record in {where}" in str(exc) and "Loader worker 1" in str(exc)
     del exc
     leaks.check()
 
@@ -518,22 +534,8 @@ def _child(args: list[str], tmp_path: Path) -> Iterator[subprocess.Popen[str]]:
     """``python -c`` running a scenario of :mod:`_loader_worker_child`, in its own session
     (so it and every process it started can be killed afterwards)."""
     code = f"import sys; sys.path[:0] = {_PATHS!r}; from _loader_worker_child import main; main()"
-    with open(tmp_path / "child-stderr.txt", "w") as err:
-        proc = subprocess.Popen(
-            [sys.executable, "-c", code, *args],
-            stdout=subprocess.PIPE,
-            stderr=err,
-            text=True,
-            start_new_session=True,
-        )
-        try:
-            yield proc
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-            proc.communicate()
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
+    with session_child(["-c", code, *args], tmp_path) as proc:
+        yield proc
 
 
 def _stderr(tmp_path: Path) -> str:

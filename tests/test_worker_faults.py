@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 from _encoded_helpers import pid_alive, shard_sum
+from _session_child import session_child
 
 import mixle
 from mixle.utils.parallel.multiprocessing import MPEncodedData
@@ -45,22 +46,8 @@ _PATHS = json.dumps([str(Path(__file__).parent), str(Path(mixle.__file__).parent
 def _child(script: str, tmp_path: Path, **values: object) -> Iterator[subprocess.Popen[str]]:
     """Run ``script`` (``{name}`` filled with ``values`` as literals) in a new session."""
     code = textwrap.dedent(script).format(paths=_PATHS, **{k: repr(v) for k, v in values.items()})
-    with open(tmp_path / "child-stderr.txt", "w") as err:
-        proc = subprocess.Popen(
-            [sys.executable, "-c", code],
-            stdout=subprocess.PIPE,
-            stderr=err,
-            text=True,
-            start_new_session=True,
-        )
-        try:
-            yield proc
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-            proc.communicate()
-            with contextlib.suppress(ProcessLookupError):  # workers it left behind
-                os.killpg(proc.pid, signal.SIGKILL)
+    with session_child(["-c", code], tmp_path) as proc:
+        yield proc
 
 
 def _stderr(tmp_path: Path) -> str:

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _batch_checks import assert_same
 
 import mixle
 from mixle.loading.workers import slots
@@ -143,38 +144,6 @@ def memmap_file(tmp_path: Path) -> str:
 
 
 # -- helpers ---------------------------------------------------------------------------------
-def assert_same(got: Any, want: Any, where: str = "batch") -> None:
-    """Same structure and values; a memmap leaf may come back as a plain array."""
-    if type(want) is np.memmap:
-        assert type(got) in (np.ndarray, np.memmap), f"{where}: {type(got).__name__}"
-    else:
-        assert type(got) is type(want), f"{where}: {type(got).__name__} != {type(want).__name__}"
-    if isinstance(want, tuple) and hasattr(want, "_fields"):
-        assert got._fields == want._fields, where
-    if isinstance(want, dict):
-        assert list(got) == list(want), f"{where}: keys"
-        for key in want:
-            assert_same(got[key], want[key], f"{where}[{key!r}]")
-    elif isinstance(want, (list, tuple)):
-        assert len(got) == len(want), f"{where}: length"
-        for i, (g, w) in enumerate(zip(got, want)):
-            assert_same(g, w, f"{where}[{i}]")
-    elif isinstance(want, np.ma.MaskedArray):
-        np.testing.assert_array_equal(np.ma.getmaskarray(got), np.ma.getmaskarray(want), where)
-        np.testing.assert_array_equal(got.data, want.data, where)
-        assert got.dtype == want.dtype, where
-    elif isinstance(want, np.ndarray):
-        assert got.dtype == want.dtype, f"{where}: dtype {got.dtype} != {want.dtype}"
-        assert got.shape == want.shape, f"{where}: shape {got.shape} != {want.shape}"
-        if want.dtype.hasobject:  # ragged: arrays inside objects
-            for g, w in zip(got.ravel(), want.ravel()):
-                np.testing.assert_array_equal(g, w, err_msg=where)
-        else:
-            np.testing.assert_array_equal(got, want, err_msg=where)
-    else:
-        assert got == want, where
-
-
 def leaves(batch: Any) -> list[Any]:
     if isinstance(batch, dict):
         return [x for v in batch.values() for x in leaves(v)]

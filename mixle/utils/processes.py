@@ -125,12 +125,16 @@ def stop_processes(
     *,
     close_message: bytes | None,
     grace: float,
+    terminate: bool = True,
 ) -> None:
     """Stop ``procs`` and close ``conns``: ask, then terminate, then kill. Idempotent.
 
     With ``close_message``, each connection is sent it and the processes get ``grace``
     seconds (in all) to exit by themselves; then the ones still alive are terminated
-    (SIGTERM), and killed (SIGKILL) if they are still there 2 s later (in all).
+    (SIGTERM), and killed (SIGKILL) if they are still there 2 s later (in all). With
+    ``terminate=False`` they are killed at once instead: for processes with nothing to
+    clean up, where a forked child that has not yet reset its signal handlers would run
+    the parent's SIGTERM handler.
     """
     if close_message is not None:
         for conn in conns:
@@ -139,12 +143,13 @@ def stop_processes(
         deadline = time.monotonic() + grace
         for proc in procs:
             proc.join(timeout=max(0.0, deadline - time.monotonic()))
-    for proc in procs:
-        if proc.is_alive():
-            proc.terminate()
-    deadline = time.monotonic() + 2.0  # one wait for all of them, not 2 s each
-    for proc in procs:
-        proc.join(timeout=max(0.0, deadline - time.monotonic()))
+    if terminate:
+        for proc in procs:
+            if proc.is_alive():
+                proc.terminate()
+        deadline = time.monotonic() + 2.0  # one wait for all of them, not 2 s each
+        for proc in procs:
+            proc.join(timeout=max(0.0, deadline - time.monotonic()))
     for proc in procs:
         if proc.is_alive():
             proc.kill()

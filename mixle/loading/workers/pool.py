@@ -92,7 +92,10 @@ def reader_payload(reader: Any, start_method: str, *, check_only: bool = False) 
 
 
 def _stop(procs: list[BaseProcess], conns: list[Connection], graceful: bool) -> None:
-    stop_processes(procs, conns, close_message=CLOSE if graceful else None, grace=STOP_GRACE_S)
+    # a Loader worker holds nothing to clean up (its slots go with it): killed, never
+    # SIGTERMed, so a fork child never runs a SIGTERM handler inherited from the parent
+    close = CLOSE if graceful else None
+    stop_processes(procs, conns, close_message=close, grace=STOP_GRACE_S, terminate=False)
     procs.clear()
     conns.clear()
 

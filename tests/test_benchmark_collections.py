@@ -4,33 +4,16 @@
 from __future__ import annotations
 
 import importlib.util
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from _benchmark_runs import run_quick
 
 from mixle.data.sources.collection import DEFAULT_MAX_OPEN
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.slow
 def test_collections_benchmark_quick_run_prints_its_tables(tmp_path):
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    script = ROOT / "benchmarks" / "collections.py"
-    run = subprocess.run(
-        [sys.executable, str(script), "--quick", "--json", "--data-dir", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-    )
-    assert run.returncode == 0, run.stderr[-4000:]
-    rows = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+    stdout, rows = run_quick("collections.py", tmp_path)
     main = [r for r in rows if r["table"] == "collection"]
     got = {
         (r["contender"], r["weights"], r["k"], r["workers"], r["cache"], r["max_open"])
@@ -52,8 +35,8 @@ def test_collections_benchmark_quick_run_prints_its_tables(tmp_path):
         want |= {("torchio", "uniform", k, 0, "-", None) for k in (1, 4)}
         want.add(("torchio", "uniform", 4, 2, "-", None))
     else:
-        assert "TorchIO rows skipped: torchio is not installed" in run.stdout
-        assert "pip install torchio" in run.stdout
+        assert "TorchIO rows skipped: torchio is not installed" in stdout
+        assert "pip install torchio" in stdout
     assert got == want
     assert len(main) == len(want)
     for r in main:
@@ -81,9 +64,9 @@ def test_collections_benchmark_quick_run_prints_its_tables(tmp_path):
         )
         for n in (10, 100)
     }
-    table = [line for line in run.stdout.splitlines() if line.startswith("| ")]
+    table = [line for line in stdout.splitlines() if line.startswith("| ")]
     assert sum(line.split(" | ")[0] in {"| mixle", "| wrapper", "| torchio"} for line in table) == (
         len(want)
     )
-    assert "Time to first batch" in run.stdout
+    assert "Time to first batch" in stdout
     assert {line.split(" | ")[0] for line in table} >= {"| 10", "| 100"}

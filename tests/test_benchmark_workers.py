@@ -3,34 +3,18 @@ contender yields the same batches (their digests agree) and the ratios are fille
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from _benchmark_runs import run_quick
 
 pytest.importorskip("torch")
 pytest.importorskip("grain")
 
-ROOT = Path(__file__).resolve().parents[1]
-
 
 @pytest.mark.slow
 def test_workers_benchmark_quick_run_prints_its_tables(tmp_path):
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    script = ROOT / "benchmarks" / "workers.py"
-    run = subprocess.run(
-        [sys.executable, str(script), "--quick", "--json", "--data-dir", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-    )
-    assert run.returncode == 0, run.stderr[-4000:]
-    rows = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+    stdout, rows = run_quick("workers.py", tmp_path)
     transform = [r for r in rows if r["table"] == "transform"]
     handoff = [r for r in rows if r["table"] == "handoff"]
     assert {(r["contender"], r["workers"], r["threads"]) for r in transform} == {
@@ -64,11 +48,11 @@ def test_workers_benchmark_quick_run_prints_its_tables(tmp_path):
     assert threads["x_threads"] == 1.0
     assert all(r["x_threads"] > 0 for r in transform)
     assert all(r["x_parent_cpu"] > 0 and r["x_parent_rate"] > 0 for r in handoff)
-    table = [line for line in run.stdout.splitlines() if line.startswith("| ")]
+    table = [line for line in stdout.splitlines() if line.startswith("| ")]
     names = {"| mixle workers", "| mixle threads", "| mixle 1 thread", "| torch", "| grain"}
     assert sum(line.split(" | ")[0] in names for line in table) == 5
     assert sum(line.split(" | ")[0] in {"| none", "| sum"} for line in table) == len(want)
-    assert f"{os.cpu_count()} CPUs" in run.stdout
-    assert "goal: mixle workers >= 1.7x threads and >= torch and grain" in run.stdout
-    assert "goal (none): mixle workers' parent CPU per MiB" in run.stdout
-    assert "goal (sum): mixle workers' parent CPU per MiB" in run.stdout
+    assert f"{os.cpu_count()} CPUs" in stdout
+    assert "goal: mixle workers >= 1.7x threads and >= torch and grain" in stdout
+    assert "goal (none): mixle workers' parent CPU per MiB" in stdout
+    assert "goal (sum): mixle workers' parent CPU per MiB" in stdout

@@ -73,6 +73,38 @@ class BreaksInWorkers(Unpicklable):
         return _refuse_outside, (os.getpid(),)
 
 
+def _rebuild_in_worker_0() -> Any:
+    """Worker 0 rebuilds the source (and is then slow); every other worker fails to."""
+    import multiprocessing
+    import time
+
+    if not multiprocessing.current_process().name.endswith("-worker-0"):
+        raise RuntimeError("only worker 0 may rebuild this source")
+    source = BreaksInOneWorker.__new__(BreaksInOneWorker)
+    source.slow = True
+    time.sleep(0.5)
+    return source
+
+
+class BreaksInOneWorker:
+    """A source that one worker process rebuilds (slowly) and every other fails to."""
+
+    slow = False
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        if self.slow:
+            import time
+
+            time.sleep(0.2)
+        return np.full(3, int(i))
+
+    def __reduce__(self) -> Any:
+        return _rebuild_in_worker_0, ()
+
+
 def python_heavy_patch(record: Any, rng: np.random.Generator) -> Any:
     """A record transform that holds the GIL (a Python loop) and uses its generator."""
     patch, coords = record
@@ -579,6 +611,21 @@ def test_with_fork_a_lambda_and_an_unpicklable_source_work() -> None:
     assert_runs_equal(got, [w + 3 for w in want])
 
 
+def test_a_start_error_is_raised_even_while_the_loop_waits_for_another_worker() -> None:
+    # a worker that sent its start-up error and exited was reported as dead (with a hint to
+    # read stderr, which was empty) when the loop was waiting for another worker's batch
+    loader = mixle.Loader(
+        BreaksInOneWorker(),
+        2,
+        num_workers=2,
+        num_threads=0,
+        worker_start_method="spawn",
+        timeout=T,
+    )
+    with pytest.raises(mixle.WorkerError, match=r"(?s)worker 1 .*starting.*only worker 0"):
+        list(loader)
+
+
 def test_a_source_the_worker_cannot_rebuild_raises_worker_error() -> None:
     loader = mixle.Loader(BreaksInWorkers(), 2, num_workers=1, worker_start_method="spawn")
     with pytest.raises(mixle.WorkerError, match=r"(?s)starting.*cannot be rebuilt"):
@@ -802,3 +849,41 @@ def test_a_run_with_no_batch_left_starts_no_worker(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(pool.WorkerPool, "__init__", counting)
     assert list(loader) == []  # the run is over
     assert started == []
+
+
+def _socket_inodes() -> set[str]:
+    found = set()
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            continue
+        if target.startswith("socket:"):
+            found.add(target)
+    return found
+
+
+def reports_sockets(batch: Any) -> Any:
+    return {"pid": os.getpid(), "sockets": sorted(_socket_inodes())}
+
+
+def test_fork_workers_hold_none_of_the_parents_socket_ends() -> None:
+    # a fork child kept the parent's ends of every worker's socket (its own included), so
+    # it never saw EOF when the parent went away, and leaked descriptors
+    loader = mixle.Loader(
+        np.zeros((8, 2)),
+        4,
+        transform=reports_sockets,
+        num_workers=2,
+        num_threads=0,
+        worker_start_method="fork",
+        timeout=T,
+    )
+    it = iter(loader)
+    first = next(it)
+    parents = {f"socket:[{os.fstat(c.fileno()).st_ino}]" for c in loader._pool._conns}
+    reports = [first, next(it)]
+    assert {r["pid"] for r in reports} == set(loader.worker_pids)
+    for report in reports:
+        assert not parents & set(report["sockets"]), report
+    it.close()

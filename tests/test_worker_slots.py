@@ -56,6 +56,22 @@ class Frames:
         return frames.reshape(idx.size, *self.shape), idx * 3
 
 
+class ManySmall:
+    """Batches of many arrays under the inline bound plus one big one: a message of
+    about 1 MiB (more than a socket buffer) that also names a slot."""
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int) -> Any:
+        raise IndexError(i)
+
+    def get_batch(self, indices: Any) -> Any:
+        idx = np.asarray(indices, dtype=np.int64)
+        small = [np.full((len(idx), 128), k, np.float64) + idx[:, None] for k in range(256)]
+        return small, np.repeat(idx[:, None].astype(np.float32), 65536, axis=1)
+
+
 class Growing:
     """Each batch bigger than the one before: a free slot is always too small (retired)."""
 
@@ -482,11 +498,12 @@ def test_send_fd_and_recv_fd_pass_a_descriptor() -> None:
     import socket
 
     left, right = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    sender, receiver = slots.fd_socket(left.fileno()), slots.fd_socket(right.fileno())
     fd = os.memfd_create("mixle-test", os.MFD_CLOEXEC)
     try:
         os.write(fd, b"hello")
-        slots.send_fd(left.fileno(), fd)
-        got = slots.recv_fd(right.fileno())
+        slots.send_fd(sender, fd)
+        got = slots.recv_fd(receiver)
         try:
             assert got != fd and os.fstat(got).st_ino == os.fstat(fd).st_ino
             assert os.pread(got, 5, 0) == b"hello"
@@ -494,15 +511,37 @@ def test_send_fd_and_recv_fd_pass_a_descriptor() -> None:
             os.close(got)
         left.sendall(b"x")  # a byte without a descriptor
         with pytest.raises(EOFError, match="expected a file descriptor"):
-            slots.recv_fd(right.fileno())
+            slots.recv_fd(receiver)
         left.close()
+        sender.close()  # its own duplicate: the other end is closed only with both
         with pytest.raises(EOFError):
-            slots.recv_fd(right.fileno())
-        assert right.fileno() >= 0  # the socket still owns its descriptor
+            slots.recv_fd(receiver)
+        receiver.close()
+        os.fstat(right.fileno())  # the connection keeps its own descriptor, still open
     finally:
         os.close(fd)
-        left.close()
-        right.close()
+        for sock in (left, right, sender, receiver):
+            sock.close()
+
+
+def test_a_default_socket_timeout_does_not_break_the_workers() -> None:
+    # building a socket over the connection's descriptor applied socket.getdefaulttimeout(),
+    # which made the connection non-blocking: recv_bytes then raised BlockingIOError, taken
+    # for EOF (the worker quit) or for a death (the parent)
+    import socket
+
+    previous = socket.getdefaulttimeout()
+    socket.setdefaulttimeout(5)
+    try:
+        for method, source in (("fork", Frames(64, (2048, 64))), ("spawn", ManySmall())):
+            want = list(mixle.Loader(source, 4, num_threads=0))
+            got = list(
+                mixle.Loader(source, 4, num_workers=2, worker_start_method=method, timeout=60)
+            )
+            for k, (g, w) in enumerate(zip(got, want, strict=True)):
+                assert_same(g, w, f"{method} batch {k}")
+    finally:
+        socket.setdefaulttimeout(previous)
 
 
 def test_a_parent_view_shares_the_workers_memory() -> None:

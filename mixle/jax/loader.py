@@ -146,8 +146,9 @@ class JaxLoader(ActiveRun):
         Any other :class:`mixle.Loader` argument (``shuffle``, ``shuffle_block``, ``seed``,
         ``num_epochs``, ``drop_last``, ``transform``, ``num_threads``...). ``num_workers``
         (with ``worker_start_method``, ``timeout``) reads the batches in worker processes,
-        the same batches as without; the JAX prefetch thread stays in the parent, and each
-        batch is copied to the device from the workers' shared memory. ``shard_index`` and
+        the same batches as without; the JAX prefetch thread stays in the parent and places
+        each batch from the workers' shared memory (on the CPU backend ``device_put`` may
+        alias it, which keeps the batch's slot leased while the array lives). ``shard_index`` and
         ``num_shards`` default to this process's share (:func:`process_shard`), and
         ``shard_layout`` to ``"blocked"`` over several shards: the global array assembled
         from the processes is then exactly the batch one process would read with the

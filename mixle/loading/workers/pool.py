@@ -25,14 +25,17 @@ from mixle.errors import ReadsStopped, WorkerDiedError, WorkerError, WorkerTimeo
 from mixle.loading.plan import BatchPlan
 from mixle.loading.prefetch import StopSignal
 from mixle.loading.workers.process import CLOSE, loader_worker_main
-from mixle.loading.workers.slots import SlotMaps, Written, recv_fd
+from mixle.loading.workers.slots import SlotMaps, Written, fd_socket, recv_fd
 from mixle.reading.process_cache import user_chunk_cache_bytes
 from mixle.utils.processes import describe_exit, orphan_guard_args, stop_processes
 
 __all__ = ["STOP_GRACE_S", "WAIT_SLICE_S", "WorkerPool", "reader_payload"]
 
-#: Seconds the workers get to exit by themselves at the end of a run before SIGTERM.
+#: Seconds the workers get to exit by themselves at the end of a run before they are killed.
 STOP_GRACE_S = 1.0
+#: With ``timeout``, seconds a worker may take to start (import, rebuild the source) at
+#: least; ``timeout`` itself when it is longer.
+START_TIMEOUT_S = 120.0
 #: The parent waits for a batch in slices this long, to notice ``close()`` from another
 #: thread (a :class:`~mixle.loading.prefetch.StopSignal`).
 WAIT_SLICE_S = 0.2
@@ -138,6 +141,9 @@ class WorkerPool:
         self._maps = [SlotMaps() for _ in range(num_workers)]
         self._done: list[dict[int, tuple[Any, ...]]] = [{} for _ in range(num_workers)]
         self._ready = [False] * num_workers  # the worker has rebuilt the reader
+        self._socks: list[Any] = []  # for the descriptors of new slots
+        self._method = start_method
+        self._started = time.monotonic()
         self._finalizer = weakref.finalize(self, _stop, self._procs, self._conns, False)
         ctx = multiprocessing.get_context(start_method)
         parent, pdeathsig = orphan_guard_args(start_method)
@@ -147,10 +153,13 @@ class WorkerPool:
             for _ in range(num_workers):
                 mine, theirs = ctx.Pipe(duplex=True)
                 self._conns.append(mine)
+                self._socks.append(fd_socket(mine.fileno()))
+                ours = [c.fileno() for c in self._conns] + [s.fileno() for s in self._socks]
+                inherited = tuple(ours) if start_method == "fork" else ()
                 proc = ctx.Process(
                     target=loader_worker_main,
-                    args=(theirs, payload, *args),
-                    name="mixle-loader-worker",
+                    args=(theirs, payload, *args, inherited),
+                    name=f"mixle-loader-worker-{len(self._procs)}",
                     daemon=True,
                 )
                 proc.start()
@@ -239,6 +248,15 @@ class WorkerPool:
             if deadline is None and self._timeout is not None and self._ready[w]:
                 deadline = time.monotonic() + self._timeout  # start-up does not count
             left = WAIT_SLICE_S if deadline is None else deadline - time.monotonic()
+            if self._timeout is not None and not self._ready[w]:
+                limit = max(START_TIMEOUT_S, self._timeout)
+                if time.monotonic() > self._started + limit:
+                    raise WorkerTimeoutError(
+                        f"Loader worker {w} (pid {self._pids[w]}) did not start within "
+                        f"{limit:g}s (importing what the source and transforms need, "
+                        "rebuilding the source); the workers are stopped",
+                        workers=(w,),
+                    )
             if left <= 0:
                 raise WorkerTimeoutError(
                     f"Loader worker {w} (pid {self._pids[w]}) took longer than "
@@ -252,6 +270,8 @@ class WorkerPool:
                 continue
             for end in ready:  # any worker that dies is reported now, not at its batch
                 other = ends[end]
+                while self._conns[other].poll(0):  # what it sent first: a start-up error
+                    self._take(other, self._done[other])
                 doing = f"reading {what}" if other == w else f"the loop waited for {what}"
                 self._died(other, doing)
         reply = done.pop(seq)
@@ -281,7 +301,7 @@ class WorkerPool:
         if reply[0] == "batch" and reply[2].new_size:
             written: Written = reply[2]
             try:
-                fd = recv_fd(self._conns[w].fileno())
+                fd = recv_fd(self._socks[w])
             except (EOFError, OSError):
                 self._died(w, "sending a batch")
             try:
@@ -332,7 +352,7 @@ class WorkerPool:
                 " A worker killed by SIGKILL often ran out of memory: lower num_workers, "
                 "prefetch or the batch size."
             )
-        elif how.startswith("exited") and not self._ready[w]:
+        elif how.startswith("exited") and not self._ready[w] and self._method != "fork":
             hint = (
                 " It ended before it could start reading: its own error is on stderr. With "
                 "worker_start_method='spawn' or 'forkserver' a script must start the Loader "
@@ -351,6 +371,9 @@ class WorkerPool:
         """Stop the workers (asked first when ``graceful``) and drop the parent's mappings;
         arrays of batches still alive keep theirs. Idempotent."""
         _stop(self._procs, self._conns, graceful)
+        for sock in self._socks:
+            sock.close()  # its own duplicate of the descriptor
+        self._socks.clear()
         self._finalizer.detach()
         for maps in self._maps:
             maps.close()

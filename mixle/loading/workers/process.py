@@ -12,8 +12,8 @@ The receiving thread only receives: it queues reads for the reader threads (``nu
 of them, or one when ``num_threads`` is 0) and frees slots, so the worker always drains its
 inbox and the parent never blocks sending while the worker blocks replying. Batches are
 replied to as each is done; the parent puts them back in order. Ctrl-C is ignored here (it
-reaches the whole process group, and the parent decides), and SIGTERM ends the process
-whatever handler a forked worker inherited.
+reaches the whole process group, and the parent decides). A reply that cannot be sent
+whole ends the process, so the parent sees a death rather than waiting for it.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from mixle.loading.plan import BatchPlan
-from mixle.loading.workers.slots import SlotWriter, send_fd
+from mixle.loading.workers.slots import SlotWriter, fd_socket, send_fd
 from mixle.reading.process_cache import set_chunk_cache_bytes, share_default_chunk_cache
 from mixle.utils.processes import guard_against_orphaning
 
@@ -70,19 +70,17 @@ class _Replies:
 
     def __init__(self, conn: Connection) -> None:
         self._conn = conn
+        self._sock = fd_socket(conn.fileno())  # before the receiving thread starts
         self._lock = threading.Lock()
 
     def send(self, blob: bytes, fd: int | None = None) -> None:
         with self._lock:
             try:
                 self._conn.send_bytes(blob)
-            except OSError:  # the parent went away; the watchdog ends the process
-                return
-            if fd is not None:
-                try:
-                    send_fd(self._conn.fileno(), fd)
-                except OSError:  # the message went out without its descriptor: the parent
-                    os._exit(_BROKEN_PIPE_EXIT)  # would wait for it; end so it sees EOF
+                if fd is not None:
+                    send_fd(self._sock, fd)
+            except OSError:  # the parent is gone, or a reply (or the descriptor after it)
+                os._exit(_BROKEN_PIPE_EXIT)  # went out in part: end, so the parent sees EOF
 
 
 def _read_one(reader: Any, slots: SlotWriter, replies: _Replies, seq: int, plan: Any) -> None:
@@ -132,6 +130,7 @@ def loader_worker_main(
     pdeathsig: bool,
     workers: int,
     cache_budget: int | None,
+    inherited: tuple[int, ...] = (),
 ) -> None:
     """Serve ``read`` messages until ``close`` or until the parent goes away.
 
@@ -139,10 +138,14 @@ def loader_worker_main(
     forkserver; unpickled here, so an import error is reported as a reply). ``parent`` and
     ``pdeathsig`` go to :func:`~mixle.utils.processes.guard_against_orphaning`; ``workers``
     share one job's default chunk-cache budget unless the parent's user set
-    ``cache_budget``.
+    ``cache_budget``. ``inherited`` are descriptors a fork child holds that are the
+    parent's (its ends of the workers' sockets), closed first, so that the worker sees
+    EOF when the parent goes away.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    for fd in inherited:  # a fork child's copies of the parent's ends of the sockets
+        with contextlib.suppress(OSError):
+            os.close(fd)
     guard_against_orphaning(conn, parent, pdeathsig)
     share_default_chunk_cache(workers)
     if cache_budget is not None:

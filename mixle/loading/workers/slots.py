@@ -40,6 +40,7 @@ __all__ = [
     "SlotMaps",
     "SlotWriter",
     "Written",
+    "fd_socket",
     "recv_fd",
     "send_fd",
 ]
@@ -68,29 +69,34 @@ def _new_fd(size: int) -> int:
     return fd
 
 
-def send_fd(fileno: int, fd: int) -> None:
-    """Send the descriptor ``fd`` over the Unix socket ``fileno`` (one marker byte with it)."""
-    sock = socket.socket(fileno=fileno)
-    try:
-        sock.sendmsg([b"F"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))])
-    finally:
-        sock.detach()  # the connection owns ``fileno``
+def fd_socket(fileno: int) -> socket.socket:
+    """A blocking socket object over a duplicate of the connection's descriptor ``fileno``,
+    for :func:`send_fd` and :func:`recv_fd`.
+
+    Make it once per connection, before other threads use the connection: building a
+    socket applies ``socket.getdefaulttimeout()``, which makes the descriptor (shared with
+    the connection) non-blocking until ``setblocking(True)`` here restores it.
+    """
+    sock = socket.socket(fileno=os.dup(fileno))
+    sock.setblocking(True)
+    return sock
 
 
-def recv_fd(fileno: int) -> int:
-    """Receive one descriptor :func:`send_fd` sent over the Unix socket ``fileno``.
+def send_fd(sock: socket.socket, fd: int) -> None:
+    """Send the descriptor ``fd`` over the Unix socket ``sock`` (one marker byte with it)."""
+    sock.sendmsg([b"F"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))])
+
+
+def recv_fd(sock: socket.socket) -> int:
+    """Receive one descriptor :func:`send_fd` sent over the Unix socket ``sock``.
 
     Raises
     ------
     EOFError
         The other end closed (or sent no descriptor) before it arrived.
     """
-    sock = socket.socket(fileno=fileno)
-    try:
-        size = array.array("i").itemsize
-        msg, ancdata, _, _ = sock.recvmsg(1, socket.CMSG_SPACE(size))
-    finally:
-        sock.detach()
+    size = array.array("i").itemsize
+    msg, ancdata, _, _ = sock.recvmsg(1, socket.CMSG_SPACE(size))
     for level, kind, data in ancdata:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS and len(data) >= size:
             return array.array("i", data[:size])[0]

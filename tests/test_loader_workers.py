@@ -702,7 +702,7 @@ def sleeps_a_little(batch: Any) -> Any:
 
 
 class SlowToRebuild:
-    """An array source that takes 1 s to unpickle in another process (a slow open)."""
+    """An array source that takes 2 s to unpickle in another process (a slow open)."""
 
     def __init__(self, array: np.ndarray) -> None:
         self.array, self.pid = array, os.getpid()
@@ -718,7 +718,7 @@ class SlowToRebuild:
 
         self.__dict__.update(state)
         if os.getpid() != self.pid:
-            time.sleep(1.0)
+            time.sleep(2.0)
 
 
 class _Unloadable:
@@ -807,7 +807,7 @@ def test_fork_workers_do_not_run_the_parents_sigterm_handler(tmp_path: Any) -> N
 
 
 def test_timeout_counts_from_the_worker_ready_not_from_its_start() -> None:
-    # a worker's start-up (imports, rebuilding the source: 1 s here) counted against
+    # a worker's start-up (imports, rebuilding the source: 2 s here) counted against
     # batch 0's timeout
     source = SlowToRebuild(np.arange(32.0).reshape(16, 2))
     loader = mixle.Loader(
@@ -816,7 +816,7 @@ def test_timeout_counts_from_the_worker_ready_not_from_its_start() -> None:
         transform=sleeps_a_little,
         num_workers=1,
         worker_start_method="spawn",
-        timeout=0.5,  # far above 0.05 s per batch, below the worker's start-up
+        timeout=1.0,  # far above 0.05 s per batch, below the worker's start-up
     )
     assert_runs_equal(list(loader), reference(source.array, 2))
 

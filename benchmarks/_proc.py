@@ -1,10 +1,34 @@
-"""Process measurements the memory benchmarks share: peak RSS, private bytes, children."""
+"""Process measurements the benchmarks share: peak RSS, private bytes, children, and one
+measurement run in a fresh interpreter."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
+from typing import Any
 
-__all__ = ["children", "private_bytes", "vm_hwm"]
+__all__ = ["children", "private_bytes", "run_measurement", "vm_hwm"]
+
+
+def run_measurement(
+    script: str, args: list[str], what: str, timeout: float = 600
+) -> dict[str, Any]:
+    """Run ``python script *args`` in a fresh interpreter: the JSON row its last line prints.
+
+    Raises ``RuntimeError`` naming ``what``, with the end of its stderr, when it fails.
+    """
+    out = subprocess.run(
+        [sys.executable, script, *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=timeout,
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"{what} failed:\n{out.stderr[-4000:]}")
+    return json.loads(out.stdout.splitlines()[-1])  # type: ignore[no-any-return]
 
 
 def vm_hwm() -> int:

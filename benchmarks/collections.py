@@ -63,15 +63,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _proc import children, private_bytes, vm_hwm
+from _proc import children, private_bytes, run_measurement, vm_hwm
 
 MIB = 2**20
 SEED = 0
@@ -384,20 +382,11 @@ def run_child(kind: str, spec: dict[str, Any]) -> dict[str, Any]:
     """Run one measurement in a fresh interpreter and return its row."""
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
         json.dump(spec, fh)  # 10,000 paths are too long for a command line
+    shown = {k: v for k, v in spec.items() if k != "paths"}
     try:
-        out = subprocess.run(
-            [sys.executable, __file__, "--child", kind, fh.name],
-            capture_output=True,
-            text=True,
-            check=False,
-            timeout=900,
-        )
+        return run_measurement(__file__, ["--child", kind, fh.name], f"{kind} {shown}", 900)
     finally:
         os.unlink(fh.name)
-    if out.returncode != 0:
-        shown = {k: v for k, v in spec.items() if k != "paths"}
-        raise RuntimeError(f"{kind} {shown} failed:\n{out.stderr[-4000:]}")
-    return json.loads(out.stdout.splitlines()[-1])  # type: ignore[no-any-return]
 
 
 def has_torchio() -> bool:

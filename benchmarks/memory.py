@@ -35,15 +35,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _proc import children, private_bytes, vm_hwm
+from _proc import children, private_bytes, run_measurement, vm_hwm
 
 MIB = 2**20
 CHUNK = 64
@@ -176,16 +174,7 @@ class _Budgets:
 # -- driver -------------------------------------------------------------------------------
 def run_child(kind: str, *args: Any) -> dict[str, Any]:
     """Run one measurement in a fresh interpreter and return its row."""
-    out = subprocess.run(
-        [sys.executable, __file__, "--child", json.dumps([kind, *args])],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=600,
-    )
-    if out.returncode != 0:
-        raise RuntimeError(f"{kind} {args} failed:\n{out.stderr[-4000:]}")
-    return json.loads(out.stdout.splitlines()[-1])  # type: ignore[no-any-return]
+    return run_measurement(__file__, ["--child", json.dumps([kind, *args])], f"{kind} {args}")
 
 
 def _print_private(rows: list[dict[str, Any]], table: str, title: str) -> None:

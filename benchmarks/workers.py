@@ -64,14 +64,13 @@ import argparse
 import json
 import os
 import resource
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _proc import run_measurement
 
 MIB = 2**20
 SEED = 0
@@ -360,16 +359,8 @@ HANDOFF = (
 
 def run_child(spec: dict[str, Any]) -> dict[str, Any]:
     """Run one measurement in a fresh interpreter and return its row."""
-    out = subprocess.run(
-        [sys.executable, __file__, "--child", json.dumps(spec)],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=600,
-    )
-    if out.returncode != 0:
-        raise RuntimeError(f"{spec['table']} {spec['name']} failed:\n{out.stderr[-4000:]}")
-    return json.loads(out.stdout.splitlines()[-1])  # type: ignore[no-any-return]
+    what = f"{spec['table']} {spec['name']}"
+    return run_measurement(__file__, ["--child", json.dumps(spec)], what)
 
 
 def specs(plan: dict[str, Any], volume: str, rows: str, steps: int, only: set[str]) -> list:

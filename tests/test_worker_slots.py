@@ -448,7 +448,9 @@ def test_slot_writer_and_maps_hand_off_and_reuse() -> None:
     assert_same(got, {"a": a, "b": (np.ascontiguousarray(a[:, ::2].T), np.arange(5)), "s": "text"})
     assert reaches_shared_memory(got["a"]) and reaches_shared_memory(got["b"][0])
     assert not reaches_shared_memory(got["b"][1])
-    offsets = [leaf.offset for leaf in slots._leaves(written.skeleton)]
+    found: list[Any] = []
+    slots._map_leaves(written.skeleton, found.append)
+    offsets = [leaf.offset for leaf in found if type(leaf) is slots._Leaf]
     assert offsets and all(o % SLOT_ALIGN == 0 for o in offsets)
 
     # slot 0 is leased: the next batch gets a new slot

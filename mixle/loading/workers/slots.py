@@ -131,38 +131,36 @@ def _goes_in_slot(leaf: Any) -> bool:
     )
 
 
-def _skeleton(batch: Any, arrays: list[np.ndarray], offset: list[int]) -> Any:
-    """``batch`` with each slot-bound array replaced by a :class:`_Leaf` (arrays collected)."""
-    kind = type(batch)
+def _map_leaves(tree: Any, fn: Callable[[Any], Any]) -> Any:
+    """``tree`` with each leaf replaced by ``fn(leaf)``: dicts (:data:`_DICTS`), lists,
+    tuples and namedtuples are walked, everything else is a leaf."""
+    kind = type(tree)
     if kind in _DICTS:
-        items = [(key, _skeleton(item, arrays, offset)) for key, item in batch.items()]
-        return _rebuild_dict(batch, items)
+        return _rebuild_dict(tree, [(key, _map_leaves(item, fn)) for key, item in tree.items()])
     if kind is list:
-        return [_skeleton(item, arrays, offset) for item in batch]
-    if isinstance(batch, tuple) and (kind is tuple or hasattr(batch, "_fields")):
-        items = [_skeleton(item, arrays, offset) for item in batch]
+        return [_map_leaves(item, fn) for item in tree]
+    if isinstance(tree, tuple) and (kind is tuple or hasattr(tree, "_fields")):
+        items = [_map_leaves(item, fn) for item in tree]
         return tuple(items) if kind is tuple else kind(*items)
-    if _goes_in_slot(batch):
-        start = -(-offset[0] // SLOT_ALIGN) * SLOT_ALIGN
-        offset[0] = start + batch.nbytes
-        arrays.append(batch)
-        return _Leaf(start, batch.dtype, batch.shape)
-    return batch
+    return fn(tree)
 
 
-def _fill(skeleton: Any, view: Callable[[_Leaf], np.ndarray]) -> Any:
-    """The batch of ``skeleton``, each :class:`_Leaf` replaced by ``view(leaf)``."""
-    kind = type(skeleton)
-    if kind in _DICTS:
-        return _rebuild_dict(skeleton, [(key, _fill(item, view)) for key, item in skeleton.items()])
-    if kind is list:
-        return [_fill(item, view) for item in skeleton]
-    if isinstance(skeleton, tuple) and (kind is tuple or hasattr(skeleton, "_fields")):
-        items = [_fill(item, view) for item in skeleton]
-        return tuple(items) if kind is tuple else kind(*items)
-    if kind is _Leaf:
-        return view(skeleton)
-    return skeleton
+def _skeleton(batch: Any) -> tuple[Any, list[tuple[_Leaf, np.ndarray]], int]:
+    """``batch`` with each slot-bound array replaced by its :class:`_Leaf`; the leaves with
+    their arrays, in slot order; and the bytes they span."""
+    placed: list[tuple[_Leaf, np.ndarray]] = []
+    end = 0
+
+    def place(leaf: Any) -> Any:
+        nonlocal end
+        if not _goes_in_slot(leaf):
+            return leaf
+        start = -(-end // SLOT_ALIGN) * SLOT_ALIGN
+        end = start + leaf.nbytes
+        placed.append((_Leaf(start, leaf.dtype, leaf.shape), leaf))
+        return placed[-1][0]
+
+    return _map_leaves(batch, place), placed, end
 
 
 @dataclass(frozen=True)
@@ -206,15 +204,12 @@ class SlotWriter:
         The descriptor (``None`` for a slot the parent already maps) must be sent right
         after the message and then closed by the caller.
         """
-        arrays: list[np.ndarray] = []
-        end = [0]
-        skeleton = _skeleton(batch, arrays, end)
-        if not arrays:
+        skeleton, placed, used = _skeleton(batch)
+        if not placed:
             return Written(-1, 0, 0, skeleton, self._take_retired()), None
-        used = end[0]
         slot, mm, fd = self._claim(used)
         try:
-            for leaf, value in zip(_leaves(skeleton), arrays):
+            for leaf, value in placed:
                 out = np.ndarray(leaf.shape, leaf.dtype, buffer=mm, offset=leaf.offset)
                 np.copyto(out, value, casting="no")
                 del out  # an exported view would keep the slot from ever being closed
@@ -278,12 +273,6 @@ def _close(mm: mmap.mmap) -> None:
         mm.close()
 
 
-def _leaves(skeleton: Any) -> list[_Leaf]:
-    found: list[_Leaf] = []
-    _fill(skeleton, lambda leaf: found.append(leaf))  # type: ignore[func-returns-value]
-    return found
-
-
 class SlotMaps:
     """The parent's mappings of one worker's slots, and the batches leased from them.
 
@@ -313,12 +302,14 @@ class SlotMaps:
         root = np.frombuffer(self._maps[written.slot], np.uint8, count=written.used)
         weakref.finalize(root, self._released.append, written.slot)
 
-        def view(leaf: _Leaf) -> np.ndarray:
+        def view(leaf: Any) -> Any:
+            if type(leaf) is not _Leaf:
+                return leaf
             size = leaf.dtype.itemsize * int(np.prod(leaf.shape, dtype=np.int64))
             part = root[leaf.offset : leaf.offset + size]
             return part.view(leaf.dtype).reshape(leaf.shape)
 
-        return _fill(written.skeleton, view)
+        return _map_leaves(written.skeleton, view)
 
     def take_released(self) -> list[int]:
         """Slots whose batches are gone since the last call."""

@@ -217,6 +217,15 @@ def test_workers_mode_needs_picklable_data():
         MPEncodedData(data, num_workers=1, read_in="workers")
 
 
+def test_workers_mode_takes_data_with_big_array_buffers():
+    # protocol 5 hands arrays of 64 KiB or more to the size-counting file as PickleBuffer,
+    # which has no len(): such data was refused as "needs data that pickles"
+    data = np.arange(2 * 9000, dtype=np.float64).reshape(2, 9000)
+    with MPEncodedData(data, num_workers=2, read_in="workers", timeout=T) as enc:
+        assert enc.read_in == "workers"
+        assert enc.map(shard_sum) == [float(data[0].sum()), float(data[1].sum())]
+
+
 # -- faults -------------------------------------------------------------------------------
 def test_worker_exception_carries_traceback_and_keeps_the_handle_usable():
     with MPEncodedData([np.ones(2) * i for i in range(6)], num_workers=3, timeout=T) as enc:

@@ -27,6 +27,7 @@ from mixle.loading.prefetch import StopSignal
 from mixle.loading.workers.process import CLOSE, loader_worker_main
 from mixle.loading.workers.slots import SlotMaps, Written, fd_socket, recv_fd
 from mixle.reading.process_cache import user_chunk_cache_bytes
+from mixle.utils.pickling import pickling_error
 from mixle.utils.processes import describe_exit, orphan_guard_args, stop_processes
 
 __all__ = ["STOP_GRACE_S", "WAIT_SLICE_S", "WorkerPool", "reader_payload"]
@@ -52,13 +53,6 @@ class _RemoteTraceback(Exception):
         return f"\n\nthe worker's traceback:\n\n{self.text}"
 
 
-class _Discard:
-    """A file that keeps nothing: pickling into it checks picklability in O(1) memory."""
-
-    def write(self, data: Any) -> int:
-        return memoryview(data).nbytes  # protocol 5 hands big buffers as PickleBuffer
-
-
 def reader_payload(reader: Any, start_method: str, *, check_only: bool = False) -> bytes | None:
     """What the workers are started with: ``reader`` pickled, or ``None`` for ``"fork"``
     (the workers inherit it, so lambdas and unpicklable sources work there).
@@ -77,9 +71,8 @@ def reader_payload(reader: Any, start_method: str, *, check_only: bool = False) 
         ("transform", reader.transform),
     )
     for name, value in parts:
-        try:
-            pickle.Pickler(_Discard(), pickle.HIGHEST_PROTOCOL).dump(value)  # type: ignore[arg-type]
-        except Exception as exc:
+        exc = pickling_error(value)
+        if exc is not None:
             shown = repr(value)
             shown = shown if len(shown) <= 80 else shown[:77] + "..."
             raise TypeError(

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from mixle.data.sources.protocols import SupportsBatchRead
+from mixle.utils.pickling import pickled_size
 
 __all__ = [
     "Encoder",
@@ -149,34 +150,3 @@ def dumps_for_workers(message: Any, what: str) -> bytes:
             f"{what} must be picklable to reach the workers ({type(exc).__name__}: {exc}); "
             "define functions at module level rather than as lambdas or closures"
         ) from exc
-
-
-class _SizeSink:
-    """A write-only file that counts bytes and gives up past ``limit``."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.size = 0
-
-    def write(self, chunk: bytes) -> int:
-        self.size += len(chunk)
-        if self.size > self.limit:
-            raise _TooBig
-        return len(chunk)
-
-
-class _TooBig(Exception):
-    pass
-
-
-def pickled_size(obj: Any, limit: int) -> int | None:
-    """Size of ``obj`` pickled, or ``None`` when it cannot be pickled or exceeds ``limit``.
-
-    Stops pickling as soon as ``limit`` is passed, so asking about a big object is cheap.
-    """
-    sink = _SizeSink(limit)
-    try:
-        pickle.Pickler(sink, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
-    except Exception:  # too big, or any failure: it cannot travel by reference
-        return None
-    return sink.size

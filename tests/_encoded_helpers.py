@@ -94,6 +94,17 @@ def boom(shard: Any) -> None:
     raise ValueError("boom in a worker")
 
 
+class Unprintable(Exception):
+    """An exception whose ``str()`` raises."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("str() of this exception fails")
+
+
+def boom_unprintable(shard: Any) -> None:
+    raise Unprintable("boom")
+
+
 def boom_if_holds(shard: Any, value: float) -> int:
     if value in np.asarray(shard):
         raise KeyError(f"holds {value}")

@@ -22,6 +22,7 @@ from _encoded_helpers import (
     PidRecorder,
     boom,
     boom_if_holds,
+    boom_unprintable,
     exact_sum,
     fail_encoder,
     identity,
@@ -227,6 +228,17 @@ def test_workers_mode_takes_data_with_big_array_buffers():
 
 
 # -- faults -------------------------------------------------------------------------------
+def test_an_exception_whose_str_fails_reaches_the_driver_and_the_handle_stays_usable():
+    # formatting the error reply raised in the worker, which died of it: the driver saw a
+    # dead worker and a broken handle instead of the worker's error
+    with MPEncodedData([np.ones(2) * i for i in range(4)], num_workers=2, timeout=T) as enc:
+        with pytest.raises(mixle.WorkerError, match="raised Unprintable") as info:
+            enc.map(boom_unprintable)
+        assert info.value.exc_type == "Unprintable"
+        assert "could not be formatted" in str(info.value)
+        assert enc.map(shard_sum) == [4.0, 8.0]
+
+
 def test_worker_exception_carries_traceback_and_keeps_the_handle_usable():
     with MPEncodedData([np.ones(2) * i for i in range(6)], num_workers=3, timeout=T) as enc:
         with pytest.raises(mixle.WorkerError, match="worker 0 of 3 raised ValueError") as info:
@@ -291,7 +303,7 @@ def test_unpicklable_fn_is_refused_and_the_handle_stays_usable():
     with MPEncodedData(list(range(4)), num_workers=2, timeout=T) as enc:
         with pytest.raises(TypeError, match=r"must be picklable.*module level"):
             enc.map(lambda shard: 0)
-        assert enc.map(shard_sum) == [2.0, 4.0]
+        assert enc.map(shard_sum) == [4.0, 8.0]
 
 
 def test_arguments_a_worker_cannot_unpickle_raise_its_error_and_keep_the_handle():

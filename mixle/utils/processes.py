@@ -19,12 +19,15 @@ import signal
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Sequence
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
+from typing import Any
 
 __all__ = [
     "WATCHDOG_INTERVAL_S",
+    "describe_error",
     "describe_exit",
     "guard_against_orphaning",
     "orphan_guard_args",
@@ -103,6 +106,26 @@ def orphan_guard_args(start_method: str) -> tuple[int | None, bool]:
     parent = None if start_method == "forkserver" else os.getpid()
     main = threading.current_thread() is threading.main_thread()
     return parent, parent is not None and main
+
+
+def describe_error(exc: BaseException) -> tuple[str, str, str]:
+    """``(type name, message, traceback text)`` of ``exc``, for a worker's error reply.
+
+    Never raises: an exception whose ``str()`` (or traceback) cannot be formatted gets a
+    placeholder, so the reply still reaches the parent instead of killing the worker.
+    """
+
+    def text(make: Any, what: str) -> str:
+        try:
+            return str(make())
+        except BaseException:
+            return f"<{what} could not be formatted>"
+
+    trace = text(
+        lambda: "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+        "the traceback",
+    )
+    return type(exc).__name__, text(lambda: exc, f"str() of the {type(exc).__name__}"), trace
 
 
 def describe_exit(proc: BaseProcess, wait_s: float = 1.0) -> str:

@@ -24,7 +24,6 @@ import pickle
 import queue
 import signal
 import threading
-import traceback
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from typing import Any
@@ -32,7 +31,7 @@ from typing import Any
 from mixle.loading.plan import BatchPlan
 from mixle.loading.workers.slots import SlotWriter, fd_socket, send_fd
 from mixle.reading.process_cache import set_chunk_cache_bytes, share_default_chunk_cache
-from mixle.utils.processes import guard_against_orphaning
+from mixle.utils.processes import describe_error, guard_against_orphaning
 
 __all__ = ["CLOSE", "error_reply", "loader_worker_main"]
 
@@ -42,26 +41,15 @@ CLOSE = pickle.dumps(("close",), protocol=pickle.HIGHEST_PROTOCOL)
 _BROKEN_PIPE_EXIT = 4
 
 
-def _text(make: Any, what: str) -> str:
-    try:
-        return str(make())
-    except BaseException:
-        return f"<{what} could not be formatted>"
-
-
 def error_reply(seq: int, exc: BaseException) -> bytes:
     """The reply for ``exc``: the exception itself when it pickles, and its traceback."""
-    text = _text(
-        lambda: "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
-        "the traceback",
-    )
-    message = _text(lambda: exc, f"str() of the {type(exc).__name__}")
+    name, message, text = describe_error(exc)
     try:
         blob: bytes | None = pickle.dumps(exc, protocol=pickle.HIGHEST_PROTOCOL)
         pickle.loads(blob)  # some exceptions pickle but cannot be rebuilt
     except BaseException:
         blob = None
-    reply = ("error", seq, blob, type(exc).__name__, message, text)
+    reply = ("error", seq, blob, name, message, text)
     return pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)
 
 

@@ -19,13 +19,12 @@ from __future__ import annotations
 import os
 import pickle
 import signal
-import traceback
 from multiprocessing.connection import Connection
 from typing import Any
 
 from mixle.reading.process_cache import set_chunk_cache_bytes, share_default_chunk_cache
 from mixle.utils.parallel.encoding import build_shard
-from mixle.utils.processes import WATCHDOG_INTERVAL_S, guard_against_orphaning
+from mixle.utils.processes import WATCHDOG_INTERVAL_S, describe_error, guard_against_orphaning
 
 __all__ = ["CLOSE", "WATCHDOG_INTERVAL_S", "guard_against_orphaning", "worker_main"]
 
@@ -34,11 +33,7 @@ CLOSE = pickle.dumps((-1, "close"), protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def _error_reply(seq: int, exc: BaseException) -> bytes:
-    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    message = str(exc)
-    return pickle.dumps(
-        (seq, "error", type(exc).__name__, message, text), protocol=pickle.HIGHEST_PROTOCOL
-    )
+    return pickle.dumps((seq, "error", *describe_error(exc)), protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def _handle(kind: str, payload: tuple[Any, ...], state: dict[str, Any]) -> Any:

@@ -332,10 +332,6 @@ class Loader(ActiveRun):
         return indices if mask is None else indices[mask]
 
     # -- reading ------------------------------------------------------------------------
-    def _read(self, plan: BatchPlan) -> Any:
-        """Read, transform and mask one batch here (a reader thread or the caller's)."""
-        return self._reader(plan)
-
     def __iter__(self) -> Iterator[Any]:
         return self._iterate(StopSignal())
 
@@ -373,7 +369,7 @@ class Loader(ActiveRun):
             stream = pool.batches(plans, signal)
         else:
             stream = ordered_map(
-                self._read,
+                self._reader,
                 plans,
                 num_threads=self._num_threads,
                 prefetch=self._prefetch,
@@ -431,7 +427,7 @@ class Loader(ActiveRun):
             raise ValueError(f"{self!r} has no batches to read an element spec from")
         indices, mask = self._window(0, 0, 1)
         rows = indices.size
-        spec = spec_of(self._read(BatchPlan(0, 0, indices, mask)))
+        spec = spec_of(self._reader(BatchPlan(0, 0, indices, mask)))
         return widen_leading(spec, rows, self.batch_size)
 
     # -- resume -------------------------------------------------------------------------

@@ -28,7 +28,6 @@ from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from typing import Any
 
-from mixle.loading.plan import BatchPlan
 from mixle.loading.workers.slots import SlotWriter, fd_socket, send_fd
 from mixle.reading.process_cache import set_chunk_cache_bytes, share_default_chunk_cache
 from mixle.utils.processes import describe_error, guard_against_orphaning
@@ -98,10 +97,7 @@ def _receive(conn: Connection, todo: Any, slots: SlotWriter) -> None:
             except (EOFError, OSError):  # the parent closed its end or exited
                 return
             if kind == "read":
-                seq, plan = payload
-                if not isinstance(plan, BatchPlan):
-                    raise TypeError(f"a read message carries {type(plan).__name__}")
-                todo(seq, plan)
+                todo(*payload)
             elif kind == "free":
                 slots.free(payload[0])
             elif kind == "close":

@@ -15,8 +15,10 @@ from types import ModuleType
 __all__ = [
     "EXTRAS",
     "HAS_AIOHTTP",
+    "HAS_ARRAY_RECORD",
     "HAS_DASK",
     "HAS_FSSPEC",
+    "HAS_DATASETS",
     "HAS_H5PY",
     "HAS_HDF5PLUGIN",
     "HAS_JAX",
@@ -47,6 +49,8 @@ EXTRAS: dict[str, str] = {
     "sqlalchemy": "sql",
     "matplotlib": "plot",
     "tqdm": "progress",
+    "datasets": "hf",
+    "array_record": "arrayrecord",
 }
 
 
@@ -70,6 +74,8 @@ HAS_PYARROW = has("pyarrow")
 HAS_SQLALCHEMY = has("sqlalchemy")
 HAS_MATPLOTLIB = has("matplotlib")
 HAS_TQDM = has("tqdm")
+HAS_DATASETS = has("datasets")
+HAS_ARRAY_RECORD = has("array_record")
 
 
 def require(name: str, extra: str | None = None, *, feature: str | None = None) -> ModuleType:

@@ -6,11 +6,19 @@ from collections.abc import Iterator
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
-from numpy.typing import ArrayLike
+from numpy.typing import ArrayLike, NDArray
 
+from mixle.data.sources.origins import Origins
 from mixle.data.spec import ArraySpec
 
-__all__ = ["SupportsArrayRead", "SupportsBatchRead", "SupportsRecords"]
+__all__ = [
+    "SupportsArrayRead",
+    "SupportsBatchRead",
+    "SupportsOrigins",
+    "SupportsRecordKeys",
+    "SupportsRecords",
+    "SupportsSource",
+]
 
 
 @runtime_checkable
@@ -50,3 +58,41 @@ class SupportsArrayRead(Protocol):
     ) -> np.ndarray: ...
 
     def element_spec(self) -> ArraySpec: ...
+
+
+@runtime_checkable
+class SupportsSource(Protocol):
+    """What a custom source implements for the Loader: a length, batched reads, a spec.
+
+    ``get_batch(indices)`` returns the records at ``indices`` (int64, any order, repeats
+    allowed) with every leaf stacked on a new leading axis; ``element_spec()`` describes
+    one record (a tree of :class:`~mixle.data.spec.ArraySpec`), and the Loader checks the
+    batches against it (``check_spec``). :class:`mixle.Source` is a base class that fills
+    in the rest of a source's surface from these three.
+    """
+
+    def __len__(self) -> int: ...
+
+    def get_batch(self, indices: ArrayLike) -> Any: ...
+
+    def element_spec(self) -> Any: ...
+
+
+@runtime_checkable
+class SupportsRecordKeys(Protocol):
+    """A source whose records have their own identity, apart from their position.
+
+    ``record_keys(indices)`` returns one uint64 per index; the Loader keys
+    ``record_transform``'s randomness on it instead of the position, so a record draws the
+    same randomness wherever a composition (:func:`mixle.concat`, :func:`mixle.mix`,
+    :func:`mixle.select`) puts it.
+    """
+
+    def record_keys(self, indices: ArrayLike) -> NDArray[np.uint64]: ...
+
+
+@runtime_checkable
+class SupportsOrigins(Protocol):
+    """A composed source that can say which underlying source and index each record is."""
+
+    def origins(self, indices: ArrayLike) -> Origins: ...

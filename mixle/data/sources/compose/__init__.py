@@ -1,0 +1,1 @@
+"""Sources made of sources: concatenate, mix, select and map, keeping each record's origin."""

@@ -11,7 +11,9 @@ from numpy.typing import NDArray
 
 from mixle.data.index_math.hashing import parse_seed
 from mixle.data.index_math.sharding import SHARD_LAYOUTS, DropLast, ShardLayout
-from mixle.data.sources.protocols import SupportsBatchRead
+from mixle.data.sources.compose.lineage import leaf_origins
+from mixle.data.sources.origins import Origins
+from mixle.data.sources.protocols import SupportsBatchRead, SupportsOrigins
 from mixle.data.spec import SpecTree, spec_of
 from mixle.loading.adapters import adapt
 from mixle.loading.arguments import (
@@ -29,6 +31,7 @@ from mixle.loading.plan import INDEX_WINDOW_ROWS, BatchPlan, batch_plans, record
 from mixle.loading.prefetch import StopSignal, ordered_map
 from mixle.loading.reader import BatchReader, takes_rng
 from mixle.loading.runs import ActiveRun
+from mixle.loading.spec_check import parse_check_spec
 from mixle.loading.state import (
     STATE_VERSION,
     check_cursor,
@@ -127,6 +130,14 @@ class Loader(ActiveRun):
     timeout
         Seconds a worker process may take to read one batch (``None``: no limit); past it
         the loop raises :class:`~mixle.WorkerTimeoutError`. Only with ``num_workers``.
+    check_spec
+        Check the batches the source returns against its ``element_spec()`` (with a
+        leading axis of the batch's rows), before the transforms: ``"first"`` (default)
+        the first batch of each epoch and of each run, ``True`` every batch, ``False``
+        never. A batch that breaks the declaration raises
+        :class:`~mixle.SchemaMismatchError` naming the field (``batch['image']``), its
+        shape and dtype and the declared ones. A source that declares no spec is not
+        checked.
 
     Raises
     ------
@@ -137,7 +148,8 @@ class Loader(ActiveRun):
     ValueError
         ``batch_size``, ``num_epochs``, ``num_shards``, ``num_threads``, ``prefetch``,
         ``num_workers``, ``timeout`` or ``shuffle_block`` (or the source's
-        ``shuffle_block``) is out of range, ``worker_start_method`` is not available,
+        ``shuffle_block``) is out of range, ``check_spec`` is not ``True``, ``"first"`` or
+        ``False``, ``worker_start_method`` is not available,
         ``drop_last`` is not ``False``/``True``/``"pad"``, or ``shuffle=True`` for a source
         whose structure forbids reordering.
     IndexError
@@ -191,6 +203,7 @@ class Loader(ActiveRun):
         num_workers: int = 0,
         worker_start_method: str = "spawn",
         timeout: float | None = None,
+        check_spec: bool | str = "first",
     ) -> None:
         check_source(source, shuffle)
         self._source = source
@@ -222,6 +235,7 @@ class Loader(ActiveRun):
             self._record_transform,
             fn,
             fn is not None and takes_rng(fn),
+            parse_check_spec(check_spec),
         )
         if self._num_workers:
             _workers().reader_payload(self._reader, self._start_method, check_only=True)
@@ -274,6 +288,26 @@ class Loader(ActiveRun):
     def last_indices(self) -> NDArray[np.int64] | None:
         """Record indices of the batch yielded last (padding rows repeat real records)."""
         return self._last_indices
+
+    @property
+    def last_origins(self) -> Origins | None:
+        """Per row of the batch yielded last, the underlying source and index it came from
+        (:class:`~mixle.data.sources.origins.Origins`), for a composed source
+        (:func:`mixle.concat`, :func:`mixle.mix`, :func:`mixle.select`, :func:`mixle.map`);
+        ``None`` before the first batch or for a source that does not compose others."""
+        indices = self._last_indices
+        if indices is None or not isinstance(self._source, SupportsOrigins):
+            return None
+        return leaf_origins(self._source, indices)
+
+    @property
+    def last_record_keys(self) -> NDArray[np.uint64] | None:
+        """What the batch yielded last keys per-record randomness on: the source's
+        ``record_keys`` (a composed source: each record's origin, stable however it is
+        composed), else its indices. Pass them to :func:`mixle.jax.record_keys` with
+        :attr:`last_epoch` for per-record JAX keys that follow the record."""
+        indices = self._last_indices
+        return None if indices is None else self._reader.record_keys(indices)
 
     @property
     def last_epoch(self) -> int | None:

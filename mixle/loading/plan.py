@@ -56,12 +56,17 @@ def batch_rng(seed: int, epoch: int, batch: int, shard_index: int = 0) -> np.ran
 
 @dataclass(frozen=True)
 class BatchPlan:
-    """What one batch reads: its epoch, number, record indices and padding mask."""
+    """What one batch reads: its epoch, number, record indices and padding mask.
+
+    ``first`` marks the first batch of an epoch or of a run (where ``check_spec="first"``
+    checks the source's batch against its ``element_spec()``).
+    """
 
     epoch: int
     batch: int
     indices: NDArray[np.int64]
     mask: NDArray[np.bool_] | None
+    first: bool = False
 
 
 def permute_blocks(
@@ -144,10 +149,11 @@ def batch_plans(
     """Plans from batch ``batch`` of ``epoch`` to the end of ``num_epochs`` (``None``: endless).
 
     Indices are computed :data:`INDEX_WINDOW_ROWS` rows at a time. A layout with no batches
-    yields nothing.
+    yields nothing. The first plan, and batch 0 of each epoch, are marked ``first``.
     """
     if layout.num_batches == 0:
         return
+    first = True
     step = max(1, INDEX_WINDOW_ROWS // layout.batch_size)
     while num_epochs is None or epoch < num_epochs:
         for start in range(batch, layout.num_batches, step):
@@ -159,6 +165,6 @@ def batch_plans(
             for b in range(start, stop):
                 end = offset + layout.batch_rows(b)
                 rows = None if mask is None else mask[offset:end].copy()
-                yield BatchPlan(epoch, b, indices[offset:end], rows)
-                offset = end
+                yield BatchPlan(epoch, b, indices[offset:end], rows, first or b == 0)
+                first, offset = False, end
         epoch, batch = epoch + 1, 0

@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
+from mixle.data.sources.compose.lineage import leaf_keys
 from mixle.loading.batching import attach_mask, stack_records, unstack_batch
 from mixle.loading.plan import BatchPlan, batch_rng, record_rng
+from mixle.loading.spec_check import check_source_batch, record_spec_of
 
 __all__ = ["BatchReader", "takes_rng"]
 
@@ -55,6 +58,10 @@ class BatchReader:
     record_transform, transform
         The Loader's transforms (``None``: none); ``transform`` gets ``(batch, rng)``
         when ``transform_rng``.
+    check_spec
+        ``"every"``, ``"first"`` (plans marked ``first``) or ``"off"``: which batches the
+        source returns are checked against its ``element_spec()``, before the transforms
+        (:mod:`mixle.loading.spec_check`).
     """
 
     source: Any
@@ -64,23 +71,42 @@ class BatchReader:
     record_transform: Callable[[Any, np.random.Generator], Any] | None
     transform: Callable[..., Any] | None
     transform_rng: bool
+    check_spec: str = "off"
+    _spec: list[Any] = field(default_factory=list, compare=False, repr=False)
+
+    def record_keys(self, indices: NDArray[np.int64]) -> NDArray[np.uint64]:
+        """What ``record_transform``'s randomness is keyed on: the source's
+        ``record_keys(indices)`` when it has them (composed sources: the record's origin),
+        else the indices."""
+        return leaf_keys(self.source, indices)
+
+    def _check(self, batch: Any, plan: BatchPlan) -> None:
+        if not self._spec:  # once per copy of the reader (a benign race between threads)
+            self._spec.append(record_spec_of(self.source))
+        spec = self._spec[0]
+        if spec is not None:
+            where = f"batch {plan.batch} of epoch {plan.epoch}"
+            check_source_batch(batch, spec, plan.indices.size, source=self.source, where=where)
 
     def __call__(self, plan: BatchPlan) -> Any:
         source, indices, fn = self.source, plan.indices, self.record_transform
+        check = self.check_spec == "every" or (self.check_spec == "first" and plan.first)
         if self.batched:
             batch = source.get_batch(indices)
+            if check:
+                self._check(batch, plan)
             if fn is not None:
                 records = unstack_batch(batch, indices.size)
         else:
             records = [source[i] for i in indices.tolist()]
-            if fn is None:
+            if fn is None or check:
                 batch = stack_records(records)
+            if check:
+                self._check(batch, plan)
         if fn is not None:
             seed, epoch = self.seed, plan.epoch
-            records = [
-                fn(record, record_rng(seed, epoch, i))
-                for record, i in zip(records, indices.tolist())
-            ]
+            keys = self.record_keys(indices).tolist()
+            records = [fn(record, record_rng(seed, epoch, k)) for record, k in zip(records, keys)]
             batch = stack_records(records)
         if self.transform is not None:
             if self.transform_rng:

@@ -27,6 +27,8 @@ from mixle.data.sources.array_source import (
 )
 from mixle.data.sources.arrays.zarr.vlen import set_vlen_limit
 from mixle.data.sources.collection import VolumeCollection, read_volumes
+from mixle.data.sources.custom import Source
+from mixle.data.sources.origins import Origins
 from mixle.data.sources.tabular import (
     MemorySource,
     read_csv,
@@ -128,9 +130,11 @@ __all__ = [
     "RangeMismatchError",
     "PatchSampler",
     "VolumePatchSampler",
+    "Origins",
     "SampleStructure",
     "Schema",
     "SchemaMismatchError",
+    "Source",
     "SourceClosedError",
     "SpecialFileError",
     "UncheckpointedWALError",

@@ -21,6 +21,7 @@ from mixle.jax.prefetch import DevicePrefetcher, parse_prefetch, place_each
 from mixle.loading.loader import Loader
 from mixle.loading.prefetch import StopSignal
 from mixle.loading.runs import ActiveRun
+from mixle.loading.streams import StreamLoader
 
 __all__ = ["JaxLoader", "batch_axis_blocks", "process_shard"]
 
@@ -211,7 +212,7 @@ class JaxLoader(ActiveRun):
         dtype_policy: DtypePolicy = "safe",
     ) -> JaxLoader:
         """Wrap an existing :class:`mixle.Loader` (its cursor and shard are kept)."""
-        if not isinstance(loader, Loader):
+        if not isinstance(loader, (Loader, StreamLoader)):
             raise TypeError(f"loader={loader!r} must be a mixle.Loader")
         check_target(device, sharding)
         self = cls.__new__(cls)
@@ -232,6 +233,9 @@ class JaxLoader(ActiveRun):
         self._last_epoch: int | None = None
 
     def _check_layout(self) -> None:
+        if isinstance(self._loader, StreamLoader):
+            self._check_stream_layout()
+            return
         lay = self._loader.layout
         if (
             spans_processes(self._sharding)
@@ -268,6 +272,32 @@ class JaxLoader(ActiveRun):
                     f"a batch_size that is a multiple of {local}, and drop_last='pad' or "
                     "True for the last batch"
                 )
+
+    def _check_stream_layout(self) -> None:
+        lay = self._loader.layout
+        if spans_processes(self._sharding) and lay.drop_last is False:
+            raise ValueError(
+                f"with drop_last=False the {lay.num_shards} processes may run different "
+                "numbers of batches at the end of the stream, and a step over the global "
+                "array would hang; use drop_last='pad' (static shapes and a mask) or True"
+            )
+        blocks = _named_blocks(self._sharding)
+        if blocks is None:
+            return
+        index, count, local = blocks
+        if spans_processes(self._sharding) and (lay.shard_index, lay.num_shards) != (index, count):
+            raise ValueError(
+                f"the Loader reads shard_index={lay.shard_index} of num_shards="
+                f"{lay.num_shards}, but sharding={self._sharding!r} gives this process share "
+                f"{index} of {count}; leave shard_index and num_shards out so JaxLoader sets them"
+            )
+        if lay.batch_size % local or (lay.drop_last is False and local > 1):
+            raise ValueError(
+                f"batches of a stream cannot be split over the {local} devices of this "
+                f"process along the batch axis of sharding={self._sharding!r}: use a "
+                f"batch_size that is a multiple of {local} (now {lay.batch_size}), and "
+                "drop_last='pad' or True for the last batch, whose length is not known"
+            )
 
     # -- description --------------------------------------------------------------------
     @property

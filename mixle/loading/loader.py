@@ -38,6 +38,7 @@ from mixle.loading.state import (
     check_state,
     source_fingerprint,
 )
+from mixle.loading.streams import StreamLoader, is_stream
 from mixle.utils.validation import parse_choice, parse_int
 
 if TYPE_CHECKING:
@@ -182,6 +183,24 @@ class Loader(ActiveRun):
       worker's traceback as its cause; a worker that dies raises
       :class:`~mixle.WorkerDiedError` naming it.
     """
+
+    def __new__(cls, source: Any = None, *args: Any, **kwargs: Any) -> Any:
+        """A :class:`~mixle.loading.streams.StreamLoader` when ``source`` is a stream (an
+        iterable with no length: :func:`~mixle.loading.streams.is_stream`), else a Loader.
+
+        Raises
+        ------
+        ValueError
+            ``shuffle_buffer`` given for a map-style source.
+        """
+        if cls is Loader and is_stream(source):
+            return StreamLoader(source, *args, **kwargs)
+        if kwargs.get("shuffle_buffer") is not None:
+            raise ValueError(
+                f"shuffle_buffer={kwargs['shuffle_buffer']!r} is for streams, but the source "
+                f"({type(source).__name__}) has a length; use shuffle=True"
+            )
+        return super().__new__(cls)
 
     def __init__(
         self,

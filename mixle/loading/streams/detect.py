@@ -1,0 +1,90 @@
+"""What counts as a stream, and how each kind of stream opens a new pass.
+
+A stream is a source with no length: not map-style (it lacks ``__len__`` or
+``__getitem__``) and either re-iterable (``__iter__``: each ``iter()`` is a fresh pass, like
+a ``datasets.IterableDataset``), a zero-argument factory returning an iterator (a generator
+function), or a one-shot iterator (``iter(x) is x``, like a generator object), which can be
+read once.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterator
+from typing import Any, Literal
+
+__all__ = ["ONE_SHOT_FIX", "StreamKind", "is_stream", "open_pass", "stream_kind"]
+
+StreamKind = Literal["iterable", "factory", "one-shot"]
+
+#: How to turn a one-shot iterator into a stream that can be read again.
+ONE_SHOT_FIX = (
+    "pass a re-iterable (an object whose __iter__ starts a new pass) or a zero-argument "
+    "factory instead, e.g. Loader(make_records, ...) with the generator function itself "
+    "rather than Loader(make_records(), ...)"
+)
+
+
+def _map_style(source: object) -> bool:
+    return hasattr(source, "__len__") and hasattr(source, "__getitem__")
+
+
+def _takes_no_arguments(fn: object) -> bool:
+    try:
+        params = inspect.signature(fn).parameters.values()  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return False
+    required = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    kw = inspect.Parameter.KEYWORD_ONLY
+    return not any(
+        p.default is inspect.Parameter.empty and (p.kind in required or p.kind == kw)
+        for p in params
+    )
+
+
+def stream_kind(source: object) -> StreamKind | None:
+    """``"iterable"``, ``"factory"`` or ``"one-shot"`` for a stream; ``None`` for anything else.
+
+    Map-style sources (``__len__`` and ``__getitem__``) are never streams. Calling this
+    never starts a pass: ``iter()`` is not called.
+    """
+    if _map_style(source):
+        return None
+    if hasattr(source, "__iter__"):
+        return "one-shot" if hasattr(source, "__next__") else "iterable"
+    if callable(source) and not isinstance(source, type) and _takes_no_arguments(source):
+        return "factory"
+    return None
+
+
+def is_stream(source: object) -> bool:
+    """Whether the Loader reads ``source`` as a stream (see the module notes)."""
+    return stream_kind(source) is not None
+
+
+def open_pass(source: Any, kind: StreamKind, epoch: int) -> Iterator[Any]:
+    """A new iterator over ``source`` for ``epoch`` (a one-shot iterator: itself).
+
+    A source with a ``set_epoch(epoch)`` method (a ``datasets.IterableDataset``, whose own
+    ``shuffle()`` reshuffles by epoch) is told the epoch first.
+
+    Raises
+    ------
+    TypeError
+        A factory returned something that is not iterable, or ``iter(source)`` failed.
+    """
+    set_epoch = getattr(source, "set_epoch", None)
+    if callable(set_epoch):
+        set_epoch(epoch)
+    if kind == "factory":
+        made = source()
+        try:
+            return iter(made)
+        except TypeError:
+            raise TypeError(
+                f"the stream factory {source!r} returned {type(made).__name__}, which is not "
+                "iterable; a factory must return an iterator (e.g. a generator)"
+            ) from None
+    if kind == "one-shot":
+        return source  # type: ignore[no-any-return]
+    return iter(source)

@@ -1,0 +1,158 @@
+"""A stream Loader's resume state: a small JSON-able dict, and the checks made when loading it.
+
+The state is the cursor (``epoch``, ``batch``) and what it is valid for. It holds
+``"stream": True``, so a map-style Loader's state (which has ``num_records`` instead) is
+refused by a stream Loader with a message saying so, and the other way round the map-style
+Loader refuses this one (its key ``stream`` is unknown there).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import operator
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from mixle.errors import LoaderStateError
+from mixle.loading.state import STATE_VERSION, show
+
+__all__ = ["STREAM_STATE_KEYS", "check_stream_state", "stream_fingerprint"]
+
+_FIX = "pass the dict the stream Loader's state_dict() returned (a JSON round trip keeps it)"
+
+
+def _int(minimum: int | None) -> Callable[[object], bool]:
+    def check(value: object) -> bool:
+        if isinstance(value, (bool, np.bool_)):
+            return False
+        try:
+            number = operator.index(value)  # type: ignore[arg-type]
+        except TypeError:
+            return False
+        return minimum is None or number >= minimum
+
+    return check
+
+
+def _exactly(*choices: object) -> Callable[[object], bool]:
+    return lambda v: any(type(v) is type(c) and v == c for c in choices)
+
+
+#: Every key of a stream state, in order, with its check and what it must hold.
+_EXPECTED: dict[str, tuple[Callable[[object], bool], str]] = {
+    "version": (_int(1), "an int, the state layout version"),
+    "stream": (_exactly(True), "True (the state of a Loader over a stream)"),
+    "source": (lambda v: isinstance(v, str) and len(v) == 16, "a 16-digit hex fingerprint"),
+    "batch_size": (_int(1), "an int >= 1"),
+    "drop_last": (_exactly(False, True, "pad"), "False, True or 'pad'"),
+    "shard_index": (_int(0), "an int >= 0"),
+    "num_shards": (_int(1), "an int >= 1"),
+    "shard_layout": (_exactly("interleaved", "blocked"), "'interleaved' or 'blocked'"),
+    "seed": (_int(None), "an int"),
+    "shuffle_buffer": (lambda v: v is None or _int(1)(v), "an int >= 1 or None"),
+    "num_epochs": (lambda v: v is None or _int(1)(v), "an int >= 1 or None"),
+    "epoch": (_int(0), "an int >= 0 (the epoch of the next batch)"),
+    "batch": (_int(0), "an int >= 0 (the next batch of the epoch on this shard)"),
+    "position": (_int(0), "an int >= 0 (stream records of the epoch before the next batch)"),
+}
+#: The keys of a stream Loader's state, in the order ``state_dict()`` writes them.
+STREAM_STATE_KEYS = tuple(_EXPECTED)
+_MUST_MATCH = (
+    ("source", "it was saved for another stream"),
+    ("batch_size", "it was saved with another batch or shard layout"),
+    ("drop_last", "it was saved with another batch or shard layout"),
+    ("shard_index", "it was saved with another batch or shard layout"),
+    ("num_shards", "it was saved with another batch or shard layout"),
+    ("shard_layout", "it was saved with another batch or shard layout"),
+    ("seed", "it was saved with another order"),
+    ("shuffle_buffer", "it was saved with another order"),
+    ("num_epochs", "it was saved with another order"),
+)
+
+
+def stream_fingerprint(source: Any) -> str:
+    """A short hex digest that tells streams apart without reading them.
+
+    ``source.fingerprint()`` when the stream defines it; otherwise its type (for a factory,
+    the function's module and qualified name) and its ``element_spec()`` when it has one.
+    """
+    custom = getattr(source, "fingerprint", None)
+    if callable(custom):
+        text = f"custom:{custom()}"
+    else:
+        kind = type(source)
+        parts = {"type": f"{kind.__module__}.{kind.__qualname__}"}
+        name = getattr(source, "__qualname__", None)
+        if isinstance(name, str):
+            parts["name"] = f"{getattr(source, '__module__', '')}.{name}"
+        spec = getattr(source, "element_spec", None)
+        if callable(spec):
+            parts["spec"] = repr(spec())
+        text = json.dumps(parts, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def check_stream_state(state: object, expected: Mapping[str, Any]) -> tuple[int, int]:
+    """``(epoch, batch)`` of ``state`` if it can resume a stream Loader whose state is
+    ``expected``; else :class:`~mixle.LoaderStateError` naming the key, value and fix."""
+    if not isinstance(state, Mapping):
+        raise LoaderStateError(
+            f"state must be a dict from the Loader's state_dict(), got {show(state)} "
+            f"({type(state).__name__})"
+        )
+    if "stream" not in state and "num_records" in state:
+        raise LoaderStateError(
+            "state was saved by a Loader over a map-style source (it has num_records and "
+            "no 'stream' key), but this Loader reads a stream; build the Loader over the "
+            "source the run that saved it used"
+        )
+    missing = [key for key in expected if key not in state]
+    if missing:
+        raise LoaderStateError(
+            f"state is missing keys {missing}; a stream Loader's state has the keys "
+            f"{list(expected)}: {_FIX}"
+        )
+    unknown = sorted((key for key in state if key not in expected), key=repr)
+    if unknown:
+        raise LoaderStateError(
+            f"state has unknown keys {unknown}; a stream Loader's state has only the keys "
+            f"{list(expected)}: {_FIX}"
+        )
+    for key, (check, what) in _EXPECTED.items():
+        if not check(state[key]):
+            raise LoaderStateError(
+                f"state {key}={show(state[key])} ({type(state[key]).__name__}) is not valid: "
+                f"{key} must be {what}; {_FIX}"
+            )
+    if state["version"] != expected["version"]:
+        raise LoaderStateError(
+            f"state version={state['version']!r} is not this mixle's state version {STATE_VERSION}"
+        )
+    for key, what in _MUST_MATCH:
+        if state[key] != expected[key]:
+            raise LoaderStateError(
+                f"cannot resume: state {key}={state[key]!r} but this loader has "
+                f"{key}={expected[key]!r} ({what}); build the Loader with the same stream "
+                "and arguments as the run that saved it"
+            )
+    epoch, batch = operator.index(state["epoch"]), operator.index(state["batch"])
+    num_epochs = expected["num_epochs"]
+    problem = None
+    if num_epochs is not None and epoch > num_epochs:
+        problem = f"epoch={epoch} is past num_epochs={num_epochs}"
+    elif num_epochs is not None and epoch == num_epochs and batch:
+        problem = (
+            f"epoch={epoch} with batch={batch}: a run of num_epochs={num_epochs} ends at batch 0"
+        )
+    elif state["position"] != batch * expected["batch_size"] * expected["num_shards"]:
+        problem = (
+            f"position={state['position']!r} does not match batch={batch}: expected "
+            f"batch * batch_size * num_shards = "
+            f"{batch * expected['batch_size'] * expected['num_shards']}"
+        )
+    if problem is not None:
+        raise LoaderStateError(f"state {problem}; it is not a cursor of this loader: {_FIX}")
+    return epoch, batch

@@ -1,0 +1,253 @@
+"""``map``: a function applied to each record of a source, lazily, when the record is read.
+
+A :class:`MapSource` reads its child, splits the batch into records, calls ``fn`` on each
+(with a generator keyed on the record's identity when ``fn`` takes one) and stacks the
+results. Records keep their identity (``record_keys``, ``origins``) when mapped.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from mixle.data.batches import stack_records, unstack_batch
+from mixle.data.index_math.hashing import hash_int, parse_seed
+from mixle.data.sources.arrays.box_reads import parse_indices
+from mixle.data.sources.compose.lineage import leaf_keys, leaf_origins
+from mixle.data.sources.compose.select import read_records
+from mixle.data.sources.custom import Source
+from mixle.data.sources.origins import Origins
+from mixle.data.spec import ArraySpec, SpecTree, batch_spec, spec_of
+from mixle.errors import SourceClosedError
+from mixle.utils.callables import takes_rng
+
+__all__ = ["MapSource", "map", "map_rng"]
+
+_MAP_STREAM = 0x4D415020  # "MAP ": keeps map's randomness apart from the Loader's streams
+
+
+def map_rng(seed: int, key: int) -> np.random.Generator:
+    """The generator ``fn(record, rng)`` gets for the record whose key is ``key``.
+
+    A Philox generator keyed by the hash of ``(seed, "MAP ", key)``; ``key`` is the record's
+    key in the mapped source (:func:`~mixle.data.sources.compose.lineage.leaf_keys`).
+    """
+    return np.random.Generator(np.random.Philox(key=hash_int(seed, _MAP_STREAM, int(key))))
+
+
+def _record_spec(batch: Any) -> SpecTree:
+    """The spec of one record of a stacked batch: every leaf without its leading axis."""
+    if isinstance(batch, dict):
+        return {key: _record_spec(item) for key, item in batch.items()}
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(_record_spec(item) for item in batch)
+    leaf = spec_of(batch)
+    return ArraySpec(leaf.shape[1:], leaf.dtype)
+
+
+def _empty(spec: SpecTree) -> Any:
+    """A batch of no records of ``spec``."""
+    if isinstance(spec, dict):
+        return {key: _empty(item) for key, item in spec.items()}
+    if isinstance(spec, (tuple, list)):
+        return type(spec)(_empty(item) for item in spec)
+    return np.empty((0, *spec.shape), dtype=spec.dtype)
+
+
+def _stack_outputs(outputs: list[Any], indices: NDArray[np.int64]) -> Any:
+    """Stack ``fn``'s outputs; on a mismatch, name the first record that differs."""
+    try:
+        return stack_records(outputs)
+    except ValueError as exc:
+        first = spec_of(outputs[0])
+        for row, out in enumerate(outputs):
+            other = spec_of(out)
+            if other != first:
+                raise ValueError(
+                    f"map fn returned {other} for record {int(indices[row])} but {first} for "
+                    f"record {int(indices[0])}; fn must return one structure (keys, lengths, "
+                    "leaf shapes) for every record"
+                ) from exc
+        raise
+
+
+class MapSource(Source):
+    """``fn`` applied to each record of ``source`` when it is read (see :func:`map`)."""
+
+    def __init__(
+        self,
+        source: Any,
+        fn: Callable[..., Any],
+        seed: int,
+        spec: SpecTree | None,
+        computed: SpecTree | None = None,
+    ) -> None:
+        self._source = source
+        self._fn = fn
+        self._seed = seed
+        self._spec = spec
+        self._computed = computed
+        self._with_rng = takes_rng(fn)
+        self._lock = threading.Lock()
+
+    @property
+    def source(self) -> Any:
+        """The source whose records are mapped."""
+        return self._source
+
+    @property
+    def fn(self) -> Callable[..., Any]:
+        """The function applied to each record."""
+        return self._fn
+
+    @property
+    def seed(self) -> int:
+        """The seed of ``fn``'s generators."""
+        return self._seed
+
+    def _indices(self, indices: ArrayLike) -> NDArray[np.int64]:
+        if self._closed:
+            raise SourceClosedError(f"{self!r} is closed")
+        return parse_indices(indices, len(self._source))
+
+    def __len__(self) -> int:
+        return len(self._source)
+
+    def get_batch(self, indices: ArrayLike) -> Any:
+        """``fn`` of records ``indices`` (any order, repeats allowed, negative from the end),
+        stacked: one ``get_batch`` call of the child, ``fn`` per record."""
+        idx = self._indices(indices)
+        if not idx.size:
+            return _empty(self.element_spec())
+        records = unstack_batch(read_records(self._source, idx), idx.size)
+        fn = self._fn
+        if self._with_rng:
+            keys = leaf_keys(self._source, idx).tolist()
+            rngs = [map_rng(self._seed, k) for k in keys]
+        outputs = []
+        for row, record in enumerate(records):
+            try:
+                outputs.append(fn(record, rngs[row]) if self._with_rng else fn(record))
+            except Exception as exc:
+                exc.add_note(f"in the fn of mixle.map, on record {int(idx[row])}")
+                raise
+        return _stack_outputs(outputs, idx)
+
+    def element_spec(self) -> SpecTree:
+        """``spec`` when given, else the spec of ``fn`` of record 0 (read once, then cached)."""
+        if self._spec is not None:
+            return self._spec
+        computed = self._computed
+        if computed is None:
+            with self._lock:
+                computed = self._computed
+                if computed is None:
+                    if len(self._source) == 0:
+                        raise ValueError(
+                            f"{self!r} has no records to compute element_spec from; pass "
+                            "map(..., spec=...)"
+                        )
+                    computed = self._computed = _record_spec(self.get_batch([0]))
+        return computed
+
+    def record_keys(self, indices: ArrayLike) -> NDArray[np.uint64]:
+        """The child's record keys: a record keeps its identity when mapped."""
+        return leaf_keys(self._source, self._indices(indices))
+
+    def origins(self, indices: ArrayLike) -> Origins:
+        """The child's origins (a plain child: the indices themselves)."""
+        return leaf_origins(self._source, self._indices(indices))
+
+    @property
+    def structure(self) -> Any:
+        """The child's ``structure`` (``None`` when it has none)."""
+        return getattr(self._source, "structure", None)
+
+    @property
+    def shuffle_block(self) -> Any:
+        """The child's ``shuffle_block`` (``None`` when it has none): records stay in place."""
+        return getattr(self._source, "shuffle_block", None)
+
+    def close(self) -> None:
+        """Close the map *and its child*: the map owns the source it was given."""
+        self._closed = True
+        close = getattr(self._source, "close", None)
+        if callable(close):
+            close()
+
+    def __repr__(self) -> str:
+        name = getattr(self._fn, "__qualname__", None) or repr(self._fn)
+        closed = ", closed" if self._closed else ""
+        return f"MapSource({self._source!r}, fn={name}, seed={self._seed}{closed})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (MapSource, (self._source, self._fn, self._seed, self._spec, self._computed))
+
+
+def map(
+    source: Any,
+    fn: Callable[..., Any],
+    *,
+    seed: int = 0,
+    spec: SpecTree | None = None,
+) -> MapSource:
+    """``fn`` applied to each record of ``source``, lazily, when the record is read.
+
+    Parameters
+    ----------
+    source
+        Any mixle source (``len`` and ``get_batch``, or ``len`` and ``source[i]``), or
+        another composition.
+    fn
+        ``fn(record) -> record``, or ``fn(record, rng) -> record`` (two required positional
+        parameters, or a second one named ``rng``): ``rng`` is a ``np.random.Generator``
+        keyed on ``seed`` and the record's key (:func:`map_rng`). It must return one
+        structure (keys, leaf shapes) for every record. For process workers
+        (``Loader(num_workers=...)``) it must pickle: a module-level function, not a lambda.
+    seed
+        Seeds ``fn``'s generators.
+    spec
+        The spec of one mapped record (a tree of :class:`~mixle.ArraySpec`), if known; else
+        ``element_spec()`` maps record 0 once to find it.
+
+    Returns
+    -------
+    MapSource
+        A mixle source: ``len``, ``[i]``, slices, ``get_batch`` (one ``get_batch`` call of
+        ``source``, then ``fn`` per record), ``records()``, ``element_spec()``,
+        ``record_keys`` and ``origins`` (``source``'s), ``close()`` (which closes ``source``
+        too), a context manager.
+
+    Raises
+    ------
+    TypeError
+        ``fn`` is not callable; ``spec`` is not a tree of ``ArraySpec``.
+    ValueError
+        At a read: ``fn`` returned different structures for two records (the message names
+        them).
+
+    Notes
+    -----
+    The randomness follows the record, not its position: ``rng`` is keyed on the record's
+    key in ``source`` (its own ``record_keys``, or its index), so ``select(map(s, fn))``
+    and ``map(select(s), fn)`` give a record the same draws. It is the *same every epoch*;
+    for fresh randomness per epoch use the Loader's ``record_transform``. Pickling stores
+    ``source``, ``fn``, ``seed`` and the spec, never data.
+    """
+    if not callable(fn):
+        raise TypeError(
+            f"fn={fn!r} ({type(fn).__name__}) must be callable: fn(record) or fn(record, rng)"
+        )
+    if spec is not None:
+        try:
+            batch_spec(spec, 1)
+        except TypeError:
+            raise TypeError(
+                f"spec={spec!r} must be a tree (dicts, tuples, lists) of mixle.ArraySpec "
+                "describing one mapped record, or None (map record 0 to find it)"
+            ) from None
+    return MapSource(source, fn, parse_seed(seed), spec)

@@ -1,0 +1,274 @@
+"""``mix``: a deterministic weighted interleaving of sources, exact over every window."""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Mapping, Sequence
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from mixle.data.index_math.hashing import parse_seed
+from mixle.data.index_math.mixing import MixPlan, visit_records
+from mixle.data.sources.compose.base import ComposedSource, SourcesLike
+from mixle.data.sources.compose.lineage import name_tag
+from mixle.utils.validation import parse_int
+
+__all__ = ["MixSource", "WeightsLike", "mix", "parse_weights"]
+
+WeightsLike = Sequence[float] | Mapping[str, float] | None
+"""One weight per source, in the order of the sources or by name; ``None``: all equal."""
+
+
+def _exact(value: object, where: str) -> Fraction:
+    """One weight as the exact rational it stores."""
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{where}={value!r} must be a number, not a bool")
+    if isinstance(value, (numbers.Rational, np.integer)):
+        out = Fraction(int(value)) if isinstance(value, np.integer) else Fraction(value)
+    elif isinstance(value, (numbers.Real, np.floating)):
+        if not math.isfinite(float(value)):
+            raise ValueError(f"{where}={value!r} must be finite")
+        out = Fraction(float(value))
+    else:
+        raise TypeError(f"{where}={value!r} must be a real number (an int or a float)")
+    if out < 0:
+        raise ValueError(f"{where}={value!r} must be >= 0")
+    return out
+
+
+def parse_weights(weights: object, names: Sequence[str]) -> tuple[Fraction, ...]:
+    """``weights`` for sources ``names`` as exact rationals (``None``: 1 each).
+
+    Raises
+    ------
+    TypeError
+        ``weights`` is not a sequence or mapping of numbers, or holds a bool.
+    ValueError
+        Not one weight per source (a mapping's keys differ from the names), a weight that
+        is negative, NaN or infinite, or weights that sum to 0.
+    """
+    if weights is None:
+        return tuple(Fraction(1) for _ in names)
+    if isinstance(weights, Mapping):
+        if set(weights) != set(names):
+            missing = [n for n in names if n not in weights]
+            extra = [k for k in weights if k not in names]
+            raise ValueError(
+                f"weights has keys {list(weights)!r}, but the sources are {list(names)!r} "
+                f"(missing {missing!r}, unknown {extra!r}); give one weight per source name"
+            )
+        out = tuple(_exact(weights[n], f"weights[{n!r}]") for n in names)
+    elif isinstance(weights, (Sequence, np.ndarray)) and not isinstance(weights, str):
+        values = list(weights.tolist() if isinstance(weights, np.ndarray) else weights)
+        if len(values) != len(names):
+            raise ValueError(
+                f"weights={values!r} has {len(values)} entries for {len(names)} sources; "
+                "give one weight per source"
+            )
+        out = tuple(_exact(v, f"weights[{i}]") for i, v in enumerate(values))
+    else:
+        raise TypeError(
+            f"weights={weights!r} must be None, a sequence of numbers (one per source) or "
+            "a dict {name: weight}"
+        )
+    if not any(out):
+        raise ValueError(f"weights={weights!r} sum to 0; at least one weight must be > 0")
+    return out
+
+
+def _float_above(value: Fraction) -> float:
+    """The smallest float >= ``value``."""
+    near = float(value)
+    return near if Fraction(near) >= value else math.nextafter(near, math.inf)
+
+
+class MixSource(ComposedSource):
+    """A seeded, weighted interleaving of sources; built by :func:`mix` (see there)."""
+
+    def __init__(
+        self,
+        sources: SourcesLike,
+        weights: WeightsLike = None,
+        *,
+        seed: int = 0,
+        length: int | None = None,
+    ) -> None:
+        super().__init__(sources)
+        exact = parse_weights(weights, self._names)
+        self._seed = parse_seed(seed)
+        for name, w, n in zip(self._names, exact, self._lengths):
+            if w > 0 and n == 0:
+                raise ValueError(
+                    f"sources[{name!r}] is empty but has weight {float(w)!r}; an empty "
+                    "source can only be mixed with weight 0"
+                )
+        self._weights = exact
+        self._plan = MixPlan(exact, [name_tag(n) for n in self._names], self._seed)
+        self._natural = self._plan.natural_length(self._lengths)
+        if length is None:
+            self._length: int | None = None
+            self._len = self._natural
+        else:
+            self._length = parse_int(length, "length")
+            if self._length < 0:
+                raise ValueError(f"length={length!r} must be >= 0 (or None)")
+            self._len = self._length
+        self._visit_seeds = tuple(self._plan.visit_seed(k) for k in range(len(self._names)))
+
+    def __len__(self) -> int:
+        return self._len
+
+    @property
+    def seed(self) -> int:
+        """The seed of the interleaving and of each source's visit order."""
+        return self._seed
+
+    @property
+    def weights(self) -> dict[str, float]:
+        """Each source's weight, by name."""
+        return {n: float(w) for n, w in zip(self._names, self._weights)}
+
+    @property
+    def shares(self) -> dict[str, float]:
+        """Each source's share of the records, ``weight / sum(weights)``."""
+        return {n: float(p) for n, p in zip(self._names, self._plan.shares)}
+
+    @property
+    def max_deviation(self) -> dict[str, float]:
+        """Per source, the bound of :func:`mix`'s window guarantee (a float at or above the
+        exact rational :attr:`MixPlan.bounds`): in every window of ``w`` consecutive
+        records, the source's count differs from ``w * share`` by strictly less."""
+        return {n: _float_above(b) for n, b in zip(self._names, self._plan.bounds)}
+
+    @property
+    def natural_length(self) -> int:
+        """The length with ``length=None``: the most records with none read twice."""
+        return self._natural
+
+    @property
+    def plan(self) -> MixPlan:
+        """The index math: exact shares and bounds (fractions), and the tree's walk."""
+        return self._plan
+
+    def counts(self, n: int) -> dict[str, int]:
+        """How many of the first ``n`` records come from each source (exact, no reads)."""
+        n = parse_int(n, "n")
+        if n < 0:
+            raise ValueError(f"n={n} must be >= 0")
+        return dict(zip(self._names, self._plan.counts(n)))
+
+    def _locate(self, idx: NDArray[np.int64]) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+        source, visit = self._plan.assign(idx)
+        local = np.empty_like(visit)
+        for k in np.unique(source).tolist():
+            sel = np.flatnonzero(source == k)
+            local[sel] = visit_records(visit[sel], self._lengths[k], self._visit_seeds[k])
+        return source, local
+
+    def _arguments(self) -> dict[str, Any]:
+        return {
+            "weights": dict(zip(self._names, self._weights)),
+            "seed": self._seed,
+            "length": self._length,
+        }
+
+    def _header(self) -> str:
+        length = "" if self._length is None else f", length={self._length}"
+        return f"{len(self)} records from {len(self._names)} sources, seed={self._seed}{length}"
+
+    def _child_lines(self) -> list[str]:
+        lines = super()._child_lines()
+        return [
+            line.replace(": ", f": weight {float(w):g} (share {float(p):.3g}), ", 1)
+            for line, w, p in zip(lines, self._weights, self._plan.shares)
+        ]
+
+
+def mix(
+    sources: SourcesLike,
+    weights: WeightsLike = None,
+    *,
+    seed: int = 0,
+    length: int | None = None,
+) -> MixSource:
+    """A deterministic weighted interleaving of ``sources``, exact over every window.
+
+    Parameters
+    ----------
+    sources
+        A non-empty list or tuple of sources (named ``"0"``, ``"1"``, ...) or a dict
+        ``{name: source}``: anything :func:`mixle.concat` takes.
+    weights
+        One finite weight >= 0 per source (a sequence in the order of ``sources``, or a
+        dict by name), not all 0; ``None`` (default): equal weights. Only the ratios
+        matter. A source of weight 0 is never read.
+    seed
+        Any int. Record ``i`` of the mix is a pure function of ``(seed, i)``, the weights,
+        the names and the sources' lengths: independent of batch size, threads, worker
+        processes and who asks.
+    length
+        ``None`` (default): the mix ends just before the first source of weight > 0 would
+        have to repeat a record (:attr:`MixSource.natural_length`), so every record is read
+        at most once. An int >= 0: exactly that many records; past the natural length the
+        shorter sources wrap (their records repeat, each pass in a fresh seeded order).
+
+    Returns
+    -------
+    MixSource
+        A source with the surface of :func:`mixle.concat`'s (``get_batch`` with one call
+        per source touched, ``origins``, ``record_keys``, ``close``, small pickles), plus
+        ``weights``, ``shares``, ``max_deviation``, ``natural_length`` and ``counts(n)``.
+
+    Raises
+    ------
+    TypeError
+        ``sources`` or ``weights`` of the wrong type, a bool weight, or ``seed`` or
+        ``length`` that is not an int (bools and floats are refused).
+    ValueError
+        Not one weight per source, a negative, NaN or infinite weight, weights summing
+        to 0, a negative ``length``, or an empty source of weight > 0.
+    SchemaMismatchError
+        Sources that declare different element specs.
+
+    Notes
+    -----
+    **Which source.** The sources of weight > 0 are the leaves of a binary tree built like
+    a Huffman code (heavier sources nearer the root). A node whose heavier side has the
+    exact share ``p = a / b`` sends its ``r``-th position there iff ``floor(((r + 1) a +
+    c) / b) > floor((r a + c) / b)``, a Sturmian sequence with a phase ``c`` drawn from the
+    seed; the position's rank on its side is the count of earlier positions that went
+    there. Weights are taken as exact rationals (a float is the rational it stores) and
+    all of this is integer arithmetic, so nothing drifts with the position.
+
+    **The guarantee.** In *every* window of ``w`` consecutive records (any start, any
+    ``w``, wrapped or not), the number from source ``k`` differs from ``w * share_k`` by
+    strictly less than ``max_deviation[k]``: below 1 for a source at the root's split,
+    below its depth in the tree always (and below 2 when its lower splits are near even);
+    0 for a lone source. With two sources both bounds are below 1: the counts are
+    ``floor`` or ``ceil`` of ``w * share``.
+
+    **Which record.** The ``j``-th visit to a source of ``n`` records reads
+    ``permute(j % n, n, seed=s_k, epoch=j // n)``
+    (:func:`mixle.data.index_math.permutation.permute`), ``s_k`` hashed from ``seed`` and
+    the source's name: each pass over the source is a fresh seeded order. The tree's
+    tie-breaks and phases depend on names, not on their order, so listing the sources in
+    another order gives the same mix. ``mix`` of one source is that source permuted.
+
+    **With a Loader.** The mix already shuffles within each source, so iterate it with
+    ``Loader(mix(...), shuffle=False)``: every batch is a window of the mix, and holds
+    each source's share within ``max_deviation``. ``shuffle=True`` permutes the mixed
+    records, so the shares still hold exactly over the epoch, but per batch only in
+    expectation.
+
+    Examples
+    --------
+    >>> import numpy as np, mixle
+    >>> m = mixle.mix({"web": np.zeros((90, 2)), "books": np.ones((30, 2))}, [3, 1])
+    >>> len(m), m.counts(8)
+    (120, {'web': 6, 'books': 2})
+    """
+    return MixSource(sources, weights, seed=seed, length=length)

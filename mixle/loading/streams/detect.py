@@ -48,11 +48,11 @@ def stream_kind(source: object) -> StreamKind | None:
     Map-style sources (``__len__`` and ``__getitem__``) are never streams. Calling this
     never starts a pass: ``iter()`` is not called.
     """
-    if _map_style(source):
-        return None
+    if isinstance(source, type) or _map_style(source):
+        return None  # a class is neither (its instances may be)
     if hasattr(source, "__iter__"):
         return "one-shot" if hasattr(source, "__next__") else "iterable"
-    if callable(source) and not isinstance(source, type) and _takes_no_arguments(source):
+    if callable(source) and _takes_no_arguments(source):
         return "factory"
     return None
 

@@ -58,3 +58,8 @@ def noisy(record: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
 def row_noise(row: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     """An array-record transform drawing from its generator."""
     return row + rng.integers(0, 1000, size=row.shape)
+
+
+def widen(record: dict[str, Any]) -> dict[str, Any]:
+    """A Parquet row ``{"x0", "label"}`` as ``{"x": [x0, x0], "label"}``."""
+    return {"x": np.array([record["x0"]] * 2), "label": record["label"]}

@@ -1,0 +1,84 @@
+"""The stream Loader with worker processes: every worker pulls the stream itself and keeps
+its own batches; the batches equal those read in this process."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import datasets
+import numpy as np
+import pytest
+from _stream_sources import Counting, counting_factory, noisy
+
+import mixle
+
+pytestmark = pytest.mark.skipif(os.name != "posix", reason="worker processes need POSIX")
+
+
+def same(a: Any, b: Any) -> None:
+    if isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for key in a:
+            same(a[key], b[key])
+    else:
+        np.testing.assert_array_equal(a, b)
+        assert np.asarray(a).dtype == np.asarray(b).dtype
+
+
+def test_spawned_workers_equal_one_process() -> None:
+    options: dict[str, Any] = dict(
+        batch_size=3,
+        shuffle_buffer=7,
+        seed=4,
+        drop_last="pad",
+        num_shards=2,
+        shard_index=1,
+        num_epochs=2,
+        record_transform=noisy,
+    )
+    want = list(mixle.Loader(Counting(40), num_threads=0, **options))
+    loader = mixle.Loader(Counting(40), num_workers=2, num_threads=2, **options)
+    got, pids = [], set()
+    for batch in loader:
+        got.append(batch)
+        pids.update(loader.worker_pids)
+    assert len(pids) == 2 and loader.worker_pids == ()
+    assert len(got) == len(want) == 14
+    for a, b in zip(got, want):
+        same(a, b)
+
+
+def test_fork_workers_resume_an_hf_stream() -> None:
+    stream = datasets.IterableDataset.from_generator(counting_factory).with_format("numpy")
+    options: dict[str, Any] = dict(batch_size=4, num_epochs=2, worker_start_method="fork")
+    whole = [
+        b["i"].tolist() for b in mixle.Loader(stream, num_threads=0, batch_size=4, num_epochs=2)
+    ]
+    first = mixle.Loader(stream, num_workers=3, num_threads=0, **options)
+    got = []
+    for batch in first:
+        got.append(batch["i"].tolist())
+        if len(got) == 4:
+            state = json.dumps(first.state_dict())
+            break
+    again = mixle.Loader(stream, num_workers=2, num_threads=1, **options)
+    again.load_state_dict(json.loads(state))
+    got += [b["i"].tolist() for b in again]
+    assert got == whole and len(whole) == 12
+
+
+def test_a_stream_error_in_a_worker_reaches_the_loop() -> None:
+    loader = mixle.Loader(
+        Counting(10), 2, num_workers=2, worker_start_method="fork", transform=_fails_on_six
+    )
+    with pytest.raises(ValueError, match="record 6") as info:
+        list(loader)
+    assert "Loader worker 1" in "".join(getattr(info.value, "__notes__", []))
+
+
+def _fails_on_six(batch: dict[str, Any]) -> dict[str, Any]:
+    if 6 in batch["i"]:
+        raise ValueError("record 6 is bad")
+    return batch

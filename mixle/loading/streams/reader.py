@@ -41,8 +41,7 @@ class StreamRead(NamedTuple):
 
 
 class StreamCursor:
-    """One pass over a stream at a time, pulled in order; not thread-safe (the reader's
-    ticket serialises it).
+    """One pass over a stream at a time, pulled in order (thread-safe: one pull at a time).
 
     Records come as ``(position, record)``, ``position`` being the record's place in the
     unshuffled pass; with ``shuffle_buffer`` they come in the buffer's order. The first
@@ -67,6 +66,9 @@ class StreamCursor:
         self._done = False  # the pass ended
         self._head: list[tuple[int, Any]] = []
         self._opened = 0  # passes opened (a one-shot iterator has one)
+        # the reader's tickets order the pulls of one run; the lock also keeps a thread of
+        # an earlier run that is still finishing its pull off the iterator
+        self._lock = threading.Lock()
 
     def _open(self, epoch: int) -> None:
         if self.kind == "one-shot" and self._opened:
@@ -88,6 +90,10 @@ class StreamCursor:
         Skipping costs one pull per record skipped; a position already passed starts a
         new pass (O(start) pulls).
         """
+        with self._lock:
+            return self._take(epoch, start, count)
+
+    def _take(self, epoch: int, start: int, count: int) -> list[tuple[int, Any]]:
         if epoch != self._epoch or start < self._pos or self._it is None:
             self._open(epoch)
         it = self._it
@@ -202,22 +208,23 @@ class StreamReader:
         if pulled is None:
             return StreamRead(None, None, True)
         records, indices, mask, last = pulled
+        fn = self.record_transform
+        batch = stack_records(records) if fn is None else None
         if self.record_spec is not None and plan.check:
             check_source_batch(
-                stack_records(records),
+                stack_records(records) if batch is None else batch,
                 self.record_spec,
                 len(records),
                 source=self.source,
                 where=f"batch {plan.batch} of epoch {plan.epoch}",
             )
-        fn = self.record_transform
         if fn is not None:
             seed, epoch = self.seed, plan.epoch
             records = [
                 fn(record, record_rng(seed, epoch, i))
                 for record, i in zip(records, indices.tolist())
             ]
-        batch = stack_records(records)
+            batch = stack_records(records)
         if self.transform is not None:
             if self.transform_rng:
                 rng = batch_rng(self.seed, plan.epoch, plan.batch, self.layout.shard_index)

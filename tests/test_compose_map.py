@@ -195,8 +195,16 @@ def test_close_closes_the_child_and_repr_names_the_parts() -> None:
         text = repr(mapped)
         assert "MemorySource" in text and "fn=scaled" in text and "seed=4" in text
     assert mapped.closed and src.closed
-    with pytest.raises(SourceClosedError):
-        mapped.get_batch([0])
+    mapped.close()  # idempotent
+    actions = (
+        lambda: mapped[0],
+        lambda: len(mapped),
+        mapped.element_spec,
+        lambda: pickle.dumps(mapped),
+    )
+    for action in actions:
+        with pytest.raises(SourceClosedError):
+            action()
 
 
 def test_map_pickles_by_reference(npy: str) -> None:

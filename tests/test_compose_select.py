@@ -277,8 +277,14 @@ def test_close_closes_the_child() -> None:
         assert not sel.closed
         assert sel[0] == {"a": 1}
     assert sel.closed and src.closed
+    sel.close()  # idempotent
+    for action in (lambda: sel.get_batch([0]), sel.element_spec, lambda: pickle.dumps(sel)):
+        with pytest.raises(SourceClosedError):
+            action()
+    unevaluated = select(mixle.MemorySource({"a": np.arange(3)}), column="a", equals=1)
+    unevaluated.close()
     with pytest.raises(SourceClosedError):
-        sel.get_batch([0])
+        len(unevaluated)
     assert "closed" in repr(sel)
 
 

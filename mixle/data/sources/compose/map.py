@@ -109,12 +109,16 @@ class MapSource(Source):
         """The seed of ``fn``'s generators."""
         return self._seed
 
-    def _indices(self, indices: ArrayLike) -> NDArray[np.int64]:
+    def _live(self) -> None:
         if self._closed:
             raise SourceClosedError(f"{self!r} is closed")
+
+    def _indices(self, indices: ArrayLike) -> NDArray[np.int64]:
+        self._live()
         return parse_indices(indices, len(self._source))
 
     def __len__(self) -> int:
+        self._live()
         return len(self._source)
 
     def get_batch(self, indices: ArrayLike) -> Any:
@@ -139,6 +143,7 @@ class MapSource(Source):
 
     def element_spec(self) -> SpecTree:
         """``spec`` when given, else the spec of ``fn`` of record 0 (read once, then cached)."""
+        self._live()
         if self._spec is not None:
             return self._spec
         computed = self._computed
@@ -185,6 +190,7 @@ class MapSource(Source):
         return f"MapSource({self._source!r}, fn={name}, seed={self._seed}{closed})"
 
     def __reduce__(self) -> tuple[Any, ...]:
+        self._live()
         return (MapSource, (self._source, self._fn, self._seed, self._spec, self._computed))
 
 

@@ -188,14 +188,17 @@ class SelectSource(Source):
         """
         return self._selected().copy()
 
+    def _live(self) -> None:
+        if self._closed:
+            raise SourceClosedError(f"{self!r} is closed")
+
     def _selected(self) -> NDArray[np.int64]:
+        self._live()
         rows = self._rows
         if rows is None:
             with self._lock:  # two threads asking at once evaluate once
                 rows = self._rows
                 if rows is None:
-                    if self._closed:
-                        raise SourceClosedError(f"{self!r} is closed")
                     assert self._column is not None
                     mask = evaluate_column(self._source, self._column, self._equals)
                     self._child_length = int(mask.size)
@@ -203,8 +206,6 @@ class SelectSource(Source):
         return rows
 
     def _mapped(self, indices: ArrayLike) -> NDArray[np.int64]:
-        if self._closed:
-            raise SourceClosedError(f"{self!r} is closed")
         rows = self._selected()
         return rows[parse_indices(indices, rows.size)]
 
@@ -219,6 +220,7 @@ class SelectSource(Source):
 
     def element_spec(self) -> SpecTree:
         """The child's ``element_spec()``: selecting records does not change them."""
+        self._live()
         report = getattr(self._source, "element_spec", None)
         if not callable(report):
             raise TypeError(f"{type(self._source).__name__} has no element_spec() to report")

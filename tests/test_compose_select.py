@@ -59,13 +59,6 @@ def parquet(frame: pd.DataFrame, tmp_path_factory: pytest.TempPathFactory) -> st
     return str(path)
 
 
-@pytest.fixture(scope="module")
-def csv(frame: pd.DataFrame, tmp_path_factory: pytest.TempPathFactory) -> str:
-    path = tmp_path_factory.mktemp("select") / "t.csv"
-    frame.to_csv(path, index=False)
-    return str(path)
-
-
 def counting(n: int = 100) -> CountingSource:
     return CountingSource(
         {"id": np.arange(n), "label": np.arange(n) % 4, "x": np.arange(n * 2.0).reshape(n, 2)}
@@ -157,11 +150,24 @@ def test_column_equals_is_pandas_filtering_parquet(
     np.testing.assert_array_equal(sel.child_indices(), want.index.to_numpy())
 
 
-def test_column_equals_is_pandas_filtering_csv(csv: str, frame: pd.DataFrame) -> None:
-    sel = select(mixle.read_csv(csv), column="split", equals="test")
+@pytest.mark.parametrize("fmt", ["csv", "jsonl"])
+def test_column_equals_is_pandas_filtering_text(
+    fmt: str, frame: pd.DataFrame, tmp_path: Path
+) -> None:
+    path = tmp_path / f"t.{fmt}"
+    if fmt == "csv":
+        frame.to_csv(path, index=False)
+        src = mixle.read_csv(path)
+    else:
+        frame.to_json(path, orient="records", lines=True)
+        src = mixle.read_jsonl(path)
+    sel = select(src, column="split", equals="test")
     want = frame[frame["split"] == "test"]
     np.testing.assert_array_equal(sel[:]["id"], want["id"].to_numpy())
     np.testing.assert_allclose(sel[:]["score"], want["score"].to_numpy())
+    np.testing.assert_array_equal(
+        select(src, column="label", equals=4)[:]["id"], frame["id"][frame["label"] == 4]
+    )
 
 
 def test_column_equals_on_a_memory_source_and_an_array_column() -> None:

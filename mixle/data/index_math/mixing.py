@@ -38,7 +38,7 @@ from numpy.typing import ArrayLike, NDArray
 from mixle.data.index_math.hashing import hash_int, parse_seed
 from mixle.data.index_math.permutation import permute
 
-__all__ = ["MixPlan", "locate_concat", "visit_records"]
+__all__ = ["MixNode", "MixPlan", "locate_concat", "visit_records"]
 
 #: Hash streams of the mix: a node's phase, a node's identity, a source's visit order.
 _PHASE_STREAM = 0x4D495850  # "MIXP"
@@ -88,10 +88,14 @@ def visit_records(visits: ArrayLike, n: int, seed: int) -> NDArray[np.int64]:
 
 
 @dataclass(frozen=True)
-class _Node:
-    """An inner node: ``heavy`` gets share ``a / b`` of its positions, phase ``c``."""
+class MixNode:
+    """An inner node of the tree: its heavier side gets share ``a / b``, phase ``c``.
 
-    heavy: int  # a code: k >= 0 is source k, -1 - j is node j
+    ``heavy`` and ``light`` are codes: ``k >= 0`` is source ``k``, ``-1 - j`` is
+    ``MixPlan.nodes[j]``.
+    """
+
+    heavy: int
     light: int
     a: int
     b: int
@@ -151,7 +155,7 @@ class MixPlan:
         total = sum(self.weights, Fraction(0))
         #: Each source's exact share of the positions, ``weight / sum(weights)``.
         self.shares = tuple(w / total for w in self.weights)
-        self._nodes: list[_Node] = []
+        self._nodes: list[MixNode] = []
         heap = [(w, t, k) for k, (w, t) in enumerate(zip(self.weights, self.tags)) if w > 0]
         heapq.heapify(heap)
         while len(heap) > 1:
@@ -161,9 +165,12 @@ class MixPlan:
             a, b = share.numerator, share.denominator
             tag = hash_int(_NODE_STREAM, t_heavy, t_light)
             c = (hash_int(self.seed, _PHASE_STREAM, tag) * b) >> 64
-            self._nodes.append(_Node(heavy, light, a, b, c))
+            self._nodes.append(MixNode(heavy, light, a, b, c))
             heapq.heappush(heap, (w_light + w_heavy, tag, -len(self._nodes)))
         self._root = heap[0][2]
+        #: The inner nodes (codes ``-1 - j``), and the root's code (a source for one source).
+        self.nodes = tuple(self._nodes)
+        self.root = self._root
         depths = [0] * len(self.weights)
         bounds = [Fraction(0)] * len(self.weights)
         self._walk_bounds(self._root, 0, Fraction(0), depths, bounds)

@@ -27,12 +27,15 @@ from mixle.data.sources.array_source import (
 )
 from mixle.data.sources.arrays.zarr.vlen import set_vlen_limit
 from mixle.data.sources.collection import VolumeCollection, read_volumes
+from mixle.data.sources.compose import concat, map, mix, select
 from mixle.data.sources.custom import Source
 from mixle.data.sources.origins import Origins
 from mixle.data.sources.tabular import (
     MemorySource,
+    read_array_record,
     read_csv,
     read_dataframe,
+    read_hf,
     read_jsonl,
     read_parquet,
     read_sql,
@@ -151,8 +154,14 @@ __all__ = [
     "chunk_cache",
     "encoded_data",
     "partially_exchangeable",
+    "concat",
+    "map",
+    "mix",
+    "read_array_record",
     "read_csv",
     "read_dataframe",
+    "read_hf",
+    "select",
     "read_hdf5",
     "read_hdf5_arrays",
     "read_memmap",

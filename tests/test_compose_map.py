@@ -19,7 +19,7 @@ import mixle
 from mixle.data.sources.compose.concat import concat
 from mixle.data.sources.compose.map import MapSource, map, map_rng
 from mixle.data.sources.compose.select import select
-from mixle.errors import SchemaMismatchError, SourceClosedError
+from mixle.errors import LoaderStateError, SchemaMismatchError, SourceClosedError
 
 N = 23
 REF = np.arange(N * 4, dtype=np.int64).reshape(N, 4)
@@ -238,6 +238,19 @@ def test_a_loader_over_a_map_resumes(npy: str) -> None:
     assert len(rest) == 3
     for a, b in zip(rest, got[3:]):
         np.testing.assert_array_equal(a, b)
+
+
+def test_resuming_with_another_fn_or_seed_is_refused(npy: str) -> None:
+    loader = mixle.Loader(map(mixle.read_npy(npy), row_noise, seed=3), 4)
+    next(iter(loader))
+    state = loader.state_dict()
+    mixle.Loader(map(mixle.read_npy(npy), row_noise, seed=3), 4).load_state_dict(state)
+    for changed in (
+        map(mixle.read_npy(npy), row_noise, seed=4),
+        map(mixle.read_npy(npy), plus_one),
+    ):
+        with pytest.raises(LoaderStateError, match="source"):
+            mixle.Loader(changed, 4).load_state_dict(state)
 
 
 def test_spawned_workers_read_what_threads_read(tmp_path: Path) -> None:

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 import mixle
 from mixle.data.sources.compose.select import SelectSource, select
 from mixle.data.sources.records.parquet_source import ParquetSource
-from mixle.errors import ColumnNotFoundError, SourceClosedError
+from mixle.errors import ColumnNotFoundError, LoaderStateError, SourceClosedError
 
 SELECT = importlib.import_module("mixle.data.sources.compose.select")
 
@@ -375,6 +375,18 @@ def test_a_loader_over_a_select_reads_the_selected_records(npy: str) -> None:
     for g, w in zip(rest, got[2:]):
         np.testing.assert_array_equal(g, w)
     assert set(again.last_origins.index.tolist()) <= set(idx.tolist())  # type: ignore[union-attr]
+
+
+def test_resuming_with_another_selection_is_refused(npy: str) -> None:
+    src = mixle.read_npy(npy)
+    loader = mixle.Loader(select(src, [1, 2, 3, 4]), 2)
+    next(iter(loader))
+    state = loader.state_dict()
+    same = mixle.Loader(select(mixle.read_npy(npy), np.arange(1, 5)), 2)
+    same.load_state_dict(state)
+    other = mixle.Loader(select(src, [1, 2, 3, 5]), 2)
+    with pytest.raises(LoaderStateError, match="source"):
+        other.load_state_dict(state)
 
 
 def test_a_loader_over_a_column_select_with_fork_workers(parquet: str, frame: pd.DataFrame) -> None:

@@ -7,6 +7,8 @@ results. Records keep their identity (``record_keys``, ``origins``) when mapped.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -18,7 +20,7 @@ from mixle.data.batches import stack_records, unstack_batch
 from mixle.data.index_math.hashing import hash_int, parse_seed
 from mixle.data.sources.arrays.box_reads import parse_indices
 from mixle.data.sources.compose.lineage import leaf_keys, leaf_origins
-from mixle.data.sources.compose.select import read_records
+from mixle.data.sources.compose.select import child_fingerprint, read_records
 from mixle.data.sources.custom import Source
 from mixle.data.sources.origins import Origins
 from mixle.data.spec import ArraySpec, SpecTree, batch_spec, spec_of
@@ -176,6 +178,20 @@ class MapSource(Source):
     def shuffle_block(self) -> Any:
         """The child's ``shuffle_block`` (``None`` when it has none): records stay in place."""
         return getattr(self._source, "shuffle_block", None)
+
+    def fingerprint(self) -> str:
+        """A digest of the child's fingerprint, ``fn``'s name, the seed and the declared spec
+        (the Loader's resume check)."""
+        fn = self._fn
+        name = getattr(fn, "__qualname__", type(fn).__qualname__)  # never a repr's address
+        parts = {
+            "type": type(self).__qualname__,
+            "child": child_fingerprint(self._source),
+            "fn": f"{getattr(fn, '__module__', '')}.{name}",
+            "seed": self._seed,
+            "spec": repr(self._spec),
+        }
+        return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
 
     def close(self) -> None:
         """Close the map *and its child*: the map owns the source it was given."""

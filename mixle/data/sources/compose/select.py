@@ -7,6 +7,8 @@ keep their identity (``record_keys``, ``origins``) when selected.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import threading
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -24,7 +26,7 @@ from mixle.data.sources.records.base import STREAM_ROWS, RecordSource
 from mixle.data.spec import SpecTree
 from mixle.errors import ColumnNotFoundError, SourceClosedError
 
-__all__ = ["COLUMN_BLOCK_ROWS", "SelectSource", "read_records", "select"]
+__all__ = ["COLUMN_BLOCK_ROWS", "SelectSource", "child_fingerprint", "read_records", "select"]
 
 #: Rows per block when ``select(column=..., equals=...)`` reads the column.
 COLUMN_BLOCK_ROWS = STREAM_ROWS
@@ -51,6 +53,17 @@ def read_records(source: Any, indices: NDArray[np.int64]) -> Any:
             "structure to return"
         )
     return stack_records([source[i] for i in indices.tolist()])
+
+
+def child_fingerprint(child: Any) -> str:
+    """What tells ``child`` apart for a Loader's resume check, without reading data: its
+    own ``fingerprint()``, else its type, length and element spec."""
+    custom = getattr(child, "fingerprint", None)
+    if callable(custom):
+        return f"custom:{custom()}"
+    report = getattr(child, "element_spec", None)
+    spec = repr(report()) if callable(report) else None
+    return json.dumps({"type": type(child).__qualname__, "len": len(child), "spec": spec})
 
 
 def _parse_selection(value: object, length: int) -> tuple[NDArray[np.int64], str]:
@@ -238,6 +251,17 @@ class SelectSource(Source):
     def structure(self) -> Any:
         """The child's ``structure`` (``None`` when it has none)."""
         return getattr(self._source, "structure", None)
+
+    def fingerprint(self) -> str:
+        """A digest of the child's fingerprint and the selected indices (the Loader's resume
+        check: another selection of the same length is another source)."""
+        rows = self._selected()
+        parts = {
+            "type": type(self).__qualname__,
+            "child": child_fingerprint(self._source),
+            "rows": hashlib.sha256(rows.tobytes()).hexdigest(),
+        }
+        return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
 
     def close(self) -> None:
         """Close the select *and its child*: the select owns the source it was given.

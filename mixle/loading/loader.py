@@ -70,8 +70,12 @@ class Loader(ActiveRun):
     ----------
     source
         Any map-style object with ``__len__`` and ``__getitem__(int)``: a mixle source or
-        sampler, a NumPy array, a list. When it has ``get_batch(indices)`` (mixle sources
-        and samplers do), each batch is one such call.
+        sampler, a composition (:func:`mixle.concat`, :func:`mixle.mix`...), a NumPy
+        array, a list. When it has ``get_batch(indices)`` (mixle sources and samplers do),
+        each batch is one such call. A *stream* instead (an iterable with no length: a
+        generator factory, a ``datasets.IterableDataset``) makes ``Loader(...)`` return a
+        :class:`~mixle.loading.streams.StreamLoader`, which reads it in arrival order
+        (see there).
     batch_size
         Rows per batch (``>= 1``).
     shuffle
@@ -83,6 +87,8 @@ class Loader(ActiveRun):
         a volume keeps reading one volume at a time
         (:func:`mixle.loading.plan.permute_blocks`). ``None`` (default) takes the source's
         ``shuffle_block`` attribute, or ``1`` (every record on its own) when it has none.
+    shuffle_buffer
+        Streams only (a seeded shuffle buffer of that many records); ``None`` here.
     seed
         Any int; with ``epoch`` and the record index it keys every shuffle and
         ``record_transform``'s randomness. The default ``0`` is fixed on purpose: every run
@@ -209,6 +215,7 @@ class Loader(ActiveRun):
         *,
         shuffle: bool = False,
         shuffle_block: int | None = None,
+        shuffle_buffer: None = None,
         seed: int = 0,
         num_epochs: int | None = 1,
         drop_last: DropLast = False,

@@ -556,3 +556,20 @@ def test_bad_states() -> None:
     for state, match in cases:
         with pytest.raises(LoaderStateError, match=match):
             loader.load_state_dict(state)  # type: ignore[arg-type]
+
+
+class Words:
+    """A stream of ``{"w": str, "n": int}`` records that declares strings as ``object``."""
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return iter([{"w": "a", "n": 0}, {"w": "bb", "n": 1}, {"w": "ccc", "n": 2}])
+
+    def element_spec(self) -> dict[str, ArraySpec]:
+        return {"w": ArraySpec((), np.dtype(object)), "n": ArraySpec((), np.dtype(np.int64))}
+
+
+def test_strings_a_stream_declares_object_stack_as_object() -> None:
+    (batch,) = mixle.Loader(Words(), 3, check_spec=True)
+    assert batch["w"].dtype == object and batch["w"].tolist() == ["a", "bb", "ccc"]
+    plain = next(iter(mixle.Loader(lambda: iter(Words()), 3)))  # no spec: NumPy's stacking
+    assert plain["w"].dtype.kind == "U"

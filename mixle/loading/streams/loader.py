@@ -194,7 +194,7 @@ class StreamLoader(ActiveRun):
                 f"from the start: use num_workers=0, or {ONE_SHOT_FIX}"
             )
         fn = self._transform
-        record_spec = record_spec_of(source) if self._check != "off" else None
+        record_spec = record_spec_of(source)
         self._reader = StreamReader(
             source,
             kind,

@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from numpy.typing import NDArray
 
-from mixle.data.spec import SpecTree
+from mixle.data.spec import ArraySpec, SpecTree
 from mixle.loading.batching import attach_mask, stack_records
 from mixle.loading.plan import batch_rng, record_rng
 from mixle.loading.spec_check import check_source_batch
@@ -28,7 +28,7 @@ from mixle.loading.streams.detect import ONE_SHOT_FIX, StreamKind, open_pass
 from mixle.loading.streams.plan import StreamLayout, StreamPlan, shard_rows
 from mixle.loading.streams.shuffle_buffer import shuffle_buffer
 
-__all__ = ["StreamCursor", "StreamRead", "StreamReader"]
+__all__ = ["StreamCursor", "StreamRead", "StreamReader", "conform_strings"]
 
 
 class StreamRead(NamedTuple):
@@ -117,6 +117,28 @@ class StreamCursor:
         return self._head[position]
 
 
+def conform_strings(batch: Any, spec: SpecTree) -> Any:
+    """``batch`` with each string leaf its stream declares as ``object`` made an object array.
+
+    Stacking Python strings gives a fixed-width ``<U`` array; mixle's record sources report
+    and return strings as ``object``, so a stream that declares ``object`` gets it.
+    """
+    if isinstance(spec, dict) and isinstance(batch, dict):
+        return {k: conform_strings(v, spec[k]) if k in spec else v for k, v in batch.items()}
+    if isinstance(spec, (tuple, list)) and isinstance(batch, (tuple, list)):
+        if len(spec) == len(batch):
+            return type(batch)(conform_strings(v, sp) for v, sp in zip(batch, spec))
+        return batch
+    if (
+        isinstance(spec, ArraySpec)
+        and spec.dtype == np.dtype(object)
+        and isinstance(batch, np.ndarray)
+        and batch.dtype.kind in "US"
+    ):
+        return batch.astype(object)
+    return batch
+
+
 def _reader_state(reader: StreamReader) -> dict[str, Any]:
     return {name: getattr(reader, name) for name in StreamReader.__dataclass_fields__}
 
@@ -136,7 +158,9 @@ class StreamReader:
     record_transform, transform, transform_rng
         The Loader's transforms; ``transform`` gets ``(batch, rng)`` when ``transform_rng``.
     record_spec
-        The stream's ``element_spec()`` to check batches against, or ``None``.
+        The stream's ``element_spec()``, or ``None``: plans with ``check`` are checked
+        against it, and string leaves it declares ``object`` are stacked as ``object``
+        (:func:`conform_strings`).
     """
 
     source: Any
@@ -209,7 +233,11 @@ class StreamReader:
             return StreamRead(None, None, True)
         records, indices, mask, last = pulled
         fn = self.record_transform
-        batch = stack_records(records) if fn is None else None
+        batch = None
+        if fn is None:
+            batch = stack_records(records)
+            if self.record_spec is not None:
+                batch = conform_strings(batch, self.record_spec)
         if self.record_spec is not None and plan.check:
             check_source_batch(
                 stack_records(records) if batch is None else batch,

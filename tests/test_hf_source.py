@@ -95,7 +95,7 @@ SPECS: dict[str, tuple[np.dtype, tuple[int, ...]]] = {
 def _column(values: list[Any], name: str) -> np.ndarray:
     """``datasets``' Python values of column ``name`` as the NumPy column read_hf promises."""
     dtype, shape = SPECS[name]
-    if dtype == object:
+    if dtype.kind == "O":
         out = np.empty(len(values), dtype=object)
         out[:] = values
         return out
@@ -155,7 +155,7 @@ def dict_folder(memory_ds: Any, tmp_path_factory: pytest.TempPathFactory) -> Pat
     return _save(dd, tmp_path_factory.mktemp("hf") / "dd")
 
 
-@pytest.fixture()
+@pytest.fixture
 def disk_ds(folder: Path) -> Any:
     ds = datasets.load_from_disk(str(folder))
     assert ds.data.table.column("i").num_chunks > 10  # many record batches, in two files
@@ -264,9 +264,7 @@ def test_columns_are_a_subset_in_the_given_order(folder: Path, memory_ds: Any) -
     assert "columns=['nstr', 'i', 'image']" in repr(src)
 
 
-def test_dataset_dicts_need_a_split_unless_they_have_one(
-    memory_ds: Any, dict_folder: Path
-) -> None:
+def test_dataset_dicts_need_a_split_unless_they_have_one(memory_ds: Any, dict_folder: Path) -> None:
     dd = datasets.DatasetDict({"train": memory_ds, "test": memory_ds.select(range(10))})
     for source in (dd, dict_folder):
         test = read_hf(source, split="test")
@@ -280,9 +278,7 @@ def test_dataset_dicts_need_a_split_unless_they_have_one(
     assert "split='test'" in repr(read_hf(dict_folder, split="test"))
 
 
-def test_pickles_by_reference_and_rereads_equal(
-    folder: Path, disk_ds: Any, tmp_path: Path
-) -> None:
+def test_pickles_by_reference_and_rereads_equal(folder: Path, disk_ds: Any, tmp_path: Path) -> None:
     big = datasets.Dataset.from_dict({"x": np.ones((30_000, 8), dtype=np.float32)})
     big_folder = tmp_path / "big"
     big.save_to_disk(str(big_folder))
@@ -451,18 +447,18 @@ def _assert_records(got: list[dict[str, Any]], want: list[dict[str, Any]]) -> No
 
 
 def test_a_stream_equals_the_iterable_datasets_own_iteration(memory_ds: Any) -> None:
-    ds = memory_ds.select_columns(NO_NULLS)
+    ds = memory_ds.select_columns(NO_NULLS).select(range(40))  # (datasets iterates slowly)
     ids = ds.to_iterable_dataset(num_shards=3)
     src = read_hf(ids)
     assert isinstance(src, HFStreamSource)
     assert not hasattr(src, "__len__") and not hasattr(src, "__getitem__")
     records = list(src)
     theirs = list(ids)
-    assert len(records) == len(theirs) == N
+    assert len(records) == len(theirs) == 40
     for ours, row in zip(records, theirs):
         assert list(ours) == list(row)
         for name, (dtype, shape) in SPECS.items():
-            if name in ours and dtype != object:
+            if name in ours and dtype.kind != "O":
                 np.testing.assert_array_equal(ours[name], np.asarray(row[name], dtype=dtype))
                 assert ours[name].dtype == dtype and ours[name].shape == shape, name
             elif name in ours:

@@ -256,9 +256,18 @@ def test_surface_close_repr_and_bad_indices(row_children: dict[str, Any]) -> Non
     with both as same:
         assert same is both and not both.closed
     assert both.closed and row_children["npy"].closed and row_children["zarr"].closed
-    with pytest.raises(SourceClosedError):
-        both.get_batch([0])
-    assert "16 records" in repr(both)
+    both.close()  # idempotent
+    for action in (
+        lambda: both.get_batch([0]),
+        lambda: both[0],
+        both.element_spec,
+        lambda: both.origins([0]),
+        lambda: both.record_keys([0]),
+        lambda: pickle.dumps(both),
+    ):
+        with pytest.raises(SourceClosedError, match="ConcatSource is closed"):
+            action()
+    assert "16 records from 4 sources, closed" in repr(both)
 
 
 def test_pickles_by_reference(tmp_path: Path) -> None:

@@ -199,7 +199,8 @@ class ComposedSource(Source):
       into one preallocated batch.
     - ``origins(indices)`` and ``record_keys(indices)`` are keyed on the children's
       *names*: a record has the same origin and key wherever a composition puts it.
-    - ``close()`` closes every child (a child used elsewhere too is closed there as well).
+    - ``close()`` closes every child (a child used elsewhere too is closed there as well);
+      reads, ``element_spec()`` and pickling then raise :class:`~mixle.SourceClosedError`.
     - Pickling stores the children (mixle sources pickle by reference: path and options)
       and the composition's few arguments, never data.
     """
@@ -233,11 +234,15 @@ class ComposedSource(Source):
 
     def element_spec(self) -> SpecTree | None:
         """The children's common element spec (``None`` when no child declares one)."""
+        self._check_open()
         return self._spec
 
     def _check_open(self) -> None:
         if self._closed:
-            raise SourceClosedError(f"{type(self).__name__} is closed; compose the sources again")
+            raise SourceClosedError(
+                f"{type(self).__name__} is closed (it closed its sources); compose the "
+                "sources again, opened again, to read"
+            )
 
     def _grouped(
         self, indices: ArrayLike
@@ -322,6 +327,7 @@ class ComposedSource(Source):
         self._closed = True
 
     def __reduce__(self) -> tuple[Any, ...]:
+        self._check_open()
         return _rebuild_composed, (type(self), dict(self.sources), self._arguments())
 
     def _child_lines(self) -> list[str]:
@@ -331,7 +337,8 @@ class ComposedSource(Source):
         ]
 
     def _header(self) -> str:
-        return f"{len(self)} records from {len(self._names)} sources"
+        closed = ", closed" if self._closed else ""
+        return f"{len(self)} records from {len(self._names)} sources{closed}"
 
     def __repr__(self) -> str:
         try:

@@ -72,7 +72,8 @@ def concat(sources: SourcesLike) -> ConcatSource:
     ``record_keys(indices)`` gives each record a uint64 key from the names on its path and
     its index (or its source's own ``record_keys``), so a record has the same origin and
     key in ``concat({"a": a, "b": b})``, ``concat({"b": b, "a": a})`` and
-    ``mix({"a": a, "b": b})``. ``close()`` closes every source. Pickling stores the
+    ``mix({"a": a, "b": b})``. ``close()`` closes every source; reads, ``element_spec()``
+    and pickling then raise :class:`~mixle.SourceClosedError`. Pickling stores the
     sources (mixle sources by reference: paths and options) and their names, never data,
     so a Loader's worker processes get a small copy.
 

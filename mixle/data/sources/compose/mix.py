@@ -178,7 +178,7 @@ class MixSource(ComposedSource):
 
     def _header(self) -> str:
         length = "" if self._length is None else f", length={self._length}"
-        return f"{len(self)} records from {len(self._names)} sources, seed={self._seed}{length}"
+        return f"{super()._header()}, seed={self._seed}{length}"
 
     def _child_lines(self) -> list[str]:
         lines = super()._child_lines()

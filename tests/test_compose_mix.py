@@ -1,0 +1,280 @@
+"""mix: the records are the children's, each at most once (length=None), wrapped in fresh
+orders past that, the per-window shares within max_deviation, deterministic whatever the
+batching; the Loader seam (per-batch shares, resume, spawn workers equal threads)."""
+
+from __future__ import annotations
+
+import pickle
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from numpy.typing import ArrayLike
+
+import mixle
+from mixle.data.index_math.permutation import permute
+from mixle.data.sources.compose.mix import MixSource, mix
+from mixle.errors import SchemaMismatchError, SourceClosedError
+
+#: Hang guard (seconds per batch) of the worker runs; never reached when it works.
+T = 60
+
+
+class Counting(mixle.Source):
+    """Rows of an array, counting get_batch calls."""
+
+    def __init__(self, data: np.ndarray) -> None:
+        self.data = data
+        self.calls: list[list[int]] = []
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def get_batch(self, indices: ArrayLike) -> np.ndarray:
+        idx = self._indices(indices)
+        self.calls.append(idx.tolist())
+        return self.data[idx]
+
+    def element_spec(self) -> Any:
+        return mixle.ArraySpec(self.data.shape[1:], self.data.dtype)
+
+
+def rows(n: int, base: int) -> np.ndarray:
+    """Row i is [base + i, ...]: every record says where it came from."""
+    return (base + np.repeat(np.arange(n), 2).reshape(n, 2)).astype(np.int64)
+
+
+def three() -> dict[str, Counting]:
+    return {"a": Counting(rows(30, 0)), "b": Counting(rows(12, 1000)), "c": Counting(rows(7, 2000))}
+
+
+def window_ok(counts: dict[str, int], size: int, m: MixSource) -> bool:
+    exact = m.plan.shares
+    return all(
+        abs(counts.get(name, 0) - size * exact[k]) < m.plan.bounds[k] or m.plan.bounds[k] == 0
+        for k, name in enumerate(m.names)
+    )
+
+
+def test_records_come_once_each_with_length_none() -> None:
+    kids = three()
+    m = mix(kids, [3, 1, 1], seed=4)
+    n = m.natural_length
+    assert len(m) == n
+    got = m.get_batch(np.arange(n))
+    assert all(len(k.calls) == 1 for k in kids.values())
+    values = got[:, 0].tolist()
+    assert len(set(values)) == n  # no record twice
+    per = {name: sum(1 for v in values if v // 1000 == k) for k, name in enumerate("abc")}
+    assert per == m.counts(n)
+    # one record more would repeat: some source is used up at n + 1
+    assert any(
+        c > len(kids[name]) for name, c in mix(kids, [3, 1, 1], seed=4).counts(n + 1).items()
+    )
+    origins = m.origins(np.arange(n))
+    for (name, i), row in zip(origins, got):
+        np.testing.assert_array_equal(row, kids[name].data[i])
+
+
+def test_deterministic_whatever_the_batching() -> None:
+    kids = three()
+    m = mix(kids, {"a": 0.5, "b": 0.3, "c": 0.2}, seed=11, length=100)
+    whole = m.get_batch(np.arange(100))
+    pieces = np.concatenate([m.get_batch(np.arange(s, min(100, s + 7))) for s in range(0, 100, 7)])
+    np.testing.assert_array_equal(whole, pieces)
+    picks = np.array([99, 3, 3, 50, -1, 0])
+    np.testing.assert_array_equal(m.get_batch(picks), whole[picks])
+    again = mix(three(), {"a": 0.5, "b": 0.3, "c": 0.2}, seed=11, length=100)
+    np.testing.assert_array_equal(again.get_batch(np.arange(100)), whole)
+    other = mix(three(), {"a": 0.5, "b": 0.3, "c": 0.2}, seed=12, length=100)
+    assert not np.array_equal(other.get_batch(np.arange(100)), whole)
+
+
+def test_the_order_of_the_names_does_not_change_the_mix() -> None:
+    kids = three()
+    one = mix(kids, {"a": 2, "b": 1, "c": 1}, seed=2)
+    two = mix({"c": kids["c"], "a": kids["a"], "b": kids["b"]}, [1, 2, 1], seed=2)
+    assert list(one.origins(np.arange(len(one)))) == list(two.origins(np.arange(len(two))))
+
+
+def test_every_window_holds_the_shares() -> None:
+    m = mix(three(), [0.1, 0.25, 0.65], seed=7, length=600)
+    names = [name for name, _ in m.origins(np.arange(600))]
+    for size in (1, 2, 5, 8, 13, 64, 333):
+        for start in range(0, 600 - size + 1, 3):
+            part = names[start : start + size]
+            assert window_ok({n: part.count(n) for n in set(part)}, size, m), (start, size)
+    assert m.max_deviation["c"] >= float(m.plan.bounds[2])
+    assert all(float(b) < 2 for b in m.plan.bounds)
+
+
+def test_wrapping_past_the_natural_length() -> None:
+    kids = three()
+    m = mix(kids, [1, 1, 1], seed=3, length=120)
+    origins = list(m.origins(np.arange(120)))
+    visits = {name: [i for n, i in origins if n == name] for name in "abc"}
+    for name, got in visits.items():
+        size = len(kids[name])
+        assert len(got) == m.counts(120)[name]
+        for p in range(len(got) // size):  # every whole pass is a permutation...
+            assert sorted(got[p * size : (p + 1) * size]) == list(range(size))
+        if len(got) > size:  # ... and a fresh one
+            assert got[size : 2 * size] != got[:size] or size == 1
+    seed_c = m.plan.visit_seed(2)
+    assert visits["c"][7:14] == permute(np.arange(7), 7, seed=seed_c, epoch=1).tolist()
+    # the first natural_length records are those of the unwrapped mix
+    short = mix(kids, [1, 1, 1], seed=3)
+    assert origins[: len(short)] == list(short.origins(np.arange(len(short))))
+
+
+def test_weight_zero_is_never_read_and_one_source_is_permuted() -> None:
+    kids = three()
+    m = mix(kids, [1, 0, 2], seed=5, length=200)
+    m.get_batch(np.arange(200))
+    assert kids["b"].calls == [] and m.counts(200)["b"] == 0 and m.max_deviation["b"] == 0
+    solo = Counting(rows(17, 0))
+    one = mix({"only": solo}, seed=8)
+    assert len(one) == 17
+    got = one.get_batch(np.arange(17))[:, 0].tolist()
+    assert got == permute(np.arange(17), 17, seed=one.plan.visit_seed(0)).tolist()
+    assert one.max_deviation == {"only": 0.0}
+
+
+@pytest.mark.parametrize("n", [1, 2, 16, 17])
+def test_sizes_of_powers_of_two(n: int) -> None:
+    m = mix({"x": Counting(rows(n, 0)), "y": Counting(rows(n, 1000))}, seed=n)
+    assert len(m) == m.natural_length <= 2 * n
+    values = m.get_batch(np.arange(len(m)))[:, 0].tolist()
+    assert len(set(values)) == len(values)
+    if n > 1:  # two equal sources: the mix runs until one is used up
+        assert len(m) >= 2 * n - 1
+
+
+def test_bad_arguments() -> None:
+    kids = three()
+    for weights, error, words in [
+        ([1, 1], ValueError, "2 entries for 3"),
+        ([1, -1, 1], ValueError, r"weights\[1\]=-1"),
+        ([1, float("nan"), 1], ValueError, "finite"),
+        ([float("inf"), 1, 1], ValueError, "finite"),
+        ([0, 0, 0], ValueError, "sum to 0"),
+        ([True, 1, 1], TypeError, "bool"),
+        (["1", 1, 1], TypeError, "real number"),
+        ({"a": 1, "b": 1}, ValueError, r"missing \['c'\]"),
+        (3, TypeError, "weights=3"),
+    ]:
+        with pytest.raises(error, match=words):
+            mix(kids, weights)
+    for length, error in [(-1, ValueError), (True, TypeError), (2.0, TypeError), ("3", TypeError)]:
+        with pytest.raises(error, match="length"):
+            mix(kids, length=length)
+    with pytest.raises(TypeError, match="seed"):
+        mix(kids, seed=1.5)
+    with pytest.raises(ValueError, match=r"sources\['e'\] is empty"):
+        mix({"a": kids["a"], "e": Counting(rows(0, 0))})
+    assert len(mix({"a": kids["a"], "e": Counting(rows(0, 0))}, [1, 0])) == 30
+    with pytest.raises(SchemaMismatchError, match="'a' and 'f'"):
+        mix({"a": kids["a"], "f": Counting(rows(3, 0).astype(np.float64))})
+
+
+def test_exact_rational_weights() -> None:
+    m = mix(three(), [Fraction(1, 3), Fraction(1, 3), Fraction(1, 3)], length=90)
+    assert m.shares == pytest.approx({"a": 1 / 3, "b": 1 / 3, "c": 1 / 3})
+    names = [n for n, _ in m.origins(np.arange(90))]
+    assert {n: names.count(n) for n in "abc"} == {"a": 30, "b": 30, "c": 30}
+
+
+def test_repr_pickle_and_close(tmp_path: Path) -> None:
+    np.save(tmp_path / "a.npy", rows(50, 0))
+    np.save(tmp_path / "b.npy", rows(40, 1000))
+    m = mix(
+        {
+            "a": mixle.read_npy(str(tmp_path / "a.npy")),
+            "b": mixle.read_npy(str(tmp_path / "b.npy")),
+        },
+        [2, 1],
+        seed=9,
+        length=70,
+    )
+    text = repr(m)
+    assert text.startswith("MixSource(70 records from 2 sources, seed=9, length=70")
+    assert "'a': weight 2 (share 0.667), 50 records, NpyArraySource(" in text
+    blob = pickle.dumps(m)
+    assert len(blob) < 1500
+    copy = pickle.loads(blob)
+    np.testing.assert_array_equal(copy.get_batch(np.arange(70)), m.get_batch(np.arange(70)))
+    assert (
+        copy.fingerprint()
+        == m.fingerprint()
+        != mix(m.sources, [2, 1], seed=10, length=70).fingerprint()
+    )
+    m.close()
+    assert m.closed and m.sources["a"].closed and "seed=9, length=70, closed" not in repr(m)
+    assert "sources, closed, seed=9" in repr(m)
+    with pytest.raises(SourceClosedError):
+        m.get_batch([0])
+
+
+# -- the Loader seam ------------------------------------------------------------------------
+
+
+def npy_mix(tmp_path: Path, **kw: Any) -> MixSource:
+    for name, n, base in [("a", 60, 0), ("b", 30, 1000), ("c", 20, 2000)]:
+        np.save(tmp_path / f"{name}.npy", rows(n, base))
+    kids = {n: mixle.read_npy(str(tmp_path / f"{n}.npy")) for n in "abc"}
+    return mix(kids, [0.5, 0.3, 0.2], seed=21, **kw)
+
+
+def test_loader_batches_keep_the_shares(tmp_path: Path) -> None:
+    m = npy_mix(tmp_path)
+    loader = mixle.Loader(m, batch_size=8, shuffle=False, num_threads=2)
+    seen = 0
+    for batch in loader:
+        origins = m.origins(loader.last_indices)
+        names = [n for n, _ in origins]
+        assert window_ok({n: names.count(n) for n in set(names)}, len(names), m)
+        for (name, i), row in zip(origins, batch):
+            assert row[0] == {"a": 0, "b": 1000, "c": 2000}[name] + i
+        seen += len(batch)
+    assert seen == len(m)
+
+
+def test_loader_resumes_mid_epoch(tmp_path: Path) -> None:
+    m = npy_mix(tmp_path, length=150)
+    full = list(mixle.Loader(m, batch_size=8, shuffle=True, seed=3, num_epochs=2))
+    first = mixle.Loader(m, batch_size=8, shuffle=True, seed=3, num_epochs=2)
+    head = []
+    for batch in first:
+        head.append(batch)
+        if len(head) == 23:  # in epoch 1
+            break
+    state = first.state_dict()
+    rest = mixle.Loader(
+        pickle.loads(pickle.dumps(m)), batch_size=8, shuffle=True, seed=3, num_epochs=2
+    )
+    rest.load_state_dict(state)
+    got = head + list(rest)
+    assert len(got) == len(full)
+    for a, b in zip(got, full):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_spawn_workers_equal_threads(tmp_path: Path) -> None:
+    m = npy_mix(tmp_path)
+    threads = list(mixle.Loader(m, batch_size=8, shuffle=True, seed=1))
+    workers = list(
+        mixle.Loader(
+            m,
+            batch_size=8,
+            shuffle=True,
+            seed=1,
+            num_workers=2,
+            worker_start_method="spawn",
+            timeout=T,
+        )
+    )
+    assert len(threads) == len(workers)
+    for a, b in zip(threads, workers):
+        np.testing.assert_array_equal(a, b)

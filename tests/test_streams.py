@@ -573,3 +573,33 @@ def test_strings_a_stream_declares_object_stack_as_object() -> None:
     assert batch["w"].dtype == object and batch["w"].tolist() == ["a", "bb", "ccc"]
     plain = next(iter(mixle.Loader(lambda: iter(Words()), 3)))  # no spec: NumPy's stacking
     assert plain["w"].dtype.kind == "U"
+
+
+class Flaky(Counting):
+    """A :class:`Counting` stream whose first pass fails at record ``at``."""
+
+    def __init__(self, n: int, at: int) -> None:
+        super().__init__(n)
+        self.at = at
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        self.passes += 1
+        for i in range(self.n):
+            if i == self.at and self.passes == 1:
+                raise OSError(f"record {i} could not be fetched")
+            yield record(i)
+
+
+@pytest.mark.parametrize("threads", [0, 2])
+def test_a_stream_that_fails_is_read_again_from_a_new_pass(threads: int) -> None:
+    stream = Flaky(12, at=5)  # the first record of batch 1: the cursor stands right there
+    loader = mixle.Loader(stream, 5, num_threads=threads)
+    got = []
+    run = iter(loader)
+    got.append(ids(next(run)))
+    with pytest.raises(OSError, match="record 5"):
+        next(run)
+    assert loader.state_dict()["batch"] == 1
+    got += run_ids(loader)
+    assert got == [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9], [10, 11]]  # not cut short at record 5
+    assert stream.passes == 2

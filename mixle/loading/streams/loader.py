@@ -290,6 +290,8 @@ class StreamLoader(ActiveRun):
         return self._start_run(self._run(signal), signal)
 
     def _run(self, signal: StopSignal) -> Iterator[Any]:
+        if self._num_epochs is not None and self._epoch >= self._num_epochs:
+            return  # the run is over: no worker to start
         ends = EpochEnds()
         workers = self._num_workers
         plans = stream_plans(

@@ -105,6 +105,9 @@ class StreamCursor:
             except StopIteration:
                 self._done = True
                 break
+            except BaseException:  # the stream failed: the next take starts a new pass
+                self._it = None  # (a failed generator is finished, not at its end)
+                raise
             if self._pos < self.keep_head:
                 self._head.append(pair)
             if self._pos >= start:
@@ -179,6 +182,7 @@ class StreamReader:
             self.cursor = self.new_cursor()
         self._cond = threading.Condition()
         self._pulled = -1  # seq of the last plan whose pull finished
+        self._failed: int | None = None  # seq of a plan whose pull raised
 
     def new_cursor(self) -> StreamCursor:
         """A cursor over this reader's stream that has not started a pass."""
@@ -221,7 +225,13 @@ class StreamReader:
             while self._pulled < after:
                 cond.wait()
         try:
-            return self._pull(plan)
+            if self._failed is not None:  # the loop raises that batch's error first
+                raise RuntimeError(f"not read: the pull of plan {self._failed} failed")
+            try:
+                return self._pull(plan)
+            except BaseException:
+                self._failed = plan.seq  # later plans of this run wait for no new pass
+                raise
         finally:
             with cond:
                 self._pulled = max(self._pulled, plan.seq)

@@ -448,6 +448,10 @@ def test_repr_len_and_properties() -> None:
         len(loader)
     assert loader.batch_size == 2 and loader.shuffle_buffer == 4 and loader.num_workers == 0
     assert loader.last_indices is None and loader.last_epoch is None and loader.epoch == 0
+    assert loader.last_record_keys is None
+    next(iter(loader))
+    assert loader.last_record_keys.dtype == np.uint64
+    assert loader.last_record_keys.tolist() == loader.last_indices.tolist()
     assert loader.worker_pids == ()
 
 

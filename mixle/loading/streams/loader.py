@@ -258,6 +258,14 @@ class StreamLoader(ActiveRun):
         return self._last_indices
 
     @property
+    def last_record_keys(self) -> NDArray[np.uint64] | None:
+        """What the last batch's per-record randomness is keyed on: its stream positions
+        (:attr:`last_indices`) as uint64, for :func:`mixle.jax.record_keys` with
+        :attr:`last_epoch`."""
+        indices = self._last_indices
+        return None if indices is None else indices.astype(np.uint64)
+
+    @property
     def last_epoch(self) -> int | None:
         """The epoch of the batch yielded last."""
         return self._last_epoch

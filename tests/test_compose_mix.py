@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from numpy.typing import ArrayLike
 
 import mixle
@@ -278,3 +280,32 @@ def test_spawn_workers_equal_threads(tmp_path: Path) -> None:
     assert len(threads) == len(workers)
     for a, b in zip(threads, workers):
         np.testing.assert_array_equal(a, b)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(1, 20), st.integers(0, 4)), min_size=1, max_size=5).filter(
+        lambda kids: any(w for _, w in kids)
+    ),
+    st.integers(0, 2**32),
+    st.integers(0, 30),
+)
+def test_once_each_then_fresh_passes(kids: list[tuple[int, int]], seed: int, extra: int) -> None:
+    sources = {f"s{k}": Counting(rows(n, 1000 * k)) for k, (n, _) in enumerate(kids)}
+    weights = [w for _, w in kids]
+    m = mix(sources, weights, seed=seed)
+    pairs = list(m.origins(np.arange(len(m))))
+    assert len(set(pairs)) == len(pairs) == len(m)
+    assert all(weights[int(name[1:])] > 0 for name, _ in pairs)
+    wrapped = mix(sources, weights, seed=seed, length=len(m) + extra)
+    longer = list(wrapped.origins(np.arange(len(wrapped))))
+    assert longer[: len(m)] == pairs
+    for name, source in sources.items():
+        got = [i for n, i in longer if n == name]
+        size = len(source)
+        for p in range(len(got) // size):
+            assert sorted(got[p * size : (p + 1) * size]) == list(range(size))
+        if got:  # the rows read are those records
+            batch = wrapped.get_batch(np.arange(len(wrapped)))
+            mine = [row for (n, _), row in zip(longer, batch) if n == name]
+            np.testing.assert_array_equal(np.stack(mine), source.data[got])

@@ -21,8 +21,9 @@ L(s)`` to its heavier side, which differs from ``w p`` by less than 1. Through a
 shares ``q_1 ... q_d`` (root first) to leaf ``k``, the count of visits to ``k`` in any
 window of ``w`` positions therefore differs from ``w P_k`` (``P_k = q_1 ... q_d``, the
 source's share of the total weight) by less than ``e_d``, where ``e_1 = 1`` and
-``e_j = 1 + q_j e_{j-1}``: :attr:`MixPlan.bounds`. ``e_d < d``, the leaf's depth, and
-stays below 2 on a path whose lower splits are near even; a single source has bound 0.
+``e_j = 1 + q_j e_{j-1}``: :attr:`MixPlan.bounds`. ``e_d < d`` (the leaf's depth) for
+``d >= 2``, ``e_1 = 1``, and ``e_d < 2`` when every ``q_j`` below the root is at most 1/2;
+a single source has bound 0.
 """
 
 from __future__ import annotations

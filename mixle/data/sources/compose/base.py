@@ -330,10 +330,14 @@ class ComposedSource(Source):
         self._check_open()
         return _rebuild_composed, (type(self), dict(self.sources), self._arguments())
 
+    def _child_note(self, k: int) -> str:
+        """What the ``repr`` says of child ``k`` before its length (a mix: its weight)."""
+        return ""
+
     def _child_lines(self) -> list[str]:
         return [
-            f"{name!r}: {n} records, {_describe(child)}"
-            for name, child, n in zip(self._names, self._children, self._lengths)
+            f"{name!r}: {self._child_note(k)}{n} records, {_describe(child)}"
+            for k, (name, child, n) in enumerate(zip(self._names, self._children, self._lengths))
         ]
 
     def _header(self) -> str:

@@ -180,12 +180,9 @@ class MixSource(ComposedSource):
         length = "" if self._length is None else f", length={self._length}"
         return f"{super()._header()}, seed={self._seed}{length}"
 
-    def _child_lines(self) -> list[str]:
-        lines = super()._child_lines()
-        return [
-            line.replace(": ", f": weight {float(w):g} (share {float(p):.3g}), ", 1)
-            for line, w, p in zip(lines, self._weights, self._plan.shares)
-        ]
+    def _child_note(self, k: int) -> str:
+        weight, share = float(self._weights[k]), float(self._plan.shares[k])
+        return f"weight {weight:g} (share {share:.3g}), "
 
 
 def mix(
@@ -246,9 +243,9 @@ def mix(
 
     **The guarantee.** In *every* window of ``w`` consecutive records (any start, any
     ``w``, wrapped or not), the number from source ``k`` differs from ``w * share_k`` by
-    strictly less than ``max_deviation[k]``: below 1 for a source at the root's split,
-    below its depth in the tree always (and below 2 when its lower splits are near even);
-    0 for a lone source. With two sources both bounds are below 1: the counts are
+    strictly less than ``max_deviation[k]``: 1 for a source at the root's split, below
+    its depth in the tree always (below 2 when every split under the root gives its side
+    at most half), 0 for a lone source. With two sources both bounds are below 1: the counts are
     ``floor`` or ``ceil`` of ``w * share``.
 
     **Which record.** The ``j``-th visit to a source of ``n`` records reads

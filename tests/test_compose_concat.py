@@ -282,3 +282,25 @@ def test_pickles_by_reference(tmp_path: Path) -> None:
     np.testing.assert_array_equal(copy.get_batch(idx), both.get_batch(idx))
     assert copy.fingerprint() == both.fingerprint()
     assert concat({"other": both.sources["z0"]}).fingerprint() != both.fingerprint()
+
+
+def test_record_transform_randomness_follows_the_record() -> None:
+    """The Loader keys record_transform's rng on record_keys: a record draws the same
+    randomness in concat({"a", "b"}), concat({"b", "a"}) and a mix of the two."""
+    a, b = Rows(np.zeros((5, 2))), Rows(np.zeros((6, 2)))
+
+    def noise_of(source: Any) -> dict[tuple[str, int], list[float]]:
+        loader = mixle.Loader(
+            source, batch_size=4, shuffle=False, record_transform=lambda r, rng: r + rng.random()
+        )
+        out = {}
+        for batch in loader:
+            for pair, row in zip(source.origins(loader.last_indices), batch):
+                out[pair] = row.tolist()
+        return out
+
+    ab = noise_of(concat({"a": a, "b": b}))
+    assert noise_of(concat({"b": b, "a": a})) == ab
+    mixed = noise_of(mix({"b": b, "a": a}, seed=4))
+    assert mixed and all(ab[pair] == value for pair, value in mixed.items())
+    assert len({value[0] for value in ab.values()}) == 11

@@ -309,3 +309,27 @@ def test_once_each_then_fresh_passes(kids: list[tuple[int, int]], seed: int, ext
             batch = wrapped.get_batch(np.arange(len(wrapped)))
             mine = [row for (n, _), row in zip(longer, batch) if n == name]
             np.testing.assert_array_equal(np.stack(mine), source.data[got])
+
+
+def test_patch_samplers_and_zarr_children(tmp_path: Path) -> None:
+    import zarr
+
+    vol = np.arange(100, dtype=np.float32).reshape(10, 10)
+    np.save(tmp_path / "v.npy", vol)
+    z = zarr.create_array(str(tmp_path / "v.zarr"), shape=vol.shape, chunks=(4, 4), dtype=vol.dtype)
+    z[:] = -vol
+    kids = {
+        "npy": mixle.PatchSampler(
+            mixle.read_npy(str(tmp_path / "v.npy")), patch_size=(3, 3), num_patches=9, seed=1
+        ),
+        "zarr": mixle.PatchSampler(
+            mixle.read_zarr(str(tmp_path / "v.zarr")), patch_size=(3, 3), num_patches=6
+        ),
+    }
+    m = mix(kids, [2, 1], seed=6)
+    idx = np.arange(len(m))[::-1]
+    patches, coords = m.get_batch(idx)
+    for (name, i), patch, corner in zip(m.origins(idx), patches, coords):
+        want_patch, want_corner = kids[name].get_batch([i])
+        np.testing.assert_array_equal(patch, want_patch[0])
+        np.testing.assert_array_equal(corner, want_corner[0])

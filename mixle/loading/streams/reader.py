@@ -41,7 +41,7 @@ class StreamRead(NamedTuple):
 
 
 class StreamCursor:
-    """One pass over a stream at a time, pulled in order (thread-safe: one pull at a time).
+    """One pass over a stream at a time, pulled in order; hold :attr:`lock` to use it.
 
     Records come as ``(position, record)``, ``position`` being the record's place in the
     unshuffled pass; with ``shuffle_buffer`` they come in the buffer's order. The first
@@ -66,9 +66,9 @@ class StreamCursor:
         self._done = False  # the pass ended
         self._head: list[tuple[int, Any]] = []
         self._opened = 0  # passes opened (a one-shot iterator has one)
-        # the reader's tickets order the pulls of one run; the lock also keeps a thread of
-        # an earlier run that is still finishing its pull off the iterator
-        self._lock = threading.Lock()
+        #: Held around each use: the reader's tickets order the pulls of one run, and the
+        #: lock keeps a thread of an earlier run that still finishes its pull off the pass.
+        self.lock = threading.Lock()
 
     def _open(self, epoch: int) -> None:
         if self.kind == "one-shot" and self._opened:
@@ -90,10 +90,6 @@ class StreamCursor:
         Skipping costs one pull per record skipped; a position already passed starts a
         new pass (O(start) pulls).
         """
-        with self._lock:
-            return self._take(epoch, start, count)
-
-    def _take(self, epoch: int, start: int, count: int) -> list[tuple[int, Any]]:
         if epoch != self._epoch or start < self._pos or self._it is None:
             self._open(epoch)
         it = self._it
@@ -208,14 +204,15 @@ class StreamReader:
         lay, cursor = self.layout, self.cursor
         assert cursor is not None
         g = lay.global_batch_size
-        got = cursor.take(plan.epoch, plan.batch * g, g)
-        last = len(got) < g
-        rows = shard_rows(lay, plan.batch, len(got))
-        if rows is None:  # only where the epoch's stream ended (see shard_rows)
-            return None
-        positions, mask = rows
         start = plan.batch * g
-        picked = [got[p - start] if p >= start else cursor.head(p) for p in positions.tolist()]
+        with cursor.lock:
+            got = cursor.take(plan.epoch, start, g)
+            rows = shard_rows(lay, plan.batch, len(got))
+            if rows is None:  # only where the epoch's stream ended (see shard_rows)
+                return None
+            positions, mask = rows
+            picked = [got[p - start] if p >= start else cursor.head(p) for p in positions.tolist()]
+        last = len(got) < g
         indices = np.fromiter((i for i, _ in picked), dtype=np.int64, count=len(picked))
         return [r for _, r in picked], indices, mask, last
 

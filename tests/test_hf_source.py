@@ -255,6 +255,34 @@ def test_dense_and_contiguous_reads_of_many_record_batches(disk_ds: Any) -> None
         _assert_batch(src.get_batch(idx), _expected(disk_ds, idx, ["i", "nint", "dyn"]))
 
 
+def test_concatenated_datasets_with_other_record_batches_read_as_datasets_does(
+    memory_ds: Any, disk_ds: Any
+) -> None:
+    left = disk_ds.select_columns(["i", "s"])
+    right = datasets.Dataset.from_dict({"extra": [f"e{j}" for j in range(N)]})
+    sideways = datasets.concatenate_datasets([left, right], axis=1)
+    stacked = datasets.concatenate_datasets([left, memory_ds.select_columns(["i", "s"])])
+    for ds in (sideways, stacked):
+        n = len(ds)
+        idx = [n - 1, 0, 8, 9, 10, n // 2, 8]
+        got = read_hf(ds).get_batch(idx)
+        rows = ds[idx]
+        assert {c: got[c].tolist() for c in got} == rows
+    assert "in-memory parts" in repr(read_hf(stacked))
+
+
+def test_an_empty_dataset_has_no_rows_and_its_columns() -> None:
+    # (datasets 5.2 cannot load_from_disk an empty dataset it saved, so in memory only)
+    features = Features({"i": Value("int16"), "s": Value("string")})
+    src = read_hf(datasets.Dataset.from_dict({"i": [], "s": []}, features=features))
+    assert len(src) == 0 and src.columns == ("i", "s")
+    batch = src.get_batch([])
+    assert batch["i"].dtype == np.int16 and batch["i"].shape == (0,)
+    assert list(src.records()) == []
+    with pytest.raises(IndexError):
+        src[0]
+
+
 def test_columns_are_a_subset_in_the_given_order(folder: Path, memory_ds: Any) -> None:
     src = read_hf(folder, columns=["nstr", "i", "image"])
     assert src.columns == ("nstr", "i", "image")
@@ -520,6 +548,16 @@ def test_a_stream_refuses_a_missing_value_its_dtype_cannot_hold(memory_ds: Any) 
     assert [r["nstr"] for r in records] == memory_ds["nstr"]
     with pytest.raises(ValueError, match=r"example 2 .* column 'nint' \(int64.*cast_column"):
         list(read_hf(ids))
+
+    def rows() -> Any:
+        yield {"v": [1, 2, 3]}
+        yield {"v": [1, None, 3]}
+
+    fixed = Features({"v": datasets.Sequence(Value("int32"), length=3)})
+    stream = iter(read_hf(datasets.IterableDataset.from_generator(rows, features=fixed)))
+    np.testing.assert_array_equal(next(stream)["v"], np.array([1, 2, 3], dtype=np.int32))
+    with pytest.raises(ValueError, match=r"example 1 .* column 'v' has values NumPy cannot"):
+        next(stream)
 
 
 def test_a_closed_stream_stops(memory_ds: Any) -> None:

@@ -54,7 +54,9 @@ class HFStreamSource:
             if columns is not None:
                 dataset = dataset.select_columns(names)
             self._columns = names
-            dataset = dataset.decode(False)  # media stay as stored, as in the map-style source
+            decode = getattr(dataset, "decode", None)  # datasets >= 3
+            if decode is not None:
+                dataset = decode(False)  # media stay as stored, as in the map-style source
         elif self._columns is not None and len(set(self._columns)) != len(self._columns):
             raise ValueError(f"columns={self._columns!r} names a column twice")
         self._dataset = dataset
@@ -162,10 +164,15 @@ def _convert(value: Any, spec: ArraySpec, column: str, index: int) -> Any:
         )
     if isinstance(value, datetime.datetime) and value.tzinfo is not None:
         value = value.astimezone(datetime.timezone.utc).replace(tzinfo=None)
-    array = np.asarray(value, dtype=dtype)
-    if array.shape != spec.shape:
+    try:
+        array = np.asarray(value, dtype=dtype)
+    except (TypeError, ValueError, OverflowError):  # a None inside a list, a ragged list
+        array = None
+    if array is None or array.shape != spec.shape:
+        shape = "values NumPy cannot read" if array is None else f"shape {array.shape}"
         raise ValueError(
-            f"example {index} of the IterableDataset: column {column!r} has shape "
-            f"{array.shape}, but its features say {spec.shape}"
+            f"example {index} of the IterableDataset: column {column!r} has {shape} as "
+            f"{dtype}, but its features say shape {spec.shape}; cast the column to a "
+            "variable-length feature, e.g. datasets.List(...) without length"
         )
     return array if spec.shape else array[()]

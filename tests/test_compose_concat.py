@@ -304,3 +304,20 @@ def test_record_transform_randomness_follows_the_record() -> None:
     mixed = noise_of(mix({"b": b, "a": a}, seed=4))
     assert mixed and all(ab[pair] == value for pair, value in mixed.items())
     assert len({value[0] for value in ab.values()}) == 11
+
+
+def test_select_and_map_children() -> None:
+    table = mixle.MemorySource({"x": np.arange(6.0), "k": np.arange(6) % 2})
+    picked = mixle.select(table, [5, 1, 3])
+    scaled = mixle.map(table, lambda r: {"x": r["x"] * 10, "k": r["k"]})
+    both = concat({"sel": picked, "map": scaled})
+    got = both.get_batch([0, 3, 8])
+    np.testing.assert_array_equal(got["x"], [5.0, 0.0, 50.0])
+    assert list(both.origins([0, 3, 8])) == [("sel", 5), ("map", 0), ("map", 5)]
+    # a select over a plain array declares no spec (its element_spec raises TypeError)
+    plain = concat([mixle.select(np.arange(8.0).reshape(4, 2), [3, 0]), np.zeros((1, 2))])
+    assert plain.element_spec() == mixle.ArraySpec((2,), np.float64)
+    np.testing.assert_array_equal(plain.get_batch([1, 2, 0]), [[0, 1], [0, 0], [6, 7]])
+    # an empty map child: its lazy spec would need a record, and it gives none
+    empty = mixle.map(mixle.MemorySource({"x": np.zeros(0), "k": np.zeros(0, np.int64)}), dict)
+    assert len(concat({"map": empty, "sel": picked})) == 3

@@ -100,10 +100,17 @@ def parse_sources(sources: object) -> tuple[tuple[str, ...], tuple[Any, ...], tu
 
 
 def child_spec(child: Any) -> SpecTree | None:
-    """A child's declared element spec: ``element_spec()``, a NumPy array's row, or ``None``."""
+    """A child's declared element spec: ``element_spec()``, a NumPy array's row, or ``None``.
+
+    A child whose ``element_spec()`` raises ``TypeError`` (a wrapper over a source with
+    nothing to report, e.g. :func:`mixle.select` over a plain array-like) declares none.
+    """
     report = getattr(child, "element_spec", None)
     if callable(report):
-        return report()
+        try:
+            return report()
+        except TypeError:
+            return None
     if isinstance(child, np.ndarray):
         return ArraySpec(child.shape[1:], child.dtype)
     return None
@@ -131,6 +138,9 @@ def _first_difference(a: SpecTree, b: SpecTree, path: str) -> tuple[str, Any, An
 def common_spec(names: Sequence[str], children: Sequence[Any]) -> SpecTree | None:
     """The one element spec of ``children`` (those that declare one), or ``None``.
 
+    Empty children are left out: they give no records, and a lazily computed spec (a
+    :func:`mixle.map`'s) may need one.
+
     Raises
     ------
     SchemaMismatchError
@@ -139,6 +149,8 @@ def common_spec(names: Sequence[str], children: Sequence[Any]) -> SpecTree | Non
     """
     first: tuple[str, SpecTree] | None = None
     for name, child in zip(names, children):
+        if len(child) == 0:
+            continue
         spec = child_spec(child)
         if spec is None:
             continue

@@ -34,6 +34,8 @@ ADAPTERS: dict[str, tuple[str, ...]] = {
         "mixle.data.sources.records.sql.sql_backend",
     ),
     "pandas": ("mixle.data.sources.records.dataframe_source",),
+    "datasets": ("mixle.data.sources.records.hf",),
+    "array_record": ("mixle.data.sources.records.array_record_source",),
     "polars": ("mixle.data.sources.records.dataframe_source",),
     "dask": ("mixle.utils.parallel.dask_backend",),
     "distributed": ("mixle.utils.parallel.dask_backend",),

@@ -252,8 +252,8 @@ class ComposedSource(Source):
     def _check_open(self) -> None:
         if self._closed:
             raise SourceClosedError(
-                f"{type(self).__name__} is closed (it closed its sources); compose the "
-                "sources again, opened again, to read"
+                f"{type(self).__name__} is closed, and so are its sources; open them "
+                "again and compose them anew to read"
             )
 
     def _grouped(

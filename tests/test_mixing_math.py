@@ -218,3 +218,15 @@ def test_visit_records_are_a_fresh_permutation_each_pass(n: int) -> None:
         assert not np.array_equal(passes[0], passes[1])
     shuffled = np.random.default_rng(n).permutation(3 * n)
     assert np.array_equal(visit_records(shuffled, n, seed=12), out[shuffled])
+
+
+def test_a_denominator_past_int64_at_the_first_positions() -> None:
+    """Share (2**62 + 1) / 2**63: position 0's products fit int64 but the denominator does
+    not; the integer path must not be taken (it overflowed)."""
+    plan = MixPlan([Fraction(2**62 + 1), Fraction(2**62 - 1)], [1, 2], seed=1)
+    node = plan.nodes[0]
+    assert node.b == 2**63 and node.a + node.c < 2**63
+    source, visit = plan.assign(np.zeros(3, np.int64))
+    assert [(s, v) for s, v in zip(source.tolist(), visit.tolist())] == [
+        reference_assign(plan, 0)
+    ] * 3

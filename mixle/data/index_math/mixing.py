@@ -109,7 +109,7 @@ def _split(
     """Which of the node ranks ``r`` go to the heavy side, and their ranks on their side."""
     if r.size == 0:
         return np.zeros(0, dtype=np.bool_), r
-    if (int(r.max()) + 1) * a + c < _INT64_LIMIT:
+    if (int(r.max()) + 1) * a + c < _INT64_LIMIT and b < _INT64_LIMIT:
         before = (r * a + c) // b
         after = (r * a + (a + c)) // b
     else:  # shares with large numerators or far positions: exact Python integers

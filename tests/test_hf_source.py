@@ -26,7 +26,7 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 import mixle  # noqa: E402
-from mixle.data.sources.records.hf import HFSource, HFStreamSource, read_hf  # noqa: E402
+from mixle.data.sources.records.hf import HFSource, HFStreamSource, map_source, read_hf  # noqa: E402
 from mixle.errors import ColumnNotFoundError, SourceClosedError  # noqa: E402
 from mixle.testing import check_record_source  # noqa: E402
 
@@ -123,8 +123,12 @@ def _assert_batch(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> No
 
 @pytest.fixture(scope="module", autouse=True)
 def _quiet() -> Any:
+    """No progress bars; and no torch import (5 s) when an IterableDataset is built."""
     datasets.disable_progress_bars()
+    torch = datasets.config.TORCH_AVAILABLE
+    datasets.config.TORCH_AVAILABLE = False
     yield
+    datasets.config.TORCH_AVAILABLE = torch
     datasets.enable_progress_bars()
 
 
@@ -239,17 +243,29 @@ def test_indices_mappings_read_as_datasets_does_also_after_unpickling(
     _assert_batch({c: np.concatenate([b[c] for b in streamed]) for c in every}, every)
 
 
+@pytest.fixture(scope="module")
+def gather_cases(folder: Path) -> list[tuple[Any, HFSource]]:
+    ds = datasets.load_from_disk(str(folder))
+    names = ["i", "s", "ragged", "fixed"]
+    return [(d, read_hf(d, columns=names)) for d in (ds, ds.shuffle(seed=9, keep_in_memory=True))]
+
+
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.integers(-N, N - 1), max_size=80), st.booleans())
-def test_every_gather_path_equals_datasets_read(folder: Path, idx: list[int], shuffled: bool):
-    ds = datasets.load_from_disk(str(folder))
-    if shuffled:
-        ds = ds.shuffle(seed=9, keep_in_memory=True)
-    got = read_hf(ds, columns=["i", "s", "ragged", "fixed"]).get_batch(idx)
+def test_every_gather_path_equals_datasets_read(
+    gather_cases: list[tuple[Any, HFSource]], idx: list[int], shuffled: bool
+) -> None:
+    ds, src = gather_cases[shuffled]
+    got = src.get_batch(idx)
     _assert_batch(got, _expected(ds, [i % N for i in idx], ["i", "s", "ragged", "fixed"]))
 
 
-def test_dense_and_contiguous_reads_of_many_record_batches(disk_ds: Any) -> None:
+@pytest.mark.parametrize("take_runs", [1, map_source.TAKE_RUNS])
+def test_dense_and_contiguous_reads_of_many_record_batches(
+    disk_ds: Any, take_runs: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # take_runs=1: a record batch with two runs of asked rows is read with one take
+    monkeypatch.setattr(map_source, "TAKE_RUNS", take_runs)
     src = read_hf(disk_ds, columns=["i", "nint", "dyn"])
     for idx in (np.arange(N), np.arange(20, 70), np.arange(0, N, 2)[::-1], np.r_[0:30, 31:N:3]):
         _assert_batch(src.get_batch(idx), _expected(disk_ds, idx, ["i", "nint", "dyn"]))

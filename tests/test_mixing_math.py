@@ -48,6 +48,7 @@ def reference_assign(plan: MixPlan, position: int) -> tuple[int, int]:
 weights_st = st.lists(
     st.one_of(
         st.integers(0, 9),
+        st.integers(0, 2**70),
         st.floats(0.0, 10.0, allow_nan=False, allow_infinity=False),
         st.fractions(0, 5, max_denominator=50),
     ),

@@ -352,6 +352,18 @@ def test_a_shuffle_whose_indices_mapping_is_a_cache_file_pickles_its_path(
     _assert_batch(pickle.loads(blob).get_batch(range(N)), _expected(memory_ds, order))
 
 
+def test_operations_replayed_on_memory_mapped_tables_survive_pickling(disk_ds: Any) -> None:
+    ds = disk_ds.rename_column("i", "j").cast_column("f", Value("float64"))
+    ds = ds.select_columns(["j", "f", "s"])
+    src = read_hf(ds)
+    assert src.dtypes["f"] == np.float64
+    blob = pickle.dumps(src)
+    assert len(blob) < 4096
+    rows = ds[[3, 0, 3]]
+    got = pickle.loads(blob).get_batch([3, 0, 3])
+    assert {c: got[c].tolist() for c in got} == rows
+
+
 def test_an_in_memory_dataset_pickles_its_data(memory_ds: Any) -> None:
     src = read_hf(memory_ds, columns=["i", "s"])
     assert "in memory" in repr(src)

@@ -104,7 +104,18 @@ def _mapping(indices: Any) -> NDArray[np.int64] | None:
 
 
 class HFSource(RecordSource):
-    """A ``datasets.Dataset`` or a ``save_to_disk`` folder as records; see :func:`read_hf`."""
+    """A ``datasets.Dataset`` or a ``save_to_disk`` folder as records; see :func:`read_hf`.
+
+    Notes
+    -----
+    Opened from a path, it pickles the path, ``split`` and ``columns``. Opened from a
+    ``Dataset``, it pickles the dataset's Arrow tables by ``datasets``' own rules, unpickled
+    only when the copy is first read: memory-mapped cache files as their paths (and the
+    renames, casts, slices replayed on them), in-memory tables (``Dataset.from_dict``...)
+    as their data, so the pickle of an in-memory dataset holds its rows; an indices
+    mapping in memory (``select``, ``shuffle(keep_in_memory=True)``...) as its 8 bytes a
+    row. The dataset's ``features`` travel in the Arrow schema (a few KiB at most).
+    """
 
     _library = "datasets"  # the module it needs (repr says when it is missing)
 

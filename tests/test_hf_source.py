@@ -424,13 +424,14 @@ def test_a_forked_child_reads_correctly(folder: Path, disk_ds: Any) -> None:
 
 
 def test_loader_batches_equal_datasets_rows_at_last_indices(disk_ds: Any) -> None:
-    src = read_hf(disk_ds, columns=["i", "s", "image", "nint"])
+    names = ["i", "s", "image", "nint", "ragged", "struct"]
+    src = read_hf(disk_ds, columns=names)
     loader = mixle.Loader(src, batch_size=4, shuffle=True, seed=1)
     seen = []
     for batch in loader:
         idx = loader.last_indices
         assert idx is not None
-        _assert_batch(batch, _expected(disk_ds, idx, ["i", "s", "image", "nint"]))
+        _assert_batch(batch, _expected(disk_ds, idx, names))
         seen.extend(idx.tolist())
     assert sorted(seen) == list(range(N)) and seen != list(range(N))
 

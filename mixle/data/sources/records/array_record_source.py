@@ -13,7 +13,7 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any, ClassVar, Union
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -21,7 +21,7 @@ from numpy.typing import ArrayLike, NDArray
 from mixle.data.sources.arrays.box_reads import parse_indices
 from mixle.data.sources.lifetime import SourceLifetime
 from mixle.data.spec import ArraySpec, SpecTree
-from mixle.errors import CorruptChunkError, LeafMismatchError, SpecialFileError
+from mixle.errors import CorruptChunkError, FileChangedError, LeafMismatchError, SpecialFileError
 from mixle.utils.files import require_regular_file
 from mixle.utils.optional_deps import not_opened_note, require
 from mixle.utils.redact import display_path
@@ -43,6 +43,29 @@ OPEN_THREADS = 16
 SHOWN_FILES = 3
 
 _OBJECT = np.dtype(object)
+
+
+class _ForkState:
+    """Whether array_record ran in this process, or in a parent before it forked this one.
+
+    array_record's C++ core keeps process-wide background threads (riegeli's cleaner of
+    recycled zstd contexts, a thread pool) that a forked child inherits without their
+    threads: a read there crashes (SIGSEGV) or hangs. Reads in such a child are refused
+    (:func:`_refuse_forked`); readers it inherited are kept, never closed or collected,
+    since their clean-up runs the same code.
+    """
+
+    used: ClassVar[bool] = False  # this process opened a reader through this module
+    inherited: ClassVar[bool] = False  # a parent had, before it forked this process
+    readers: ClassVar[list[Any]] = []  # readers inherited from a parent, kept alive
+
+    @classmethod
+    def after_fork_in_child(cls) -> None:
+        cls.inherited = cls.inherited or cls.used
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_ForkState.after_fork_in_child)
 
 
 def parse_paths(paths: object) -> tuple[str, ...]:
@@ -78,6 +101,7 @@ class _Files:
 
     counts: NDArray[np.int64]
     starts: NDArray[np.int64]  # first global index of every file, then the total
+    signatures: tuple[tuple[int, int, int], ...]  # (size, mtime_ns, inode) of each file
 
     @property
     def total(self) -> int:
@@ -128,6 +152,11 @@ def _open_reader(module: Any, paths: tuple[str, ...], k: int) -> Any:
             "array_record's ArrayRecordWriter"
         )
     return reader
+
+
+def _signature(path: str) -> tuple[int, int, int]:
+    info = os.stat(path)
+    return (info.st_size, info.st_mtime_ns, info.st_ino)
 
 
 def _close_reader(reader: Any) -> None:
@@ -264,6 +293,16 @@ class ArrayRecordSource(SourceLifetime):
     # -- handles ------------------------------------------------------------------------
     def _open_described(self) -> tuple[tuple[Any, ...], _Files]:
         module = require("array_record.python.array_record_module", feature="read_array_record")
+        if _ForkState.inherited:
+            raise RuntimeError(
+                f"{type(self).__name__}({self._location()}) cannot be read in a process forked "
+                "after array_record was used in its parent: array_record's C++ background "
+                "threads do not survive fork, and reads there crash. Use "
+                "Loader(worker_start_method='spawn') (the default) or 'forkserver', or fork "
+                "before opening any ArrayRecord file (a pickled copy of the source opens "
+                "nothing until it is read)"
+            )
+        _ForkState.used = True
         paths: tuple[str, ...] = self._args["paths"]
         opened: list[Any] = []
         try:
@@ -283,12 +322,16 @@ class ArrayRecordSource(SourceLifetime):
                     if failure is not None:
                         raise failure
             counts = np.array([reader.num_records() for reader in opened], dtype=np.int64)
+            signatures = tuple(_signature(path) for path in paths)
         except BaseException:
             for reader in opened:
                 _close_reader(reader)
             raise
         starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-        return tuple(opened), _Files(counts, starts)
+        return tuple(opened), _Files(counts, starts, signatures)
+
+    def _forked(self, handle: tuple[Any, ...]) -> None:
+        _ForkState.readers.append(handle)  # closing them here would crash (see _ForkState)
 
     def _release(self, handle: tuple[Any, ...]) -> None:
         for reader in handle:
@@ -360,13 +403,30 @@ class ArrayRecordSource(SourceLifetime):
             k = int(owner[lo])
             local = (rows[lo:hi] - files.starts[k]).tolist()
             try:
-                out.extend(readers[k].read(local))
+                got = readers[k].read(local)
             except RuntimeError as exc:
                 raise CorruptChunkError(
                     f"{_name(self._args['paths'], k)}: array_record could not read records "
                     f"{local[:3]}{'...' if len(local) > 3 else ''} of that file: {exc}"
                 ) from exc
+            if not all(got):  # array_record reads b"" past the end of a file truncated since
+                self._check_unchanged(files, k)
+            out.extend(got)
         return out
+
+    def _check_unchanged(self, files: _Files, k: int) -> None:
+        """Raise :class:`FileChangedError` if file ``k`` is not the file opened."""
+        try:
+            now: tuple[int, int, int] | None = _signature(self._args["paths"][k])
+        except OSError:
+            now = None
+        then = files.signatures[k]
+        if now != then:
+            shown = "deleted" if now is None else f"now {now[0]} bytes, was {then[0]}"
+            raise FileChangedError(
+                f"{_name(self._args['paths'], k)} changed after it was opened ({shown}); "
+                "array_record would read its lost records as b''. Open the source again"
+            )
 
     def _decoded(self, raw: Sequence[bytes], rows: Sequence[int]) -> list[Any]:
         decode = self._decode
@@ -395,6 +455,9 @@ class ArrayRecordSource(SourceLifetime):
             An index out of range, or indices that are not integers.
         CorruptChunkError
             array_record could not read a record (the message names the file).
+        FileChangedError
+            A file was truncated, rewritten or deleted after the source opened it (found
+            when array_record reads a record as empty, as it does past a new end of file).
         """
         readers = self._begin_read()
         try:  # close() defers releasing the readers until _end_read
@@ -461,6 +524,8 @@ class ArrayRecordSource(SourceLifetime):
                     ) from exc
                 finally:
                     self._end_read()
+                if not all(raw):
+                    self._check_unchanged(files, k)
                 if self._decode is None:
                     yield from raw
                 else:
@@ -530,6 +595,8 @@ def read_array_record(
         ``paths`` is not a path or sequence of paths, or ``decode`` is not callable.
     ImportError
         array_record is not installed (the message names the ``arrayrecord`` extra).
+    RuntimeError
+        Read in a process forked after array_record was used in its parent (see Notes).
 
     Notes
     -----
@@ -539,8 +606,11 @@ def read_array_record(
     chunk: reading any of them decompresses the chunk, so random access is fastest with
     ``group_size:1``; a batch decompresses each chunk it touches once.
 
-    The source is read-only, picklable by reference (paths and ``decode``, never data; the
-    copy reopens on first use) and reopens its files in a forked child. Reads are safe
+    The source is read-only and picklable by reference (paths and ``decode``, never data;
+    the copy opens nothing until first used). array_record itself does not survive
+    ``fork``: in a process forked after this module opened an ArrayRecord file, reads
+    raise ``RuntimeError`` (they would crash); use ``Loader(worker_start_method="spawn")``
+    (the default) or ``"forkserver"``, or fork before the first read. Reads are safe
     from several threads at once: array_record's batched read of one reader is
     thread-safe, and ``close()`` waits for reads in flight. Each open file holds one
     descriptor until ``close()``.

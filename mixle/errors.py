@@ -34,6 +34,7 @@ __all__ = [
     "SchemaMismatchError",
     "SourceClosedError",
     "SpecialFileError",
+    "SplitNotFoundError",
     "UncheckpointedWALError",
     "UnsupportedStoreError",
     "VlenLimitError",
@@ -62,6 +63,13 @@ class NotAnArrayError(ValueError):
 
 class ColumnNotFoundError(KeyError):
     """A record source has no column of that name; the message lists the columns it has."""
+
+    def __str__(self) -> str:  # KeyError would show the message in quotes
+        return str(self.args[0]) if self.args else ""
+
+
+class SplitNotFoundError(KeyError):
+    """A Hugging Face ``DatasetDict`` has no split of that name; the message lists its splits."""
 
     def __str__(self) -> str:  # KeyError would show the message in quotes
         return str(self.args[0]) if self.args else ""

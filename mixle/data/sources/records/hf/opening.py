@@ -12,6 +12,7 @@ import os
 from typing import Any
 
 from mixle.data.sources.arrays.base import listing
+from mixle.errors import SplitNotFoundError
 from mixle.utils.optional_deps import require
 
 __all__ = ["check_format", "load_saved", "pick_split"]
@@ -49,7 +50,7 @@ def pick_split(split: object, splits: list[str], what: str) -> str:
     if not isinstance(split, str):
         raise TypeError(f"split={split!r} must be a split name (a string) or None")
     if split not in splits:
-        raise KeyError(
+        raise SplitNotFoundError(
             f"split={split!r}: {what} has no such split; {listing(list(splits), 'its splits')}"
         )
     return split

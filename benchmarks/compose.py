@@ -77,7 +77,7 @@ FULL: dict[str, Any] = {
     "children": (6000, 7000, 8000),  # records of each child
     "record": (64, 64),  # float32: 16 KiB a record, 328 MiB for the three children
     "chunk_records": 8,  # records per zarr chunk (128 KiB)
-    "batches": 1,  # per round and contender: pairs of reads close in time
+    "batches": {"zarr": 1, "npy": 8},  # per round and contender: reads close in time
     "rounds": 25,
     "loader_batches": 4,
     "loader_rounds": 15,
@@ -93,7 +93,7 @@ QUICK: dict[str, Any] = {
     "children": (300, 350, 400),
     "record": (8, 8),
     "chunk_records": 8,
-    "batches": 1,
+    "batches": {"zarr": 1, "npy": 1},
     "rounds": 2,
     "loader_batches": 2,
     "loader_rounds": 2,
@@ -343,9 +343,26 @@ def _overhead_of(kind: str, paths: list[str], plan: dict[str, Any]) -> list[dict
         _compare_direct(kind, name, src, prepare, direct, plan)
         for name, (src, prepare, direct) in cases.items()
     ]
+    batches = random_batches(len(children[0]), 20, SEED + 2)
+    read_us = best_cpu_us(children[0].get_batch, batches)
+    for row, (src, _, _) in zip(out, cases.values()):
+        row["index_math_us"] = best_cpu_us(src.origins, random_batches(len(src), 20, SEED + 3))
+        row["child_read_us"] = read_us
     for c in children:
         c.close()
     return out
+
+
+def best_cpu_us(fn: Callable[[np.ndarray], Any], batches: Batches, repeats: int = 5) -> float:
+    """Process CPU microseconds of ``fn(indices)`` per batch, best of ``repeats`` passes."""
+    best = float("inf")
+    for _ in range(repeats):
+        _clear_cache()
+        start = time.process_time()
+        for idx in batches:
+            fn(idx)
+        best = min(best, time.process_time() - start)
+    return 1e6 * best / len(batches)
 
 
 def _same_indices(idx: np.ndarray) -> np.ndarray:
@@ -361,7 +378,7 @@ def _compare_direct(
     plan: dict[str, Any],
 ) -> dict[str, Any]:
     """One row of table (1): ``src.get_batch`` against ``direct`` of the prepared indices."""
-    n, count = len(src), plan["batches"]
+    n, count = len(src), plan["batches"][kind]
     probe = random_batches(n, 1, SEED + 1)[0]
     agree = same(src.get_batch(probe), direct(prepare(probe)))
 
@@ -560,7 +577,8 @@ def print_tables(rows: list[dict[str, Any]], plan: dict[str, Any]) -> None:
             f"\n(1) Composed vs direct reads: 3 children of {list(plan['children'])} float32 "
             f"records {record} ({mib:.0f} MiB), zarr zstd chunks of {plan['chunk_records']} "
             f"records or .npy; mix weights {list(MIX_WEIGHTS)}; select: a random half of "
-            f"the largest child; {plan['rounds']} rounds of {plan['batches']} batch(es); "
+            f"the largest child; {plan['rounds']} rounds of {plan['batches']['zarr']} (zarr) "
+            f"or {plan['batches']['npy']} (npy) batches; "
             f"Loader: {plan['loader_rounds']} rounds of {plan['loader_batches']} batches; "
             f"{common}"
         )
@@ -576,6 +594,14 @@ def print_tables(rows: list[dict[str, Any]], plan: dict[str, Any]) -> None:
                 f"[{r['x_direct_low']:.2f}-{r['x_direct_high']:.2f}] "
                 f"| {r['x_direct_cpu']:.3f} | {r['same']} |"
             )
+        for r in direct:
+            if "index_math_us" in r:
+                print(
+                    f"  {r['children']} {r['contender']}: origins(indices), the index math of "
+                    f"a read without the data, {r['index_math_us']:.0f} us CPU per batch = "
+                    f"{r['index_math_us'] / r['child_read_us']:.1%} of one child's "
+                    f"get_batch of {BATCH} ({r['child_read_us']:.0f} us; best of 5)"
+                )
         worst = max(direct, key=lambda r: r["x_direct"])
         print(
             f"goal: composed / direct time <= {GOAL_OVERHEAD} on every row: worst "

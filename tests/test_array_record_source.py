@@ -308,7 +308,7 @@ def test_a_child_forked_after_reads_refuses_to_read_instead_of_crashing(files):
                 src.get_batch([1])
                 problems.append("a thread of the child read")
             except RuntimeError as exc:
-                if "forked after array_record was used" not in str(exc):
+                if "forked after array_record was imported or used" not in str(exc):
                     problems.append(str(exc))
 
         thread = threading.Thread(target=work)
@@ -523,6 +523,12 @@ def test_bad_indices_are_refused(files):
             src["x"]  # type: ignore[index]
         with pytest.raises(TypeError, match="index must be an int or a slice"):
             src[True]  # type: ignore[index]
+
+
+def test_without_array_record_the_error_names_the_extra(files, monkeypatch):
+    monkeypatch.setitem(sys.modules, "array_record.python.array_record_module", None)
+    with pytest.raises(ImportError, match=r"read_array_record needs .*\.\[arrayrecord\]"):
+        read_array_record(files[0])
 
 
 def test_import_mixle_does_not_import_array_record():

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -43,6 +44,8 @@ OPEN_THREADS = 16
 SHOWN_FILES = 3
 
 _OBJECT = np.dtype(object)
+#: array_record's compiled module, the one that starts its C++ threads.
+_MODULE = "array_record.python.array_record_module"
 
 
 class _ForkState:
@@ -50,18 +53,19 @@ class _ForkState:
 
     array_record's C++ core keeps process-wide background threads (riegeli's cleaner of
     recycled zstd contexts, a thread pool) that a forked child inherits without their
-    threads: a read there crashes (SIGSEGV) or hangs. Reads in such a child are refused
-    (:func:`_refuse_forked`); readers it inherited are kept, never closed or collected,
-    since their clean-up runs the same code.
+    threads: a read there crashes (SIGSEGV) or hangs. Reads in a child forked after this
+    module opened a file, or after array_record's module was imported at all (its writer
+    starts the same threads), are refused; readers the child inherited are kept, never
+    closed or collected, since their clean-up runs the same code.
     """
 
     used: ClassVar[bool] = False  # this process opened a reader through this module
-    inherited: ClassVar[bool] = False  # a parent had, before it forked this process
+    inherited: ClassVar[bool] = False  # a parent had, or had imported array_record
     readers: ClassVar[list[Any]] = []  # readers inherited from a parent, kept alive
 
     @classmethod
     def after_fork_in_child(cls) -> None:
-        cls.inherited = cls.inherited or cls.used
+        cls.inherited = cls.inherited or cls.used or _MODULE in sys.modules
 
 
 if hasattr(os, "register_at_fork"):
@@ -292,11 +296,11 @@ class ArrayRecordSource(SourceLifetime):
 
     # -- handles ------------------------------------------------------------------------
     def _open_described(self) -> tuple[tuple[Any, ...], _Files]:
-        module = require("array_record.python.array_record_module", feature="read_array_record")
+        module = require(_MODULE, feature="read_array_record")
         if _ForkState.inherited:
             raise RuntimeError(
                 f"{type(self).__name__}({self._location()}) cannot be read in a process forked "
-                "after array_record was used in its parent: array_record's C++ background "
+                "after array_record was imported or used in its parent: its C++ background "
                 "threads do not survive fork, and reads there crash. Use "
                 "Loader(worker_start_method='spawn') (the default) or 'forkserver', or fork "
                 "before opening any ArrayRecord file (a pickled copy of the source opens "
@@ -596,7 +600,8 @@ def read_array_record(
     ImportError
         array_record is not installed (the message names the ``arrayrecord`` extra).
     RuntimeError
-        Read in a process forked after array_record was used in its parent (see Notes).
+        Read in a process forked after array_record was imported or used in its parent
+        (see Notes).
 
     Notes
     -----
@@ -608,9 +613,10 @@ def read_array_record(
 
     The source is read-only and picklable by reference (paths and ``decode``, never data;
     the copy opens nothing until first used). array_record itself does not survive
-    ``fork``: in a process forked after this module opened an ArrayRecord file, reads
-    raise ``RuntimeError`` (they would crash); use ``Loader(worker_start_method="spawn")``
-    (the default) or ``"forkserver"``, or fork before the first read. Reads are safe
+    ``fork``: in a process forked after array_record was imported or used (by this source
+    or by its writer), reads raise ``RuntimeError`` (they would crash); use
+    ``Loader(worker_start_method="spawn")`` (the default) or ``"forkserver"``, or fork
+    before the first read. Reads are safe
     from several threads at once: array_record's batched read of one reader is
     thread-safe, and ``close()`` waits for reads in flight. Each open file holds one
     descriptor until ``close()``.

@@ -210,3 +210,26 @@ def test_a_bad_record_keys_is_named() -> None:
     loader = mixle.Loader(Broken(4), batch_size=2, record_transform=lambda r, g: r)
     with pytest.raises(TypeError, match=r"Broken\.record_keys returned float64 of shape"):
         next(iter(loader))
+
+
+def test_record_transform_keeps_list_columns_as_object_columns(tmp_path: Any) -> None:
+    """A record source's variable-length list column is one object leaf per record: after a
+    record_transform it is stacked back into an object column, not taken as structure (which
+    failed for lists of different lengths and silently transposed lists of one length)."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    table = pa.table(
+        {
+            "a": [1, 2, 3, 4],
+            "same": [[1, 2], [3, 4], [5, 6], [7, 8]],
+            "ragged": [[1], [2, 3], [], [4]],
+        }
+    )
+    pq.write_table(table, tmp_path / "lists.parquet")
+    src = mixle.read_parquet(tmp_path / "lists.parquet")
+    loader = mixle.Loader(src, batch_size=4, record_transform=lambda record, rng: record)
+    batch = next(iter(loader))
+    for column in ("same", "ragged"):
+        assert batch[column].dtype == object and batch[column].shape == (4,)
+        assert [list(v) for v in batch[column]] == table.column(column).to_pylist()
+    assert batch["a"].tolist() == table.column("a").to_pylist()

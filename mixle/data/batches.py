@@ -12,11 +12,37 @@ from typing import Any
 
 import numpy as np
 
+from mixle.data.spec import ArraySpec
+
 __all__ = ["stack_records", "unstack_batch"]
 
 
-def stack_records(records: Sequence[Any]) -> Any:
+def _object_leaf(spec: Any) -> bool:
+    return isinstance(spec, ArraySpec) and spec.dtype == np.dtype(object) and spec.shape == ()
+
+
+def _sub_spec(spec: Any, key: Any) -> Any:
+    """The spec of field ``key`` of a record of spec ``spec``, or ``None``."""
+    if isinstance(spec, dict):
+        return spec.get(key)
+    if isinstance(spec, (tuple, list)) and isinstance(key, int) and key < len(spec):
+        return spec[key]
+    return None
+
+
+def stack_records(records: Sequence[Any], spec: Any = None) -> Any:
     """Stack records of one structure: each leaf becomes an array with a new leading axis.
+
+    Parameters
+    ----------
+    records
+        Records of one structure (dicts, tuples and lists of leaves).
+    spec
+        The records' declared spec (a tree of :class:`~mixle.data.spec.ArraySpec`), if
+        known. Where it declares an object leaf of shape ``()`` (a record source's
+        variable-length list, struct or string column) and the records hold lists, tuples
+        or dicts there, those values are one leaf each: stacked into an object array of
+        shape ``(len(records),)`` instead of being taken as structure.
 
     Raises
     ------
@@ -26,6 +52,11 @@ def stack_records(records: Sequence[Any]) -> Any:
     if not records:
         raise ValueError("stack_records needs at least one record")
     first = records[0]
+    if _object_leaf(spec) and isinstance(first, (dict, tuple, list)):
+        out = np.empty(len(records), dtype=object)
+        for i, value in enumerate(records):
+            out[i] = value
+        return out
     if isinstance(first, dict):
         keys = first.keys()
         for record in records:
@@ -33,14 +64,19 @@ def stack_records(records: Sequence[Any]) -> Any:
                 raise ValueError(
                     f"records differ in structure: {_describe(first)} and {_describe(record)}"
                 )
-        return {key: stack_records([record[key] for record in records]) for key in keys}
+        return {
+            key: stack_records([record[key] for record in records], _sub_spec(spec, key))
+            for key in keys
+        }
     if isinstance(first, (tuple, list)):
         for record in records:
             if type(record) is not type(first) or len(record) != len(first):
                 raise ValueError(
                     f"records differ in structure: {_describe(first)} and {_describe(record)}"
                 )
-        return type(first)(stack_records([r[i] for r in records]) for i in range(len(first)))
+        return type(first)(
+            stack_records([r[i] for r in records], _sub_spec(spec, i)) for i in range(len(first))
+        )
     try:
         return np.stack([np.asarray(leaf) for leaf in records])
     except ValueError as exc:

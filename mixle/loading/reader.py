@@ -63,10 +63,14 @@ class BatchReader:
         else the indices."""
         return leaf_keys(self.source, indices)
 
-    def _check(self, batch: Any, plan: BatchPlan) -> None:
-        if not self._spec:  # once per copy of the reader (a benign race between threads)
+    def record_spec(self) -> Any:
+        """The source's declared record spec (``None``: none), asked once per copy."""
+        if not self._spec:  # a benign race between threads: both ask, one answer is kept
             self._spec.append(record_spec_of(self.source))
-        spec = self._spec[0]
+        return self._spec[0]
+
+    def _check(self, batch: Any, plan: BatchPlan) -> None:
+        spec = self.record_spec()
         if spec is not None:
             where = f"batch {plan.batch} of epoch {plan.epoch}"
             check_source_batch(batch, spec, plan.indices.size, source=self.source, where=where)
@@ -83,14 +87,14 @@ class BatchReader:
         else:
             records = [source[i] for i in indices.tolist()]
             if fn is None or check:
-                batch = stack_records(records)
+                batch = stack_records(records, self.record_spec())
             if check:
                 self._check(batch, plan)
         if fn is not None:
             seed, epoch = self.seed, plan.epoch
             keys = self.record_keys(indices).tolist()
             records = [fn(record, record_rng(seed, epoch, k)) for record, k in zip(records, keys)]
-            batch = stack_records(records)
+            batch = stack_records(records, self.record_spec())
         if self.transform is not None:
             if self.transform_rng:
                 rng = batch_rng(self.seed, plan.epoch, plan.batch, self.shard_index)

@@ -43,14 +43,18 @@ def parse_check_spec(check_spec: object) -> str:
 def record_spec_of(source: Any) -> SpecTree | None:
     """``source.element_spec()`` when it declares one the check can use, else ``None``.
 
-    ``None`` when the source has no callable ``element_spec``, reports ``None``, or reports
-    something that is not a tree of :class:`~mixle.data.spec.ArraySpec` (a ``TypeError``
-    from :func:`~mixle.data.spec.batch_spec`): such a source declares nothing to check.
+    ``None`` when the source has no callable ``element_spec``, its ``element_spec()``
+    raises ``NotImplementedError`` or ``TypeError``, reports ``None``, or reports something
+    that is not a tree of :class:`~mixle.data.spec.ArraySpec` (a ``TypeError`` from
+    :func:`~mixle.data.spec.batch_spec`): such a source declares nothing to check.
     """
     report = getattr(source, "element_spec", None)
     if not callable(report):
         return None
-    spec = report()
+    try:
+        spec = report()
+    except (NotImplementedError, TypeError):
+        return None
     if spec is None:
         return None
     try:

@@ -21,20 +21,19 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from mixle.data.sources.arrays.box_reads import parse_indices
-from mixle.data.sources.compose.gather import empty_batch, gather, stack_records
+from mixle.data.sources.compose.children import child_fingerprint, child_spec, read_records
+from mixle.data.sources.compose.gather import empty_batch, gather
 from mixle.data.sources.compose.lineage import child_keys, child_origins
 from mixle.data.sources.custom import Source
 from mixle.data.sources.origins import Origins
-from mixle.data.spec import ArraySpec, SpecTree
+from mixle.data.spec import SpecTree
 from mixle.errors import SchemaMismatchError, SourceClosedError
 
 __all__ = [
     "ComposedSource",
     "SourcesLike",
-    "child_spec",
     "common_spec",
     "parse_sources",
-    "read_child",
 ]
 
 SourcesLike = Sequence[Any] | Mapping[str, Any]
@@ -99,23 +98,6 @@ def parse_sources(sources: object) -> tuple[tuple[str, ...], tuple[Any, ...], tu
     return names, children, lengths
 
 
-def child_spec(child: Any) -> SpecTree | None:
-    """A child's declared element spec: ``element_spec()``, a NumPy array's row, or ``None``.
-
-    A child whose ``element_spec()`` raises ``TypeError`` (a wrapper over a source with
-    nothing to report, e.g. :func:`mixle.select` over a plain array-like) declares none.
-    """
-    report = getattr(child, "element_spec", None)
-    if callable(report):
-        try:
-            return report()
-        except TypeError:
-            return None
-    if isinstance(child, np.ndarray):
-        return ArraySpec(child.shape[1:], child.dtype)
-    return None
-
-
 def _first_difference(a: SpecTree, b: SpecTree, path: str) -> tuple[str, Any, Any] | None:
     """The first field where spec trees ``a`` and ``b`` differ: its path and both parts."""
     if isinstance(a, dict) or isinstance(b, dict):
@@ -170,17 +152,6 @@ def common_spec(names: Sequence[str], children: Sequence[Any]) -> SpecTree | Non
     return None if first is None else first[1]
 
 
-def read_child(child: Any, local: NDArray[np.int64]) -> Any:
-    """Records ``local`` of ``child``: one ``get_batch`` call, a NumPy fancy read, or row by
-    row and stacked for any other ``__getitem__`` source."""
-    get = getattr(child, "get_batch", None)
-    if callable(get):
-        return get(local)
-    if isinstance(child, np.ndarray):
-        return child[local]
-    return stack_records([child[int(i)] for i in local.tolist()])
-
-
 def _describe(child: Any) -> str:
     """A child for a ``repr``: mixle sources by their own repr, plain containers by shape."""
     if isinstance(child, np.ndarray):
@@ -191,14 +162,6 @@ def _describe(child: Any) -> str:
         return repr(child)
     except Exception as exc:  # a repr never raises
         return f"{type(child).__name__}(repr failed: {type(exc).__name__})"
-
-
-def _child_fingerprint(child: Any) -> str:
-    custom = getattr(child, "fingerprint", None)
-    if callable(custom):
-        return f"custom:{custom()}"
-    spec = child_spec(child)
-    return json.dumps({"type": type(child).__qualname__, "len": len(child), "spec": repr(spec)})
 
 
 class ComposedSource(Source):
@@ -288,9 +251,9 @@ class ComposedSource(Source):
         if not groups:
             if self._spec is not None:
                 return empty_batch(self._spec)
-            return read_child(self._children[0], np.zeros(0, dtype=np.int64))
+            return read_records(self._children[0], np.zeros(0, dtype=np.int64))
         parts = [
-            (self._names[k], rows, read_child(self._children[k], local))
+            (self._names[k], rows, read_records(self._children[k], local))
             for k, rows, local in groups
         ]
         return gather(parts, n)
@@ -326,7 +289,7 @@ class ComposedSource(Source):
             "type": type(self).__qualname__,
             "len": len(self),
             "arguments": repr(sorted(self._arguments().items())),
-            "children": [[n, _child_fingerprint(c)] for n, c in zip(self._names, self._children)],
+            "children": [[n, child_fingerprint(c)] for n, c in zip(self._names, self._children)],
         }
         return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
 

@@ -17,7 +17,7 @@ from numpy.typing import NDArray
 from mixle.data.spec import ArraySpec, SpecTree
 from mixle.errors import SchemaMismatchError
 
-__all__ = ["Part", "empty_batch", "gather", "stack_records"]
+__all__ = ["Part", "empty_batch", "gather"]
 
 #: One child's share of a request: its name, the request rows it fills, its batch.
 Part = tuple[str, NDArray[np.int64], Any]
@@ -121,13 +121,3 @@ def empty_batch(spec: SpecTree) -> Any:
     if not isinstance(spec, ArraySpec):
         raise TypeError(f"spec leaves must be ArraySpec, got {type(spec).__name__}")
     return np.empty((0, *spec.shape), dtype=spec.dtype)
-
-
-def stack_records(records: Sequence[Any]) -> Any:
-    """Records stacked into a batch: tuples, lists and dicts kept, each leaf ``np.stack``-ed."""
-    first = records[0]
-    if isinstance(first, dict):
-        return {key: stack_records([r[key] for r in records]) for key in first}
-    if isinstance(first, (tuple, list)):
-        return type(first)(stack_records([r[i] for r in records]) for i in range(len(first)))
-    return np.stack([np.asarray(r) for r in records])

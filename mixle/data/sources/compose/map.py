@@ -19,8 +19,9 @@ from numpy.typing import ArrayLike, NDArray
 from mixle.data.batches import stack_records, unstack_batch
 from mixle.data.index_math.hashing import hash_int, parse_seed
 from mixle.data.sources.arrays.box_reads import parse_indices
+from mixle.data.sources.compose.children import child_fingerprint, read_records
+from mixle.data.sources.compose.gather import empty_batch
 from mixle.data.sources.compose.lineage import leaf_keys, leaf_origins
-from mixle.data.sources.compose.select import child_fingerprint, read_records
 from mixle.data.sources.custom import Source
 from mixle.data.sources.origins import Origins
 from mixle.data.spec import ArraySpec, SpecTree, batch_spec, spec_of
@@ -49,15 +50,6 @@ def _record_spec(batch: Any) -> SpecTree:
         return type(batch)(_record_spec(item) for item in batch)
     leaf = spec_of(batch)
     return ArraySpec(leaf.shape[1:], leaf.dtype)
-
-
-def _empty(spec: SpecTree) -> Any:
-    """A batch of no records of ``spec``."""
-    if isinstance(spec, dict):
-        return {key: _empty(item) for key, item in spec.items()}
-    if isinstance(spec, (tuple, list)):
-        return type(spec)(_empty(item) for item in spec)
-    return np.empty((0, *spec.shape), dtype=spec.dtype)
 
 
 def _stack_outputs(outputs: list[Any], indices: NDArray[np.int64]) -> Any:
@@ -128,7 +120,7 @@ class MapSource(Source):
         stacked: one ``get_batch`` call of the child, ``fn`` per record."""
         idx = self._indices(indices)
         if not idx.size:
-            return _empty(self.element_spec())
+            return empty_batch(self.element_spec())
         records = unstack_batch(read_records(self._source, idx), idx.size)
         fn = self._fn
         if self._with_rng:

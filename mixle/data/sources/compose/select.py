@@ -16,17 +16,16 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from mixle.data.batches import stack_records
 from mixle.data.sources.arrays.box_reads import parse_indices
+from mixle.data.sources.compose.children import child_fingerprint, read_records
 from mixle.data.sources.compose.lineage import leaf_keys, leaf_origins
 from mixle.data.sources.custom import Source
 from mixle.data.sources.origins import Origins
-from mixle.data.sources.protocols import SupportsBatchRead
 from mixle.data.sources.records.base import STREAM_ROWS, RecordSource
 from mixle.data.spec import SpecTree
 from mixle.errors import ColumnNotFoundError, SourceClosedError
 
-__all__ = ["COLUMN_BLOCK_ROWS", "SelectSource", "child_fingerprint", "read_records", "select"]
+__all__ = ["COLUMN_BLOCK_ROWS", "SelectSource", "select"]
 
 #: Rows per block when ``select(column=..., equals=...)`` reads the column.
 COLUMN_BLOCK_ROWS = STREAM_ROWS
@@ -40,30 +39,6 @@ class _Missing:
 
 
 _MISSING: Any = _Missing()
-
-
-def read_records(source: Any, indices: NDArray[np.int64]) -> Any:
-    """Records ``indices`` of ``source`` stacked: one ``get_batch`` call when it has one,
-    else ``source[i]`` per record, stacked."""
-    if isinstance(source, SupportsBatchRead):
-        return source.get_batch(indices)
-    if not indices.size:
-        raise ValueError(
-            f"{type(source).__name__} has no get_batch, so an empty batch of it has no "
-            "structure to return"
-        )
-    return stack_records([source[i] for i in indices.tolist()])
-
-
-def child_fingerprint(child: Any) -> str:
-    """What tells ``child`` apart for a Loader's resume check, without reading data: its
-    own ``fingerprint()``, else its type, length and element spec."""
-    custom = getattr(child, "fingerprint", None)
-    if callable(custom):
-        return f"custom:{custom()}"
-    report = getattr(child, "element_spec", None)
-    spec = repr(report()) if callable(report) else None
-    return json.dumps({"type": type(child).__qualname__, "len": len(child), "spec": spec})
 
 
 def _parse_selection(value: object, length: int) -> tuple[NDArray[np.int64], str]:

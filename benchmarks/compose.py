@@ -79,8 +79,7 @@ FULL: dict[str, Any] = {
     "chunk_records": 8,  # records per zarr chunk (128 KiB)
     "batches": {"zarr": 1, "npy": 8},  # per round and contender: reads close in time
     "rounds": 25,
-    "loader_batches": 4,
-    "loader_rounds": 15,
+    "loader_rounds": {"zarr": 5, "npy": 15},  # rounds of one epoch
     "hf_rows": 200_000,
     "hf_width": 32,
     "ar_files": 4,
@@ -95,8 +94,7 @@ QUICK: dict[str, Any] = {
     "chunk_records": 8,
     "batches": {"zarr": 1, "npy": 1},
     "rounds": 2,
-    "loader_batches": 2,
-    "loader_rounds": 2,
+    "loader_rounds": {"zarr": 2, "npy": 2},
     "hf_rows": 2_000,
     "hf_width": 4,
     "ar_files": 2,
@@ -424,46 +422,48 @@ def _overhead_row(
 
 # -- (1b) through the Loader --------------------------------------------------------------
 def loader_rows(paths: dict[str, Any], plan: dict[str, Any]) -> list[dict[str, Any]]:
-    """Rows of table (1b): ``Loader(concat(children))`` against ``Loader(single)``."""
+    """Rows of table (1b): an epoch of ``Loader(concat(children))`` against one of
+    ``Loader(single)``.
+
+    A whole epoch, so that both do the same reads: stopping after a few batches would leave
+    a varying number of read-ahead batches in flight (done, or cut short by ``close``).
+    """
     out = []
-    count = plan["loader_batches"]
     for kind in ("zarr", "npy"):
         opener = mixle.read_zarr if kind == "zarr" else mixle.read_npy
         children = [opener(p) for p in paths[kind]]
         single = opener(paths[f"{kind}_single"])
         cat = mixle.concat(children)
         assert len(cat) == len(single)
+        agree = same(_first_batch(cat), _first_batch(single))
+        count = len(mixle.Loader(cat, BATCH))
+        rounds_ = plan["loader_rounds"][kind]
 
-        def first_batches(src: Any, seed: int) -> list[Any]:
-            loader = mixle.Loader(src, batch_size=BATCH, shuffle=True, seed=seed)
-            got = [np.asarray(b) for _, b in zip(range(2), loader)]
-            loader.close()
-            return got
-
-        agree = same(first_batches(cat, SEED), first_batches(single, SEED))
-
-        def through(src: Any) -> Callable[[int], Callable[[], None]]:
+        def epoch(src: Any) -> Callable[[int], Callable[[], None]]:
             def prepare(r: int) -> Callable[[], None]:
                 def go() -> None:
-                    loader = mixle.Loader(src, batch_size=BATCH, shuffle=True, seed=1000 + r)
                     batch = None
-                    for _, batch in zip(range(count), loader):  # noqa: B007
+                    for batch in mixle.Loader(src, BATCH, shuffle=True, seed=1000 + r):  # noqa: B007
                         pass  # the last batch stays alive while the next is read
-                    loader.close()
                     del batch
 
                 return go
 
             return prepare
 
-        t = rounds({"direct": through(single), "composed": through(cat)}, plan["loader_rounds"])
-        row = _overhead_row(
-            "loader", kind, "Loader(concat)", t, count, agree, plan["loader_rounds"]
-        )
-        out.append(row)
+        t = rounds({"direct": epoch(single), "composed": epoch(cat)}, rounds_)
+        out.append(_overhead_row("loader", kind, "Loader(concat)", t, count, agree, rounds_))
         for c in [*children, single]:
             c.close()
     return out
+
+
+def _first_batch(src: Any) -> Any:
+    """The first batch of a shuffled epoch of ``src``."""
+    loader = mixle.Loader(src, BATCH, shuffle=True, seed=SEED)
+    batch = next(iter(loader))
+    loader.close()
+    return batch
 
 
 # -- (2) Hugging Face datasets ------------------------------------------------------------
@@ -587,7 +587,8 @@ def print_tables(rows: list[dict[str, Any]], plan: dict[str, Any]) -> None:
             f"records or .npy; mix weights {list(MIX_WEIGHTS)}; select: a random half of "
             f"the largest child; {plan['rounds']} rounds of {plan['batches']['zarr']} (zarr) "
             f"or {plan['batches']['npy']} (npy) batches; "
-            f"Loader: {plan['loader_rounds']} rounds of {plan['loader_batches']} batches; "
+            f"Loader: {plan['loader_rounds']['zarr']} (zarr) or {plan['loader_rounds']['npy']} "
+            f"(npy) rounds of one epoch, default threads; "
             f"{common}"
         )
         print(
@@ -658,7 +659,8 @@ def main() -> None:
     args = parser.parse_args()
     plan = dict(QUICK if args.quick else FULL)
     if args.rounds is not None:
-        plan["rounds"] = plan["loader_rounds"] = plan["small_rounds"] = args.rounds
+        plan["rounds"] = plan["small_rounds"] = args.rounds
+        plan["loader_rounds"] = {"zarr": args.rounds, "npy": args.rounds}
     only = set(args.only.split(",")) if args.only else set(TABLES)
     unknown = only - set(TABLES)
     if unknown:

@@ -119,6 +119,10 @@ class StreamLoader(ActiveRun):
     - Resuming (``load_state_dict``) re-creates the iterator and pulls and discards the
       records before the next batch: O(records skipped). So does a new ``iter()`` after a
       ``break`` unless the iterator stands exactly at the cursor.
+    - Where an epoch ends is learned by pulling that far. In this process the reads
+      ahead then go on with the next epoch; with ``num_workers`` the end is learned when
+      the loop reaches it, so the workers' reads ahead stop at each epoch's end (the
+      plans past it read nothing) and the next epoch starts after it.
     - Every shard pulls the whole stream and keeps its rows; to avoid that, split the
       stream upstream (e.g. ``datasets.distributed.split_dataset_by_node``) and use one
       shard per split.
@@ -327,7 +331,7 @@ class StreamLoader(ActiveRun):
             stream = pool.batches(plans, signal)
         else:
             stream = ordered_map(
-                self._reader.for_run(),
+                self._reader.for_run(ends),
                 plans,
                 num_threads=self._num_threads,
                 prefetch=self._prefetch,

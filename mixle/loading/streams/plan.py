@@ -20,6 +20,7 @@ records, whatever the shard layout and ``drop_last``.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -100,24 +101,31 @@ class StreamPlan:
 
 
 class EpochEnds:
-    """What the run has learned about where each epoch ends: ``{epoch: batches}``."""
+    """What the run has learned about where each epoch ends: ``{epoch: batches}``.
+
+    Thread-safe: reader threads report ends as they pull, the plans read them.
+    """
 
     def __init__(self) -> None:
         self._ends: dict[int, int] = {}
+        self._lock = threading.Lock()
 
     def end(self, epoch: int, batches: int) -> None:
         """Epoch ``epoch`` has at most ``batches`` batches on this shard."""
-        known = self._ends.get(epoch)
-        self._ends[epoch] = batches if known is None else min(known, batches)
+        with self._lock:
+            known = self._ends.get(epoch)
+            self._ends[epoch] = batches if known is None else min(known, batches)
 
     def batches(self, epoch: int) -> int | None:
         """The batches of ``epoch``, once known."""
-        return self._ends.get(epoch)
+        with self._lock:
+            return self._ends.get(epoch)
 
     def forget(self, before: int) -> None:
         """Drop what is known of epochs before ``before`` (an endless run keeps O(1))."""
-        for epoch in [e for e in self._ends if e < before]:
-            del self._ends[epoch]
+        with self._lock:
+            for epoch in [e for e in self._ends if e < before]:
+                del self._ends[epoch]
 
 
 def stream_plans(

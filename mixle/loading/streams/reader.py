@@ -20,15 +20,15 @@ from typing import Any, NamedTuple
 import numpy as np
 from numpy.typing import NDArray
 
-from mixle.data.spec import ArraySpec, SpecTree
+from mixle.data.spec import SpecTree
 from mixle.loading.batching import attach_mask, stack_records
 from mixle.loading.plan import batch_rng, record_rng
 from mixle.loading.spec_check import check_source_batch
 from mixle.loading.streams.detect import ONE_SHOT_FIX, StreamKind, open_pass
-from mixle.loading.streams.plan import StreamLayout, StreamPlan, shard_rows
+from mixle.loading.streams.plan import EpochEnds, StreamLayout, StreamPlan, shard_rows
 from mixle.loading.streams.shuffle_buffer import shuffle_buffer
 
-__all__ = ["StreamCursor", "StreamRead", "StreamReader", "conform_strings"]
+__all__ = ["StreamCursor", "StreamRead", "StreamReader"]
 
 
 class StreamRead(NamedTuple):
@@ -116,28 +116,6 @@ class StreamCursor:
         return self._head[position]
 
 
-def conform_strings(batch: Any, spec: SpecTree) -> Any:
-    """``batch`` with each string leaf its stream declares as ``object`` made an object array.
-
-    Stacking Python strings gives a fixed-width ``<U`` array; mixle's record sources report
-    and return strings as ``object``, so a stream that declares ``object`` gets it.
-    """
-    if isinstance(spec, dict) and isinstance(batch, dict):
-        return {k: conform_strings(v, spec[k]) if k in spec else v for k, v in batch.items()}
-    if isinstance(spec, (tuple, list)) and isinstance(batch, (tuple, list)):
-        if len(spec) == len(batch):
-            return type(batch)(conform_strings(v, sp) for v, sp in zip(batch, spec))
-        return batch
-    if (
-        isinstance(spec, ArraySpec)
-        and spec.dtype == np.dtype(object)
-        and isinstance(batch, np.ndarray)
-        and batch.dtype.kind in "US"
-    ):
-        return batch.astype(object)
-    return batch
-
-
 def _reader_state(reader: StreamReader) -> dict[str, Any]:
     return {name: getattr(reader, name) for name in StreamReader.__dataclass_fields__}
 
@@ -158,8 +136,9 @@ class StreamReader:
         The Loader's transforms; ``transform`` gets ``(batch, rng)`` when ``transform_rng``.
     record_spec
         The stream's ``element_spec()``, or ``None``: plans with ``check`` are checked
-        against it, and string leaves it declares ``object`` are stacked as ``object``
-        (:func:`conform_strings`).
+        against it, and records are stacked by it
+        (:func:`~mixle.loading.batching.stack_records`: strings, lists and dicts in a
+        leaf it declares ``object`` are one value each).
     """
 
     source: Any
@@ -172,6 +151,7 @@ class StreamReader:
     transform_rng: bool
     record_spec: SpecTree | None
     cursor: StreamCursor | None = field(default=None, repr=False)
+    ends: EpochEnds | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.cursor is None:
@@ -188,16 +168,18 @@ class StreamReader:
             self.source, self.kind, buffer=self.buffer, seed=self.seed, keep_head=head
         )
 
-    def for_run(self) -> StreamReader:
-        """A reader for a new run (its tickets start again) over the same cursor."""
-        return StreamReader(**{**_reader_state(self), "cursor": self.cursor})
+    def for_run(self, ends: EpochEnds | None = None) -> StreamReader:
+        """A reader for a new run (its tickets start again) over the same cursor; it tells
+        ``ends`` where each epoch ends as soon as it pulls that far (in this process, the
+        plans ahead then go on with the next epoch instead of past this one's end)."""
+        return StreamReader(**{**_reader_state(self), "cursor": self.cursor, "ends": ends})
 
     def fresh(self) -> StreamReader:
         """A reader with a cursor of its own (a worker process, a spec read)."""
-        return StreamReader(**{**_reader_state(self), "cursor": None})
+        return StreamReader(**{**_reader_state(self), "cursor": None, "ends": None})
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild, (_reader_state(self) | {"cursor": None},))
+        return (_rebuild, (_reader_state(self) | {"cursor": None, "ends": None},))
 
     # -- reading ------------------------------------------------------------------------
     def _pull(self, plan: StreamPlan) -> tuple[list[Any], NDArray[np.int64], Any, bool] | None:
@@ -236,18 +218,20 @@ class StreamReader:
 
     def __call__(self, plan: StreamPlan) -> StreamRead:
         pulled = self._ticketed_pull(plan)
+        ends = self.ends
         if pulled is None:
+            if ends is not None:
+                ends.end(plan.epoch, plan.batch)
             return StreamRead(None, None, True)
         records, indices, mask, last = pulled
+        if last and ends is not None:
+            ends.end(plan.epoch, plan.batch + 1)
         fn = self.record_transform
-        batch = None
-        if fn is None:
-            batch = stack_records(records)
-            if self.record_spec is not None:
-                batch = conform_strings(batch, self.record_spec)
+        spec = self.record_spec
+        batch = stack_records(records, spec) if fn is None else None
         if self.record_spec is not None and plan.check:
             check_source_batch(
-                stack_records(records) if batch is None else batch,
+                stack_records(records, spec) if batch is None else batch,
                 self.record_spec,
                 len(records),
                 source=self.source,
@@ -259,7 +243,7 @@ class StreamReader:
                 fn(record, record_rng(seed, epoch, i))
                 for record, i in zip(records, indices.tolist())
             ]
-            batch = stack_records(records)
+            batch = stack_records(records, spec)
         if self.transform is not None:
             if self.transform_rng:
                 rng = batch_rng(self.seed, plan.epoch, plan.batch, self.layout.shard_index)

@@ -540,6 +540,17 @@ def test_bad_batch_size_and_sources() -> None:
         list(mixle.Loader(lambda: 3, 2))
 
 
+def test_fingerprints_tell_streams_apart() -> None:
+    def fp(source: Any) -> str:
+        return mixle.Loader(source, 2).state_dict()["source"]
+
+    one = datasets.Dataset.from_dict({"a": [1, 2]}).to_iterable_dataset()
+    other = datasets.Dataset.from_dict({"b": [1.0, 2.0]}).to_iterable_dataset()
+    assert fp(one) != fp(other)
+    assert fp(Counting(3)) == fp(Counting(5)) != fp(Words())
+    assert fp(counting_factory) != fp(lambda: iter(Words()))
+
+
 def test_bad_states() -> None:
     loader = mixle.Loader(Counting(6), 2, seed=1, num_epochs=2)
     good = loader.state_dict()
@@ -619,3 +630,26 @@ def test_a_stream_that_fails_is_read_again_from_a_new_pass(threads: int) -> None
     got += run_ids(loader)
     assert got == [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9], [10, 11]]  # not cut short at record 5
     assert stream.passes == 2
+
+
+def test_read_hf_stream_batches_equal_the_datasets_own_iteration() -> None:
+    table = {
+        "a": list(range(10)),
+        "c": [str(i) for i in range(10)],
+        "v": [[i, -i] for i in range(10)],
+    }
+    ds = datasets.Dataset.from_dict(table).to_iterable_dataset(num_shards=2)
+    truth = list(ds)  # the writing library's own read
+    loader = mixle.Loader(mixle.read_hf(ds), 4, drop_last="pad", num_epochs=2)
+    assert isinstance(loader, StreamLoader)
+    spec = loader.element_spec()
+    batches = list(loader)
+    assert len(batches) == 6
+    for batch in batches:
+        mixle.validate_batch(batch, spec)
+    for k, batch in enumerate(batches[:3]):
+        rows = [truth[(4 * k + j) % 10] for j in range(4)]
+        assert batch["a"].tolist() == [r["a"] for r in rows]
+        assert batch["c"].tolist() == [r["c"] for r in rows]
+        assert batch["v"].tolist() == [r["v"] for r in rows]
+    assert batches[2]["mask"].tolist() == [True, True, False, False]

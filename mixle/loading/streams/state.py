@@ -77,7 +77,8 @@ def stream_fingerprint(source: Any) -> str:
     """A short hex digest that tells streams apart without reading them.
 
     ``source.fingerprint()`` when the stream defines it; otherwise its type (for a factory,
-    the function's module and qualified name) and its ``element_spec()`` when it has one.
+    the function's module and qualified name), its ``element_spec()`` and its
+    ``features`` (a ``datasets.IterableDataset``'s columns) when it has them.
     """
     custom = getattr(source, "fingerprint", None)
     if callable(custom):
@@ -91,6 +92,9 @@ def stream_fingerprint(source: Any) -> str:
         spec = getattr(source, "element_spec", None)
         if callable(spec):
             parts["spec"] = repr(spec())
+        features = getattr(source, "features", None)  # a datasets.IterableDataset's columns
+        if features is not None and not callable(features):
+            parts["features"] = repr(features)
         text = json.dumps(parts, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 

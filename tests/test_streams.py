@@ -393,6 +393,36 @@ def test_resume_after_every_k_batches_equals_one_run(options: dict[str, Any]) ->
             same_batches(a, b)
 
 
+@settings(max_examples=30, deadline=None)
+@given(
+    n=st.integers(0, 30),
+    batch_size=st.integers(1, 4),
+    num_shards=st.integers(1, 3),
+    drop_last=st.sampled_from([False, True, "pad"]),
+    buffer=st.sampled_from([None, 1, 5]),
+    stop=st.integers(0, 20),
+)
+def test_resume_anywhere_equals_one_run(
+    n: int, batch_size: int, num_shards: int, drop_last: Any, buffer: int | None, stop: int
+) -> None:
+    options: dict[str, Any] = dict(
+        batch_size=batch_size,
+        num_shards=num_shards,
+        shard_index=num_shards - 1,
+        drop_last=drop_last,
+        shuffle_buffer=buffer,
+        num_epochs=2,
+        num_threads=0,
+        seed=n,
+    )
+    whole = run_ids(mixle.Loader(Counting(n), **options))
+    first = mixle.Loader(Counting(n), **options)
+    got = run_ids(itertools.islice(first, stop))
+    again = mixle.Loader(Counting(n), **options)
+    again.load_state_dict(json.loads(json.dumps(first.state_dict())))
+    assert got + run_ids(again) == whole
+
+
 def test_break_then_iterate_again_continues_at_the_cursor() -> None:
     stream = Counting(20)
     loader = mixle.Loader(stream, 3, num_threads=2, prefetch=4, num_epochs=2)

@@ -1,14 +1,14 @@
 """Composed sources against reading their parts by hand, and mixle's Hugging Face and
 ArrayRecord readers against those libraries' own batched reads, side by side in one run.
 
-Run: python benchmarks/compose.py [--quick] [--json] [--rounds 7] [--data-dir DIR]
+Run: python benchmarks/compose.py [--quick] [--json] [--rounds 25] [--data-dir DIR]
      [--only overhead,loader,hf,arrayrecord]
 
 (1) **Overhead of composing** (``overhead``). Three children of float32 records (zarr
 arrays, zstd, several records per chunk; and the same records as ``.npy`` files through
 ``mixle.read_npy``), random batches of 256 records. ``direct`` reads the same records from
 the children by hand, as a user would: group the batch's indices by child, one
-``get_batch`` per child, rows put back in request order into one preallocated batch.
+``get_batch`` per child, then the rows put in request order into one new batch.
 ``composed`` is ``src.get_batch(indices)`` of:
 
 - ``concat(children)``: direct finds each index's child from the offsets (in the timed
@@ -19,12 +19,15 @@ the children by hand, as a user would: group the batch's indices by child, one
   records in random order: direct is ``child.get_batch(chosen[indices])``.
 
 ``x direct`` is composed time / direct time (goal: <= 1.05, i.e. at most 5 % overhead).
+Below the table, ``origins(indices)`` of each combinator (its index math, no data read;
+process CPU time, best of 5) is set against one child's ``get_batch`` of 256 records.
 
-(1b) **Through the Loader** (``loader``). ``Loader(concat(children), batch_size=256,
-shuffle=True)`` against ``Loader(single, ...)``, ``single`` one source of the same records
-(the children's arrays written end to end as one zarr array or ``.npy`` file), the same
-seed, so both read the same records in the same order; the first ``batches`` batches of
-an epoch, Loader defaults otherwise. ``x direct`` is concat's time / single's time.
+(1b) **Through the Loader** (``loader``). An epoch of ``Loader(concat(children),
+batch_size=256, shuffle=True)`` against an epoch of ``Loader(single, ...)``, ``single`` one
+source of the same records (the children's arrays written end to end as one zarr array or
+``.npy`` file), with the same seed, so both read the same records in the same order;
+Loader defaults otherwise (reader threads). A whole epoch, so that both do the same reads.
+``x direct`` is concat's time / single's time.
 
 (2) **Hugging Face datasets** (``hf``). A dataset built with ``Dataset.from_dict`` (int64,
 float64, a fixed-size float32 list of 32 and a string column), ``save_to_disk`` then
@@ -40,14 +43,17 @@ layout array_record recommends for random access), random batches of 256:
 ``np.frombuffer`` into one stacked array (mixle's ``decode=``, against ``np.stack`` of the
 data source's records). ``x mixle`` as in (2) (goal: >= 1).
 
-Timing: every contender of a row reads the same ``batches`` batches in a round (fresh
-indices each round); the rounds run the contenders interleaved, in a rotating order, with
-mixle's decoded-chunk cache emptied before each contender's turn, so a busy moment of a
-noisy machine hits every contender. Each row reports the median per-batch time of each
-contender and the median over rounds of the per-round ratio (with its range). The batches
-of every pair are checked equal once before timing (the ``same`` column).
+Timing: every contender of a row reads the same batches in a round (fresh indices each
+round: 1 batch of zarr or 8 of ``.npy`` in (1), 10 in (2) and (3)); the rounds run the
+contenders interleaved, in a rotating order, after one untimed warm-up round, with mixle's
+decoded-chunk cache emptied before each contender's turn, so a busy moment of a noisy
+machine hits both reads of a pair. Each row reports the median per-batch time of each
+contender and the median over rounds of the per-round ratio of wall time (with its range),
+and of process CPU time (all threads), which moves less with other processes' load. The
+batches of every pair are checked equal once before timing (the ``same`` column; values
+compared at the rival's dtype: datasets' numpy format gives float64 columns as float32).
 
-``--quick`` runs a smoke version (tiny sizes, 3 rounds) in a few seconds; ``--json`` also
+``--quick`` runs a smoke version (tiny sizes, 2 rounds) in a few seconds; ``--json`` also
 prints the rows as JSON lines; ``--data-dir`` keeps the data files and reuses them.
 """
 

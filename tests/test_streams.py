@@ -587,7 +587,7 @@ def test_bad_states() -> None:
     mapped = mixle.Loader([record(i) for i in range(6)], 2)
     with pytest.raises(LoaderStateError, match="map-style source"):
         loader.load_state_dict(mapped.state_dict())
-    with pytest.raises(LoaderStateError):
+    with pytest.raises(LoaderStateError, match="saved by a Loader over a stream"):
         mapped.load_state_dict(good)
     cases = [
         ({**good, "seed": 2}, "seed=2 but this loader has seed=1"),

@@ -4,13 +4,16 @@ from mixle.loading.batching import MASK_KEY, attach_mask, stack_records, unstack
 from mixle.loading.loader import Loader
 from mixle.loading.plan import BatchPlan, record_rng
 from mixle.loading.state import LoaderStateError, source_fingerprint
+from mixle.loading.streams import StreamLoader, is_stream
 
 __all__ = [
     "MASK_KEY",
     "BatchPlan",
     "Loader",
     "LoaderStateError",
+    "StreamLoader",
     "attach_mask",
+    "is_stream",
     "record_rng",
     "source_fingerprint",
     "stack_records",

@@ -142,6 +142,12 @@ def check_state(state: Mapping[str, Any], expected: Mapping[str, Any]) -> None:
             f"state must be a dict from Loader.state_dict(), got {show(state)} "
             f"({type(state).__name__})"
         )
+    if state.get("stream") is True:
+        raise LoaderStateError(
+            "state was saved by a Loader over a stream (it has 'stream': True), but this "
+            "Loader reads a map-style source; resume with a Loader over the stream the run "
+            "that saved it read"
+        )
     missing = sorted(expected.keys() - state.keys() - OPTIONAL_STATE_KEYS.keys())
     if missing:
         raise LoaderStateError(

@@ -94,6 +94,69 @@ def test_an_empty_read_has_the_spec() -> None:
         map(select(table(), []), scaled).element_spec()
 
 
+# -- strings and object leaves -----------------------------------------------------------------
+def same(record: Any) -> Any:
+    return record
+
+
+def upper(record: dict[str, Any]) -> dict[str, Any]:
+    return {"s": record["s"].upper()}
+
+
+def assert_batches_equal(got: Any, want: Any) -> None:
+    """Two dict batches with the same keys, dtypes and values (object leaves compared as lists)."""
+    assert got.keys() == want.keys()
+    for key in want:
+        assert got[key].dtype == want[key].dtype, key
+        assert got[key].tolist() == want[key].tolist(), key
+
+
+def test_a_map_over_a_csv_loads_what_the_csv_loads(tmp_path: Path) -> None:
+    path = tmp_path / "words.csv"
+    pd.DataFrame({"s": ["a", "bb", "ccc", "dddd", "eeeee"], "x": [1, 2, 3, 4, 5]}).to_csv(
+        path, index=False
+    )
+    csv = mixle.read_csv(str(path))
+    mapped = map(csv, same)
+    assert mapped.element_spec() == csv.element_spec()
+    got = list(mixle.Loader(mapped, batch_size=3))  # check_spec="first"
+    want = list(mixle.Loader(mixle.read_csv(str(path)), batch_size=3))
+    assert len(got) == len(want) == 2
+    for g, w in zip(got, want):
+        assert_batches_equal(g, w)
+
+
+def test_strings_fn_returns_are_object_leaves_of_any_width() -> None:
+    src = mixle.MemorySource({"s": ["a", "bb", "ccc"]})
+    mapped = map(src, upper)
+    assert mapped.element_spec() == {"s": mixle.ArraySpec((), np.dtype(object))}
+    for rows in ([0], [2, 1], [0, 1, 2]):
+        want = {"s": np.array([v.upper() for v in src.get_batch(rows)["s"]], dtype=object)}
+        got = mapped.get_batch(rows)
+        assert_batches_equal(got, want)
+        assert all(type(v) is str for v in got["s"])
+    # a string made from a number: the child declares no object leaf, the map does
+    numbers = map(mixle.MemorySource({"x": [1, 22, 333]}), lambda r: {"s": str(r["x"])})
+    assert numbers.element_spec() == {"s": mixle.ArraySpec((), np.dtype(object))}
+    assert numbers.get_batch([0])["s"].dtype == numbers.get_batch([2, 1])["s"].dtype == object
+
+
+def test_list_columns_stay_one_value_per_record() -> None:
+    src = mixle.MemorySource({"tags": [[1], [2, 3], []], "n": [1, 2, 3]})
+    mapped = map(src, same)
+    assert mapped.element_spec() == src.element_spec()
+    for rows in ([0, 1, 2], [2], [1, 1]):
+        assert_batches_equal(mapped.get_batch(rows), src.get_batch(rows))
+
+
+def test_a_declared_object_spec_concatenates_with_an_object_sibling() -> None:
+    words = mixle.MemorySource({"s": ["x", "yy"]})
+    shouted = map(words, upper, spec={"s": mixle.ArraySpec((), np.dtype(object))})
+    both = concat({"a": shouted, "b": mixle.MemorySource({"s": ["zzz"]})})
+    batch = both.get_batch([2, 0, 1])
+    assert batch["s"].dtype == object and batch["s"].tolist() == ["zzz", "X", "YY"]
+
+
 # -- randomness follows the record -------------------------------------------------------------
 def test_fn_with_rng_gets_the_generator_keyed_on_the_record() -> None:
     child = table()
@@ -166,6 +229,20 @@ def test_inconsistent_records_name_the_record() -> None:
         map(table(), ragged).get_batch([6, 9, 7])
     with pytest.raises(ValueError, match=r"for record 1 but \{'a'"):
         map(table(), keys).get_batch([0, 1])
+
+
+def test_records_of_different_dtypes_name_the_records() -> None:
+    def two_dtypes(r: np.ndarray) -> np.ndarray:
+        return r.astype(np.int32) if r < 5 else r.astype(np.float64)
+
+    mapped = map(np.arange(10, dtype=np.float32), two_dtypes)
+    with pytest.raises(ValueError, match=r"float64\) for record 5 but .*int32\) for record 0"):
+        mapped.get_batch(np.arange(10))
+    with pytest.raises(ValueError, match=r"record 7 but .* record 2.*different dtypes"):
+        mapped.get_batch([2, 3, 7])
+    # strings of other widths are one dtype (object), so they name nothing
+    words = map(mixle.MemorySource({"s": ["a", "bb"], "n": [1, 2]}), same)
+    assert words.get_batch([0, 1])["s"].tolist() == ["a", "bb"]
 
 
 def test_an_error_in_fn_names_the_record() -> None:

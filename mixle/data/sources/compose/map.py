@@ -19,7 +19,7 @@ from numpy.typing import ArrayLike, NDArray
 from mixle.data.batches import stack_records, unstack_batch
 from mixle.data.index_math.hashing import hash_int, parse_seed
 from mixle.data.sources.arrays.box_reads import parse_indices
-from mixle.data.sources.compose.children import child_fingerprint, read_records
+from mixle.data.sources.compose.children import child_fingerprint, child_spec, read_records
 from mixle.data.sources.compose.gather import empty_batch
 from mixle.data.sources.compose.lineage import leaf_keys, leaf_origins
 from mixle.data.sources.custom import Source
@@ -43,30 +43,63 @@ def map_rng(seed: int, key: int) -> np.random.Generator:
 
 
 def _record_spec(batch: Any) -> SpecTree:
-    """The spec of one record of a stacked batch: every leaf without its leading axis."""
+    """The spec of one record of a stacked batch: :func:`spec_of` without the leading axis."""
+    return _drop_leading(spec_of(batch))
+
+
+def _drop_leading(spec: SpecTree) -> SpecTree:
+    if isinstance(spec, dict):
+        return {key: _drop_leading(item) for key, item in spec.items()}
+    if isinstance(spec, (tuple, list)):
+        return type(spec)(_drop_leading(item) for item in spec)
+    return ArraySpec(spec.shape[1:], spec.dtype)
+
+
+def _strings_as_objects(batch: Any, spec: SpecTree | None) -> Any:
+    """``batch`` with its fixed-width string leaves (``U``, ``S``) as object arrays of
+    Python ``str``/``bytes``, except where ``spec`` declares that string dtype itself.
+
+    A fixed-width string batch has the width of its longest value, so two batches would
+    differ in dtype; record sources give strings as object leaves, and so does a map.
+    """
     if isinstance(batch, dict):
-        return {key: _record_spec(item) for key, item in batch.items()}
+        return {k: _strings_as_objects(v, _sub_spec(spec, k)) for k, v in batch.items()}
     if isinstance(batch, (tuple, list)):
-        return type(batch)(_record_spec(item) for item in batch)
-    leaf = spec_of(batch)
-    return ArraySpec(leaf.shape[1:], leaf.dtype)
+        return type(batch)(_strings_as_objects(v, _sub_spec(spec, i)) for i, v in enumerate(batch))
+    if isinstance(batch, np.ndarray) and batch.dtype.kind in "US":
+        if isinstance(spec, ArraySpec) and spec.dtype.kind in "US":
+            return batch
+        return batch.astype(object)
+    return batch
 
 
-def _stack_outputs(outputs: list[Any], indices: NDArray[np.int64]) -> Any:
-    """Stack ``fn``'s outputs; on a mismatch, name the first record that differs."""
+def _sub_spec(spec: SpecTree | None, key: Any) -> SpecTree | None:
+    if isinstance(spec, dict):
+        return spec.get(key)
+    if isinstance(spec, (tuple, list)) and isinstance(key, int) and key < len(spec):
+        return spec[key]
+    return None
+
+
+def _stack_outputs(outputs: list[Any], indices: NDArray[np.int64], guide: SpecTree | None) -> Any:
+    """Stack ``fn``'s outputs by ``guide`` (object leaves hold one value each), strings as
+    object arrays; on a mismatch, name the first record that does not stack with the first.
+    """
     try:
-        return stack_records(outputs)
+        batch = stack_records(outputs, guide)
     except ValueError as exc:
-        first = spec_of(outputs[0])
-        for row, out in enumerate(outputs):
-            other = spec_of(out)
-            if other != first:
+        for row in range(1, len(outputs)):
+            try:
+                stack_records([outputs[0], outputs[row]], guide)
+            except ValueError as pair:
                 raise ValueError(
-                    f"map fn returned {other} for record {int(indices[row])} but {first} for "
-                    f"record {int(indices[0])}; fn must return one structure (keys, lengths, "
-                    "leaf shapes) for every record"
+                    f"map fn returned {spec_of(outputs[row])} for record {int(indices[row])} "
+                    f"but {spec_of(outputs[0])} for record {int(indices[0])}: {pair}; fn "
+                    "must return one structure (keys, lengths), leaf shape and leaf dtype "
+                    "for every record"
                 ) from exc
         raise
+    return _strings_as_objects(batch, guide)
 
 
 class MapSource(Source):
@@ -133,7 +166,12 @@ class MapSource(Source):
             except Exception as exc:
                 exc.add_note(f"in the fn of mixle.map, on record {int(idx[row])}")
                 raise
-        return _stack_outputs(outputs, idx)
+        return _stack_outputs(outputs, idx, self._guide())
+
+    def _guide(self) -> SpecTree | None:
+        """The spec ``fn``'s outputs are stacked by: ``spec`` when given, else the child's
+        declared spec (its object leaves: strings, lists, dicts held as one value each)."""
+        return self._spec if self._spec is not None else child_spec(self._source)
 
     def element_spec(self) -> SpecTree:
         """``spec`` when given, else the spec of ``fn`` of record 0 (read once, then cached)."""
@@ -226,7 +264,8 @@ def map(
         Seeds ``fn``'s generators.
     spec
         The spec of one mapped record (a tree of :class:`~mixle.ArraySpec`), if known; else
-        ``element_spec()`` maps record 0 once to find it.
+        ``element_spec()`` maps record 0 once to find it, with every string leaf (``U``,
+        ``S``) as ``object``.
 
     Returns
     -------
@@ -241,16 +280,25 @@ def map(
     TypeError
         ``fn`` is not callable; ``spec`` is not a tree of ``ArraySpec``.
     ValueError
-        At a read: ``fn`` returned different structures for two records (the message names
-        them).
+        At a read: ``fn`` returned different structures, leaf shapes or leaf dtypes for
+        two records of one batch (the message names both records and the field).
 
     Notes
     -----
-    The randomness follows the record, not its position: ``rng`` is keyed on the record's
-    key in ``source`` (its own ``record_keys``, or its index), so ``select(map(s, fn))``
-    and ``map(select(s), fn)`` give a record the same draws. It is the *same every epoch*;
-    for fresh randomness per epoch use the Loader's ``record_transform``. Pickling stores
-    ``source``, ``fn``, ``seed`` and the spec, never data.
+    **Stacking.** ``fn``'s outputs are stacked by ``spec``, or without it by ``source``'s
+    element spec: where that declares an object leaf of shape ``()`` (a record source's
+    string, list or struct column), the strings, bytes, ``None``, lists, tuples and dicts
+    ``fn`` returns there are one value each (to return a structure in place of such a
+    leaf, pass ``spec=``). Strings are given as object arrays of ``str``/``bytes``, as
+    record sources give them (unless ``spec`` declares a fixed-width string dtype), so a
+    batch's dtype never depends on its longest string.
+
+    **Randomness.** The randomness follows the record, not its position: ``rng`` is keyed
+    on the record's key in ``source`` (its own ``record_keys``, or its index), so
+    ``select(map(s, fn))`` and ``map(select(s), fn)`` give a record the same draws. It
+    is the *same every epoch*; for fresh randomness per epoch use the Loader's
+    ``record_transform``. Pickling stores ``source``, ``fn``, ``seed`` and the spec, never
+    data.
     """
     if not callable(fn):
         raise TypeError(

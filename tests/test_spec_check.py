@@ -233,3 +233,64 @@ def test_record_transform_keeps_list_columns_as_object_columns(tmp_path: Any) ->
         assert batch[column].dtype == object and batch[column].shape == (4,)
         assert [list(v) for v in batch[column]] == table.column(column).to_pylist()
     assert batch["a"].tolist() == table.column("a").to_pylist()
+
+
+def test_slicing_a_source_reads_only_the_slice() -> None:
+    class Huge(mixle.Source):
+        def __len__(self) -> int:
+            return 2**40
+
+        def get_batch(self, indices: Any) -> np.ndarray:
+            return np.asarray(indices, dtype=np.int64)
+
+        def element_spec(self) -> mixle.ArraySpec:
+            return mixle.ArraySpec((), np.int64)
+
+    src = Huge()
+    assert src[:3].tolist() == [0, 1, 2]
+    assert src[-2:].tolist() == [2**40 - 2, 2**40 - 1]
+    assert src[:: 2**39].tolist() == [0, 2**39]
+    assert src[5:2].tolist() == []
+    assert src[-1] == 2**40 - 1
+
+
+@pytest.mark.parametrize("path", ["web.npy", b"web.npy"])
+def test_a_path_is_not_a_source(path: Any) -> None:
+    with pytest.raises(TypeError, match="is a path, not a source: open it first"):
+        mixle.Loader(path, batch_size=2)
+
+
+def test_records_of_different_dtypes_are_refused_not_promoted() -> None:
+    """np.stack would promote an int32 and a float64 leaf silently, so one batch could differ
+    in dtype from the next (a recompile, or precision lost in JAX)."""
+
+    def mixed(record: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
+        y = record["y"]
+        return {**record, "y": np.int32(y) if y < 2 else np.float64(y)}
+
+    loader = mixle.Loader(Squares(4), batch_size=4, record_transform=mixed)
+    with pytest.raises(
+        ValueError, match=r"different dtypes \['float64', 'int32'\] at record\['y'\]"
+    ):
+        next(iter(loader))
+    # strings of different lengths stack to the longest, as before
+    assert mixle.data.batches.stack_records(["a", "bcd"]).dtype == np.dtype("<U3")
+
+
+def test_string_fields_declared_object_stay_object() -> None:
+    class Names(mixle.Source):
+        def __len__(self) -> int:
+            return 4
+
+        def get_batch(self, indices: Any) -> dict[str, np.ndarray]:
+            out = np.empty(len(indices), dtype=object)
+            out[:] = [("n" * (int(i) + 1)) if i != 2 else None for i in indices]
+            return {"name": out}
+
+        def element_spec(self) -> dict[str, mixle.ArraySpec]:
+            return {"name": mixle.ArraySpec((), object)}
+
+    loader = mixle.Loader(Names(), batch_size=4, record_transform=lambda r, g: r, check_spec=True)
+    batch = next(iter(loader))
+    assert batch["name"].dtype == object
+    assert batch["name"].tolist() == ["n", "nn", None, "nnnn"]

@@ -17,6 +17,10 @@ from mixle.data.spec import ArraySpec
 __all__ = ["stack_records", "unstack_batch"]
 
 
+#: Values an object leaf holds as one value each (never as structure or fixed-width text).
+_OBJECT_VALUES = (str, bytes, list, tuple, dict, type(None))
+
+
 def _object_leaf(spec: Any) -> bool:
     return isinstance(spec, ArraySpec) and spec.dtype == np.dtype(object) and spec.shape == ()
 
@@ -39,20 +43,28 @@ def stack_records(records: Sequence[Any], spec: Any = None) -> Any:
         Records of one structure (dicts, tuples and lists of leaves).
     spec
         The records' declared spec (a tree of :class:`~mixle.data.spec.ArraySpec`), if
-        known. Where it declares an object leaf of shape ``()`` (a record source's
-        variable-length list, struct or string column) and the records hold lists, tuples
-        or dicts there, those values are one leaf each: stacked into an object array of
-        shape ``(len(records),)`` instead of being taken as structure.
+        known. Where it declares an object leaf of shape ``()`` (a record source's string,
+        variable-length list or struct column), strings, bytes, ``None`` and lists, tuples
+        or dicts there are one value each, stacked into an object array of shape
+        ``(len(records),)``, instead of a fixed-width string array or being taken as
+        structure.
 
     Raises
     ------
     ValueError
-        The records do not share one structure (keys, lengths) or leaf shape.
+        The records do not share one structure (keys, lengths), leaf shape or leaf dtype
+        (NumPy would promote an ``int32`` and a ``float64`` leaf silently, so one batch
+        could differ in dtype from the next); the message names the field. Strings of
+        different lengths stack to the longest.
     """
     if not records:
         raise ValueError("stack_records needs at least one record")
+    return _stack(records, spec, "record")
+
+
+def _stack(records: Sequence[Any], spec: Any, path: str) -> Any:
     first = records[0]
-    if _object_leaf(spec) and isinstance(first, (dict, tuple, list)):
+    if _object_leaf(spec) and isinstance(first, _OBJECT_VALUES):
         out = np.empty(len(records), dtype=object)
         for i, value in enumerate(records):
             out[i] = value
@@ -62,26 +74,40 @@ def stack_records(records: Sequence[Any], spec: Any = None) -> Any:
         for record in records:
             if not isinstance(record, dict) or record.keys() != keys:
                 raise ValueError(
-                    f"records differ in structure: {_describe(first)} and {_describe(record)}"
+                    f"records differ in structure at {path}: {_describe(first)} and "
+                    f"{_describe(record)}"
                 )
         return {
-            key: stack_records([record[key] for record in records], _sub_spec(spec, key))
+            key: _stack([r[key] for r in records], _sub_spec(spec, key), f"{path}[{key!r}]")
             for key in keys
         }
     if isinstance(first, (tuple, list)):
         for record in records:
             if type(record) is not type(first) or len(record) != len(first):
                 raise ValueError(
-                    f"records differ in structure: {_describe(first)} and {_describe(record)}"
+                    f"records differ in structure at {path}: {_describe(first)} and "
+                    f"{_describe(record)}"
                 )
         return type(first)(
-            stack_records([r[i] for r in records], _sub_spec(spec, i)) for i in range(len(first))
+            _stack([r[i] for r in records], _sub_spec(spec, i), f"{path}[{i}]")
+            for i in range(len(first))
+        )
+    leaves = [np.asarray(leaf) for leaf in records]
+    dtypes = {leaf.dtype for leaf in leaves}
+    if len(dtypes) > 1 and not all(d.kind in "US" for d in dtypes):
+        shown = sorted(map(str, dtypes))
+        raise ValueError(
+            f"records have leaves of different dtypes {shown} at {path}; NumPy would "
+            "promote them silently, so batches could differ in dtype: return one dtype for "
+            "every record (e.g. .astype in the transform)"
         )
     try:
-        return np.stack([np.asarray(leaf) for leaf in records])
+        return np.stack(leaves)
     except ValueError as exc:
-        shapes = sorted({np.shape(leaf) for leaf in records})
-        raise ValueError(f"records have leaves of different shapes {shapes}: {exc}") from None
+        shapes = sorted({leaf.shape for leaf in leaves})
+        raise ValueError(
+            f"records have leaves of different shapes {shapes} at {path}: {exc}"
+        ) from None
 
 
 def unstack_batch(batch: Any, rows: int) -> list[Any]:

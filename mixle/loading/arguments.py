@@ -48,10 +48,16 @@ def check_source(source: object, shuffle: object) -> None:
     Raises
     ------
     TypeError
-        ``source`` has no ``__len__`` or ``__getitem__``, or ``shuffle`` is not a bool.
+        ``source`` has no ``__len__`` or ``__getitem__``, is a path (``str``, ``bytes``,
+        ``os.PathLike``), or ``shuffle`` is not a bool.
     ValueError
         ``shuffle=True`` for a source whose ``structure`` forbids reordering.
     """
+    if isinstance(source, (str, bytes, os.PathLike)):
+        raise TypeError(
+            f"source={source!r} is a path, not a source: open it first, e.g. "
+            "mixle.read_zarr(path), mixle.read_npy(path) or mixle.read_parquet(path)"
+        )
     if not (hasattr(source, "__len__") and hasattr(source, "__getitem__")):
         raise TypeError(
             f"source={type(source).__name__} must be map-style: a mixle source or "

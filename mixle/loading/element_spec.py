@@ -15,6 +15,7 @@ import numpy as np
 
 from mixle.data.spec import ArraySpec, SpecTree, batch_spec
 from mixle.loading.batching import attach_mask
+from mixle.loading.spec_check import record_spec_of
 
 __all__ = ["spec_from_metadata", "widen_leading"]
 
@@ -40,16 +41,15 @@ def spec_from_metadata(
     Returns
     -------
     SpecTree or None
-        ``None`` also when the source has no ``element_spec`` or reports one that
-        :func:`mixle.data.spec.batch_spec` cannot batch (a ``TypeError``).
+        ``None`` also when the source declares no spec the Loader can use
+        (:func:`mixle.loading.spec_check.record_spec_of`).
     """
-    report = getattr(source, "element_spec", None)
-    if transformed or not callable(report):
+    if transformed:
         return None
-    try:
-        spec = batch_spec(report(), batch_size)
-    except TypeError:
+    record = record_spec_of(source)
+    if record is None:
         return None
+    spec = batch_spec(record, batch_size)
     if padded:
         spec = attach_mask(spec, ArraySpec((batch_size,), np.dtype(np.bool_)))
     return spec

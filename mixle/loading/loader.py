@@ -117,7 +117,9 @@ class Loader(ActiveRun):
         shard_index)``.
     record_transform
         ``record_transform(record, rng) -> record`` per record before stacking; ``rng`` is
-        :func:`record_rng` of ``(seed, epoch, record index)``.
+        :func:`record_rng` of ``(seed, epoch, key)``, the key being the record's index, or
+        the source's ``record_keys`` when it has them (a composition: the record's origin,
+        so its randomness follows it whatever the composition; see :attr:`last_record_keys`).
     num_threads
         Reader threads (default ``min(4, os.cpu_count())``); 0 reads in the caller's
         thread. With ``num_workers``, the reader threads inside each worker process.
@@ -320,7 +322,7 @@ class Loader(ActiveRun):
         """Per row of the batch yielded last, the underlying source and index it came from
         (:class:`~mixle.data.sources.origins.Origins`), for a composed source
         (:func:`mixle.concat`, :func:`mixle.mix`, :func:`mixle.select`, :func:`mixle.map`);
-        ``None`` before the first batch or for a source that does not compose others."""
+        ``None`` before the first batch or for a source without ``origins``."""
         indices = self._last_indices
         if indices is None or not isinstance(self._source, SupportsOrigins):
             return None

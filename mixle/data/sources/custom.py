@@ -16,22 +16,14 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from mixle.data.batches import unstack_batch
 from mixle.data.sources.arrays.box_reads import parse_indices
 from mixle.data.spec import SpecTree
 
-__all__ = ["RECORDS_BLOCK", "Source", "record_at"]
+__all__ = ["RECORDS_BLOCK", "Source"]
 
 #: Records per ``get_batch`` call when :meth:`Source.records` walks a source.
 RECORDS_BLOCK = 256
-
-
-def record_at(batch: Any, row: int) -> Any:
-    """Row ``row`` of a stacked batch: the same tuples, lists and dicts, each leaf indexed."""
-    if isinstance(batch, dict):
-        return {key: record_at(value, row) for key, value in batch.items()}
-    if isinstance(batch, (tuple, list)):
-        return type(batch)(record_at(value, row) for value in batch)
-    return batch[row]
 
 
 class Source(abc.ABC):
@@ -72,23 +64,21 @@ class Source(abc.ABC):
     def __getitem__(self, index: Any) -> Any:
         """Record ``index`` (an int, negative from the end), or a batch for a slice."""
         if isinstance(index, slice):
-            return self.get_batch(np.arange(len(self), dtype=np.int64)[index])
+            return self.get_batch(np.arange(*index.indices(len(self)), dtype=np.int64))
         if isinstance(index, (bool, np.bool_)) or not isinstance(index, (int, np.integer)):
             raise TypeError(
                 f"index={index!r} must be an int or a slice; use get_batch(indices) for "
                 "many records"
             )
         row = self._indices([index])
-        return record_at(self.get_batch(row), 0)
+        return unstack_batch(self.get_batch(row), 1)[0]
 
     def records(self) -> Iterator[Any]:
         """Every record in order, read :data:`RECORDS_BLOCK` at a time."""
         n = len(self)
         for start in range(0, n, RECORDS_BLOCK):
             rows = np.arange(start, min(n, start + RECORDS_BLOCK), dtype=np.int64)
-            batch = self.get_batch(rows)
-            for row in range(rows.size):
-                yield record_at(batch, row)
+            yield from unstack_batch(self.get_batch(rows), rows.size)
 
     def __iter__(self) -> Iterator[Any]:
         return self.records()

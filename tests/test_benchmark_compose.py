@@ -36,6 +36,10 @@ def test_compose_benchmark_quick_run_prints_its_tables(tmp_path):
         assert r[ratio] > 0 and r[f"{ratio}_cpu"] > 0, r
         assert r["rounds"] == 2, r  # --quick
     assert all(r["direct_ms"] > 0 and r["composed_ms"] > 0 for r in direct)
+    for r in direct:  # the index math of each combinator against one child's read
+        if r["table"] == "overhead":
+            assert r["index_math_us"] > 0 and r["child_read_us"] > 0, r
+            assert f"  {r['children']} {r['contender']}: origins(indices)" in stdout, r
     table = [line for line in stdout.splitlines() if line.startswith("| ")]
     firsts = [line.split(" | ")[:2] for line in table]
     for r in direct:

@@ -131,6 +131,32 @@ def test_wrapping_past_the_natural_length() -> None:
     assert origins[: len(short)] == list(short.origins(np.arange(len(short))))
 
 
+def test_a_wrapped_pass_gives_each_visit_its_own_key() -> None:
+    a, b = np.arange(3.0), np.arange(10.0, 15.0)
+    cat = mixle.concat({"a": a, "b": b})
+    offset = {"a": 0, "b": 3}
+    wrapped = mix({"a": a, "b": b}, length=40, seed=3)
+    idx = np.arange(40)
+    keys = wrapped.record_keys(idx).tolist()
+    pairs = list(wrapped.origins(idx))
+    assert len(set(keys)) == 40  # every visit its own key
+    np.testing.assert_array_equal(wrapped.get_batch(idx), [cat[offset[n] + i] for n, i in pairs])
+    seen: set[tuple[str, int]] = set()
+    for key, (name, i) in zip(keys, pairs):  # a first visit keeps concat's key
+        if (name, i) not in seen:
+            assert key == cat.record_keys([offset[name] + i])[0]
+            seen.add((name, i))
+    natural = mix({"a": a, "b": b}, seed=3)  # within the natural length: concat's keys
+    inside = np.arange(len(natural))
+    at = [offset[n] + i for n, i in natural.origins(inside)]
+    np.testing.assert_array_equal(natural.record_keys(inside), cat.record_keys(at))
+    loader = mixle.Loader(
+        wrapped, batch_size=8, shuffle=False, record_transform=lambda r, rng: r + rng.random()
+    )
+    drawn = np.concatenate(list(loader)).tolist()
+    assert len(set(drawn)) == 40  # oversampled records draw fresh augmentation
+
+
 def test_weight_zero_is_never_read_and_one_source_is_permuted() -> None:
     kids = three()
     m = mix(kids, [1, 0, 2], seed=5, length=200)

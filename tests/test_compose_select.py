@@ -128,12 +128,36 @@ def test_a_child_without_get_batch_is_read_record_by_record() -> None:
 
 def test_records_keep_their_keys_and_origins() -> None:
     child = counting()
+    sel = select(child, [7, 3, 2])
+    np.testing.assert_array_equal(sel.record_keys([0, 1, 2]), np.array([7, 3, 2], np.uint64))
+    assert list(sel.origins([2, 0])) == [("", 2), ("", 7)]
     sel = select(child, [7, 3, 3])
-    np.testing.assert_array_equal(sel.record_keys([0, 1, 2]), np.array([7, 3, 3], np.uint64))
-    assert list(sel.origins([2, 0])) == [("", 3), ("", 7)]
     outer = select(sel, [2, 0])
     assert list(outer.origins([0, 1])) == [("", 3), ("", 7)]
     assert outer.record_keys([1]).dtype == np.uint64
+
+
+def jitter(record: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    return record + rng.random()
+
+
+def test_a_repeated_index_is_a_visit_with_its_own_key() -> None:
+    sel = select(np.arange(10.0), [0, 0, 0, 1, 0])
+    keys = sel.record_keys(np.arange(5)).tolist()
+    assert keys[0] == 0 and keys[3] == 1  # first visits: the child's keys
+    assert len(set(keys)) == 5
+    assert sel.record_keys([4, 1]).tolist() == [keys[4], keys[1]]  # any order, any batch
+    assert list(sel.origins(np.arange(5))) == [("", 0)] * 3 + [("", 1), ("", 0)]
+    # oversampling: the Loader's record_transform and map's rng draw anew per repeat
+    loaded = np.concatenate(list(mixle.Loader(sel, batch_size=2, record_transform=jitter)))
+    assert len(set(loaded[[0, 1, 2, 4]].tolist())) == 4
+    mapped = mixle.map(sel, jitter, seed=3).get_batch(np.arange(5))
+    assert len(set(mapped[[0, 1, 2, 4]].tolist())) == 4
+    # the occurrences are not pickled, and come out the same
+    copy = pickle.loads(pickle.dumps(sel))
+    assert copy._visits is None
+    assert copy.record_keys(np.arange(5)).tolist() == keys
+    assert select(sel, [4, 0]).record_keys([0, 1]).tolist() == [keys[4], keys[0]]
 
 
 # -- column == value ----------------------------------------------------------------------

@@ -5,7 +5,8 @@ to its children: :func:`concat`, :func:`mix` (a deterministic weighted interleav
 exact proportions over every window), :func:`select` (indices, a mask, or the rows where a
 column equals a value) and :func:`map` (a function per record). Their records report where
 they come from (``origins``) and keep one identity however they are composed
-(``record_keys``); see ``docs/composing.md``.
+(``record_keys``, which identify a visit of a record: a repeat read by a wrapped mix or a
+repeated select index gets its own key); see ``docs/composing.md``.
 """
 
 from mixle.data.sources.compose.concat import ConcatSource, concat

@@ -23,7 +23,7 @@ from numpy.typing import ArrayLike, NDArray
 from mixle.data.sources.arrays.box_reads import parse_indices
 from mixle.data.sources.compose.children import child_fingerprint, child_spec, read_records
 from mixle.data.sources.compose.gather import empty_batch, gather
-from mixle.data.sources.compose.lineage import child_keys, child_origins
+from mixle.data.sources.compose.lineage import child_keys, child_origins, visit_keys
 from mixle.data.sources.custom import Source
 from mixle.data.sources.origins import Origins
 from mixle.data.spec import SpecTree
@@ -174,6 +174,8 @@ class ComposedSource(Source):
       into one preallocated batch.
     - ``origins(indices)`` and ``record_keys(indices)`` are keyed on the children's
       *names*: a record has the same origin and key wherever a composition puts it.
+      ``record_keys`` identify a visit of a record: a mix's pass ``p >= 1`` over a child
+      (past its natural length) hash-mixes the key with ``p``; a first visit keeps it.
     - ``close()`` closes every child (a child used elsewhere too is closed there as well);
       reads, ``element_spec()`` and pickling then raise :class:`~mixle.SourceClosedError`.
     - Pickling stores the children (mixle sources pickle by reference: path and options)
@@ -185,8 +187,11 @@ class ComposedSource(Source):
         self._spec = common_spec(self._names, self._children)
 
     @abc.abstractmethod
-    def _locate(self, idx: NDArray[np.int64]) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
-        """Per index (non-negative, in range): the child's position and the index there."""
+    def _locate(
+        self, idx: NDArray[np.int64]
+    ) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64] | None]:
+        """Per index (non-negative, in range): the child's position, the index there, and
+        which visit of that record it is (0: the first; ``None``: every one a first)."""
 
     @abc.abstractmethod
     def _arguments(self) -> dict[str, Any]:
@@ -221,18 +226,19 @@ class ComposedSource(Source):
 
     def _grouped(
         self, indices: ArrayLike
-    ) -> tuple[int, list[tuple[int, NDArray[np.int64], NDArray[np.int64]]]]:
-        """The request size and, per child touched: its position, request rows, indices."""
+    ) -> tuple[int, list[tuple[int, NDArray[np.int64], NDArray[np.int64]]], Any]:
+        """The request size; per child touched: its position, request rows, indices; and
+        per request row its visit number (``None``: all first visits)."""
         self._check_open()
         idx = parse_indices(indices, len(self))
-        child, local = self._locate(idx)
+        child, local, visits = self._locate(idx)
         order = np.argsort(child, kind="stable")  # rows of a child stay in request order
         starts = np.flatnonzero(np.diff(child[order], prepend=-1))
         groups = []
         for rows in np.split(order, starts[1:]) if order.size else []:
             k = int(child[rows[0]])
             groups.append((k, rows, local[rows]))
-        return idx.size, groups
+        return idx.size, groups, visits
 
     def get_batch(self, indices: ArrayLike) -> Any:
         """The records at ``indices`` (int64, any order, repeats, negatives from the end).
@@ -247,7 +253,7 @@ class ComposedSource(Source):
         SourceClosedError
             After :meth:`close`.
         """
-        n, groups = self._grouped(indices)
+        n, groups, _ = self._grouped(indices)
         if not groups:
             if self._spec is not None:
                 return empty_batch(self._spec)
@@ -260,7 +266,7 @@ class ComposedSource(Source):
 
     def origins(self, indices: ArrayLike) -> Origins:
         """Which leaf source and index each of ``indices`` is, names joined by ``"/"``."""
-        n, groups = self._grouped(indices)
+        n, groups, _ = self._grouped(indices)
         names: list[str] = []
         source = np.zeros(n, dtype=np.int64)
         index = np.zeros(n, dtype=np.int64)
@@ -276,12 +282,14 @@ class ComposedSource(Source):
         return Origins(tuple(names), source, index)
 
     def record_keys(self, indices: ArrayLike) -> NDArray[np.uint64]:
-        """A uint64 key per record of ``indices``: its leaf key folded with the names above."""
-        n, groups = self._grouped(indices)
+        """A uint64 key per record of ``indices``: its leaf key folded with the names above
+        (record keys identify a visit of a record: a repeat read is hash-mixed with its
+        visit number, :func:`~mixle.data.sources.compose.lineage.visit_keys`)."""
+        n, groups, visits = self._grouped(indices)
         keys = np.zeros(n, dtype=np.uint64)
         for k, rows, local in groups:
             keys[rows] = child_keys(self._names[k], self._children[k], local)
-        return keys
+        return keys if visits is None else visit_keys(keys, visits)
 
     def fingerprint(self) -> str:
         """A digest of the composition and its children's fingerprints (Loader resume check)."""

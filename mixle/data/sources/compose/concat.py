@@ -26,8 +26,9 @@ class ConcatSource(ComposedSource):
     def __len__(self) -> int:
         return self._len
 
-    def _locate(self, idx: NDArray[np.int64]) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
-        return locate_concat(idx, self._lengths)
+    def _locate(self, idx: NDArray[np.int64]) -> tuple[NDArray[np.int64], NDArray[np.int64], None]:
+        child, local = locate_concat(idx, self._lengths)
+        return child, local, None
 
     def _arguments(self) -> dict[str, Any]:
         return {}
@@ -72,7 +73,10 @@ def concat(sources: SourcesLike) -> ConcatSource:
     ``record_keys(indices)`` gives each record a uint64 key from the names on its path and
     its index (or its source's own ``record_keys``), so a record has the same origin and
     key in ``concat({"a": a, "b": b})``, ``concat({"b": b, "a": a})`` and
-    ``mix({"a": a, "b": b})``. ``close()`` closes every source; reads, ``element_spec()``
+    ``mix({"a": a, "b": b})``. Record keys identify a visit of a record: where a record
+    is read again (a wrapped :func:`mixle.mix`, a :func:`mixle.select` with repeated
+    indices) the repeat gets its own key, so it draws fresh randomness; first visits
+    keep the key above. ``close()`` closes every source; reads, ``element_spec()``
     and pickling then raise :class:`~mixle.SourceClosedError`. Pickling stores the
     sources (mixle sources by reference: paths and options) and their names, never data,
     so a Loader's worker processes get a small copy.

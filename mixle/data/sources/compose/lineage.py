@@ -11,6 +11,10 @@ rather than positions:
   ``record_keys`` or its index) folded with the names on the path to it. The Loader keys
   ``record_transform``'s randomness on it, so a record draws the same randomness in
   ``concat({"a": a, "b": b})``, ``concat({"b": b, "a": a})`` or ``mix({"a": a, ...})``.
+- :func:`visit_keys` — record keys identify a *visit* of a record: where a composition
+  reads a record again (a mix past its natural length, a select with repeated indices),
+  the repeat's key is its first key hash-mixed with the visit number, so each repeat
+  draws fresh randomness; a first visit keeps the key above.
 """
 
 from __future__ import annotations
@@ -25,7 +29,17 @@ from mixle.data.index_math.hashing import mix
 from mixle.data.sources.origins import Origins
 from mixle.data.sources.protocols import SupportsOrigins, SupportsRecordKeys
 
-__all__ = ["child_keys", "child_origins", "leaf_keys", "leaf_origins", "name_tag"]
+__all__ = [
+    "child_keys",
+    "child_origins",
+    "leaf_keys",
+    "leaf_origins",
+    "name_tag",
+    "visit_keys",
+]
+
+#: Hash stream of a repeat visit's key: keeps it apart from every name-folded key.
+_VISIT_STREAM = 0x56495354  # "VIST"
 
 
 def name_tag(name: str) -> int:
@@ -64,3 +78,14 @@ def child_origins(name: str, source: Any, indices: NDArray[np.int64]) -> Origins
     inner = leaf_origins(source, indices)
     names = tuple(f"{name}/{leaf}" if leaf else name for leaf in inner.names)
     return Origins(names, inner.source, inner.index)
+
+
+def visit_keys(keys: NDArray[np.uint64], visits: NDArray[np.int64]) -> NDArray[np.uint64]:
+    """``keys`` of records read for the ``visits``-th time: visit 0 (a first read) keeps its
+    key, visit ``v >= 1`` gets the key hash-mixed with ``v``."""
+    again = visits > 0
+    if not again.any():
+        return keys
+    out = keys.copy()
+    out[again] = mix(keys[again], np.uint64(_VISIT_STREAM), visits[again])
+    return out

@@ -295,7 +295,10 @@ def map(
 
     **Randomness.** The randomness follows the record, not its position: ``rng`` is keyed
     on the record's key in ``source`` (its own ``record_keys``, or its index), so
-    ``select(map(s, fn))`` and ``map(select(s), fn)`` give a record the same draws. It
+    ``select(map(s, fn))`` and ``map(select(s), fn)`` give a record the same draws.
+    Record keys identify a visit of a record: a repeat in ``select`` or a wrapped ``mix``
+    under the map draws anew, while ``select(map(...))`` reads the same mapped record
+    again. It
     is the *same every epoch*; for fresh randomness per epoch use the Loader's
     ``record_transform``. Pickling stores ``source``, ``fn``, ``seed`` and the spec, never
     data.

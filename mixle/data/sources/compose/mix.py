@@ -161,13 +161,18 @@ class MixSource(ComposedSource):
             raise ValueError(f"n={n} must be >= 0")
         return dict(zip(self._names, self._plan.counts(n)))
 
-    def _locate(self, idx: NDArray[np.int64]) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    def _locate(
+        self, idx: NDArray[np.int64]
+    ) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
         source, visit = self._plan.assign(idx)
         local = np.empty_like(visit)
+        passes = np.empty_like(visit)
         for k in np.unique(source).tolist():
             sel = np.flatnonzero(source == k)
-            local[sel] = visit_records(visit[sel], self._lengths[k], self._visit_seeds[k])
-        return source, local
+            n = self._lengths[k]
+            local[sel] = visit_records(visit[sel], n, self._visit_seeds[k])
+            passes[sel] = visit[sel] // n
+        return source, local, passes
 
     def _arguments(self) -> dict[str, Any]:
         return {
@@ -254,6 +259,12 @@ def mix(
     the source's name: each pass over the source is a fresh seeded order. The tree's
     tie-breaks and phases depend on names, not on their order, so listing the sources in
     another order gives the same mix. ``mix`` of one source is that source permuted.
+    ``origins`` name each record's true source and index; ``record_keys`` identify a
+    visit of a record: on pass ``p = j // n`` the key is the record's key in
+    :func:`mixle.concat` for ``p = 0`` and that key hash-mixed with ``p`` for ``p >= 1``,
+    so within the natural length a record has the same key as in a concat, and each
+    repeat past it draws fresh randomness (the Loader's ``record_transform``, a
+    ``map(..., fn(record, rng))`` above the mix).
 
     **With a Loader.** The mix already shuffles within each source, so iterate it with
     ``Loader(mix(...), shuffle=False)``: every batch is a window of the mix, and holds

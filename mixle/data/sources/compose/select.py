@@ -18,7 +18,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from mixle.data.sources.arrays.box_reads import parse_indices
 from mixle.data.sources.compose.children import child_fingerprint, read_records
-from mixle.data.sources.compose.lineage import leaf_keys, leaf_origins
+from mixle.data.sources.compose.lineage import leaf_keys, leaf_origins, visit_keys
 from mixle.data.sources.custom import Source
 from mixle.data.sources.origins import Origins
 from mixle.data.sources.records.base import STREAM_ROWS, RecordSource
@@ -161,6 +161,8 @@ class SelectSource(Source):
         self._column = column
         self._equals = equals
         self._child_length = child_length
+        self._visits: NDArray[np.int64] | None = None  # occurrence numbers, when repeated
+        self._repeats: bool | None = None  # whether the selection repeats an index
         self._lock = threading.Lock()
 
     # -- the selection ------------------------------------------------------------------
@@ -197,6 +199,26 @@ class SelectSource(Source):
         rows = self._selected()
         return rows[parse_indices(indices, rows.size)]
 
+    def _occurrences(self) -> NDArray[np.int64] | None:
+        """Per selected position, how many earlier positions select the same index (0:
+        the first); ``None`` when no index repeats. Computed once, on first use."""
+        if self._repeats is None:
+            rows = self._selected()
+            with self._lock:
+                if self._repeats is None:
+                    order = np.argsort(rows, kind="stable")
+                    ranked = rows[order]
+                    new = np.ones(rows.size, dtype=np.bool_)
+                    new[1:] = ranked[1:] != ranked[:-1]
+                    if not new.all():
+                        starts = np.flatnonzero(new)
+                        group = np.cumsum(new) - 1
+                        visits = np.empty(rows.size, dtype=np.int64)
+                        visits[order] = np.arange(rows.size) - starts[group]
+                        self._visits = visits
+                    self._repeats = not new.all()
+        return self._visits
+
     # -- the source contract ------------------------------------------------------------
     def __len__(self) -> int:
         return int(self._selected().size)
@@ -215,8 +237,18 @@ class SelectSource(Source):
         return report()
 
     def record_keys(self, indices: ArrayLike) -> NDArray[np.uint64]:
-        """The child's record keys at the mapped indices: a record keeps its identity."""
-        return leaf_keys(self._source, self._mapped(indices))
+        """The child's record keys at the mapped indices: a record keeps its identity.
+
+        Record keys identify a visit of a record: the ``k``-th repeat (``k >= 1``) of an
+        index the selection holds more than once gets its key hash-mixed with ``k``
+        (:func:`~mixle.data.sources.compose.lineage.visit_keys`), so each repeat draws
+        fresh randomness (an oversampled record is augmented anew).
+        """
+        rows = self._selected()
+        positions = parse_indices(indices, rows.size)
+        keys = leaf_keys(self._source, rows[positions])
+        visits = self._occurrences()
+        return keys if visits is None else visit_keys(keys, visits[positions])
 
     def origins(self, indices: ArrayLike) -> Origins:
         """The child's origins at the mapped indices (a plain child: its own indices)."""
@@ -344,8 +376,9 @@ def select(
     SelectSource
         A mixle source: ``len``, ``[i]``, slices, ``get_batch`` (one ``get_batch`` call of
         ``source``), ``records()``, ``element_spec()`` (``source``'s), ``record_keys`` and
-        ``origins`` (``source``'s at the selected indices), ``close()`` (which closes
-        ``source`` too), a context manager.
+        ``origins`` (``source``'s at the selected indices; record keys identify a visit
+        of a record, so the ``k``-th repeat of an index, ``k >= 1``, gets its own key),
+        ``close()`` (which closes ``source`` too), a context manager.
 
     Raises
     ------
@@ -370,6 +403,12 @@ def select(
     threads asking at once evaluate it once. Pickling stores ``source`` (by reference, as
     it pickles itself) and the selected indices, compactly (a bit mask when they increase):
     a select is evaluated before it is pickled, so worker processes never re-read the column.
+    Repeats: ``origins`` give every repeat of an index the record's true origin, while
+    ``record_keys`` give the ``k``-th repeat (``k >= 1``) the record's key hash-mixed with
+    ``k``, so the Loader's ``record_transform`` and a ``map(..., fn(record, rng))`` above
+    draw fresh randomness for each repeat (oversampling augments anew). The occurrence
+    numbers are computed once, on the first ``record_keys`` call of a selection with
+    repeats, and are not pickled.
     """
     if not isinstance(column, (str, type(None))):
         raise TypeError(f"column={column!r} must be a column name (a str)")

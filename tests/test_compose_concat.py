@@ -187,6 +187,28 @@ def test_children_without_a_spec_fail_when_a_batch_mixes_them() -> None:
         both.get_batch([0, 4])
 
 
+def test_a_child_breaking_the_declared_spec_is_caught_in_its_own_batch() -> None:
+    both = concat({"a": np.zeros(2, np.float32), "b": [np.float64(1), np.float64(2)]})
+    assert both.element_spec() == mixle.ArraySpec((), np.dtype(np.float32))
+    assert both.get_batch([0, 1]).dtype == np.float32
+    with pytest.raises(SchemaMismatchError, match=r"'b'.*dtype float64.*float32"):
+        both.get_batch([2, 3])  # b's records alone: no sibling in the batch to compare
+
+
+def test_children_without_a_spec_are_checked_against_the_first_batch_read() -> None:
+    both = concat({"ints": Rows(np.zeros((3, 2), np.int64)), "floats": Rows(np.zeros((3, 2)))})
+    assert both.element_spec() is None
+    both.get_batch([0, 1])
+    with pytest.raises(SchemaMismatchError, match=r"'floats'.*float64.*first batch.*'ints'"):
+        both.get_batch([4, 5])
+    fresh = concat({"ints": Rows(np.zeros((3, 2), np.int64)), "floats": Rows(np.zeros((3, 2)))})
+    assert fresh.get_batch([3]).dtype == np.float64  # the first batch read sets the spec
+    with pytest.raises(SchemaMismatchError, match=r"'ints'.*int64.*float64"):
+        fresh.get_batch([0])
+    with pytest.raises(SchemaMismatchError, match=r"'ints'"):
+        mixle.mix({"ints": Rows(np.zeros((3, 2), np.int64)), "f": Rows(np.zeros((3, 2)))})[:]
+
+
 def test_names_and_bad_sources() -> None:
     x = np.zeros((2, 1))
     for bad, error, words in [

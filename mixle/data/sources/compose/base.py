@@ -22,7 +22,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from mixle.data.sources.arrays.box_reads import parse_indices
 from mixle.data.sources.compose.children import child_fingerprint, child_spec, read_records
-from mixle.data.sources.compose.gather import empty_batch, gather
+from mixle.data.sources.compose.gather import check_part, empty_batch, gather, record_spec
 from mixle.data.sources.compose.lineage import child_keys, child_origins, visit_keys
 from mixle.data.sources.custom import Source
 from mixle.data.sources.origins import Origins
@@ -185,6 +185,9 @@ class ComposedSource(Source):
     def __init__(self, sources: SourcesLike) -> None:
         self._names, self._children, self._lengths = parse_sources(sources)
         self._spec = common_spec(self._names, self._children)
+        #: Without a declared spec: the record spec of the first batch this process read,
+        #: and the child that gave it (later batches are checked against it).
+        self._seen: tuple[str, SpecTree] | None = None
 
     @abc.abstractmethod
     def _locate(
@@ -248,8 +251,10 @@ class ComposedSource(Source):
         IndexError, TypeError
             An index out of range, or indices that are not integers.
         SchemaMismatchError
-            Two children's batches differ in structure, shape or dtype (children that
-            declare no element spec are compared only here).
+            A child's batch differs from the composition's element spec (the children's
+            common declared spec; when none declares one, the spec of the first batch this
+            process read) in structure, shape or dtype; the message names the child and
+            the field.
         SourceClosedError
             After :meth:`close`.
         """
@@ -262,6 +267,15 @@ class ComposedSource(Source):
             (self._names[k], rows, read_records(self._children[k], local))
             for k, rows, local in groups
         ]
+        if self._spec is not None:
+            spec, whose = self._spec, "the element spec its sources declare"
+        else:
+            if self._seen is None:
+                self._seen = (parts[0][0], record_spec(parts[0][2]))
+            first, spec = self._seen
+            whose = f"the first batch this process read (from source {first!r})"
+        for name, rows, batch in parts:
+            check_part(name, batch, rows.size, spec, whose)
         return gather(parts, n)
 
     def origins(self, indices: ArrayLike) -> Origins:

@@ -14,10 +14,10 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from mixle.data.spec import ArraySpec, SpecTree
+from mixle.data.spec import ArraySpec, SpecTree, batch_spec, spec_of, validate_batch
 from mixle.errors import SchemaMismatchError
 
-__all__ = ["Part", "empty_batch", "gather"]
+__all__ = ["Part", "check_part", "empty_batch", "gather", "record_spec"]
 
 #: One child's share of a request: its name, the request rows it fills, its batch.
 Part = tuple[str, NDArray[np.int64], Any]
@@ -121,3 +121,37 @@ def empty_batch(spec: SpecTree) -> Any:
     if not isinstance(spec, ArraySpec):
         raise TypeError(f"spec leaves must be ArraySpec, got {type(spec).__name__}")
     return np.empty((0, *spec.shape), dtype=spec.dtype)
+
+
+def record_spec(batch: Any) -> SpecTree:
+    """The spec of one record of a stacked batch: :func:`~mixle.data.spec.spec_of` of the
+    batch without its leading axis."""
+    return _drop_leading(spec_of(batch))
+
+
+def _drop_leading(spec: SpecTree) -> SpecTree:
+    if isinstance(spec, dict):
+        return {key: _drop_leading(item) for key, item in spec.items()}
+    if isinstance(spec, (tuple, list)):
+        return type(spec)(_drop_leading(item) for item in spec)
+    return ArraySpec(spec.shape[1:], spec.dtype)
+
+
+def check_part(name: str, batch: Any, rows: int, spec: SpecTree, whose: str) -> None:
+    """Check child ``name``'s batch of ``rows`` records against the composition's ``spec``
+    (``whose`` says where that spec comes from, for the message); no data is read.
+
+    Raises
+    ------
+    SchemaMismatchError
+        The batch differs from ``spec`` in structure, record shape, dtype or row count;
+        the message names the child and the field.
+    """
+    try:
+        validate_batch(batch, batch_spec(spec, rows))
+    except SchemaMismatchError as exc:
+        raise SchemaMismatchError(
+            f"source {name!r} returned a batch that breaks the composition's spec: {exc} "
+            f"(the spec is {whose}); every source of a composition must give records of "
+            "one structure, shape and dtype (check the source's reads and its element_spec())"
+        ) from None

@@ -20,7 +20,7 @@ from mixle.data.batches import stack_records, unstack_batch
 from mixle.data.index_math.hashing import hash_int, parse_seed
 from mixle.data.sources.arrays.box_reads import parse_indices
 from mixle.data.sources.compose.children import child_fingerprint, child_spec, read_records
-from mixle.data.sources.compose.gather import empty_batch
+from mixle.data.sources.compose.gather import empty_batch, record_spec
 from mixle.data.sources.compose.lineage import leaf_keys, leaf_origins
 from mixle.data.sources.custom import Source
 from mixle.data.sources.origins import Origins
@@ -40,19 +40,6 @@ def map_rng(seed: int, key: int) -> np.random.Generator:
     key in the mapped source (:func:`~mixle.data.sources.compose.lineage.leaf_keys`).
     """
     return np.random.Generator(np.random.Philox(key=hash_int(seed, _MAP_STREAM, int(key))))
-
-
-def _record_spec(batch: Any) -> SpecTree:
-    """The spec of one record of a stacked batch: :func:`spec_of` without the leading axis."""
-    return _drop_leading(spec_of(batch))
-
-
-def _drop_leading(spec: SpecTree) -> SpecTree:
-    if isinstance(spec, dict):
-        return {key: _drop_leading(item) for key, item in spec.items()}
-    if isinstance(spec, (tuple, list)):
-        return type(spec)(_drop_leading(item) for item in spec)
-    return ArraySpec(spec.shape[1:], spec.dtype)
 
 
 def _strings_as_objects(batch: Any, spec: SpecTree | None) -> Any:
@@ -188,7 +175,7 @@ class MapSource(Source):
                             f"{self!r} has no records to compute element_spec from; pass "
                             "map(..., spec=...)"
                         )
-                    computed = self._computed = _record_spec(self.get_batch([0]))
+                    computed = self._computed = record_spec(self.get_batch([0]))
         return computed
 
     def record_keys(self, indices: ArrayLike) -> NDArray[np.uint64]:

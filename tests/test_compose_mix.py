@@ -269,6 +269,42 @@ def test_loader_batches_keep_the_shares(tmp_path: Path) -> None:
     assert seen == len(m)
 
 
+def shard_names(m: MixSource, layout: str, shards: int = 2) -> list[list[list[str]]]:
+    """Per shard, per batch: the source name of each record the shard's Loader gives."""
+    out = []
+    for s in range(shards):
+        loader = mixle.Loader(
+            m, batch_size=8, shuffle=False, num_shards=shards, shard_index=s, shard_layout=layout
+        )
+        batches = []
+        for _ in loader:
+            batches.append([name for name, _ in m.origins(loader.last_indices)])
+        out.append(batches)
+    return out
+
+
+def counts_of(names: list[str]) -> dict[str, int]:
+    return {n: names.count(n) for n in set(names)}
+
+
+@pytest.mark.parametrize("layout", ["interleaved", "blocked"])
+def test_with_shards_the_global_batch_keeps_the_shares(layout: str) -> None:
+    m = mix({"a": Counting(rows(40, 0)), "b": Counting(rows(40, 1000))}, [1, 1], seed=2)
+    per_shard = shard_names(m, layout)
+    steps = list(zip(*per_shard))
+    assert len(steps) == 5
+    for step in steps:  # the shards' batches together: one window of the mix
+        together = [name for batch in step for name in batch]
+        assert len(together) == 16 and window_ok(counts_of(together), 16, m)
+    batches = [batch for shard in per_shard for batch in shard]
+    each = [window_ok(counts_of(batch), len(batch), m) for batch in batches]
+    if layout == "blocked":  # each shard's batch is a window of its own
+        assert all(each)
+    else:  # a Sturmian sequence's stride-2 subsequence: one source per shard
+        assert not any(each)
+        assert all(len(set(batch)) == 1 for batch in batches)
+
+
 def test_loader_resumes_mid_epoch(tmp_path: Path) -> None:
     m = npy_mix(tmp_path, length=150)
     full = list(mixle.Loader(m, batch_size=8, shuffle=True, seed=3, num_epochs=2))

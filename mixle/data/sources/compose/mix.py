@@ -268,7 +268,12 @@ def mix(
 
     **With a Loader.** The mix already shuffles within each source, so iterate it with
     ``Loader(mix(...), shuffle=False)``: every batch is a window of the mix, and holds
-    each source's share within ``max_deviation``. ``shuffle=True`` permutes the mixed
+    each source's share within ``max_deviation``. With shards (``num_shards > 1``) that
+    holds for the *global* batch (the shards' batches of one step together); each shard's
+    own batch is a window, and holds the shares, only with ``shard_layout="blocked"``.
+    The default ``"interleaved"`` gives shard ``s`` every ``num_shards``-th record, and a
+    stride of the interleaving can be far off the shares (with two equal weights and two
+    shards, each shard may get one source only). ``shuffle=True`` permutes the mixed
     records, so the shares still hold exactly over the epoch, but per batch only in
     expectation.
 

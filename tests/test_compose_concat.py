@@ -209,6 +209,32 @@ def test_children_without_a_spec_are_checked_against_the_first_batch_read() -> N
         mixle.mix({"ints": Rows(np.zeros((3, 2), np.int64)), "f": Rows(np.zeros((3, 2)))})[:]
 
 
+class Ordered(Rows):
+    """Rows with a declared :class:`mixle.SampleStructure`."""
+
+    def __init__(self, data: np.ndarray, structure: mixle.SampleStructure) -> None:
+        super().__init__(data)
+        self.structure = structure
+
+
+def test_concat_keeps_its_sources_structure() -> None:
+    series = Ordered(np.zeros((4, 2)), mixle.SEQUENTIAL)
+    both = concat({"series": series, "plain": Rows(np.zeros((3, 2)))})
+    assert both.structure == mixle.SEQUENTIAL
+    with pytest.raises(ValueError, match="SEQUENTIAL"):
+        mixle.Loader(both, batch_size=2, shuffle=True)
+    assert len(list(mixle.Loader(both, batch_size=2, shuffle=False))) == 4
+    iid = [Ordered(np.zeros((2, 2)), mixle.IID) for _ in range(2)]
+    assert concat(iid).structure == mixle.IID
+    assert concat([iid[0], Ordered(np.zeros((2, 2)), mixle.EXCHANGEABLE)]).structure == (
+        mixle.EXCHANGEABLE
+    )
+    assert concat([Rows(np.zeros((2, 2)))]).structure is None
+    by_index = mixle.partially_exchangeable(by=lambda i: i // 2)
+    assert concat([Ordered(np.zeros((2, 2)), by_index)] * 2).structure == mixle.SEQUENTIAL
+    assert concat({"outer": both}).structure == mixle.SEQUENTIAL  # nested
+
+
 def test_names_and_bad_sources() -> None:
     x = np.zeros((2, 1))
     for bad, error, words in [

@@ -157,6 +157,27 @@ def test_a_wrapped_pass_gives_each_visit_its_own_key() -> None:
     assert len(set(drawn)) == 40  # oversampled records draw fresh augmentation
 
 
+class Ordered(Counting):
+    """Counting rows with a declared :class:`mixle.SampleStructure`."""
+
+    def __init__(self, data: np.ndarray, structure: mixle.SampleStructure) -> None:
+        super().__init__(data)
+        self.structure = structure
+
+
+def test_a_source_that_may_not_be_reordered_cannot_be_mixed() -> None:
+    series = Ordered(rows(6, 0), mixle.SEQUENTIAL)
+    with pytest.raises(ValueError, match=r"sources\['series'\] has structure SEQUENTIAL.*weight 0"):
+        mix({"series": series, "b": Counting(rows(6, 1000))})
+    grouped = Ordered(rows(6, 0), mixle.partially_exchangeable(by="g"))
+    with pytest.raises(ValueError, match=r"sources\['0'\] has structure partially_exchangeable"):
+        mix([grouped])
+    idle = mix({"series": series, "b": Counting(rows(6, 1000))}, [0, 1])  # never read
+    assert idle.structure is None
+    iid = mix([Ordered(rows(6, 0), mixle.IID), Ordered(rows(4, 9), mixle.IID)])
+    assert iid.structure == mixle.IID
+
+
 def test_weight_zero_is_never_read_and_one_source_is_permuted() -> None:
     kids = three()
     m = mix(kids, [1, 0, 2], seed=5, length=200)

@@ -27,11 +27,14 @@ from mixle.data.sources.compose.lineage import child_keys, child_origins, visit_
 from mixle.data.sources.custom import Source
 from mixle.data.sources.origins import Origins
 from mixle.data.spec import SpecTree
+from mixle.data.structure import EXCHANGEABLE, SEQUENTIAL, SampleStructure
 from mixle.errors import SchemaMismatchError, SourceClosedError
 
 __all__ = [
     "ComposedSource",
     "SourcesLike",
+    "child_structure",
+    "combined_structure",
     "common_spec",
     "parse_sources",
 ]
@@ -152,6 +155,26 @@ def common_spec(names: Sequence[str], children: Sequence[Any]) -> SpecTree | Non
     return None if first is None else first[1]
 
 
+def child_structure(child: Any) -> SampleStructure | None:
+    """A child's ``structure`` when it reports a :class:`SampleStructure`, else ``None``."""
+    structure = getattr(child, "structure", None)
+    return structure if isinstance(structure, SampleStructure) else None
+
+
+def combined_structure(children: Sequence[Any]) -> SampleStructure | None:
+    """The structure of records drawn from ``children`` in turn (see
+    :attr:`ComposedSource.structure`)."""
+    found = [child_structure(child) for child in children]
+    if all(s is None for s in found):
+        return None
+    first = found[0]
+    if all(s == first for s in found) and not (first is not None and callable(first.by)):
+        return first
+    if any(s is not None and not s.shuffleable for s in found):
+        return SEQUENTIAL
+    return EXCHANGEABLE
+
+
 def _describe(child: Any) -> str:
     """A child for a ``repr``: mixle sources by their own repr, plain containers by shape."""
     if isinstance(child, np.ndarray):
@@ -214,6 +237,16 @@ class ComposedSource(Source):
     def lengths(self) -> dict[str, int]:
         """Each child's length, by name."""
         return dict(zip(self._names, self._lengths))
+
+    @property
+    def structure(self) -> SampleStructure | None:
+        """How the records relate (:class:`~mixle.data.structure.SampleStructure`), from
+        the children's ``structure``: theirs when they all report one and the same (and a
+        grouping by a callable, which maps a child's own indices, is not among them);
+        else :data:`~mixle.SEQUENTIAL` when any child's records may not be reordered (so
+        ``Loader(shuffle=True)`` is refused), else :data:`~mixle.EXCHANGEABLE`.
+        ``None`` when no child reports one."""
+        return combined_structure(self._children)
 
     def element_spec(self) -> SpecTree | None:
         """The children's common element spec (``None`` when no child declares one)."""

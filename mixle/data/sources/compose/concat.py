@@ -76,10 +76,13 @@ def concat(sources: SourcesLike) -> ConcatSource:
     ``mix({"a": a, "b": b})``. Record keys identify a visit of a record: where a record
     is read again (a wrapped :func:`mixle.mix`, a :func:`mixle.select` with repeated
     indices) the repeat gets its own key, so it draws fresh randomness; first visits
-    keep the key above. ``close()`` closes every source; reads, ``element_spec()``
-    and pickling then raise :class:`~mixle.SourceClosedError`. Pickling stores the
-    sources (mixle sources by reference: paths and options) and their names, never data,
-    so a Loader's worker processes get a small copy.
+    keep the key above. ``structure`` is the sources' common
+    :class:`~mixle.SampleStructure`, or ``SEQUENTIAL`` when any source's records may not
+    be reordered (so ``Loader(shuffle=True)`` refuses the concat too). ``close()`` closes
+    every source; reads, ``element_spec()`` and pickling then raise
+    :class:`~mixle.SourceClosedError`. Pickling stores the sources (mixle sources by
+    reference: paths and options) and their names, never data, so a Loader's worker
+    processes get a small copy.
 
     Examples
     --------

@@ -13,8 +13,14 @@ from numpy.typing import NDArray
 
 from mixle.data.index_math.hashing import parse_seed
 from mixle.data.index_math.mixing import MixPlan, visit_records
-from mixle.data.sources.compose.base import ComposedSource, SourcesLike
+from mixle.data.sources.compose.base import (
+    ComposedSource,
+    SourcesLike,
+    child_structure,
+    combined_structure,
+)
 from mixle.data.sources.compose.lineage import name_tag
+from mixle.data.structure import SampleStructure
 from mixle.utils.validation import parse_int
 
 __all__ = ["MixSource", "WeightsLike", "mix", "parse_weights"]
@@ -100,11 +106,18 @@ class MixSource(ComposedSource):
         super().__init__(sources)
         exact = parse_weights(weights, self._names)
         self._seed = parse_seed(seed)
-        for name, w, n in zip(self._names, exact, self._lengths):
+        for name, w, n, child in zip(self._names, exact, self._lengths, self._children):
             if w > 0 and n == 0:
                 raise ValueError(
                     f"sources[{name!r}] is empty but has weight {float(w)!r}; an empty "
                     "source can only be mixed with weight 0"
+                )
+            structure = child_structure(child)
+            if w > 0 and structure is not None and not structure.shuffleable:
+                raise ValueError(
+                    f"sources[{name!r}] has structure {structure!r}, whose records may not "
+                    f"be reordered, but mix reads each source in a seeded shuffled order; "
+                    "give it weight 0, or concat it instead of mixing it"
                 )
         self._weights = exact
         self._plan = MixPlan(exact, [name_tag(n) for n in self._names], self._seed)
@@ -143,6 +156,14 @@ class MixSource(ComposedSource):
         exact rational :attr:`MixPlan.bounds`): in every window of ``w`` consecutive
         records, the source's count differs from ``w * share`` by strictly less."""
         return {n: _float_above(b) for n, b in zip(self._names, self._plan.bounds)}
+
+    @property
+    def structure(self) -> SampleStructure | None:
+        """The sources' ``structure`` when every source of weight > 0 reports the same
+        (``IID`` or ``EXCHANGEABLE``); :data:`~mixle.EXCHANGEABLE` when they differ;
+        ``None`` when none reports one. (A source whose records may not be reordered
+        cannot be mixed.)"""
+        return combined_structure([c for c, w in zip(self._children, self._weights) if w > 0])
 
     @property
     def natural_length(self) -> int:
@@ -232,7 +253,9 @@ def mix(
         ``length`` that is not an int (bools and floats are refused).
     ValueError
         Not one weight per source, a negative, NaN or infinite weight, weights summing
-        to 0, a negative ``length``, or an empty source of weight > 0.
+        to 0, a negative ``length``, an empty source of weight > 0, or a source of weight
+        > 0 whose ``structure`` forbids reordering (``SEQUENTIAL``, grouped): the mix
+        reads each source in a shuffled order.
     SchemaMismatchError
         Sources that declare different element specs.
 

@@ -235,6 +235,23 @@ def test_concat_keeps_its_sources_structure() -> None:
     assert concat({"outer": both}).structure == mixle.SEQUENTIAL  # nested
 
 
+@pytest.mark.parametrize(
+    ("build", "where"),
+    [
+        (lambda: concat(["web.npy", "books.npy"]), r"sources\['0'\]='web.npy' is a str"),
+        (lambda: concat({"a": b"web.npy"}), r"sources\['a'\]=b'web.npy' is a bytes"),
+        (lambda: concat([Path("web.npy")]), r"sources\['0'\]=\w*Path\('web.npy'\)"),
+        (lambda: concat("web.npy"), r"sources='web.npy' is a str"),
+        (lambda: mix({"a": np.zeros(2), "b": "books.npy"}), r"sources\['b'\]='books.npy'"),
+        (lambda: mixle.select("web.npy", [0, 1]), r"source='web.npy' is a str"),
+        (lambda: mixle.map("x.npy", len), r"source='x.npy' is a str"),
+    ],
+)
+def test_a_path_is_not_a_source(build: Any, where: str) -> None:
+    with pytest.raises(TypeError, match=where + r".*open the path first.*read_npy\(path\)"):
+        build()
+
+
 def test_names_and_bad_sources() -> None:
     x = np.zeros((2, 1))
     for bad, error, words in [

@@ -21,7 +21,12 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from mixle.data.sources.arrays.box_reads import parse_indices
-from mixle.data.sources.compose.children import child_fingerprint, child_spec, read_records
+from mixle.data.sources.compose.children import (
+    child_fingerprint,
+    child_spec,
+    read_records,
+    refuse_path,
+)
 from mixle.data.sources.compose.gather import check_part, empty_batch, gather, record_spec
 from mixle.data.sources.compose.lineage import child_keys, child_origins, visit_keys
 from mixle.data.sources.custom import Source
@@ -59,6 +64,7 @@ def _check_name(name: object) -> str:
 
 
 def _child_length(name: str, child: Any) -> int:
+    refuse_path(child, f"sources[{name!r}]")
     if not hasattr(child, "__len__") or not (
         hasattr(child, "get_batch") or hasattr(child, "__getitem__")
     ):
@@ -80,7 +86,8 @@ def parse_sources(sources: object) -> tuple[tuple[str, ...], tuple[Any, ...], tu
     ------
     TypeError
         ``sources`` is not a list, tuple or dict; a name is not a string; a child is not
-        map-style or has no int length.
+        map-style or has no int length, or is a path (``str``, ``bytes``, ``PathLike``:
+        open it first).
     ValueError
         ``sources`` is empty, or a name is empty or holds ``"/"``.
     """
@@ -91,6 +98,7 @@ def parse_sources(sources: object) -> tuple[tuple[str, ...], tuple[Any, ...], tu
         names = tuple(str(k) for k in range(len(sources)))
         children = tuple(sources)
     else:
+        refuse_path(sources, "sources")
         raise TypeError(
             f"sources={type(sources).__name__} must be a non-empty list or tuple of "
             "sources, or a dict {name: source}"

@@ -7,6 +7,7 @@ A child is any map-style source: a mixle source or sampler (``get_batch``), a Nu
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 import numpy as np
@@ -15,7 +16,24 @@ from numpy.typing import NDArray
 from mixle.data.batches import stack_records
 from mixle.data.spec import ArraySpec, SpecTree
 
-__all__ = ["child_fingerprint", "child_spec", "read_records"]
+__all__ = ["child_fingerprint", "child_spec", "read_records", "refuse_path"]
+
+
+def refuse_path(value: Any, where: str) -> None:
+    """Refuse a path (``str``, ``bytes``, ``os.PathLike``) given where a source belongs:
+    a ``str`` has ``len`` and ``[i]``, so it would silently be a source of characters.
+
+    Raises
+    ------
+    TypeError
+        ``value`` is a path; the message names ``where`` and says to open it first.
+    """
+    if isinstance(value, (str, bytes, os.PathLike)):
+        raise TypeError(
+            f"{where}={value!r} is a {type(value).__name__}, not a source; open the path "
+            "first, e.g. mixle.read_npy(path), mixle.read_zarr(path) or mixle.read_parquet("
+            "path), and pass the source"
+        )
 
 
 def child_spec(child: Any) -> SpecTree | None:

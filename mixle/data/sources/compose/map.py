@@ -19,7 +19,12 @@ from numpy.typing import ArrayLike, NDArray
 from mixle.data.batches import stack_records, unstack_batch
 from mixle.data.index_math.hashing import hash_int, parse_seed
 from mixle.data.sources.arrays.box_reads import parse_indices
-from mixle.data.sources.compose.children import child_fingerprint, child_spec, read_records
+from mixle.data.sources.compose.children import (
+    child_fingerprint,
+    child_spec,
+    read_records,
+    refuse_path,
+)
 from mixle.data.sources.compose.gather import empty_batch, record_spec
 from mixle.data.sources.compose.lineage import leaf_keys, leaf_origins
 from mixle.data.sources.custom import Source
@@ -265,7 +270,9 @@ def map(
     Raises
     ------
     TypeError
-        ``fn`` is not callable; ``spec`` is not a tree of ``ArraySpec``.
+        ``source`` is a path (``str``, ``bytes``, ``PathLike``: open it first, e.g.
+        ``mixle.read_npy(path)``); ``fn`` is not callable; ``spec`` is not a tree of
+        ``ArraySpec``.
     ValueError
         At a read: ``fn`` returned different structures, leaf shapes or leaf dtypes for
         two records of one batch (the message names both records and the field).
@@ -290,6 +297,7 @@ def map(
     ``record_transform``. Pickling stores ``source``, ``fn``, ``seed`` and the spec, never
     data.
     """
+    refuse_path(source, "source")
     if not callable(fn):
         raise TypeError(
             f"fn={fn!r} ({type(fn).__name__}) must be callable: fn(record) or fn(record, rng)"

@@ -17,7 +17,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from mixle.data.sources.arrays.box_reads import parse_indices
-from mixle.data.sources.compose.children import child_fingerprint, read_records
+from mixle.data.sources.compose.children import child_fingerprint, read_records, refuse_path
 from mixle.data.sources.compose.lineage import leaf_keys, leaf_origins, visit_keys
 from mixle.data.sources.custom import Source
 from mixle.data.sources.origins import Origins
@@ -383,10 +383,11 @@ def select(
     Raises
     ------
     TypeError
-        Both or neither of ``indices_or_mask`` and ``column``; ``column`` without
-        ``equals`` or ``equals`` without ``column``; ``indices_or_mask`` of a dtype that is
-        neither int nor bool; at the first read, ``column=`` on a source whose records are
-        not dicts.
+        ``source`` is a path (``str``, ``bytes``, ``PathLike``: open it first, e.g.
+        ``mixle.read_npy(path)``); both or neither of ``indices_or_mask`` and
+        ``column``; ``column`` without ``equals`` or ``equals`` without ``column``;
+        ``indices_or_mask`` of a dtype that is neither int nor bool; at the first read,
+        ``column=`` on a source whose records are not dicts.
     ValueError
         ``indices_or_mask`` that is not 1-D, or a bool mask of another length.
     IndexError
@@ -410,6 +411,7 @@ def select(
     numbers are computed once, on the first ``record_keys`` call of a selection with
     repeats, and are not pickled.
     """
+    refuse_path(source, "source")
     if not isinstance(column, (str, type(None))):
         raise TypeError(f"column={column!r} must be a column name (a str)")
     if column is not None and equals is _MISSING:

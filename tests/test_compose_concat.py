@@ -252,6 +252,29 @@ def test_a_path_is_not_a_source(build: Any, where: str) -> None:
         build()
 
 
+class Undeclared(Rows):
+    """Rows whose element_spec() says it is not implemented (as the Source protocol allows)."""
+
+    def element_spec(self) -> Any:
+        raise NotImplementedError
+
+
+def test_a_child_whose_spec_is_not_implemented_declares_none() -> None:
+    odd = Undeclared(np.zeros((3, 2)))
+    both = concat({"odd": odd, "known": Rows(np.ones((2, 2)), spec=True)})
+    assert both.element_spec() == mixle.ArraySpec((2,), np.dtype(np.float64))
+    np.testing.assert_array_equal(both.get_batch([4, 0]), [[1, 1], [0, 0]])
+    picked = mixle.select(odd, [2, 0])
+    with pytest.raises(TypeError, match="Undeclared declares no element_spec"):
+        picked.element_spec()
+    assert concat([picked, odd]).element_spec() is None
+    assert mixle.map(odd, lambda r: r + 1).element_spec() == mixle.ArraySpec((2,), np.float64)
+    assert len(list(mixle.Loader(picked, batch_size=2))) == 1
+    assert mixle.select(np.zeros((4, 3), np.int8), [1]).element_spec() == mixle.ArraySpec(
+        (3,), np.dtype(np.int8)
+    )
+
+
 def test_names_and_bad_sources() -> None:
     x = np.zeros((2, 1))
     for bad, error, words in [
@@ -379,7 +402,7 @@ def test_select_and_map_children() -> None:
     got = both.get_batch([0, 3, 8])
     np.testing.assert_array_equal(got["x"], [5.0, 0.0, 50.0])
     assert list(both.origins([0, 3, 8])) == [("sel", 5), ("map", 0), ("map", 5)]
-    # a select over a plain array declares no spec (its element_spec raises TypeError)
+    # a select over a plain array declares the array's row
     plain = concat([mixle.select(np.arange(8.0).reshape(4, 2), [3, 0]), np.zeros((1, 2))])
     assert plain.element_spec() == mixle.ArraySpec((2,), np.float64)
     np.testing.assert_array_equal(plain.get_batch([1, 2, 0]), [[0, 1], [0, 0], [6, 7]])

@@ -40,13 +40,14 @@ def child_spec(child: Any) -> SpecTree | None:
     """A child's declared element spec: ``element_spec()``, a NumPy array's row, or ``None``.
 
     A child whose ``element_spec()`` raises ``TypeError`` (a wrapper over a source with
-    nothing to report, e.g. :func:`mixle.select` over a plain array-like) declares none.
+    nothing to report, e.g. :func:`mixle.select` over a plain list-like) or
+    ``NotImplementedError`` declares none, as for the Loader's spec check.
     """
     report = getattr(child, "element_spec", None)
     if callable(report):
         try:
             return report()
-        except TypeError:
+        except (TypeError, NotImplementedError):
             return None
     if isinstance(child, np.ndarray):
         return ArraySpec(child.shape[1:], child.dtype)

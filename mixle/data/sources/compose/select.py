@@ -17,7 +17,12 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from mixle.data.sources.arrays.box_reads import parse_indices
-from mixle.data.sources.compose.children import child_fingerprint, read_records, refuse_path
+from mixle.data.sources.compose.children import (
+    child_fingerprint,
+    child_spec,
+    read_records,
+    refuse_path,
+)
 from mixle.data.sources.compose.lineage import leaf_keys, leaf_origins, visit_keys
 from mixle.data.sources.custom import Source
 from mixle.data.sources.origins import Origins
@@ -229,12 +234,20 @@ class SelectSource(Source):
         return read_records(self._source, self._mapped(indices))
 
     def element_spec(self) -> SpecTree:
-        """The child's ``element_spec()``: selecting records does not change them."""
+        """The child's element spec (``element_spec()``, or a NumPy array's row): selecting
+        records does not change them.
+
+        Raises
+        ------
+        TypeError
+            The child declares none (no ``element_spec``, or one that raises
+            ``TypeError`` or ``NotImplementedError``, or reports ``None``).
+        """
         self._live()
-        report = getattr(self._source, "element_spec", None)
-        if not callable(report):
-            raise TypeError(f"{type(self._source).__name__} has no element_spec() to report")
-        return report()
+        spec = child_spec(self._source)
+        if spec is None:
+            raise TypeError(f"{type(self._source).__name__} declares no element_spec() to report")
+        return spec
 
     def record_keys(self, indices: ArrayLike) -> NDArray[np.uint64]:
         """The child's record keys at the mapped indices: a record keeps its identity.

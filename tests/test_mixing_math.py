@@ -196,6 +196,20 @@ def test_a_lone_source_is_every_position() -> None:
     assert plan.bounds[1] == 0 and plan.natural_length([0, 7, 0]) == 7
 
 
+def test_the_documented_bounds_two_sources_and_zero() -> None:
+    """Two sources: both bounds exactly 1, every window's deviation below 1; a weight-0
+    source and a lone source: bound 0 and deviation exactly 0 (at most, not less than)."""
+    plan = make_plan([3, 0, 5])
+    assert plan.bounds == (Fraction(1), Fraction(0), Fraction(1))
+    source, _ = plan.assign(np.arange(400))
+    for w in (1, 2, 3, 7, 50):
+        for start in range(0, 400 - w, 9):
+            window = source[start : start + w]
+            for k in (0, 2):
+                assert abs((window == k).sum() - w * plan.shares[k]) < 1
+            assert (window == 1).sum() == 0 == w * plan.shares[1]
+
+
 def test_bad_plans_are_refused() -> None:
     with pytest.raises(ValueError, match="one > 0"):
         MixPlan([Fraction(0)], [1], 0)

@@ -22,8 +22,10 @@ shares ``q_1 ... q_d`` (root first) to leaf ``k``, the count of visits to ``k`` 
 window of ``w`` positions therefore differs from ``w P_k`` (``P_k = q_1 ... q_d``, the
 source's share of the total weight) by less than ``e_d``, where ``e_1 = 1`` and
 ``e_j = 1 + q_j e_{j-1}``: :attr:`MixPlan.bounds`. ``e_d < d`` (the leaf's depth) for
-``d >= 2``, ``e_1 = 1``, and ``e_d < 2`` when every ``q_j`` below the root is at most 1/2;
-a single source has bound 0.
+``d >= 2``, ``e_1 = 1``, and ``e_d < 2`` when every ``q_j`` below the root is at most 1/2
+(two sources: both bounds are exactly 1, the deviations below 1). A single source, and
+a source of weight 0, has bound 0 and deviation exactly 0: "less than" reads "at most"
+there.
 """
 
 from __future__ import annotations
@@ -178,7 +180,8 @@ class MixPlan:
         #: Per source, its depth in the tree (0 for a lone source or a weight-0 one).
         self.depths = tuple(depths)
         #: Per source, the exact bound: in every window of ``w`` consecutive positions
-        #: the source's visits differ from ``w * shares[k]`` by strictly less than it.
+        #: the source's visits differ from ``w * shares[k]`` by strictly less than it, or
+        #: not at all where it is 0 (a lone source, or weight 0).
         self.bounds = tuple(bounds)
 
     def _walk_bounds(

@@ -65,9 +65,11 @@ def concat(sources: SourcesLike) -> ConcatSource:
 
     Notes
     -----
-    Building reads lengths and element specs only. ``get_batch(indices)`` (any order,
-    repeats, negative indices from the end) calls ``get_batch`` once per source it
-    touches, with that source's indices in request order, and scatters the rows into one
+    Building reads lengths and element specs only, no records, except that a
+    :func:`mixle.map` source without ``spec=`` maps its record 0 once to find its spec.
+    ``get_batch(indices)`` (any order, repeats, negative indices from the end) calls
+    ``get_batch`` once per source it touches, with that source's indices in request order,
+    checks each source's rows against the element spec, and scatters them into one
     preallocated batch. ``origins(indices)`` names each record's source and index there
     (``"name"``, or ``"name/inner"`` through a nested composition) and
     ``record_keys(indices)`` gives each record a uint64 key from the names on its path and

@@ -154,7 +154,8 @@ class MixSource(ComposedSource):
     def max_deviation(self) -> dict[str, float]:
         """Per source, the bound of :func:`mix`'s window guarantee (a float at or above the
         exact rational :attr:`MixPlan.bounds`): in every window of ``w`` consecutive
-        records, the source's count differs from ``w * share`` by strictly less."""
+        records, the source's count differs from ``w * share`` by strictly less, or not at
+        all where the bound is 0 (a lone source, or one of weight 0)."""
         return {n: _float_above(b) for n, b in zip(self._names, self._plan.bounds)}
 
     @property
@@ -271,10 +272,12 @@ def mix(
 
     **The guarantee.** In *every* window of ``w`` consecutive records (any start, any
     ``w``, wrapped or not), the number from source ``k`` differs from ``w * share_k`` by
-    strictly less than ``max_deviation[k]``: 1 for a source at the root's split, below
-    its depth in the tree always (below 2 when every split under the root gives its side
-    at most half), 0 for a lone source. With two sources both bounds are below 1: the counts are
-    ``floor`` or ``ceil`` of ``w * share``.
+    strictly less than ``max_deviation[k]`` where that is above 0, and not at all where it
+    is 0 (a lone source, and a source of weight 0, which is never read). The bound is 1
+    for a source at the root's split and below its depth in the tree deeper down (below
+    2 when every split under the root gives its side at most half). With two sources both
+    bounds are exactly 1, so both deviations are below 1: the counts are ``floor`` or
+    ``ceil`` of ``w * share``.
 
     **Which record.** The ``j``-th visit to a source of ``n`` records reads
     ``permute(j % n, n, seed=s_k, epoch=j // n)``

@@ -16,6 +16,7 @@ from numpy.typing import ArrayLike
 import mixle
 from mixle.data.sources.compose.concat import ConcatSource, concat
 from mixle.data.sources.compose.mix import mix
+from mixle.data.spec import describe_kind
 from mixle.errors import SchemaMismatchError, SourceClosedError
 
 
@@ -35,6 +36,16 @@ class Counting(mixle.Source):
 
     def element_spec(self) -> Any:
         return self.inner.element_spec()
+
+
+class Listy2:
+    """Two records that are tuples, read record by record (no get_batch)."""
+
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        return (np.zeros(2), np.zeros(2))
 
 
 class Rows(mixle.Source):
@@ -273,6 +284,14 @@ def test_a_child_whose_spec_is_not_implemented_declares_none() -> None:
     assert mixle.select(np.zeros((4, 3), np.int8), [1]).element_spec() == mixle.ArraySpec(
         (3,), np.dtype(np.int8)
     )
+
+
+def test_structure_mismatches_are_described_as_the_spec_check_does() -> None:
+    assert describe_kind({"b": 1, "a": 2}) == "a dict with keys ['a', 'b']"
+    assert describe_kind((1, 2)) == "a tuple of 2" and describe_kind(np.zeros(3)) == "an array"
+    a, b = Rows(np.zeros((2, 2))), Listy2()
+    with pytest.raises(SchemaMismatchError, match=r"'1'.* is a tuple of 2; spec expects an array"):
+        concat([a, b]).get_batch([0, 2])
 
 
 def test_names_and_bad_sources() -> None:

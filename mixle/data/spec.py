@@ -9,7 +9,14 @@ import numpy as np
 
 from mixle.errors import SchemaMismatchError
 
-__all__ = ["ArraySpec", "SpecTree", "batch_spec", "spec_of", "validate_batch"]
+__all__ = [
+    "ArraySpec",
+    "SpecTree",
+    "batch_spec",
+    "describe_kind",
+    "spec_of",
+    "validate_batch",
+]
 
 
 @dataclass(frozen=True)
@@ -65,7 +72,9 @@ def batch_spec(record_spec: SpecTree, batch_size: int) -> SpecTree:
     return ArraySpec((batch_size, *record_spec.shape), record_spec.dtype)
 
 
-def _kind(value: Any) -> str:
+def describe_kind(value: Any) -> str:
+    """What a record, batch or spec tree node is, for an error message: ``"a dict with keys
+    [...]"``, ``"a tuple of 2"`` (lists alike) or ``"an array"``."""
     if isinstance(value, dict):
         return f"a dict with keys {sorted(map(str, value))}"
     if isinstance(value, (tuple, list)):
@@ -76,18 +85,22 @@ def _kind(value: Any) -> str:
 def _check(value: Any, spec: SpecTree, path: str, allow_short: bool) -> None:
     if isinstance(spec, dict):
         if not isinstance(value, dict) or value.keys() != spec.keys():
-            raise SchemaMismatchError(f"{path} is {_kind(value)}; spec expects {_kind(spec)}")
+            raise SchemaMismatchError(
+                f"{path} is {describe_kind(value)}; spec expects {describe_kind(spec)}"
+            )
         for key, item in spec.items():
             _check(value[key], item, f"{path}[{key!r}]", allow_short)
         return
     if isinstance(spec, (tuple, list)):
         if type(value) is not type(spec) or len(value) != len(spec):
-            raise SchemaMismatchError(f"{path} is {_kind(value)}; spec expects {_kind(spec)}")
+            raise SchemaMismatchError(
+                f"{path} is {describe_kind(value)}; spec expects {describe_kind(spec)}"
+            )
         for i, (item, sub) in enumerate(zip(value, spec)):
             _check(item, sub, f"{path}[{i}]", allow_short)
         return
     if isinstance(value, (dict, tuple, list)):
-        raise SchemaMismatchError(f"{path} is {_kind(value)}; spec expects an array {spec}")
+        raise SchemaMismatchError(f"{path} is {describe_kind(value)}; spec expects an array {spec}")
     shape, dtype = _shape_dtype(value)
     fits = shape == spec.shape or (
         allow_short

@@ -14,21 +14,20 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from mixle.data.spec import ArraySpec, SpecTree, batch_spec, spec_of, validate_batch
+from mixle.data.spec import (
+    ArraySpec,
+    SpecTree,
+    batch_spec,
+    describe_kind,
+    spec_of,
+    validate_batch,
+)
 from mixle.errors import SchemaMismatchError
 
 __all__ = ["Part", "check_part", "empty_batch", "gather", "record_spec"]
 
 #: One child's share of a request: its name, the request rows it fills, its batch.
 Part = tuple[str, NDArray[np.int64], Any]
-
-
-def _kind(value: Any) -> str:
-    if isinstance(value, dict):
-        return f"a dict with keys {sorted(map(str, value))}"
-    if isinstance(value, (tuple, list)):
-        return f"a {type(value).__name__} of {len(value)}"
-    return "an array"
 
 
 def _leaf(value: Any) -> np.ndarray:
@@ -56,18 +55,18 @@ def _scatter(
 
     if isinstance(out, dict):
         if not isinstance(batch, dict) or batch.keys() != out.keys():
-            raise mismatch(f"is {_kind(batch)}, not {_kind(out)}")
+            raise mismatch(f"is {describe_kind(batch)}, not {describe_kind(out)}")
         for key in out:
             _scatter(out[key], batch[key], rows, name, first, f"{path}[{key!r}]")
         return
     if isinstance(out, (tuple, list)):
         if type(batch) is not type(out) or len(batch) != len(out):
-            raise mismatch(f"is {_kind(batch)}, not {_kind(out)}")
+            raise mismatch(f"is {describe_kind(batch)}, not {describe_kind(out)}")
         for i, (sub, part) in enumerate(zip(out, batch)):
             _scatter(sub, part, rows, name, first, f"{path}[{i}]")
         return
     if isinstance(batch, (dict, tuple, list)):
-        raise mismatch(f"is {_kind(batch)}, not an array")
+        raise mismatch(f"is {describe_kind(batch)}, not an array")
     leaf = _leaf(batch)
     if leaf.shape[1:] != out.shape[1:] or leaf.dtype != out.dtype:
         raise mismatch(

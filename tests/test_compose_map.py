@@ -141,6 +141,16 @@ def test_strings_fn_returns_are_object_leaves_of_any_width() -> None:
     assert numbers.get_batch([0])["s"].dtype == numbers.get_batch([2, 1])["s"].dtype == object
 
 
+def test_a_string_array_child_maps_to_object_strings() -> None:
+    words = np.array(["a", "bb", "ccc"])  # declares <U3; a batch of "a" alone stacks as <U1
+    mapped = map(words, same)
+    assert mapped.element_spec() == mixle.ArraySpec((), np.dtype(object))
+    assert mapped.get_batch([0]).dtype == mapped.get_batch([2, 1]).dtype == object
+    assert mapped.get_batch([2, 0]).tolist() == words[[2, 0]].tolist()
+    fixed = map(words, same, spec=mixle.ArraySpec((), np.dtype("<U3")))
+    assert fixed.get_batch([2]).dtype == np.dtype("<U3")  # a declared string dtype stays
+
+
 def test_list_columns_stay_one_value_per_record() -> None:
     src = mixle.MemorySource({"tags": [[1], [2, 3], []], "n": [1, 2, 3]})
     mapped = map(src, same)

@@ -49,7 +49,8 @@ def map_rng(seed: int, key: int) -> np.random.Generator:
 
 def _strings_as_objects(batch: Any, spec: SpecTree | None) -> Any:
     """``batch`` with its fixed-width string leaves (``U``, ``S``) as object arrays of
-    Python ``str``/``bytes``, except where ``spec`` declares that string dtype itself.
+    Python ``str``/``bytes``, except where ``spec`` (the user's ``spec=``) declares a
+    string dtype itself.
 
     A fixed-width string batch has the width of its longest value, so two batches would
     differ in dtype; record sources give strings as object leaves, and so does a map.
@@ -73,9 +74,15 @@ def _sub_spec(spec: SpecTree | None, key: Any) -> SpecTree | None:
     return None
 
 
-def _stack_outputs(outputs: list[Any], indices: NDArray[np.int64], guide: SpecTree | None) -> Any:
+def _stack_outputs(
+    outputs: list[Any],
+    indices: NDArray[np.int64],
+    guide: SpecTree | None,
+    declared: SpecTree | None,
+) -> Any:
     """Stack ``fn``'s outputs by ``guide`` (object leaves hold one value each), strings as
-    object arrays; on a mismatch, name the first record that does not stack with the first.
+    object arrays unless ``declared`` (``spec=``) gives them a string dtype; on a
+    mismatch, name the first record that does not stack with the first.
     """
     try:
         batch = stack_records(outputs, guide)
@@ -91,7 +98,7 @@ def _stack_outputs(outputs: list[Any], indices: NDArray[np.int64], guide: SpecTr
                     "for every record"
                 ) from exc
         raise
-    return _strings_as_objects(batch, guide)
+    return _strings_as_objects(batch, declared)
 
 
 class MapSource(Source):
@@ -158,7 +165,7 @@ class MapSource(Source):
             except Exception as exc:
                 exc.add_note(f"in the fn of mixle.map, on record {int(idx[row])}")
                 raise
-        return _stack_outputs(outputs, idx, self._guide())
+        return _stack_outputs(outputs, idx, self._guide(), self._spec)
 
     def _guide(self) -> SpecTree | None:
         """The spec ``fn``'s outputs are stacked by: ``spec`` when given, else the child's

@@ -218,6 +218,8 @@ def test_children_without_a_spec_are_checked_against_the_first_batch_read() -> N
         fresh.get_batch([0])
     with pytest.raises(SchemaMismatchError, match=r"'ints'"):
         mixle.mix({"ints": Rows(np.zeros((3, 2), np.int64)), "f": Rows(np.zeros((3, 2)))})[:]
+    words = concat([["a", "b"], ["ccc"]])  # undeclared strings: any width, batch by batch
+    assert words.get_batch([0]).tolist() == ["a"] and words.get_batch([2]).tolist() == ["ccc"]
 
 
 class Ordered(Rows):

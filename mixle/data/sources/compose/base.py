@@ -31,7 +31,7 @@ from mixle.data.sources.compose.gather import check_part, empty_batch, gather, r
 from mixle.data.sources.compose.lineage import child_keys, child_origins, visit_keys
 from mixle.data.sources.custom import Source
 from mixle.data.sources.origins import Origins
-from mixle.data.spec import SpecTree
+from mixle.data.spec import ArraySpec, SpecTree
 from mixle.data.structure import EXCHANGEABLE, SEQUENTIAL, SampleStructure
 from mixle.errors import SchemaMismatchError, SourceClosedError
 
@@ -161,6 +161,17 @@ def common_spec(names: Sequence[str], children: Sequence[Any]) -> SpecTree | Non
                 "and dtype"
             )
     return None if first is None else first[1]
+
+
+def _widthless(spec: SpecTree) -> SpecTree:
+    """``spec`` with every fixed-width string leaf (``U``, ``S``) of width 0."""
+    if isinstance(spec, dict):
+        return {key: _widthless(item) for key, item in spec.items()}
+    if isinstance(spec, (tuple, list)):
+        return type(spec)(_widthless(item) for item in spec)
+    if isinstance(spec, ArraySpec) and spec.dtype.kind in "US":
+        return ArraySpec(spec.shape, np.dtype(spec.dtype.kind))
+    return spec
 
 
 def child_structure(child: Any) -> SampleStructure | None:
@@ -316,6 +327,8 @@ class ComposedSource(Source):
             first, spec = self._seen
             whose = f"the first batch this process read (from source {first!r})"
         for name, rows, batch in parts:
+            if self._spec is None and _widthless(record_spec(batch)) == _widthless(spec):
+                continue  # undeclared strings stack to their longest: widths may vary
             check_part(name, batch, rows.size, spec, whose)
         return gather(parts, n)
 

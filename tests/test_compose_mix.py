@@ -4,6 +4,7 @@ batching; the Loader seam (per-batch shares, resume, spawn workers equal threads
 
 from __future__ import annotations
 
+import importlib
 import pickle
 from fractions import Fraction
 from pathlib import Path
@@ -16,6 +17,7 @@ from hypothesis import strategies as st
 from numpy.typing import ArrayLike
 
 import mixle
+from mixle.data.index_math.mixing import visit_records
 from mixle.data.index_math.permutation import permute
 from mixle.data.sources.compose.mix import MixSource, mix
 from mixle.errors import SchemaMismatchError, SourceClosedError
@@ -416,3 +418,32 @@ def test_patch_samplers_and_zarr_children(tmp_path: Path) -> None:
         want_patch, want_corner = kids[name].get_batch([i])
         np.testing.assert_array_equal(patch, want_patch[0])
         np.testing.assert_array_equal(corner, want_corner[0])
+
+
+def test_mix_visits_read_the_records_of_the_index_math_permuting_once_per_pass(
+    monkeypatch,
+):
+    """A mix reads the records visit_records names, and computes each (source, pass) visit
+    order once over many batches, not one permute per batch (the fix: visit tables)."""
+    mixing = importlib.import_module("mixle.data.index_math.mixing")
+    mix_module = importlib.import_module("mixle.data.sources.compose.mix")
+    lengths = (50, 70, 300)
+    children = [np.stack([np.full(n, k), np.arange(n)], axis=1) for k, n in enumerate(lengths)]
+    m = mixle.mix(children, [2, 1, 1], seed=3, length=600)  # the two short sources wrap
+    want = []
+    for lo in range(0, 600, 20):
+        idx = np.arange(lo, lo + 20)
+        source, visit = m.plan.assign(idx)
+        local = np.array(
+            [visit_records([v], lengths[s], m.plan.visit_seed(s))[0] for s, v in zip(source, visit)]
+        )
+        want.append((idx, source, local, {(s, v // lengths[s]) for s, v in zip(source, visit)}))
+    calls = []
+    real = mixing.permute
+    counting = lambda *a, **k: calls.append(a[1]) or real(*a, **k)  # noqa: E731
+    monkeypatch.setattr(mixing, "permute", counting)
+    monkeypatch.setattr(mix_module, "permute", counting, raising=False)
+    for idx, source, local, _ in want:
+        got = m.get_batch(idx)
+        assert np.array_equal(got[:, 0], source) and np.array_equal(got[:, 1], local)
+    assert len(calls) == len(set().union(*(w[3] for w in want)))  # once per (source, pass)

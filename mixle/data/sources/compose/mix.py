@@ -13,6 +13,7 @@ from numpy.typing import NDArray
 
 from mixle.data.index_math.hashing import parse_seed
 from mixle.data.index_math.mixing import MixPlan, visit_records
+from mixle.data.index_math.permutation import permute
 from mixle.data.sources.compose.base import (
     ComposedSource,
     SourcesLike,
@@ -23,7 +24,26 @@ from mixle.data.sources.compose.lineage import name_tag
 from mixle.data.structure import SampleStructure
 from mixle.utils.validation import parse_int
 
-__all__ = ["MixSource", "WeightsLike", "mix", "parse_weights"]
+__all__ = [
+    "TABLES_PER_SOURCE",
+    "VISIT_TABLE_BYTES",
+    "VISIT_TABLE_RECORDS",
+    "MixSource",
+    "WeightsLike",
+    "mix",
+    "parse_weights",
+]
+
+#: A source of at most this many records has each pass's visit order computed whole, once,
+#: and looked up: a batch then makes no ``permute`` call, whose fixed cost (about 0.25 ms
+#: for 256 indices: NumPy's per-call overhead over 8 to 24 rounds and their cycle walks)
+#: dominates a fast read such as a ``.npy`` file's.
+VISIT_TABLE_RECORDS = 1 << 20
+#: Passes whose visit orders are kept per source (a batch touching more uses ``permute``).
+TABLES_PER_SOURCE = 2
+#: Bytes of visit orders one mix keeps in all (int32, 4 bytes a record); past it the oldest
+#: go first.
+VISIT_TABLE_BYTES = 64 << 20
 
 WeightsLike = Sequence[float] | Mapping[str, float] | None
 """One weight per source, in the order of the sources or by name; ``None``: all equal."""
@@ -131,6 +151,7 @@ class MixSource(ComposedSource):
                 raise ValueError(f"length={length!r} must be >= 0 (or None)")
             self._len = self._length
         self._visit_seeds = tuple(self._plan.visit_seed(k) for k in range(len(self._names)))
+        self._tables: dict[tuple[int, int], NDArray[np.int32]] = {}  # (source, pass) -> order
 
     def __len__(self) -> int:
         return self._len
@@ -192,9 +213,45 @@ class MixSource(ComposedSource):
         for k in np.unique(source).tolist():
             sel = np.flatnonzero(source == k)
             n = self._lengths[k]
-            local[sel] = visit_records(visit[sel], n, self._visit_seeds[k])
+            local[sel] = self._visits(k, visit[sel])
             passes[sel] = visit[sel] // n
         return source, local, passes
+
+    def _visits(self, k: int, visits: NDArray[np.int64]) -> NDArray[np.int64]:
+        """The records of source ``k`` that ``visits`` read (:func:`visit_records`)."""
+        n, seed = self._lengths[k], self._visit_seeds[k]
+        passes, positions = np.divmod(visits, n)
+        touched = np.unique(passes).tolist()
+        if n > VISIT_TABLE_RECORDS or len(touched) > TABLES_PER_SOURCE:
+            return visit_records(visits, n, seed)  # (a shuffled read of a many-pass mix)
+        out = np.empty_like(visits)
+        for p in touched:
+            sel = np.flatnonzero(passes == p)
+            out[sel] = self._table(k, p)[positions[sel]]
+        return out
+
+    def _table(self, k: int, p: int) -> NDArray[np.int32]:
+        """Pass ``p``'s visit order of source ``k``, whole; the last few are kept.
+
+        Two threads may both build one: the same array, so no lock is needed.
+        """
+        table = self._tables.get((k, p))
+        if table is None:
+            n = self._lengths[k]
+            order = permute(np.arange(n, dtype=np.int64), n, seed=self._visit_seeds[k], epoch=p)
+            table = order.astype(np.int32)
+            kept = list(self._tables)
+            mine = [key for key in kept if key[0] == k]
+            drop = mine[: max(0, len(mine) - TABLES_PER_SOURCE + 1)]  # oldest first
+            held = sum(t.nbytes for key, t in list(self._tables.items()) if key not in drop)
+            for key in kept:
+                if key not in drop and held + table.nbytes > VISIT_TABLE_BYTES:
+                    drop.append(key)
+                    held -= self._tables[key].nbytes if key in self._tables else 0
+            for key in drop:
+                self._tables.pop(key, None)
+            self._tables[(k, p)] = table
+        return table
 
     def _arguments(self) -> dict[str, Any]:
         return {

@@ -118,8 +118,9 @@ class Loader(ActiveRun):
     record_transform
         ``record_transform(record, rng) -> record`` per record before stacking; ``rng`` is
         :func:`record_rng` of ``(seed, epoch, key)``, the key being the record's index, or
-        the source's ``record_keys`` when it has them (a composition: the record's origin,
-        so its randomness follows it whatever the composition; see :attr:`last_record_keys`).
+        the source's ``record_keys`` when it has them (a composition: a visit of the record,
+        its origin on a first visit and a fresh key for each repeat, so its randomness
+        follows it whatever the composition; see :attr:`last_record_keys`).
     num_threads
         Reader threads (default ``min(4, os.cpu_count())``); 0 reads in the caller's
         thread. With ``num_workers``, the reader threads inside each worker process.
@@ -331,8 +332,9 @@ class Loader(ActiveRun):
     @property
     def last_record_keys(self) -> NDArray[np.uint64] | None:
         """What the batch yielded last keys per-record randomness on: the source's
-        ``record_keys`` (a composed source: each record's origin, stable however it is
-        composed), else its indices. Pass them to :func:`mixle.jax.record_keys` with
+        ``record_keys`` (a composed source: each record's visit, its origin on a first
+        visit, stable however it is composed, and a fresh key for each repeat), else its
+        indices. Pass them to :func:`mixle.jax.record_keys` with
         :attr:`last_epoch` for per-record JAX keys that follow the record."""
         indices = self._last_indices
         return None if indices is None else self._reader.record_keys(indices)

@@ -14,7 +14,7 @@ import numpy as np
 
 from mixle.data.spec import ArraySpec
 
-__all__ = ["stack_records", "unstack_batch"]
+__all__ = ["stack_records", "sub_spec", "unstack_batch"]
 
 
 #: Values an object leaf holds as one value each (never as structure or fixed-width text).
@@ -25,7 +25,7 @@ def _object_leaf(spec: Any) -> bool:
     return isinstance(spec, ArraySpec) and spec.dtype == np.dtype(object) and spec.shape == ()
 
 
-def _sub_spec(spec: Any, key: Any) -> Any:
+def sub_spec(spec: Any, key: Any) -> Any:
     """The spec of field ``key`` of a record of spec ``spec``, or ``None``."""
     if isinstance(spec, dict):
         return spec.get(key)
@@ -78,7 +78,7 @@ def _stack(records: Sequence[Any], spec: Any, path: str) -> Any:
                     f"{_describe(record)}"
                 )
         return {
-            key: _stack([r[key] for r in records], _sub_spec(spec, key), f"{path}[{key!r}]")
+            key: _stack([r[key] for r in records], sub_spec(spec, key), f"{path}[{key!r}]")
             for key in keys
         }
     if isinstance(first, (tuple, list)):
@@ -89,7 +89,7 @@ def _stack(records: Sequence[Any], spec: Any, path: str) -> Any:
                     f"{_describe(record)}"
                 )
         return type(first)(
-            _stack([r[i] for r in records], _sub_spec(spec, i), f"{path}[{i}]")
+            _stack([r[i] for r in records], sub_spec(spec, i), f"{path}[{i}]")
             for i in range(len(first))
         )
     leaves = [np.asarray(leaf) for leaf in records]

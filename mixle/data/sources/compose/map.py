@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from mixle.data.batches import stack_records, unstack_batch
+from mixle.data.batches import stack_records, sub_spec, unstack_batch
 from mixle.data.index_math.hashing import hash_int, parse_seed
 from mixle.data.sources.arrays.box_reads import parse_indices
 from mixle.data.sources.compose.children import (
@@ -56,22 +56,14 @@ def _strings_as_objects(batch: Any, spec: SpecTree | None) -> Any:
     differ in dtype; record sources give strings as object leaves, and so does a map.
     """
     if isinstance(batch, dict):
-        return {k: _strings_as_objects(v, _sub_spec(spec, k)) for k, v in batch.items()}
+        return {k: _strings_as_objects(v, sub_spec(spec, k)) for k, v in batch.items()}
     if isinstance(batch, (tuple, list)):
-        return type(batch)(_strings_as_objects(v, _sub_spec(spec, i)) for i, v in enumerate(batch))
+        return type(batch)(_strings_as_objects(v, sub_spec(spec, i)) for i, v in enumerate(batch))
     if isinstance(batch, np.ndarray) and batch.dtype.kind in "US":
         if isinstance(spec, ArraySpec) and spec.dtype.kind in "US":
             return batch
         return batch.astype(object)
     return batch
-
-
-def _sub_spec(spec: SpecTree | None, key: Any) -> SpecTree | None:
-    if isinstance(spec, dict):
-        return spec.get(key)
-    if isinstance(spec, (tuple, list)) and isinstance(key, int) and key < len(spec):
-        return spec[key]
-    return None
 
 
 def _stack_outputs(

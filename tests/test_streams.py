@@ -683,3 +683,30 @@ def test_read_hf_stream_batches_equal_the_datasets_own_iteration() -> None:
         assert batch["c"].tolist() == [r["c"] for r in rows]
         assert batch["v"].tolist() == [r["v"] for r in rows]
     assert batches[2]["mask"].tolist() == [True, True, False, False]
+
+
+class _SharedIterator:
+    """A re-iterable whose __iter__ hands back one shared iterator every time."""
+
+    def __init__(self) -> None:
+        self._it = iter(range(6))
+
+    def __iter__(self) -> Any:
+        return self._it
+
+
+def test_a_stream_handing_back_a_used_iterator_is_refused_not_silently_short() -> None:
+    """Every later pass of such a stream (the next epoch, the pass element_spec() reads)
+    would get the rest of one iterator: epochs 1 and 2 empty, or the first batch lost."""
+    loader = mixle.Loader(_SharedIterator(), 2, num_epochs=3)
+    batches = iter(loader)
+    assert [next(batches).tolist() for _ in range(3)] == [[0, 1], [2, 3], [4, 5]]  # epoch 0
+    with pytest.raises(ValueError, match="iter\\(source\\) returned the same iterator"):
+        next(batches)  # epoch 1: an error, not an empty epoch
+    loader = mixle.Loader(_SharedIterator(), 2)
+    loader.element_spec()
+    with pytest.raises(ValueError, match="same iterator as for the last pass"):
+        list(loader)
+    shared = iter(range(6))
+    with pytest.raises(ValueError, match="the factory returned the same iterator"):
+        list(mixle.Loader(lambda: shared, 2, num_epochs=3))

@@ -13,7 +13,7 @@ import inspect
 from collections.abc import Iterator
 from typing import Any, Literal
 
-__all__ = ["ONE_SHOT_FIX", "StreamKind", "is_stream", "open_pass", "stream_kind"]
+__all__ = ["ONE_SHOT_FIX", "PassLog", "StreamKind", "is_stream", "open_pass", "stream_kind"]
 
 StreamKind = Literal["iterable", "factory", "one-shot"]
 
@@ -60,6 +60,30 @@ def stream_kind(source: object) -> StreamKind | None:
 def is_stream(source: object) -> bool:
     """Whether the Loader reads ``source`` as a stream (see the module notes)."""
     return stream_kind(source) is not None
+
+
+class PassLog:
+    """The iterator of the last pass a Loader opened over a stream, to refuse a stream that
+    hands back the same, already-read iterator as a new pass.
+
+    A re-iterable whose ``__iter__`` returns one shared iterator, or a factory returning a
+    global one, would give every later pass (the next epoch, a resume, the pass the spec is
+    read from) nothing or the rest of it, silently.
+    """
+
+    def __init__(self) -> None:
+        self._last: Any = None
+
+    def check(self, source: Any, kind: StreamKind, it: Iterator[Any]) -> None:
+        """Remember ``it``; raise ``ValueError`` if it is the last pass's iterator again."""
+        if it is self._last:
+            how = "the factory returned" if kind == "factory" else "iter(source) returned"
+            raise ValueError(
+                f"{how} the same iterator as for the last pass over the stream "
+                f"({type(source).__name__}), which that pass has already read: a new pass "
+                f"must start a new iterator; {ONE_SHOT_FIX}"
+            )
+        self._last = it
 
 
 def open_pass(source: Any, kind: StreamKind, epoch: int) -> Iterator[Any]:

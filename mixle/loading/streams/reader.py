@@ -24,7 +24,7 @@ from mixle.data.spec import SpecTree
 from mixle.loading.batching import attach_mask, stack_records
 from mixle.loading.plan import batch_rng, record_rng
 from mixle.loading.spec_check import check_source_batch
-from mixle.loading.streams.detect import ONE_SHOT_FIX, StreamKind, open_pass
+from mixle.loading.streams.detect import ONE_SHOT_FIX, PassLog, StreamKind, open_pass
 from mixle.loading.streams.plan import EpochEnds, StreamLayout, StreamPlan, shard_rows
 from mixle.loading.streams.shuffle_buffer import shuffle_buffer
 
@@ -57,8 +57,10 @@ class StreamCursor:
         buffer: int | None,
         seed: int,
         keep_head: int,
+        passes: PassLog | None = None,
     ) -> None:
         self.stream, self.kind, self.buffer, self.seed = stream, kind, buffer, seed
+        self.passes = PassLog() if passes is None else passes
         self.keep_head = keep_head
         self._it: Iterator[tuple[int, Any]] | None = None
         self._epoch = -1
@@ -78,7 +80,10 @@ class StreamCursor:
                 f"start again for epoch {epoch}: {ONE_SHOT_FIX}"
             )
         self._opened += 1
-        pairs: Iterator[tuple[int, Any]] = enumerate(open_pass(self.stream, self.kind, epoch))
+        raw = open_pass(self.stream, self.kind, epoch)
+        if self.kind != "one-shot":
+            self.passes.check(self.stream, self.kind, raw)
+        pairs: Iterator[tuple[int, Any]] = enumerate(raw)
         if self.buffer is not None:
             pairs = shuffle_buffer(pairs, self.buffer, seed=self.seed, epoch=epoch)
         self._it, self._epoch, self._pos, self._done = pairs, epoch, 0, False
@@ -152,8 +157,11 @@ class StreamReader:
     record_spec: SpecTree | None
     cursor: StreamCursor | None = field(default=None, repr=False)
     ends: EpochEnds | None = field(default=None, repr=False)
+    passes: PassLog | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
+        if self.passes is None:  # shared by this process's copies (runs, the spec read)
+            self.passes = PassLog()
         if self.cursor is None:
             self.cursor = self.new_cursor()
         self._cond = threading.Condition()
@@ -165,7 +173,12 @@ class StreamReader:
         lay = self.layout
         head = lay.global_batch_size if lay.drop_last == "pad" else 0
         return StreamCursor(
-            self.source, self.kind, buffer=self.buffer, seed=self.seed, keep_head=head
+            self.source,
+            self.kind,
+            buffer=self.buffer,
+            seed=self.seed,
+            keep_head=head,
+            passes=self.passes,
         )
 
     def for_run(self, ends: EpochEnds | None = None) -> StreamReader:
@@ -179,7 +192,8 @@ class StreamReader:
         return StreamReader(**{**_reader_state(self), "cursor": None, "ends": None})
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild, (_reader_state(self) | {"cursor": None, "ends": None},))
+        state = _reader_state(self) | {"cursor": None, "ends": None, "passes": None}
+        return (_rebuild, (state,))
 
     # -- reading ------------------------------------------------------------------------
     def _pull(self, plan: StreamPlan) -> tuple[list[Any], NDArray[np.int64], Any, bool] | None:

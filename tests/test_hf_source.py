@@ -597,3 +597,26 @@ def test_a_closed_stream_stops(memory_ds: Any) -> None:
     for action in (lambda: next(running), lambda: iter(src), lambda: pickle.dumps(src)):
         with pytest.raises(SourceClosedError):
             action()
+
+
+def test_a_loader_over_a_stream_reshuffles_each_epoch_as_datasets_does(memory_ds: Any) -> None:
+    """The Loader tells the stream the epoch (set_epoch) before each pass, as it tells a raw
+    IterableDataset; without it a read_hf stream repeated epoch 0's order every epoch."""
+    ids = memory_ds.select_columns(["i"]).to_iterable_dataset(num_shards=4)
+    shuffled = ids.shuffle(seed=0, buffer_size=10)
+    n = len(memory_ds)
+    epochs = [b["i"].tolist() for b in mixle.Loader(read_hf(shuffled), n, num_epochs=2)]
+    want = []
+    for epoch in range(2):
+        shuffled.set_epoch(epoch)
+        want.append([int(r["i"]) for r in shuffled])
+    assert epochs == want and epochs[0] != epochs[1]
+
+
+def test_a_streams_format_is_ignored_like_the_map_style_sources() -> None:
+    ds = datasets.Dataset.from_dict({"seq": [[1, 2], [3]], "s": ["a", "bb"]})
+    for fmt in ("numpy", "arrow", "pandas"):
+        src = read_hf(ds.to_iterable_dataset().with_format(fmt))
+        batch = next(iter(mixle.Loader(src, 2)))
+        assert batch["s"].dtype == object and batch["s"].tolist() == ["a", "bb"], fmt
+        assert [list(v) for v in batch["seq"]] == [[1, 2], [3]], fmt

@@ -44,6 +44,7 @@ class HFStreamSource:
     def __init__(self, dataset: Any, columns: Sequence[str] | None = None) -> None:
         if columns is not None and (isinstance(columns, str) or not isinstance(columns, Sequence)):
             raise TypeError(f"columns={columns!r} must be a list of column names or None")
+        dataset = dataset.with_format(None)  # a format is ignored, as in the map-style source
         features = dataset.features
         self._columns: list[str] | None = None if columns is None else list(columns)
         self._specs: dict[str, ArraySpec] | None = None
@@ -93,6 +94,11 @@ class HFStreamSource:
                 f"{type(self).__name__}({self._location_of(self._dataset)}) is closed; open "
                 f"it again to {doing}"
             )
+
+    def set_epoch(self, epoch: int) -> None:
+        """Tell the dataset the epoch (the Loader does, before each pass), so that its own
+        ``shuffle()`` gives a new order each epoch."""
+        self._dataset.set_epoch(epoch)
 
     def __iter__(self) -> Iterator[Record]:
         """A fresh pass over the dataset: one record (dict of NumPy values) per example."""

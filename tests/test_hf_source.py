@@ -620,3 +620,17 @@ def test_a_streams_format_is_ignored_like_the_map_style_sources() -> None:
         batch = next(iter(mixle.Loader(src, 2)))
         assert batch["s"].dtype == object and batch["s"].tolist() == ["a", "bb"], fmt
         assert [list(v) for v in batch["seq"]] == [[1, 2], [3]], fmt
+
+
+def test_the_loader_reads_a_datasets_dataset_through_read_hf() -> None:
+    """Read record by record, a Dataset gave fixed-width strings whose width changed per
+    batch (and failed on None); the Loader now reads it through read_hf, a batch at a time."""
+    ds = datasets.Dataset.from_dict({"s": ["a", None, "ccc", "dd"], "i": [1, 2, 3, 4]})
+    for source in (ds, ds.to_iterable_dataset(), datasets.DatasetDict({"train": ds})):
+        loader = mixle.Loader(source, 2)
+        batches = list(loader)
+        assert [b["s"].tolist() for b in batches] == [["a", None], ["ccc", "dd"]]
+        assert all(b["s"].dtype == object and b["i"].dtype == np.int64 for b in batches)
+    assert isinstance(mixle.Loader(ds, 2).source, HFSource)
+    with pytest.raises(ValueError, match=r"pick one, e.g. Loader\(dataset\['train'\]"):
+        mixle.Loader(datasets.DatasetDict({"train": ds, "test": ds}), 2)

@@ -15,7 +15,9 @@ from typing import Any
 
 import numpy as np
 
+from mixle.data.sources.records.hf import read_hf
 from mixle.data.structure import SampleStructure
+from mixle.utils.optional_deps import imported
 from mixle.utils.validation import parse_choice, parse_int, parse_timeout
 
 __all__ = [
@@ -23,6 +25,7 @@ __all__ = [
     "PREFETCH_PER_THREAD",
     "PREFETCH_PER_WORKER",
     "START_METHODS",
+    "adopt_source",
     "check_source",
     "parse_callable",
     "parse_count",
@@ -40,6 +43,36 @@ PREFETCH_PER_THREAD = 2
 PREFETCH_PER_WORKER = 2
 #: How a Loader may start its worker processes.
 START_METHODS = ("spawn", "forkserver", "fork")
+
+
+#: ``datasets`` classes the Loader reads through :func:`mixle.read_hf`.
+_HF_CLASSES = ("Dataset", "IterableDataset", "DatasetDict", "IterableDatasetDict")
+
+
+def adopt_source(source: Any) -> Any:
+    """``source``, or :func:`mixle.read_hf` of it for a Hugging Face ``datasets`` dataset.
+
+    A ``datasets.Dataset`` read record by record would give Python lists and strings per
+    row (fixed-width strings whose width changes from batch to batch, lists taken as
+    structure); through ``read_hf`` it reads a batch at a time from Arrow, with the column
+    rules of the other record sources. ``datasets`` is never imported here: only an object
+    of an already imported ``datasets`` is recognised.
+    """
+    datasets = imported("datasets")
+    if datasets is not None:
+        classes = tuple(getattr(datasets, name, None) for name in _HF_CLASSES)
+        if isinstance(source, tuple(c for c in classes[2:] if isinstance(c, type))):
+            if len(source) != 1:
+                splits = ", ".join(map(repr, source))
+                raise ValueError(
+                    f"source is a {type(source).__name__} of the splits {splits}; pick one, "
+                    "e.g. Loader(dataset['train'], ...) or "
+                    "Loader(mixle.read_hf(dataset, split='train'), ...)"
+                )
+            return read_hf(source)
+        if isinstance(source, tuple(c for c in classes[:2] if isinstance(c, type))):
+            return read_hf(source)
+    return source
 
 
 def check_source(source: object, shuffle: object) -> None:

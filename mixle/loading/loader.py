@@ -19,6 +19,7 @@ from mixle.loading.adapters import adapt
 from mixle.loading.arguments import (
     DEFAULT_NUM_THREADS,
     PREFETCH_PER_THREAD,
+    adopt_source,
     check_source,
     parse_callable,
     parse_count,
@@ -75,7 +76,8 @@ class Loader(ActiveRun):
         each batch is one such call. A *stream* instead (an iterable with no length: a
         generator factory, a ``datasets.IterableDataset``) makes ``Loader(...)`` return a
         :class:`~mixle.loading.streams.StreamLoader`, which reads it in arrival order
-        (see there).
+        (see there). A Hugging Face ``datasets`` dataset is read through
+        :func:`mixle.read_hf` (a batch at a time from Arrow).
     batch_size
         Rows per batch (``>= 1``).
     shuffle
@@ -202,6 +204,7 @@ class Loader(ActiveRun):
         ValueError
             ``shuffle_buffer`` given for a map-style source.
         """
+        source = adopt_source(source)
         if cls is Loader and is_stream(source):
             return StreamLoader(source, *args, **kwargs)
         if kwargs.get("shuffle_buffer") is not None:
@@ -234,6 +237,7 @@ class Loader(ActiveRun):
         timeout: float | None = None,
         check_spec: bool | str = "first",
     ) -> None:
+        source = adopt_source(source)
         check_source(source, shuffle)
         self._source = source
         parse_choice(shard_layout, "shard_layout", SHARD_LAYOUTS)

@@ -439,6 +439,19 @@ def test_a_file_truncated_after_opening_raises_file_changed_error(tmp_path):
             list(src.records())
 
 
+def test_a_file_rewritten_with_more_records_raises_file_changed_error(tmp_path):
+    """A rewrite whose chunks no longer match the footer array_record read made it fail
+    with a hash mismatch, reported as a corrupt chunk rather than a changed file."""
+    path = _write(tmp_path / "rw.ar", [b"old%03d" % i for i in range(50)], "group_size:1")
+    with read_array_record(path) as src:
+        assert src[0] == b"old000"
+        _write(tmp_path / "rw.ar", [b"NEW-%d" % i for i in range(80)], "group_size:1")
+        with pytest.raises(FileChangedError, match=r"rw\.ar' changed after it was opened"):
+            src.get_batch(np.arange(50))
+        with pytest.raises(FileChangedError, match=r"rw\.ar' changed after it was opened"):
+            list(src.records())
+
+
 def test_empty_records_of_an_unchanged_file_are_read_as_empty(tmp_path):
     path = _write(tmp_path / "blank.ar", [b"", b"a", b""])
     with read_array_record(path) as src:

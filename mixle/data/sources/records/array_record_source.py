@@ -409,6 +409,7 @@ class ArrayRecordSource(SourceLifetime):
             try:
                 got = readers[k].read(local)
             except RuntimeError as exc:
+                self._check_unchanged(files, k)  # a file rewritten since: FileChangedError
                 raise CorruptChunkError(
                     f"{_name(self._args['paths'], k)}: array_record could not read records "
                     f"{local[:3]}{'...' if len(local) > 3 else ''} of that file: {exc}"
@@ -460,8 +461,10 @@ class ArrayRecordSource(SourceLifetime):
         CorruptChunkError
             array_record could not read a record (the message names the file).
         FileChangedError
-            A file was truncated, rewritten or deleted after the source opened it (found
-            when array_record reads a record as empty, as it does past a new end of file).
+            A file was truncated, rewritten or deleted after the source opened it, found
+            when array_record reads a record as empty (as it does past a new end of file)
+            or fails to read it; a file rewritten in place with the same layout is read as
+            it now is.
         """
         readers = self._begin_read()
         try:  # close() defers releasing the readers until _end_read
@@ -522,6 +525,7 @@ class ArrayRecordSource(SourceLifetime):
                 try:
                     raw = readers[k].read(lo, hi)
                 except RuntimeError as exc:
+                    self._check_unchanged(files, k)
                     raise CorruptChunkError(
                         f"{_name(self._args['paths'], k)}: array_record could not read "
                         f"records {lo}..{hi - 1} of that file: {exc}"

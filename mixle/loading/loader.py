@@ -31,7 +31,7 @@ from mixle.loading.element_spec import spec_from_metadata, widen_leading
 from mixle.loading.plan import INDEX_WINDOW_ROWS, BatchPlan, batch_plans, record_rng, window
 from mixle.loading.prefetch import StopSignal, ordered_map
 from mixle.loading.reader import BatchReader, takes_rng
-from mixle.loading.runs import ActiveRun
+from mixle.loading.runs import ActiveRun, workers_module
 from mixle.loading.spec_check import parse_check_spec
 from mixle.loading.state import (
     STATE_VERSION,
@@ -54,14 +54,6 @@ __all__ = [
     "Loader",
     "record_rng",
 ]
-
-
-def _workers() -> Any:
-    """:mod:`mixle.loading.workers.pool`, imported when a Loader first uses workers, so that
-    ``import mixle`` does not load ``multiprocessing.connection`` and sockets."""
-    from mixle.loading.workers import pool
-
-    return pool
 
 
 class Loader(ActiveRun):
@@ -154,7 +146,8 @@ class Loader(ActiveRun):
     Raises
     ------
     TypeError
-        ``source`` is not map-style, or an argument has the wrong type; with
+        ``source`` is neither map-style nor a stream (or is a path), or an argument has
+        the wrong type; with
         ``num_workers`` and a start method other than ``"fork"``, the source or a
         transform cannot be pickled (the message names which).
     ValueError
@@ -271,7 +264,7 @@ class Loader(ActiveRun):
             parse_check_spec(check_spec),
         )
         if self._num_workers:
-            _workers().reader_payload(self._reader, self._start_method, check_only=True)
+            workers_module().reader_payload(self._reader, self._start_method, check_only=True)
         self._spec: SpecTree | None = None
         self._epoch = 0
         self._batch = 0
@@ -423,7 +416,7 @@ class Loader(ActiveRun):
         first = list(itertools.islice(plans, 1))  # no batch left: no worker to start
         plans = itertools.chain(first, plans)
         if self._num_workers and first:
-            workers = _workers()
+            workers = workers_module()
             pool = workers.WorkerPool(
                 self._reader,
                 num_workers=self._num_workers,

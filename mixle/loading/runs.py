@@ -8,9 +8,18 @@ from typing import Any, TypeVar
 
 from mixle.loading.prefetch import StopSignal
 
-__all__ = ["ActiveRun"]
+__all__ = ["ActiveRun", "workers_module"]
 
 R = TypeVar("R", bound="ActiveRun")
+
+
+def workers_module() -> Any:
+    """:mod:`mixle.loading.workers.pool`, imported when a loader's run first uses worker
+    processes, so that ``import mixle`` does not load ``multiprocessing.connection`` and
+    sockets."""
+    from mixle.loading.workers import pool
+
+    return pool
 
 
 class ActiveRun:

@@ -21,7 +21,7 @@ from mixle.loading.arguments import parse_callable, parse_count, parse_threads, 
 from mixle.loading.element_spec import spec_from_metadata, widen_leading
 from mixle.loading.prefetch import StopSignal, ordered_map
 from mixle.loading.reader import takes_rng
-from mixle.loading.runs import ActiveRun
+from mixle.loading.runs import ActiveRun, workers_module
 from mixle.loading.spec_check import parse_check_spec, record_spec_of
 from mixle.loading.state import STATE_VERSION
 from mixle.loading.streams.detect import ONE_SHOT_FIX, stream_kind
@@ -35,14 +35,6 @@ if TYPE_CHECKING:
     from mixle.loading.workers import WorkerPool
 
 __all__ = ["StreamLoader"]
-
-
-def _workers() -> Any:
-    """:mod:`mixle.loading.workers.pool`, imported when a run first uses workers (as the
-    map-style Loader does, so ``import mixle`` does not load ``multiprocessing.connection``)."""
-    from mixle.loading.workers import pool
-
-    return pool
 
 
 def _parse_buffer(shuffle_buffer: object) -> int | None:
@@ -211,7 +203,7 @@ class StreamLoader(ActiveRun):
             record_spec,
         )
         if self._num_workers:
-            _workers().reader_payload(self._reader, self._start_method, check_only=True)
+            workers_module().reader_payload(self._reader, self._start_method, check_only=True)
         self._spec: SpecTree | None = None
         self._epoch = 0
         self._batch = 0
@@ -316,7 +308,7 @@ class StreamLoader(ActiveRun):
         )
         pool = None
         if workers:
-            pool_module = _workers()
+            pool_module = workers_module()
             reader = self._reader.fresh()
             pool = pool_module.WorkerPool(
                 reader,

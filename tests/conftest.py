@@ -3,6 +3,7 @@ every test that reads them leaves them byte-identical."""
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 from collections.abc import Iterator
@@ -186,3 +187,25 @@ def fast_retries() -> Iterator[None]:
     chunk_cache().clear()
     yield
     set_retry_policy(**asdict(old))  # every field, timeouts included
+
+
+@pytest.fixture(scope="module")
+def frozen_heap() -> Iterator[None]:
+    """For modules that call ``gc.collect()`` often: the collector sees only their objects.
+
+    Late in a full run the heap holds millions of objects from earlier modules (imports,
+    hypothesis, caches), and each full collection scans all of them (most of a second).
+    After one collection here, ``gc.freeze()`` sets the survivors aside; every object the
+    module makes stays collectable. At its end ``gc.unfreeze()`` hands the rest back and one
+    collection runs here, in the main thread (a cycle that holds an h5py object, collected
+    on fsspec's I/O thread, can deadlock: h5py issue 2019). Also for modules whose remote
+    reads retry or open HDF5 over URLs: mixle collects before each (see mixle.reading.faults).
+    Use it with ``pytestmark = pytest.mark.usefixtures("frozen_heap")``.
+    """
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+        gc.collect()

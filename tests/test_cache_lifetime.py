@@ -19,6 +19,8 @@ import zarr
 import mixle
 from mixle.reading import chunk_cache, set_chunk_cache_bytes
 
+pytestmark = pytest.mark.usefixtures("frozen_heap")  # full gc collections scan this module only
+
 CHUNK = 16
 CHUNK_BYTES = CHUNK**3 * 4
 

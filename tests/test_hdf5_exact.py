@@ -34,6 +34,8 @@ from mixle.inspection import inspect_store
 from mixle.testing import check_array_source
 from mixle.testing_servers import RangeHTTPServer
 
+pytestmark = pytest.mark.usefixtures("frozen_heap")  # full gc collections scan this module only
+
 SHAPE = (6, 10, 9)
 CHUNKS = (3, 4, 4)  # edge chunks on the last two axes are partial
 PATCH = (2, 3, 4)

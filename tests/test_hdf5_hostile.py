@@ -28,6 +28,8 @@ from mixle.reading.faults import RemoteReadError
 from mixle.testing import check_array_source
 from mixle.testing_servers import FaultPlan, RangeHTTPServer
 
+pytestmark = pytest.mark.usefixtures("frozen_heap")  # full gc collections scan this module only
+
 REPO = Path(__file__).resolve().parents[1]
 SHAPE = (7, 10, 9)
 #: Plugin datasets: partial edge chunks on every axis, big enough for blosc to compress.

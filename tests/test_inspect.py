@@ -41,6 +41,8 @@ from mixle.inspection import (
 from mixle.reading.cache import DEFAULT_CHUNK_CACHE_BYTES
 from mixle.testing_servers import FaultPlan, MotoS3Server, RangeHTTPServer
 
+pytestmark = pytest.mark.usefixtures("frozen_heap")  # full gc collections scan this module only
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

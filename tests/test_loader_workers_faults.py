@@ -49,9 +49,10 @@ from _session_child import session_child
 
 import mixle
 
-pytestmark = pytest.mark.skipif(
-    not sys.platform.startswith("linux"), reason="reads /proc and /dev/shm"
-)
+pytestmark = [
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc and /dev/shm"),
+    pytest.mark.usefixtures("frozen_heap"),  # full gc collections scan this module only
+]
 
 #: Hang guard for one child process or one wait.
 T = 90.0

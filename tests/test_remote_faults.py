@@ -17,6 +17,8 @@ from mixle.data.sources.arrays.memmap.check import FileChangedError
 from mixle.reading import CorruptChunkError, RemoteReadError, chunk_cache, set_retry_policy
 from mixle.testing_servers import FaultPlan, MotoS3Server, RangeHTTPServer
 
+pytestmark = pytest.mark.usefixtures("frozen_heap")  # full gc collections scan this module only
+
 SECRET = "sup3r-s3cret-value"
 
 

@@ -16,7 +16,7 @@ from mixle.reading import chunk_cache
 from mixle.testing import check_array_source
 from mixle.testing_servers import FaultPlan, MotoS3Server, RangeHTTPServer
 
-pytestmark = pytest.mark.usefixtures("fast_retries")
+pytestmark = pytest.mark.usefixtures("fast_retries", "frozen_heap")
 
 
 @pytest.fixture(scope="module")

@@ -32,6 +32,8 @@ from mixle.reading.fetch import fetch_range, read_range
 from mixle.reading.ranges import check_range, range_header
 from mixle.testing_servers import ERROR_PAGE, FaultPlan, MotoS3Server, RangeHTTPServer, shifted
 
+pytestmark = pytest.mark.usefixtures("frozen_heap")  # full gc collections scan this module only
+
 SHAPE = (24, 24, 20)
 PATCH = (5, 7, 6)
 FAULTS = ("shift", "truncate", "html", "whole")

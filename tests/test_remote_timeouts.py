@@ -29,6 +29,8 @@ from mixle.reading.fs_options import widen_connection_pool
 from mixle.reading.policy import DEFAULT_REQUEST_TIMEOUT
 from mixle.testing_servers import FaultPlan, RangeHTTPServer
 
+pytestmark = pytest.mark.usefixtures("frozen_heap")  # full gc collections scan this module only
+
 BIG = (64, 64, 64)  # 1 MiB of float32: more than one 512 KiB block of the remote HDF5 file
 #: (store, dataset): zarr arrays read by mixle, HDF5 chunks read by mixle (gzip) and HDF5
 #: data h5py reads itself through the file object (contiguous, lzf).

@@ -16,6 +16,8 @@ from _remote_fixtures import retries, write_stores
 import mixle
 from mixle.testing_servers import FaultPlan, MotoS3Server, RangeHTTPServer
 
+pytestmark = pytest.mark.usefixtures("frozen_heap")  # full gc collections scan this module only
+
 MARK = "s3cr3t"  # every secret below contains it; nothing mixle raises may
 PASSWORD = f"pw-{MARK}"
 TOKEN = f"tok-{MARK}"

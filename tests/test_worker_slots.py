@@ -25,9 +25,12 @@ import mixle
 from mixle.loading.workers import slots
 from mixle.loading.workers.slots import INLINE_MAX_BYTES, SLOT_ALIGN, SlotMaps, SlotWriter
 
-pytestmark = pytest.mark.skipif(
-    not sys.platform.startswith("linux"), reason="reads /proc/self/maps and /proc/self/fd"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        not sys.platform.startswith("linux"), reason="reads /proc/self/maps and /proc/self/fd"
+    ),
+    pytest.mark.usefixtures("frozen_heap"),  # its gc.collect() calls scan this module only
+]
 
 #: Hang guard (seconds per batch) for every run with workers; never reached when it works.
 T = 60

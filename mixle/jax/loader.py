@@ -18,6 +18,7 @@ from mixle.jax.convert import (
     to_jax,
 )
 from mixle.jax.prefetch import DevicePrefetcher, parse_prefetch, place_each
+from mixle.loading.base import LoaderBase
 from mixle.loading.loader import Loader
 from mixle.loading.prefetch import StopSignal
 from mixle.loading.runs import ActiveRun
@@ -212,7 +213,7 @@ class JaxLoader(ActiveRun):
         dtype_policy: DtypePolicy = "safe",
     ) -> JaxLoader:
         """Wrap an existing :class:`mixle.Loader` (its cursor and shard are kept)."""
-        if not isinstance(loader, (Loader, StreamLoader)):
+        if not isinstance(loader, LoaderBase):  # a Loader, or the StreamLoader of a stream
             raise TypeError(f"loader={loader!r} must be a mixle.Loader")
         check_target(device, sharding)
         self = cls.__new__(cls)

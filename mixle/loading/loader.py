@@ -4,47 +4,37 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
-from mixle.data.index_math.hashing import parse_seed
 from mixle.data.index_math.sharding import SHARD_LAYOUTS, DropLast, ShardLayout
 from mixle.data.sources.compose.lineage import leaf_origins
 from mixle.data.sources.origins import Origins
 from mixle.data.sources.protocols import SupportsBatchRead, SupportsOrigins
 from mixle.data.spec import SpecTree, spec_of
-from mixle.loading.adapters import adapt
 from mixle.loading.arguments import (
     DEFAULT_NUM_THREADS,
     PREFETCH_PER_THREAD,
     adopt_source,
     check_source,
-    parse_callable,
-    parse_count,
     parse_shuffle_block,
-    parse_threads,
-    parse_workers,
 )
-from mixle.loading.element_spec import spec_from_metadata, widen_leading
+from mixle.loading.base import LoaderBase
+from mixle.loading.element_spec import widen_leading
 from mixle.loading.plan import INDEX_WINDOW_ROWS, BatchPlan, batch_plans, record_rng, window
-from mixle.loading.prefetch import StopSignal, ordered_map
+from mixle.loading.prefetch import StopSignal
 from mixle.loading.reader import BatchReader, takes_rng
-from mixle.loading.runs import ActiveRun, workers_module
-from mixle.loading.spec_check import parse_check_spec
 from mixle.loading.state import (
     STATE_VERSION,
     check_cursor,
     check_state,
+    layout_state,
     source_fingerprint,
 )
 from mixle.loading.streams import StreamLoader, is_stream
 from mixle.utils.validation import parse_choice, parse_int
-
-if TYPE_CHECKING:
-    from mixle.jax import JaxLoader
-    from mixle.loading.workers import WorkerPool
 
 __all__ = [
     "DEFAULT_NUM_THREADS",
@@ -56,7 +46,7 @@ __all__ = [
 ]
 
 
-class Loader(ActiveRun):
+class Loader(LoaderBase):
     """Batches of a source, shuffled per epoch, sharded across processes, resumable.
 
     Parameters
@@ -244,14 +234,18 @@ class Loader(ActiveRun):
         )
         self._shuffle = shuffle
         self._shuffle_block = parse_shuffle_block(shuffle_block, source)
-        self._seed = parse_seed(seed)
-        self._num_epochs = None if num_epochs is None else parse_count(num_epochs, "num_epochs", 1)
-        self._transform = parse_callable(transform, "transform")
-        self._record_transform = parse_callable(record_transform, "record_transform")
-        self._num_workers, self._start_method, self._timeout = parse_workers(
-            num_workers, worker_start_method, timeout
+        check = self._parse_run_options(
+            seed,
+            num_epochs,
+            transform,
+            record_transform,
+            num_threads,
+            prefetch,
+            num_workers,
+            worker_start_method,
+            timeout,
+            check_spec,
         )
-        self._num_threads, self._prefetch = parse_threads(num_threads, prefetch, self._num_workers)
         fn = self._transform
         self._reader = BatchReader(
             source,
@@ -261,59 +255,20 @@ class Loader(ActiveRun):
             self._record_transform,
             fn,
             fn is not None and takes_rng(fn),
-            parse_check_spec(check_spec),
+            check,
         )
-        if self._num_workers:
-            workers_module().reader_payload(self._reader, self._start_method, check_only=True)
-        self._spec: SpecTree | None = None
-        self._epoch = 0
-        self._batch = 0
-        self._last_indices: NDArray[np.int64] | None = None
-        self._last_epoch: int | None = None
-        self._pool: WorkerPool | None = None
+        self._start_cursor()
 
     # -- description --------------------------------------------------------------------
-    @property
-    def source(self) -> Any:
-        """The source batches are read from."""
-        return self._source
-
     @property
     def layout(self) -> ShardLayout:
         """Which positions of each epoch this shard reads."""
         return self._layout
 
     @property
-    def batch_size(self) -> int:
-        """Rows per batch."""
-        return self._layout.batch_size
-
-    @property
     def shuffle_block(self) -> int:
         """Consecutive records a shuffle moves as one block (1: each record on its own)."""
         return self._shuffle_block
-
-    @property
-    def num_workers(self) -> int:
-        """Worker processes that read the batches (0: read in this process)."""
-        return self._num_workers
-
-    @property
-    def worker_pids(self) -> tuple[int, ...]:
-        """Process ids of the running worker processes, in worker order (empty when no run
-        with workers is in progress)."""
-        pool = self._pool
-        return () if pool is None else pool.pids
-
-    @property
-    def epoch(self) -> int:
-        """The epoch of the next batch."""
-        return self._epoch
-
-    @property
-    def last_indices(self) -> NDArray[np.int64] | None:
-        """Record indices of the batch yielded last (padding rows repeat real records)."""
-        return self._last_indices
 
     @property
     def last_origins(self) -> Origins | None:
@@ -336,27 +291,15 @@ class Loader(ActiveRun):
         indices = self._last_indices
         return None if indices is None else self._reader.record_keys(indices)
 
-    @property
-    def last_epoch(self) -> int | None:
-        """The epoch of the batch yielded last (``epoch`` is the next batch's, one more
-        after an epoch's last batch); with :attr:`last_indices` it keys per-record
-        randomness such as :func:`mixle.jax.record_keys`."""
-        return self._last_epoch
-
     def __len__(self) -> int:
         """Batches per epoch on this shard."""
         return self._layout.num_batches
 
     def __repr__(self) -> str:
-        lay = self._layout
         block = f"shuffle_block={self._shuffle_block}, " if self._shuffle_block != 1 else ""
-        if self._num_workers:
-            block += f"num_workers={self._num_workers}, "
-        return (
-            f"Loader({type(self._source).__name__} of {lay.num_records}, "
-            f"batch_size={lay.batch_size}, shuffle={self._shuffle}, {block}seed={self._seed}, "
-            f"num_epochs={self._num_epochs}, drop_last={lay.drop_last!r}, "
-            f"shard {lay.shard_index}/{lay.num_shards}, epoch={self._epoch}, batch={self._batch})"
+        return self._describe(
+            f"{type(self._source).__name__} of {self._layout.num_records}",
+            f"shuffle={self._shuffle}, {block}",
         )
 
     # -- index math (no I/O) ------------------------------------------------------------
@@ -393,14 +336,6 @@ class Loader(ActiveRun):
         return indices if mask is None else indices[mask]
 
     # -- reading ------------------------------------------------------------------------
-    def __iter__(self) -> Iterator[Any]:
-        return self._iterate(StopSignal())
-
-    def _iterate(self, signal: StopSignal) -> Iterator[Any]:
-        """A new run from the cursor that ``signal`` stops from any thread (see ``close``)."""
-        self.close()
-        return self._start_run(self._run(signal), signal)
-
     def _run(self, signal: StopSignal) -> Iterator[Any]:
         plans = batch_plans(
             self._layout,
@@ -412,32 +347,11 @@ class Loader(ActiveRun):
             shuffle_block=self._shuffle_block,
         )
         nb = self._layout.num_batches
-        pool = None
         first = list(itertools.islice(plans, 1))  # no batch left: no worker to start
-        plans = itertools.chain(first, plans)
-        if self._num_workers and first:
-            workers = workers_module()
-            pool = workers.WorkerPool(
-                self._reader,
-                num_workers=self._num_workers,
-                start_method=self._start_method,
-                num_threads=self._num_threads,
-                prefetch=self._prefetch,
-                timeout=self._timeout,
-                pickled=workers.reader_payload(self._reader, self._start_method),
-            )
-            self._pool = pool
-            stream = pool.batches(plans, signal)
-        else:
-            stream = ordered_map(
-                self._reader,
-                plans,
-                num_threads=self._num_threads,
-                prefetch=self._prefetch,
-                signal=signal,
-            )
-        finished = False
-        try:
+        pooled = bool(self._num_workers and first)
+        with self._reading(
+            self._reader, itertools.chain(first, plans), signal, pooled=pooled
+        ) as stream:
             for plan, batch in stream:
                 self._epoch, self._batch = (
                     (plan.epoch + 1, 0) if plan.batch + 1 >= nb else (plan.epoch, plan.batch + 1)
@@ -447,42 +361,8 @@ class Loader(ActiveRun):
                 del batch  # the caller holds it; do not keep it alive while reading the next
             if self._num_epochs is not None:  # also a shard with no batches ends its run
                 self._epoch, self._batch = self._num_epochs, 0
-            finished = True
-        finally:
-            stream.close()  # type: ignore[attr-defined]
-            if pool is not None:
-                pool.stop(graceful=finished)
-                if self._pool is pool:
-                    self._pool = None
-
-    def to_jax(self, **options: Any) -> JaxLoader:
-        """This loader's batches as ``jax.Array`` pytrees on devices (needs ``mixle[jax]``).
-
-        ``options`` are :meth:`mixle.jax.JaxLoader.from_loader`'s: ``sharding``, ``device``,
-        ``prefetch``, ``dtype_policy``.
-        """
-        return adapt("jax", self, **options)  # type: ignore[no-any-return]
 
     # -- element spec -------------------------------------------------------------------
-    def element_spec(self) -> SpecTree:
-        """Shapes and dtypes of one batch: the record's with a leading ``batch_size`` axis.
-
-        From the source's ``element_spec()`` when there is no transform; otherwise (or when
-        the source reports none) from reading batch 0 of epoch 0 once. The mask, with
-        ``drop_last="pad"``, is ``ArraySpec((batch_size,), bool)``. With
-        ``drop_last=False`` the last batch of an epoch may be shorter.
-        """
-        if self._spec is None:
-            transformed = self._transform is not None or self._record_transform is not None
-            padded = self._layout.drop_last == "pad"
-            self._spec = (
-                spec_from_metadata(
-                    self._source, self.batch_size, transformed=transformed, padded=padded
-                )
-                or self._spec_from_batch()
-            )
-        return self._spec
-
     def _spec_from_batch(self) -> SpecTree:
         if self._layout.num_batches == 0:
             raise ValueError(f"{self!r} has no batches to read an element spec from")
@@ -508,11 +388,7 @@ class Loader(ActiveRun):
             "version": STATE_VERSION,
             "source": source_fingerprint(self._source),  # now: a sampler's epoch may change
             "num_records": lay.num_records,
-            "batch_size": lay.batch_size,
-            "drop_last": lay.drop_last,
-            "shard_index": lay.shard_index,
-            "num_shards": lay.num_shards,
-            "shard_layout": "blocked" if lay.blocked else "interleaved",
+            **layout_state(lay),
             "seed": self._seed,
             "shuffle": self._shuffle,
             **block,

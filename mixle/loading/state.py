@@ -7,8 +7,8 @@ import json
 import operator
 import re
 import reprlib
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -19,8 +19,16 @@ __all__ = [
     "STATE_KEYS",
     "STATE_VERSION",
     "LoaderStateError",
+    "ValueCheck",
     "check_cursor",
+    "check_mapping",
+    "check_matching",
     "check_state",
+    "check_values",
+    "check_version",
+    "int_at_least",
+    "layout_state",
+    "one_of",
     "show",
     "source_fingerprint",
 ]
@@ -28,9 +36,20 @@ __all__ = [
 #: Version of the state dict layout; a state of another version is refused.
 STATE_VERSION = 2
 #: Keys that must equal this loader's for a state to resume it, and what differs if not.
-_SOURCE_KEYS = ("source", "num_records")
-_LAYOUT_KEYS = ("batch_size", "drop_last", "shard_index", "num_shards", "shard_layout")
-_ORDER_KEYS = ("seed", "shuffle", "shuffle_block", "num_epochs")
+_MUST_MATCH = (
+    *(
+        (key, "it was saved for another source or sampler configuration")
+        for key in ("source", "num_records")
+    ),
+    *(
+        (key, "it was saved with another batch or shard layout")
+        for key in ("batch_size", "drop_last", "shard_index", "num_shards", "shard_layout")
+    ),
+    *(
+        (key, "it was saved with another order")
+        for key in ("seed", "shuffle", "shuffle_block", "num_epochs")
+    ),
+)
 #: Public attributes folded into the fingerprint when a source has them.
 _FINGERPRINT_ATTRS = ("shape", "dtype", "patch_size", "stride", "grid_shape", "seed")
 #: Hex digits in a source fingerprint.
@@ -41,7 +60,22 @@ _SHOW = reprlib.Repr()
 _SHOW.maxstring, _SHOW.maxother = 60, 60
 
 
-def _int_at_least(minimum: int | None) -> Callable[[object], bool]:
+#: A state key's check, and the words that say what it expects (for the error message).
+ValueCheck = tuple[Callable[[object], bool], str]
+
+
+class _Layout(Protocol):
+    batch_size: int
+    drop_last: bool | str
+    shard_index: int
+    num_shards: int
+    blocked: bool
+
+
+def int_at_least(minimum: int | None) -> Callable[[object], bool]:
+    """A check that a state value is a Python or NumPy integer (never a bool or a float)
+    of at least ``minimum`` (any when ``None``)."""
+
     def check(value: object) -> bool:
         if isinstance(value, (bool, np.bool_)):
             return False
@@ -58,7 +92,10 @@ def _is_bool(value: object) -> bool:
     return isinstance(value, (bool, np.bool_))
 
 
-def _one_of(*choices: object) -> Callable[[object], bool]:
+def one_of(*choices: object) -> Callable[[object], bool]:
+    """A check that a state value is one of ``choices``, of the same type (``1`` is not
+    ``True``)."""
+
     def check(value: object) -> bool:
         return any(type(value) is type(c) and value == c for c in choices)
 
@@ -66,25 +103,25 @@ def _one_of(*choices: object) -> Callable[[object], bool]:
 
 
 #: What each key of a state must hold: a check, and the words that say what it expects.
-_EXPECTED: dict[str, tuple[Callable[[object], bool], str]] = {
-    "version": (_int_at_least(1), "an int, the state layout version"),
+_EXPECTED: dict[str, ValueCheck] = {
+    "version": (int_at_least(1), "an int, the state layout version"),
     "source": (
         lambda v: isinstance(v, str) and _FINGERPRINT.fullmatch(v) is not None,
         f"a source fingerprint: a str of {_FINGERPRINT_DIGITS} lowercase hex digits",
     ),
-    "num_records": (_int_at_least(0), "an int >= 0"),
-    "batch_size": (_int_at_least(1), "an int >= 1"),
-    "drop_last": (_one_of(False, True, "pad"), "False, True or 'pad'"),
-    "shard_index": (_int_at_least(0), "an int >= 0"),
-    "num_shards": (_int_at_least(1), "an int >= 1"),
-    "shard_layout": (_one_of("interleaved", "blocked"), "'interleaved' or 'blocked'"),
-    "seed": (_int_at_least(None), "an int"),
+    "num_records": (int_at_least(0), "an int >= 0"),
+    "batch_size": (int_at_least(1), "an int >= 1"),
+    "drop_last": (one_of(False, True, "pad"), "False, True or 'pad'"),
+    "shard_index": (int_at_least(0), "an int >= 0"),
+    "num_shards": (int_at_least(1), "an int >= 1"),
+    "shard_layout": (one_of("interleaved", "blocked"), "'interleaved' or 'blocked'"),
+    "seed": (int_at_least(None), "an int"),
     "shuffle": (_is_bool, "True or False"),
-    "shuffle_block": (_int_at_least(1), "an int >= 1 (records a shuffle moves as one block)"),
-    "num_epochs": (lambda v: v is None or _int_at_least(1)(v), "an int >= 1 or None"),
-    "epoch": (_int_at_least(0), "an int >= 0 (the epoch of the next batch)"),
-    "batch": (_int_at_least(0), "an int >= 0 (the next batch of the epoch)"),
-    "position": (_int_at_least(0), "an int >= 0 (rows of the epoch read on this shard)"),
+    "shuffle_block": (int_at_least(1), "an int >= 1 (records a shuffle moves as one block)"),
+    "num_epochs": (lambda v: v is None or int_at_least(1)(v), "an int >= 1 or None"),
+    "epoch": (int_at_least(0), "an int >= 0 (the epoch of the next batch)"),
+    "batch": (int_at_least(0), "an int >= 0 (the next batch of the epoch)"),
+    "position": (int_at_least(0), "an int >= 0 (rows of the epoch read on this shard)"),
 }
 #: Keys a state holds only when they differ from these values; a state without one means
 #: the value (so states saved before the key existed still load, and still mean the same).
@@ -98,6 +135,78 @@ _FIX = "pass the dict Loader.state_dict() returned (a JSON round trip keeps it)"
 def show(value: object) -> str:
     """``repr(value)``, abridged when long (for error messages)."""
     return _SHOW.repr(value)
+
+
+def layout_state(layout: _Layout) -> dict[str, Any]:
+    """The state keys of a shard layout (``ShardLayout`` or ``StreamLayout``), in order:
+    ``batch_size``, ``drop_last``, ``shard_index``, ``num_shards``, ``shard_layout``."""
+    return {
+        "batch_size": layout.batch_size,
+        "drop_last": layout.drop_last,
+        "shard_index": layout.shard_index,
+        "num_shards": layout.num_shards,
+        "shard_layout": "blocked" if layout.blocked else "interleaved",
+    }
+
+
+def check_mapping(state: object, made_by: str) -> Mapping[str, Any]:
+    """``state``, unless it is not a mapping: then :class:`LoaderStateError` (``made_by``
+    says what makes a state, for the message)."""
+    if not isinstance(state, Mapping):
+        raise LoaderStateError(
+            f"state must be a dict from {made_by}, got {show(state)} ({type(state).__name__})"
+        )
+    return state
+
+
+def check_values(state: Mapping[str, Any], checks: Mapping[str, ValueCheck], fix: str) -> None:
+    """Raise :class:`LoaderStateError` at the first key of ``checks`` whose value in
+    ``state`` fails its check (a key ``state`` lacks is skipped), naming the key, the value,
+    what it must be and ``fix``."""
+    for key, (check, what) in checks.items():
+        if key in state and not check(state[key]):
+            raise LoaderStateError(
+                f"state {key}={show(state[key])} ({type(state[key]).__name__}) is not valid: "
+                f"{key} must be {what}; {fix}"
+            )
+
+
+def check_version(state: Mapping[str, Any], expected: Mapping[str, Any]) -> None:
+    """Raise :class:`LoaderStateError` unless ``state`` has ``expected``'s ``version``."""
+    if state["version"] != expected["version"]:
+        raise LoaderStateError(
+            f"state version={state['version']!r} is not this mixle's state version "
+            f"{expected['version']}"
+        )
+
+
+def check_matching(
+    state: Mapping[str, Any],
+    expected: Mapping[str, Any],
+    keys: Iterable[tuple[str, str]],
+    same: str,
+    *,
+    defaults: Mapping[str, object] | None = None,
+    hints: Mapping[str, str] | None = None,
+) -> None:
+    """Raise :class:`LoaderStateError` at the first of ``keys`` (``(key, what differs when
+    it does)``) whose value in ``state`` is not ``expected``'s.
+
+    ``same`` names what to build the Loader with again (``"source"``, ``"stream"``);
+    ``defaults`` are the values of keys either may leave out, ``hints`` words added to the
+    message of a key.
+    """
+    defaults = defaults or {}
+    for key, what in keys:
+        default = defaults.get(key)
+        found, want = state.get(key, default), expected.get(key, default)
+        if found != want:
+            hint = (hints or {}).get(key, "")
+            raise LoaderStateError(
+                f"cannot resume: state {key}={found!r} but this loader has "
+                f"{key}={want!r} ({what}); build the Loader with the same "
+                f"{same} and arguments as the run that saved it{hint}"
+            )
 
 
 def source_fingerprint(source: Any) -> str:
@@ -137,11 +246,7 @@ def check_state(state: Mapping[str, Any], expected: Mapping[str, Any]) -> None:
     A key of :data:`OPTIONAL_STATE_KEYS` may be absent from either, meaning its value
     there. Every message names the key, the value found and what was expected.
     """
-    if not isinstance(state, Mapping):
-        raise LoaderStateError(
-            f"state must be a dict from Loader.state_dict(), got {show(state)} "
-            f"({type(state).__name__})"
-        )
+    check_mapping(state, "Loader.state_dict()")
     if state.get("stream") is True:
         raise LoaderStateError(
             "state was saved by a Loader over a stream (it has 'stream': True), but this "
@@ -161,39 +266,16 @@ def check_state(state: Mapping[str, Any], expected: Mapping[str, Any]) -> None:
             f"state has unknown keys {{{found}}}; a Loader state has only the keys "
             f"{list(expected)}: {_FIX}"
         )
-    for key in _EXPECTED:
-        if key not in state:
-            continue  # an optional key left out (a missing required key was refused above)
-        check, what = _EXPECTED[key]
-        if not check(state[key]):
-            raise LoaderStateError(
-                f"state {key}={show(state[key])} ({type(state[key]).__name__}) is not valid: "
-                f"{key} must be {what}; {_FIX}"
-            )
-    if state["version"] != expected["version"]:
-        raise LoaderStateError(
-            f"state version={state['version']!r} is not this mixle's state version "
-            f"{expected['version']}"
-        )
-    for keys, what in (
-        (_SOURCE_KEYS, "it was saved for another source or sampler configuration"),
-        (_LAYOUT_KEYS, "it was saved with another batch or shard layout"),
-        (_ORDER_KEYS, "it was saved with another order"),
-    ):
-        for key in keys:
-            default = OPTIONAL_STATE_KEYS.get(key)
-            found, want = state.get(key, default), expected.get(key, default)
-            if found != want:
-                hint = (
-                    " (and, for a sampler, call set_epoch() with the epoch it had)"
-                    if key == "source"
-                    else ""
-                )
-                raise LoaderStateError(
-                    f"cannot resume: state {key}={found!r} but this loader has "
-                    f"{key}={want!r} ({what}); build the Loader with the same "
-                    f"source and arguments as the run that saved it{hint}"
-                )
+    check_values(state, _EXPECTED, _FIX)  # an optional key left out is skipped
+    check_version(state, expected)
+    check_matching(
+        state,
+        expected,
+        _MUST_MATCH,
+        "source",
+        defaults=OPTIONAL_STATE_KEYS,
+        hints={"source": " (and, for a sampler, call set_epoch() with the epoch it had)"},
+    )
 
 
 def check_cursor(

@@ -8,31 +8,25 @@ of the stream (:mod:`mixle.loading.streams.plan`).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
-from mixle.data.index_math.hashing import parse_seed
 from mixle.data.index_math.sharding import SHARD_LAYOUTS, DropLast
 from mixle.data.spec import SpecTree, spec_of
-from mixle.loading.adapters import adapt
-from mixle.loading.arguments import parse_callable, parse_count, parse_threads, parse_workers
-from mixle.loading.element_spec import spec_from_metadata, widen_leading
-from mixle.loading.prefetch import StopSignal, ordered_map
+from mixle.loading.arguments import parse_count
+from mixle.loading.base import LoaderBase
+from mixle.loading.element_spec import widen_leading
+from mixle.loading.prefetch import StopSignal
 from mixle.loading.reader import takes_rng
-from mixle.loading.runs import ActiveRun, workers_module
-from mixle.loading.spec_check import parse_check_spec, record_spec_of
-from mixle.loading.state import STATE_VERSION
+from mixle.loading.spec_check import record_spec_of
+from mixle.loading.state import STATE_VERSION, layout_state
 from mixle.loading.streams.detect import ONE_SHOT_FIX, stream_kind
 from mixle.loading.streams.plan import EpochEnds, StreamLayout, StreamPlan, stream_plans
 from mixle.loading.streams.reader import StreamRead, StreamReader
 from mixle.loading.streams.state import check_stream_state, stream_fingerprint
 from mixle.utils.validation import parse_choice
-
-if TYPE_CHECKING:
-    from mixle.jax import JaxLoader
-    from mixle.loading.workers import WorkerPool
 
 __all__ = ["StreamLoader"]
 
@@ -48,7 +42,7 @@ def _parse_buffer(shuffle_buffer: object) -> int | None:
     return parse_count(shuffle_buffer, "shuffle_buffer", 1)
 
 
-class StreamLoader(ActiveRun):
+class StreamLoader(LoaderBase):
     """Batches of a stream (an iterable with no length), sharded, resumable.
 
     Made by ``mixle.Loader(stream, batch_size, ...)``; takes the Loader's arguments, with
@@ -168,15 +162,18 @@ class StreamLoader(ActiveRun):
         self._layout = StreamLayout(
             batch_size, shard_index, num_shards, drop_last, blocked=shard_layout == "blocked"
         )
-        self._seed = parse_seed(seed)
-        self._num_epochs = None if num_epochs is None else parse_count(num_epochs, "num_epochs", 1)
-        self._transform = parse_callable(transform, "transform")
-        self._record_transform = parse_callable(record_transform, "record_transform")
-        self._num_workers, self._start_method, self._timeout = parse_workers(
-            num_workers, worker_start_method, timeout
+        self._check = self._parse_run_options(
+            seed,
+            num_epochs,
+            transform,
+            record_transform,
+            num_threads,
+            prefetch,
+            num_workers,
+            worker_start_method,
+            timeout,
+            check_spec,
         )
-        self._num_threads, self._prefetch = parse_threads(num_threads, prefetch, self._num_workers)
-        self._check = parse_check_spec(check_spec)
         if kind == "one-shot" and self._num_epochs != 1:
             raise ValueError(
                 f"num_epochs={self._num_epochs}, but the source is a one-shot iterator "
@@ -202,56 +199,18 @@ class StreamLoader(ActiveRun):
             fn is not None and takes_rng(fn),
             record_spec,
         )
-        if self._num_workers:
-            workers_module().reader_payload(self._reader, self._start_method, check_only=True)
-        self._spec: SpecTree | None = None
-        self._epoch = 0
-        self._batch = 0
-        self._last_indices: NDArray[np.int64] | None = None
-        self._last_epoch: int | None = None
-        self._pool: WorkerPool | None = None
+        self._start_cursor()
 
     # -- description --------------------------------------------------------------------
-    @property
-    def source(self) -> Any:
-        """The stream batches are read from."""
-        return self._source
-
     @property
     def layout(self) -> StreamLayout:
         """How this shard cuts its batches out of the stream."""
         return self._layout
 
     @property
-    def batch_size(self) -> int:
-        """Rows per batch."""
-        return self._layout.batch_size
-
-    @property
     def shuffle_buffer(self) -> int | None:
         """Records the shuffle buffer holds (``None``: the stream's order)."""
         return self._buffer
-
-    @property
-    def num_workers(self) -> int:
-        """Worker processes that read the batches (0: read in this process)."""
-        return self._num_workers
-
-    @property
-    def worker_pids(self) -> tuple[int, ...]:
-        """Process ids of the running worker processes (empty when none run)."""
-        pool = self._pool
-        return () if pool is None else pool.pids
-
-    @property
-    def epoch(self) -> int:
-        """The epoch of the next batch."""
-        return self._epoch
-
-    @property
-    def last_indices(self) -> NDArray[np.int64] | None:
-        """Stream positions (in the epoch's unshuffled pass) of the last batch's rows."""
-        return self._last_indices
 
     @property
     def last_record_keys(self) -> NDArray[np.uint64] | None:
@@ -261,11 +220,6 @@ class StreamLoader(ActiveRun):
         indices = self._last_indices
         return None if indices is None else indices.astype(np.uint64)
 
-    @property
-    def last_epoch(self) -> int | None:
-        """The epoch of the batch yielded last."""
-        return self._last_epoch
-
     def __len__(self) -> int:
         raise TypeError(
             f"a stream has no length: {type(self._source).__name__} is read until it ends, "
@@ -273,26 +227,10 @@ class StreamLoader(ActiveRun):
         )
 
     def __repr__(self) -> str:
-        lay = self._layout
         extra = f"shuffle_buffer={self._buffer}, " if self._buffer is not None else ""
-        if self._num_workers:
-            extra += f"num_workers={self._num_workers}, "
-        return (
-            f"Loader({self._kind} stream {type(self._source).__name__}, "
-            f"batch_size={lay.batch_size}, {extra}seed={self._seed}, "
-            f"num_epochs={self._num_epochs}, drop_last={lay.drop_last!r}, "
-            f"shard {lay.shard_index}/{lay.num_shards}, epoch={self._epoch}, batch={self._batch})"
-        )
+        return self._describe(f"{self._kind} stream {type(self._source).__name__}", extra)
 
     # -- reading ------------------------------------------------------------------------
-    def __iter__(self) -> Iterator[Any]:
-        return self._iterate(StopSignal())
-
-    def _iterate(self, signal: StopSignal) -> Iterator[Any]:
-        """A new run from the cursor that ``signal`` stops from any thread (see ``close``)."""
-        self.close()
-        return self._start_run(self._run(signal), signal)
-
     def _run(self, signal: StopSignal) -> Iterator[Any]:
         if self._num_epochs is not None and self._epoch >= self._num_epochs:
             return  # the run is over: no worker to start
@@ -306,31 +244,9 @@ class StreamLoader(ActiveRun):
             stride=max(1, workers),
             check=self._check,
         )
-        pool = None
-        if workers:
-            pool_module = workers_module()
-            reader = self._reader.fresh()
-            pool = pool_module.WorkerPool(
-                reader,
-                num_workers=workers,
-                start_method=self._start_method,
-                num_threads=self._num_threads,
-                prefetch=self._prefetch,
-                timeout=self._timeout,
-                pickled=pool_module.reader_payload(reader, self._start_method),
-            )
-            self._pool = pool
-            stream = pool.batches(plans, signal)
-        else:
-            stream = ordered_map(
-                self._reader.for_run(ends),
-                plans,
-                num_threads=self._num_threads,
-                prefetch=self._prefetch,
-                signal=signal,
-            )
-        finished = False
-        try:
+        # a worker reads a fresh pass of its own; in this process the run's pull learns ends
+        reader = self._reader.fresh() if workers else self._reader.for_run(ends)
+        with self._reading(reader, plans, signal, pooled=workers > 0) as stream:
             for plan, read in stream:
                 if self._take(plan, read, ends):
                     yield read.batch
@@ -340,13 +256,6 @@ class StreamLoader(ActiveRun):
             else:
                 if self._num_epochs is not None:
                     self._epoch, self._batch = self._num_epochs, 0
-            finished = True
-        finally:
-            stream.close()  # type: ignore[attr-defined]
-            if pool is not None:
-                pool.stop(graceful=finished)
-                if self._pool is pool:
-                    self._pool = None
 
     def _take(self, plan: StreamPlan, read: StreamRead, ends: EpochEnds) -> bool:
         """Move the cursor past ``plan``; whether ``read`` is a batch to yield."""
@@ -367,32 +276,7 @@ class StreamLoader(ActiveRun):
         """An endless run stops at an epoch that gave this shard no batch."""
         return self._num_epochs is None and ends.batches(plan.epoch) == 0
 
-    def to_jax(self, **options: Any) -> JaxLoader:
-        """This loader's batches as ``jax.Array`` pytrees on devices (needs ``mixle[jax]``);
-        ``options`` are :meth:`mixle.jax.JaxLoader.from_loader`'s."""
-        return adapt("jax", self, **options)  # type: ignore[no-any-return]
-
     # -- element spec -------------------------------------------------------------------
-    def element_spec(self) -> SpecTree:
-        """Shapes and dtypes of one batch: the record's with a leading ``batch_size`` axis.
-
-        From the stream's ``element_spec()`` when there is no transform; otherwise (or when
-        the stream reports none) from reading the first batch of a fresh pass of epoch 0
-        (a one-shot iterator cannot: ``ValueError``). With ``drop_last="pad"`` the mask
-        is ``ArraySpec((batch_size,), bool)``; with ``drop_last=False`` the last batch
-        may be shorter.
-        """
-        if self._spec is None:
-            transformed = self._transform is not None or self._record_transform is not None
-            padded = self._layout.drop_last == "pad"
-            self._spec = (
-                spec_from_metadata(
-                    self._source, self.batch_size, transformed=transformed, padded=padded
-                )
-                or self._spec_from_batch()
-            )
-        return self._spec
-
     def _spec_from_batch(self) -> SpecTree:
         if self._kind == "one-shot":
             raise ValueError(
@@ -423,11 +307,7 @@ class StreamLoader(ActiveRun):
             "version": STATE_VERSION,
             "stream": True,
             "source": stream_fingerprint(self._source),
-            "batch_size": lay.batch_size,
-            "drop_last": lay.drop_last,
-            "shard_index": lay.shard_index,
-            "num_shards": lay.num_shards,
-            "shard_layout": "blocked" if lay.blocked else "interleaved",
+            **layout_state(lay),
             "seed": self._seed,
             "shuffle_buffer": self._buffer,
             "num_epochs": self._num_epochs,

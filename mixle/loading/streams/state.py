@@ -11,52 +11,44 @@ from __future__ import annotations
 import hashlib
 import json
 import operator
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
-
 from mixle.errors import LoaderStateError
-from mixle.loading.state import STATE_VERSION, show
+from mixle.loading.state import (
+    ValueCheck,
+    check_mapping,
+    check_matching,
+    check_values,
+    check_version,
+    int_at_least,
+    one_of,
+)
 
 __all__ = ["STREAM_STATE_KEYS", "check_stream_state", "stream_fingerprint"]
 
 _FIX = "pass the dict the stream Loader's state_dict() returned (a JSON round trip keeps it)"
 
 
-def _int(minimum: int | None) -> Callable[[object], bool]:
-    def check(value: object) -> bool:
-        if isinstance(value, (bool, np.bool_)):
-            return False
-        try:
-            number = operator.index(value)  # type: ignore[arg-type]
-        except TypeError:
-            return False
-        return minimum is None or number >= minimum
-
-    return check
-
-
-def _exactly(*choices: object) -> Callable[[object], bool]:
-    return lambda v: any(type(v) is type(c) and v == c for c in choices)
-
-
 #: Every key of a stream state, in order, with its check and what it must hold.
-_EXPECTED: dict[str, tuple[Callable[[object], bool], str]] = {
-    "version": (_int(1), "an int, the state layout version"),
-    "stream": (_exactly(True), "True (the state of a Loader over a stream)"),
+_EXPECTED: dict[str, ValueCheck] = {
+    "version": (int_at_least(1), "an int, the state layout version"),
+    "stream": (one_of(True), "True (the state of a Loader over a stream)"),
     "source": (lambda v: isinstance(v, str) and len(v) == 16, "a 16-digit hex fingerprint"),
-    "batch_size": (_int(1), "an int >= 1"),
-    "drop_last": (_exactly(False, True, "pad"), "False, True or 'pad'"),
-    "shard_index": (_int(0), "an int >= 0"),
-    "num_shards": (_int(1), "an int >= 1"),
-    "shard_layout": (_exactly("interleaved", "blocked"), "'interleaved' or 'blocked'"),
-    "seed": (_int(None), "an int"),
-    "shuffle_buffer": (lambda v: v is None or _int(1)(v), "an int >= 1 or None"),
-    "num_epochs": (lambda v: v is None or _int(1)(v), "an int >= 1 or None"),
-    "epoch": (_int(0), "an int >= 0 (the epoch of the next batch)"),
-    "batch": (_int(0), "an int >= 0 (the next batch of the epoch on this shard)"),
-    "position": (_int(0), "an int >= 0 (stream records of the epoch before the next batch)"),
+    "batch_size": (int_at_least(1), "an int >= 1"),
+    "drop_last": (one_of(False, True, "pad"), "False, True or 'pad'"),
+    "shard_index": (int_at_least(0), "an int >= 0"),
+    "num_shards": (int_at_least(1), "an int >= 1"),
+    "shard_layout": (one_of("interleaved", "blocked"), "'interleaved' or 'blocked'"),
+    "seed": (int_at_least(None), "an int"),
+    "shuffle_buffer": (lambda v: v is None or int_at_least(1)(v), "an int >= 1 or None"),
+    "num_epochs": (lambda v: v is None or int_at_least(1)(v), "an int >= 1 or None"),
+    "epoch": (int_at_least(0), "an int >= 0 (the epoch of the next batch)"),
+    "batch": (int_at_least(0), "an int >= 0 (the next batch of the epoch on this shard)"),
+    "position": (
+        int_at_least(0),
+        "an int >= 0 (stream records of the epoch before the next batch)",
+    ),
 }
 #: The keys of a stream Loader's state, in the order ``state_dict()`` writes them.
 STREAM_STATE_KEYS = tuple(_EXPECTED)
@@ -102,11 +94,7 @@ def stream_fingerprint(source: Any) -> str:
 def check_stream_state(state: object, expected: Mapping[str, Any]) -> tuple[int, int]:
     """``(epoch, batch)`` of ``state`` if it can resume a stream Loader whose state is
     ``expected``; else :class:`~mixle.LoaderStateError` naming the key, value and fix."""
-    if not isinstance(state, Mapping):
-        raise LoaderStateError(
-            f"state must be a dict from the Loader's state_dict(), got {show(state)} "
-            f"({type(state).__name__})"
-        )
+    state = check_mapping(state, "the Loader's state_dict()")
     if "stream" not in state and "num_records" in state:
         raise LoaderStateError(
             "state was saved by a Loader over a map-style source (it has num_records and "
@@ -125,23 +113,9 @@ def check_stream_state(state: object, expected: Mapping[str, Any]) -> tuple[int,
             f"state has unknown keys {unknown}; a stream Loader's state has only the keys "
             f"{list(expected)}: {_FIX}"
         )
-    for key, (check, what) in _EXPECTED.items():
-        if not check(state[key]):
-            raise LoaderStateError(
-                f"state {key}={show(state[key])} ({type(state[key]).__name__}) is not valid: "
-                f"{key} must be {what}; {_FIX}"
-            )
-    if state["version"] != expected["version"]:
-        raise LoaderStateError(
-            f"state version={state['version']!r} is not this mixle's state version {STATE_VERSION}"
-        )
-    for key, what in _MUST_MATCH:
-        if state[key] != expected[key]:
-            raise LoaderStateError(
-                f"cannot resume: state {key}={state[key]!r} but this loader has "
-                f"{key}={expected[key]!r} ({what}); build the Loader with the same stream "
-                "and arguments as the run that saved it"
-            )
+    check_values(state, _EXPECTED, _FIX)
+    check_version(state, expected)
+    check_matching(state, expected, _MUST_MATCH, "stream")
     epoch, batch = operator.index(state["epoch"]), operator.index(state["batch"])
     num_epochs = expected["num_epochs"]
     problem = None

@@ -18,6 +18,7 @@ __all__ = [
     "OPTIONAL_STATE_KEYS",
     "STATE_KEYS",
     "STATE_VERSION",
+    "LAYOUT_CHECKS",
     "LoaderStateError",
     "ValueCheck",
     "check_cursor",
@@ -26,6 +27,7 @@ __all__ = [
     "check_state",
     "check_values",
     "check_version",
+    "fingerprint",
     "int_at_least",
     "layout_state",
     "one_of",
@@ -102,6 +104,14 @@ def one_of(*choices: object) -> Callable[[object], bool]:
     return check
 
 
+#: The checks of the keys :func:`layout_state` writes (both loaders' states hold them).
+LAYOUT_CHECKS: dict[str, ValueCheck] = {
+    "batch_size": (int_at_least(1), "an int >= 1"),
+    "drop_last": (one_of(False, True, "pad"), "False, True or 'pad'"),
+    "shard_index": (int_at_least(0), "an int >= 0"),
+    "num_shards": (int_at_least(1), "an int >= 1"),
+    "shard_layout": (one_of("interleaved", "blocked"), "'interleaved' or 'blocked'"),
+}
 #: What each key of a state must hold: a check, and the words that say what it expects.
 _EXPECTED: dict[str, ValueCheck] = {
     "version": (int_at_least(1), "an int, the state layout version"),
@@ -110,11 +120,7 @@ _EXPECTED: dict[str, ValueCheck] = {
         f"a source fingerprint: a str of {_FINGERPRINT_DIGITS} lowercase hex digits",
     ),
     "num_records": (int_at_least(0), "an int >= 0"),
-    "batch_size": (int_at_least(1), "an int >= 1"),
-    "drop_last": (one_of(False, True, "pad"), "False, True or 'pad'"),
-    "shard_index": (int_at_least(0), "an int >= 0"),
-    "num_shards": (int_at_least(1), "an int >= 1"),
-    "shard_layout": (one_of("interleaved", "blocked"), "'interleaved' or 'blocked'"),
+    **LAYOUT_CHECKS,
     "seed": (int_at_least(None), "an int"),
     "shuffle": (_is_bool, "True or False"),
     "shuffle_block": (int_at_least(1), "an int >= 1 (records a shuffle moves as one block)"),
@@ -220,20 +226,29 @@ def source_fingerprint(source: Any) -> str:
     ``shape``, ``dtype``, ``patch_size``, ``stride``, ``grid_shape`` and ``seed``
     attributes it has. Paths are left out, so a store that moved still resumes.
     """
+    return fingerprint(source, _source_parts)
+
+
+def _source_parts(source: Any) -> dict[str, str]:
+    parts = {"type": type(source).__qualname__, "len": str(len(source))}
+    spec = getattr(source, "element_spec", None)
+    if callable(spec):
+        parts["spec"] = repr(spec())
+    for name in _FINGERPRINT_ATTRS:
+        value = getattr(source, name, None)
+        if value is not None and not callable(value):
+            parts[name] = repr(value)
+    return parts
+
+
+def fingerprint(source: Any, describe: Callable[[Any], Mapping[str, str]]) -> str:
+    """16 hex digits of the SHA-256 of ``source.fingerprint()`` when the source defines
+    it, else of the parts ``describe(source)`` names (as sorted JSON)."""
     custom = getattr(source, "fingerprint", None)
-    if callable(custom):
-        text = f"custom:{custom()}"
-    else:
-        parts: dict[str, str] = {"type": type(source).__qualname__, "len": str(len(source))}
-        spec = getattr(source, "element_spec", None)
-        if callable(spec):
-            parts["spec"] = repr(spec())
-        for name in _FINGERPRINT_ATTRS:
-            value = getattr(source, name, None)
-            if value is not None and not callable(value):
-                parts[name] = repr(value)
-        text = json.dumps(parts, sort_keys=True)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    text = (
+        f"custom:{custom()}" if callable(custom) else json.dumps(describe(source), sort_keys=True)
+    )
+    return hashlib.sha256(text.encode()).hexdigest()[:_FINGERPRINT_DIGITS]
 
 
 def check_state(state: Mapping[str, Any], expected: Mapping[str, Any]) -> None:

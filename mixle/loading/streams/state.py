@@ -8,19 +8,19 @@ Loader refuses this one (its key ``stream`` is unknown there).
 
 from __future__ import annotations
 
-import hashlib
-import json
 import operator
 from collections.abc import Mapping
 from typing import Any
 
 from mixle.errors import LoaderStateError
 from mixle.loading.state import (
+    LAYOUT_CHECKS,
     ValueCheck,
     check_mapping,
     check_matching,
     check_values,
     check_version,
+    fingerprint,
     int_at_least,
     one_of,
 )
@@ -35,11 +35,7 @@ _EXPECTED: dict[str, ValueCheck] = {
     "version": (int_at_least(1), "an int, the state layout version"),
     "stream": (one_of(True), "True (the state of a Loader over a stream)"),
     "source": (lambda v: isinstance(v, str) and len(v) == 16, "a 16-digit hex fingerprint"),
-    "batch_size": (int_at_least(1), "an int >= 1"),
-    "drop_last": (one_of(False, True, "pad"), "False, True or 'pad'"),
-    "shard_index": (int_at_least(0), "an int >= 0"),
-    "num_shards": (int_at_least(1), "an int >= 1"),
-    "shard_layout": (one_of("interleaved", "blocked"), "'interleaved' or 'blocked'"),
+    **LAYOUT_CHECKS,
     "seed": (int_at_least(None), "an int"),
     "shuffle_buffer": (lambda v: v is None or int_at_least(1)(v), "an int >= 1 or None"),
     "num_epochs": (lambda v: v is None or int_at_least(1)(v), "an int >= 1 or None"),
@@ -72,23 +68,22 @@ def stream_fingerprint(source: Any) -> str:
     the function's module and qualified name), its ``element_spec()`` and its
     ``features`` (a ``datasets.IterableDataset``'s columns) when it has them.
     """
-    custom = getattr(source, "fingerprint", None)
-    if callable(custom):
-        text = f"custom:{custom()}"
-    else:
-        kind = type(source)
-        parts = {"type": f"{kind.__module__}.{kind.__qualname__}"}
-        name = getattr(source, "__qualname__", None)
-        if isinstance(name, str):
-            parts["name"] = f"{getattr(source, '__module__', '')}.{name}"
-        spec = getattr(source, "element_spec", None)
-        if callable(spec):
-            parts["spec"] = repr(spec())
-        features = getattr(source, "features", None)  # a datasets.IterableDataset's columns
-        if features is not None and not callable(features):
-            parts["features"] = repr(features)
-        text = json.dumps(parts, sort_keys=True)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    return fingerprint(source, _stream_parts)
+
+
+def _stream_parts(source: Any) -> dict[str, str]:
+    kind = type(source)
+    parts = {"type": f"{kind.__module__}.{kind.__qualname__}"}
+    name = getattr(source, "__qualname__", None)
+    if isinstance(name, str):
+        parts["name"] = f"{getattr(source, '__module__', '')}.{name}"
+    spec = getattr(source, "element_spec", None)
+    if callable(spec):
+        parts["spec"] = repr(spec())
+    features = getattr(source, "features", None)  # a datasets.IterableDataset's columns
+    if features is not None and not callable(features):
+        parts["features"] = repr(features)
+    return parts
 
 
 def check_stream_state(state: object, expected: Mapping[str, Any]) -> tuple[int, int]:

@@ -8,17 +8,21 @@ import operator
 import re
 import reprlib
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from mixle.errors import LoaderStateError
 
+if TYPE_CHECKING:
+    from mixle.loading.base import ShardLayoutLike
+
 __all__ = [
+    "LAYOUT_CHECKS",
+    "LAYOUT_MATCH",
     "OPTIONAL_STATE_KEYS",
     "STATE_KEYS",
     "STATE_VERSION",
-    "LAYOUT_CHECKS",
     "LoaderStateError",
     "ValueCheck",
     "check_cursor",
@@ -37,21 +41,6 @@ __all__ = [
 
 #: Version of the state dict layout; a state of another version is refused.
 STATE_VERSION = 2
-#: Keys that must equal this loader's for a state to resume it, and what differs if not.
-_MUST_MATCH = (
-    *(
-        (key, "it was saved for another source or sampler configuration")
-        for key in ("source", "num_records")
-    ),
-    *(
-        (key, "it was saved with another batch or shard layout")
-        for key in ("batch_size", "drop_last", "shard_index", "num_shards", "shard_layout")
-    ),
-    *(
-        (key, "it was saved with another order")
-        for key in ("seed", "shuffle", "shuffle_block", "num_epochs")
-    ),
-)
 #: Public attributes folded into the fingerprint when a source has them.
 _FINGERPRINT_ATTRS = ("shape", "dtype", "patch_size", "stride", "grid_shape", "seed")
 #: Hex digits in a source fingerprint.
@@ -64,14 +53,6 @@ _SHOW.maxstring, _SHOW.maxother = 60, 60
 
 #: A state key's check, and the words that say what it expects (for the error message).
 ValueCheck = tuple[Callable[[object], bool], str]
-
-
-class _Layout(Protocol):
-    batch_size: int
-    drop_last: bool | str
-    shard_index: int
-    num_shards: int
-    blocked: bool
 
 
 def int_at_least(minimum: int | None) -> Callable[[object], bool]:
@@ -112,6 +93,8 @@ LAYOUT_CHECKS: dict[str, ValueCheck] = {
     "num_shards": (int_at_least(1), "an int >= 1"),
     "shard_layout": (one_of("interleaved", "blocked"), "'interleaved' or 'blocked'"),
 }
+#: For :func:`check_matching`: the layout keys, and what differs when one does.
+LAYOUT_MATCH = (tuple(LAYOUT_CHECKS), "it was saved with another batch or shard layout")
 #: What each key of a state must hold: a check, and the words that say what it expects.
 _EXPECTED: dict[str, ValueCheck] = {
     "version": (int_at_least(1), "an int, the state layout version"),
@@ -136,6 +119,12 @@ OPTIONAL_STATE_KEYS: dict[str, object] = {"shuffle_block": 1}
 #: optional key it writes comes where it stands in ``_EXPECTED``).
 STATE_KEYS = tuple(key for key in _EXPECTED if key not in OPTIONAL_STATE_KEYS)
 _FIX = "pass the dict Loader.state_dict() returned (a JSON round trip keeps it)"
+#: Keys that must equal this loader's for a state to resume it, and what differs if not.
+_MUST_MATCH = (
+    (("source", "num_records"), "it was saved for another source or sampler configuration"),
+    LAYOUT_MATCH,
+    (("seed", "shuffle", "shuffle_block", "num_epochs"), "it was saved with another order"),
+)
 
 
 def show(value: object) -> str:
@@ -143,7 +132,7 @@ def show(value: object) -> str:
     return _SHOW.repr(value)
 
 
-def layout_state(layout: _Layout) -> dict[str, Any]:
+def layout_state(layout: ShardLayoutLike) -> dict[str, Any]:
     """The state keys of a shard layout (``ShardLayout`` or ``StreamLayout``), in order:
     ``batch_size``, ``drop_last``, ``shard_index``, ``num_shards``, ``shard_layout``."""
     return {
@@ -189,30 +178,31 @@ def check_version(state: Mapping[str, Any], expected: Mapping[str, Any]) -> None
 def check_matching(
     state: Mapping[str, Any],
     expected: Mapping[str, Any],
-    keys: Iterable[tuple[str, str]],
+    groups: Iterable[tuple[Iterable[str], str]],
     same: str,
     *,
     defaults: Mapping[str, object] | None = None,
     hints: Mapping[str, str] | None = None,
 ) -> None:
-    """Raise :class:`LoaderStateError` at the first of ``keys`` (``(key, what differs when
-    it does)``) whose value in ``state`` is not ``expected``'s.
+    """Raise :class:`LoaderStateError` at the first key of ``groups`` (``(keys, what differs
+    when one does)``) whose value in ``state`` is not ``expected``'s.
 
     ``same`` names what to build the Loader with again (``"source"``, ``"stream"``);
     ``defaults`` are the values of keys either may leave out, ``hints`` words added to the
     message of a key.
     """
     defaults = defaults or {}
-    for key, what in keys:
-        default = defaults.get(key)
-        found, want = state.get(key, default), expected.get(key, default)
-        if found != want:
-            hint = (hints or {}).get(key, "")
-            raise LoaderStateError(
-                f"cannot resume: state {key}={found!r} but this loader has "
-                f"{key}={want!r} ({what}); build the Loader with the same "
-                f"{same} and arguments as the run that saved it{hint}"
-            )
+    for keys, what in groups:
+        for key in keys:
+            default = defaults.get(key)
+            found, want = state.get(key, default), expected.get(key, default)
+            if found != want:
+                hint = (hints or {}).get(key, "")
+                raise LoaderStateError(
+                    f"cannot resume: state {key}={found!r} but this loader has "
+                    f"{key}={want!r} ({what}); build the Loader with the same "
+                    f"{same} and arguments as the run that saved it{hint}"
+                )
 
 
 def source_fingerprint(source: Any) -> str:

@@ -15,6 +15,7 @@ from typing import Any
 from mixle.errors import LoaderStateError
 from mixle.loading.state import (
     LAYOUT_CHECKS,
+    LAYOUT_MATCH,
     ValueCheck,
     check_mapping,
     check_matching,
@@ -49,15 +50,9 @@ _EXPECTED: dict[str, ValueCheck] = {
 #: The keys of a stream Loader's state, in the order ``state_dict()`` writes them.
 STREAM_STATE_KEYS = tuple(_EXPECTED)
 _MUST_MATCH = (
-    ("source", "it was saved for another stream"),
-    ("batch_size", "it was saved with another batch or shard layout"),
-    ("drop_last", "it was saved with another batch or shard layout"),
-    ("shard_index", "it was saved with another batch or shard layout"),
-    ("num_shards", "it was saved with another batch or shard layout"),
-    ("shard_layout", "it was saved with another batch or shard layout"),
-    ("seed", "it was saved with another order"),
-    ("shuffle_buffer", "it was saved with another order"),
-    ("num_epochs", "it was saved with another order"),
+    (("source",), "it was saved for another stream"),
+    LAYOUT_MATCH,
+    (("seed", "shuffle_buffer", "num_epochs"), "it was saved with another order"),
 )
 
 

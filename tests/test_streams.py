@@ -710,3 +710,14 @@ def test_a_stream_handing_back_a_used_iterator_is_refused_not_silently_short() -
     shared = iter(range(6))
     with pytest.raises(ValueError, match="the factory returned the same iterator"):
         list(mixle.Loader(lambda: shared, 2, num_epochs=3))
+
+
+def test_what_loader_returns_is_a_loader_base() -> None:
+    from mixle.loading.base import LoaderBase
+
+    def gen() -> Any:
+        yield from range(3)
+
+    stream, mapped = mixle.Loader(gen, 2), mixle.Loader(np.arange(4), 2)
+    assert isinstance(stream, LoaderBase) and isinstance(mapped, LoaderBase)
+    assert isinstance(stream, StreamLoader) and not isinstance(stream, mixle.Loader)

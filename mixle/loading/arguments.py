@@ -49,29 +49,39 @@ START_METHODS = ("spawn", "forkserver", "fork")
 _HF_CLASSES = ("Dataset", "IterableDataset", "DatasetDict", "IterableDatasetDict")
 
 
+def _formatted(dataset: Any) -> bool:
+    """Whether a ``datasets`` dataset has a format set (``with_format("numpy")``...)."""
+    fmt = getattr(dataset, "format", None)
+    if isinstance(fmt, dict):
+        return fmt.get("type") is not None
+    return getattr(dataset, "_formatting", None) is not None
+
+
 def adopt_source(source: Any) -> Any:
     """``source``, or :func:`mixle.read_hf` of it for a Hugging Face ``datasets`` dataset.
 
-    A ``datasets.Dataset`` read record by record would give Python lists and strings per
-    row (fixed-width strings whose width changes from batch to batch, lists taken as
+    A ``datasets.Dataset`` read record by record gives Python lists and strings per row
+    (fixed-width strings whose width changes from batch to batch, lists taken as
     structure); through ``read_hf`` it reads a batch at a time from Arrow, with the column
-    rules of the other record sources. ``datasets`` is never imported here: only an object
-    of an already imported ``datasets`` is recognised.
+    rules of the other record sources. A dataset with a format set (``with_format(...)``)
+    is the user's choice of row type and is read as it is. ``datasets`` is never imported
+    here: only an object of an already imported ``datasets`` is recognised.
     """
     datasets = imported("datasets")
-    if datasets is not None:
-        classes = tuple(getattr(datasets, name, None) for name in _HF_CLASSES)
-        if isinstance(source, tuple(c for c in classes[2:] if isinstance(c, type))):
-            if len(source) != 1:
-                splits = ", ".join(map(repr, source))
-                raise ValueError(
-                    f"source is a {type(source).__name__} of the splits {splits}; pick one, "
-                    "e.g. Loader(dataset['train'], ...) or "
-                    "Loader(mixle.read_hf(dataset, split='train'), ...)"
-                )
-            return read_hf(source)
-        if isinstance(source, tuple(c for c in classes[:2] if isinstance(c, type))):
-            return read_hf(source)
+    if datasets is None or _formatted(source):
+        return source
+    classes = [getattr(datasets, name, None) for name in _HF_CLASSES]
+    splits = tuple(c for c in classes[2:] if isinstance(c, type))
+    if isinstance(source, splits):
+        if len(source) != 1:
+            raise ValueError(
+                f"source is a {type(source).__name__} of the splits "
+                f"{', '.join(map(repr, source))}; pick one, e.g. Loader(dataset['train'], "
+                "...) or Loader(mixle.read_hf(dataset, split='train'), ...)"
+            )
+        return read_hf(source)
+    if isinstance(source, tuple(c for c in classes[:2] if isinstance(c, type))):
+        return read_hf(source)
     return source
 
 

@@ -58,8 +58,8 @@ class Loader(LoaderBase):
         each batch is one such call. A *stream* instead (an iterable with no length: a
         generator factory, a ``datasets.IterableDataset``) makes ``Loader(...)`` return a
         :class:`~mixle.loading.streams.StreamLoader`, which reads it in arrival order
-        (see there). A Hugging Face ``datasets`` dataset is read through
-        :func:`mixle.read_hf` (a batch at a time from Arrow).
+        (see there). A Hugging Face ``datasets`` dataset without a format set is read
+        through :func:`mixle.read_hf` (a batch at a time from Arrow).
     batch_size
         Rows per batch (``>= 1``).
     shuffle

@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import json
 import os
 import pickle
-import signal
 import subprocess
 import sys
 import threading
-import warnings
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from _fork_child import in_forked_child
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -266,32 +263,6 @@ def test_pickle_is_small_lazy_and_rereads_equal(files, dict_files):
         pickle.dumps(src)
 
 
-def _in_child(body: Callable[[], list[str]]) -> list[str]:
-    """Run ``body`` in a forked child; its problems, or why it gave none back."""
-    r, w = os.pipe()
-    with warnings.catch_warnings():  # Python >= 3.12 warns when a process with threads forks
-        warnings.filterwarnings("ignore", "This process .* is multi-threaded", DeprecationWarning)
-        pid = os.fork()
-    if pid == 0:  # pragma: no cover - runs in the child
-        problems = ["the child raised"]
-        try:
-            os.close(r)
-            signal.alarm(10)  # a deadlocked child ends instead of hanging the suite
-            problems = body()
-        except BaseException as exc:
-            problems = [f"{type(exc).__name__}: {exc}"]
-        finally:
-            os.write(w, json.dumps(problems[:5]).encode())
-            os._exit(0)
-    os.close(w)
-    chunks = []
-    while chunk := os.read(r, 65536):
-        chunks.append(chunk)
-    os.close(r)
-    _, status = os.waitpid(pid, 0)
-    return list(json.loads(b"".join(chunks))) if chunks else [f"no answer ({status})"]
-
-
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_a_child_forked_after_reads_refuses_to_read_instead_of_crashing(files):
     # array_record's C++ background threads do not survive fork: a read there crashes
@@ -323,7 +294,7 @@ def test_a_child_forked_after_reads_refuses_to_read_instead_of_crashing(files):
             pass
         return problems
 
-    assert _in_child(body) == []
+    assert in_forked_child(body) == []
     assert src._handle is parent_handle  # the parent's readers are untouched
     assert list(src.records()) == want
     src.close()

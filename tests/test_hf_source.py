@@ -8,17 +8,14 @@ with the ``IterableDataset``'s own iteration.
 
 from __future__ import annotations
 
-import json
 import os
 import pickle
-import signal
-import warnings
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from _fork_child import in_forked_child
 
 datasets = pytest.importorskip("datasets")
 
@@ -372,32 +369,6 @@ def test_an_in_memory_dataset_pickles_its_data(memory_ds: Any) -> None:
     _assert_batch(pickle.loads(blob)[:], _expected(memory_ds, range(N), ["i", "s"]))
 
 
-def _in_child(body: Callable[[], list[str]]) -> list[str]:
-    """Run ``body`` in a forked child; its problems, or why the child gave none back."""
-    r, w = os.pipe()
-    with warnings.catch_warnings():  # Python >= 3.12 warns when a process with threads forks
-        warnings.filterwarnings("ignore", "This process .* is multi-threaded", DeprecationWarning)
-        pid = os.fork()
-    if pid == 0:  # pragma: no cover - runs in the child
-        problems = ["the child raised"]
-        try:
-            os.close(r)
-            signal.alarm(10)
-            problems = body()
-        except BaseException as exc:
-            problems = [f"{type(exc).__name__}: {exc}"]
-        finally:
-            os.write(w, json.dumps(problems[:5]).encode())
-            os._exit(0)
-    os.close(w)
-    chunks = []
-    while chunk := os.read(r, 65536):
-        chunks.append(chunk)
-    os.close(r)
-    os.waitpid(pid, 0)
-    return list(json.loads(b"".join(chunks))) if chunks else ["the child gave no answer"]
-
-
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_a_forked_child_reads_correctly(folder: Path, disk_ds: Any) -> None:
     idx = [100, 3, 3, -1]
@@ -419,7 +390,7 @@ def test_a_forked_child_reads_correctly(folder: Path, disk_ds: Any) -> None:
                 problems.append(f"source {k} was not made the child's")
         return problems
 
-    assert _in_child(body) == []
+    assert in_forked_child(body) == []
     _assert_batch(sources[0].get_batch(idx), wants[0])  # the parent's source still reads
 
 

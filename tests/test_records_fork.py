@@ -9,12 +9,9 @@ other threads arriving while it runs, so the checks do not depend on luck.
 from __future__ import annotations
 
 import csv
-import json
 import os
-import signal
 import threading
 import time
-import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import partial
@@ -24,6 +21,7 @@ from typing import Any
 import h5py
 import numpy as np
 import pytest
+from _fork_child import in_forked_child
 
 import mixle
 from mixle.data.sources import lifetime
@@ -39,34 +37,6 @@ RESET_DELAY = 0.02
 @pytest.fixture(autouse=True)
 def _cache_in_tmp(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("MIXLE_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
-
-
-def _in_child(body: Callable[[], list[str]]) -> list[str]:
-    """Run ``body`` in a forked child; its problems, or why the child gave none back."""
-    r, w = os.pipe()
-    with warnings.catch_warnings():  # Python >= 3.12 warns when a process with threads forks
-        warnings.filterwarnings("ignore", "This process .* is multi-threaded", DeprecationWarning)
-        pid = os.fork()
-    if pid == 0:  # pragma: no cover - runs in the child
-        problems = ["the child raised"]
-        try:
-            os.close(r)
-            signal.alarm(10)  # a deadlocked child ends instead of hanging the suite
-            problems = body()
-        except BaseException as exc:
-            problems = [f"{type(exc).__name__}: {exc}"]
-        finally:
-            os.write(w, json.dumps(problems[:5]).encode())
-            os._exit(0)
-    os.close(w)
-    chunks = []
-    while chunk := os.read(r, 65536):
-        chunks.append(chunk)
-    os.close(r)
-    _, status = os.waitpid(pid, 0)
-    if not chunks:
-        return [f"the child gave no answer (exit status {status})"]
-    return list(json.loads(b"".join(chunks)))
 
 
 def _slow_reset(src: Any, name: str) -> None:
@@ -182,7 +152,7 @@ def test_threads_first_read_after_fork(tmp_path):
     for _ in range(5):
         src = mixle.read_csv(str(path))
         assert len(src) == 1000 and src[0]["a"] == 0  # opened in the parent
-        assert _in_child(partial(_read_csv_rows, src, truth, decoys)) == []
+        assert in_forked_child(partial(_read_csv_rows, src, truth, decoys)) == []
         src.close()
 
 
@@ -202,7 +172,7 @@ def test_loader_threads_in_a_forked_child_read_this_files_rows(tmp_path):
         got = np.concatenate([b["a"] for b in batches]).tolist()
         return [] if got == truth else [f"the loader read {got[:5]}... not {truth[:5]}..."]
 
-    assert _in_child(child) == []
+    assert in_forked_child(child) == []
     src.close()
 
 
@@ -236,7 +206,7 @@ def test_hdf5_threads_first_read_after_fork(tmp_path):
     for _ in range(3):
         src = mixle.read_hdf5(str(path), "x")
         np.testing.assert_array_equal(src.get_batch([0, 39]), truth[[0, 39]])  # in the parent
-        assert _in_child(partial(_read_hdf5_rows, src, truth, decoys)) == []
+        assert in_forked_child(partial(_read_hdf5_rows, src, truth, decoys)) == []
         src.close()
 
 
@@ -266,7 +236,7 @@ def test_close_in_a_child_while_a_parent_thread_held_a_lock(tmp_path, held_lock)
     thread.start()
     held.wait()
     try:
-        assert _in_child(child) == []
+        assert in_forked_child(child) == []
     finally:
         done.set()
         thread.join()
@@ -297,7 +267,7 @@ def test_first_read_in_a_child_while_a_parent_thread_held_the_reset_lock(tmp_pat
     thread.start()
     held.wait()
     try:
-        assert _in_child(child) == []
+        assert in_forked_child(child) == []
     finally:
         done.set()
         thread.join()

@@ -294,3 +294,22 @@ def test_string_fields_declared_object_stay_object() -> None:
     batch = next(iter(loader))
     assert batch["name"].dtype == object
     assert batch["name"].tolist() == ["n", "nn", None, "nnnn"]
+
+
+def test_python_numbers_strings_and_none_stack_as_numpy_promotes_them() -> None:
+    """Only NumPy numeric leaves of different dtypes are refused: a JSON row's 1 and 0.5, a
+    bool and an int, a string and None stack as before (float64, int64, object)."""
+    stack = mixle.data.batches.stack_records
+    assert stack([{"score": 1}, {"score": 0.5}])["score"].dtype == np.float64
+    assert stack([True, 1]).dtype == np.int64
+    assert stack(["a", None]).tolist() == ["a", None]
+    assert stack([1, np.int64(2)]).dtype == np.int64
+
+
+def test_an_object_leaf_does_not_depend_on_the_first_records_type() -> None:
+    spec = mixle.ArraySpec((), object)
+    stack = mixle.data.batches.stack_records
+    for values in ([1.5, None], [None, 1.5], [np.array([1, 2]), [1, 2, 3]], [1, "a"]):
+        out = stack(values, spec)
+        assert out.dtype == object and out.shape == (2,), values
+        assert all(a is b for a, b in zip(out, values)), values

@@ -17,6 +17,9 @@ from mixle.data.spec import ArraySpec
 __all__ = ["stack_records", "sub_spec", "unstack_batch"]
 
 
+#: Kinds of NumPy leaves that must agree in dtype across records (Python scalars, strings
+#: and objects stack as NumPy promotes them: a JSON row's 1 and 0.5 make a float64 column).
+_NUMERIC = "biufc"
 #: Values an object leaf holds as one value each (never as structure or fixed-width text).
 _OBJECT_VALUES = (str, bytes, list, tuple, dict, type(None))
 
@@ -52,10 +55,12 @@ def stack_records(records: Sequence[Any], spec: Any = None) -> Any:
     Raises
     ------
     ValueError
-        The records do not share one structure (keys, lengths), leaf shape or leaf dtype
-        (NumPy would promote an ``int32`` and a ``float64`` leaf silently, so one batch
-        could differ in dtype from the next); the message names the field. Strings of
-        different lengths stack to the longest.
+        The records do not share one structure (keys, lengths) or leaf shape, or hold
+        NumPy numeric leaves of different dtypes (NumPy would promote an ``int32`` and a
+        ``float64`` leaf silently, so one batch could differ in dtype from the next); the
+        message names the field. Python numbers (a JSON row's ``1`` and ``0.5``), strings
+        and objects stack as NumPy promotes them; strings of different lengths stack to
+        the longest.
     """
     if not records:
         raise ValueError("stack_records needs at least one record")
@@ -64,7 +69,7 @@ def stack_records(records: Sequence[Any], spec: Any = None) -> Any:
 
 def _stack(records: Sequence[Any], spec: Any, path: str) -> Any:
     first = records[0]
-    if _object_leaf(spec) and isinstance(first, _OBJECT_VALUES):
+    if _object_leaf(spec) and any(isinstance(r, _OBJECT_VALUES) for r in records):
         out = np.empty(len(records), dtype=object)
         for i, value in enumerate(records):
             out[i] = value
@@ -93,9 +98,13 @@ def _stack(records: Sequence[Any], spec: Any, path: str) -> Any:
             for i in range(len(first))
         )
     leaves = [np.asarray(leaf) for leaf in records]
-    dtypes = {leaf.dtype for leaf in leaves}
-    if len(dtypes) > 1 and not all(d.kind in "US" for d in dtypes):
-        shown = sorted(map(str, dtypes))
+    typed = {
+        leaf.dtype
+        for leaf, record in zip(leaves, records)
+        if isinstance(record, (np.ndarray, np.generic)) and leaf.dtype.kind in _NUMERIC
+    }
+    if len(typed) > 1:
+        shown = sorted(map(str, typed))
         raise ValueError(
             f"records have leaves of different dtypes {shown} at {path}; NumPy would "
             "promote them silently, so batches could differ in dtype: return one dtype for "

@@ -605,3 +605,7 @@ def test_the_loader_reads_a_datasets_dataset_through_read_hf() -> None:
     assert isinstance(mixle.Loader(ds, 2).source, HFSource)
     with pytest.raises(ValueError, match=r"pick one, e.g. Loader\(dataset\['train'\]"):
         mixle.Loader(datasets.DatasetDict({"train": ds, "test": ds}), 2)
+    # a format (a type, or only a column selection) is the user's choice of rows: kept
+    assert list(next(iter(mixle.Loader(ds.with_format(columns=["i"]), 2)))) == ["i"]
+    with pytest.raises(ValueError, match="pick one"):  # a dict of splits is not rows
+        mixle.Loader(datasets.DatasetDict({"train": ds}).with_format("numpy"), 2)

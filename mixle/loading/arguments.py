@@ -50,10 +50,18 @@ _HF_CLASSES = ("Dataset", "IterableDataset", "DatasetDict", "IterableDatasetDict
 
 
 def _formatted(dataset: Any) -> bool:
-    """Whether a ``datasets`` dataset has a format set (``with_format("numpy")``...)."""
+    """Whether a ``datasets`` dataset (or any split of a dataset dict) has a format set:
+    a type (``with_format("numpy")``), a column selection or ``output_all_columns``."""
+    if hasattr(dataset, "values") and not hasattr(dataset, "format"):  # a DatasetDict
+        return any(_formatted(split) for split in dataset.values())
     fmt = getattr(dataset, "format", None)
     if isinstance(fmt, dict):
-        return fmt.get("type") is not None
+        columns = fmt.get("columns")
+        return (
+            fmt.get("type") is not None
+            or bool(fmt.get("output_all_columns"))
+            or (columns is not None and list(columns) != list(dataset.column_names))
+        )
     return getattr(dataset, "_formatting", None) is not None
 
 
@@ -68,12 +76,14 @@ def adopt_source(source: Any) -> Any:
     here: only an object of an already imported ``datasets`` is recognised.
     """
     datasets = imported("datasets")
-    if datasets is None or _formatted(source):
+    if datasets is None:
         return source
     classes = [getattr(datasets, name, None) for name in _HF_CLASSES]
     splits = tuple(c for c in classes[2:] if isinstance(c, type))
+    if _formatted(source) and not isinstance(source, splits):
+        return source
     if isinstance(source, splits):
-        if len(source) != 1:
+        if len(source) != 1 or _formatted(source):
             raise ValueError(
                 f"source is a {type(source).__name__} of the splits "
                 f"{', '.join(map(repr, source))}; pick one, e.g. Loader(dataset['train'], "

@@ -447,3 +447,34 @@ def test_mix_visits_read_the_records_of_the_index_math_permuting_once_per_pass(
         got = m.get_batch(idx)
         assert np.array_equal(got[:, 0], source) and np.array_equal(got[:, 1], local)
     assert len(calls) == len(set().union(*(w[3] for w in want)))  # once per (source, pass)
+
+
+def test_a_mix_whose_visit_tables_cannot_all_stay_cached_keeps_none(monkeypatch) -> None:
+    """A random batch touches every source: with a cache smaller than all their tables,
+    each batch rebuilt a whole-source table per source (~300x slower); such a mix permutes
+    per batch instead."""
+    mixing = importlib.import_module("mixle.data.index_math.mixing")
+    mix_module = importlib.import_module("mixle.data.sources.compose.mix")
+    monkeypatch.setattr(mix_module, "VISIT_TABLE_BYTES", 3 * 4 * 1000)  # fits 1.5 tables
+    children = {f"c{k}": np.arange(1000) + 10_000 * k for k in range(3)}
+    m = mixle.mix(children, seed=5)
+    sizes: list[int] = []
+    real = mixing.permute
+
+    def counting(positions: Any, n: int, **options: Any) -> Any:
+        sizes.append(np.asarray(positions).size)
+        return real(positions, n, **options)
+
+    monkeypatch.setattr(mixing, "permute", counting)
+    monkeypatch.setattr(mix_module, "permute", counting)
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        idx = rng.integers(0, len(m), 64)
+        source, visit = m.plan.assign(idx)
+        names = [f"c{k}" for k in range(3)]
+        want = [
+            visit_records([v], 1000, m.plan.visit_seed(s))[0] + 10_000 * int(names[s][1])
+            for s, v in zip(source, visit)
+        ]
+        assert m.get_batch(idx).tolist() == want
+    assert sizes and max(sizes) < 1000  # never a whole-source table

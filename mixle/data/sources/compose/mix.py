@@ -41,8 +41,10 @@ __all__ = [
 VISIT_TABLE_RECORDS = 1 << 20
 #: Passes whose visit orders are kept per source (a batch touching more uses ``permute``).
 TABLES_PER_SOURCE = 2
-#: Bytes of visit orders one mix keeps in all (int32, 4 bytes a record); past it the oldest
-#: go first.
+#: Bytes of visit orders one mix may keep in all (int32, 4 bytes a record): a mix whose
+#: sources' :data:`TABLES_PER_SOURCE` tables would not all fit keeps none and permutes per
+#: batch (a random batch touches every source, so a smaller cache would rebuild tables on
+#: every batch).
 VISIT_TABLE_BYTES = 64 << 20
 
 WeightsLike = Sequence[float] | Mapping[str, float] | None
@@ -152,6 +154,11 @@ class MixSource(ComposedSource):
             self._len = self._length
         self._visit_seeds = tuple(self._plan.visit_seed(k) for k in range(len(self._names)))
         self._tables: dict[tuple[int, int], NDArray[np.int32]] = {}  # (source, pass) -> order
+        weighted = [n for n, w in zip(self._lengths, exact) if w > 0]
+        self._use_tables = (
+            max(weighted, default=0) <= VISIT_TABLE_RECORDS
+            and TABLES_PER_SOURCE * 4 * sum(weighted) <= VISIT_TABLE_BYTES
+        )
 
     def __len__(self) -> int:
         return self._len
@@ -222,7 +229,7 @@ class MixSource(ComposedSource):
         n, seed = self._lengths[k], self._visit_seeds[k]
         passes, positions = np.divmod(visits, n)
         touched = np.unique(passes).tolist()
-        if n > VISIT_TABLE_RECORDS or len(touched) > TABLES_PER_SOURCE:
+        if not self._use_tables or len(touched) > TABLES_PER_SOURCE:
             return visit_records(visits, n, seed)  # (a shuffled read of a many-pass mix)
         out = np.empty_like(visits)
         for p in touched:
@@ -231,7 +238,8 @@ class MixSource(ComposedSource):
         return out
 
     def _table(self, k: int, p: int) -> NDArray[np.int32]:
-        """Pass ``p``'s visit order of source ``k``, whole; the last few are kept.
+        """Pass ``p``'s visit order of source ``k``, whole; the last
+        :data:`TABLES_PER_SOURCE` of each source are kept.
 
         Two threads may both build one: the same array, so no lock is needed.
         """
@@ -240,15 +248,8 @@ class MixSource(ComposedSource):
             n = self._lengths[k]
             order = permute(np.arange(n, dtype=np.int64), n, seed=self._visit_seeds[k], epoch=p)
             table = order.astype(np.int32)
-            kept = list(self._tables)
-            mine = [key for key in kept if key[0] == k]
-            drop = mine[: max(0, len(mine) - TABLES_PER_SOURCE + 1)]  # oldest first
-            held = sum(t.nbytes for key, t in list(self._tables.items()) if key not in drop)
-            for key in kept:
-                if key not in drop and held + table.nbytes > VISIT_TABLE_BYTES:
-                    drop.append(key)
-                    held -= self._tables[key].nbytes if key in self._tables else 0
-            for key in drop:
+            mine = [key for key in list(self._tables) if key[0] == k]
+            for key in mine[: max(0, len(mine) - TABLES_PER_SOURCE + 1)]:  # oldest first
                 self._tables.pop(key, None)
             self._tables[(k, p)] = table
         return table

@@ -430,3 +430,27 @@ def test_select_and_map_children() -> None:
     # an empty map child: its lazy spec would need a record, and it gives none
     empty = mixle.map(mixle.MemorySource({"x": np.zeros(0), "k": np.zeros(0, np.int64)}), dict)
     assert len(concat({"map": empty, "sel": picked})) == 3
+
+
+def test_undeclared_children_may_vary_in_axis_lengths_not_in_dtype() -> None:
+    """Without a declared spec, later batches were checked against the first one's shapes:
+    a source of variable-length records (or one padding each batch to its longest) failed
+    with batch_size=1. Structure, dtype and the number of axes must still agree."""
+
+    class Ragged:
+        def __init__(self, dtype: Any) -> None:
+            self.dtype = dtype
+
+        def __len__(self) -> int:
+            return 3
+
+        def __getitem__(self, i: int) -> dict[str, np.ndarray]:
+            return {"x": np.arange(i + 1, dtype=self.dtype)}
+
+    both = mixle.concat([Ragged(np.int64), Ragged(np.int64)])
+    batches = list(mixle.Loader(both, batch_size=1))
+    assert [b["x"].shape for b in batches] == [(1, 1), (1, 2), (1, 3)] * 2
+    mixed = mixle.concat([Ragged(np.int64), Ragged(np.int32)])
+    mixed.get_batch([0])
+    with pytest.raises(SchemaMismatchError, match="source '1'"):
+        mixed.get_batch([3])

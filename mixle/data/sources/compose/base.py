@@ -163,14 +163,17 @@ def common_spec(names: Sequence[str], children: Sequence[Any]) -> SpecTree | Non
     return None if first is None else first[1]
 
 
-def _widthless(spec: SpecTree) -> SpecTree:
-    """``spec`` with every fixed-width string leaf (``U``, ``S``) of width 0."""
+def _signature(spec: SpecTree) -> SpecTree:
+    """What batches of undeclared children must share: ``spec``'s structure, each leaf's
+    dtype and number of axes; not the axes' lengths (a source may pad each batch to its
+    own longest record) nor the width of fixed-width strings (they stack to the longest)."""
     if isinstance(spec, dict):
-        return {key: _widthless(item) for key, item in spec.items()}
+        return {key: _signature(item) for key, item in spec.items()}
     if isinstance(spec, (tuple, list)):
-        return type(spec)(_widthless(item) for item in spec)
-    if isinstance(spec, ArraySpec) and spec.dtype.kind in "US":
-        return ArraySpec(spec.shape, np.dtype(spec.dtype.kind))
+        return type(spec)(_signature(item) for item in spec)
+    if isinstance(spec, ArraySpec):
+        dtype = np.dtype(spec.dtype.kind) if spec.dtype.kind in "US" else spec.dtype
+        return ArraySpec((0,) * len(spec.shape), dtype)
     return spec
 
 
@@ -304,9 +307,9 @@ class ComposedSource(Source):
             An index out of range, or indices that are not integers.
         SchemaMismatchError
             A child's batch differs from the composition's element spec (the children's
-            common declared spec; when none declares one, the spec of the first batch this
-            process read) in structure, shape or dtype; the message names the child and
-            the field.
+            common declared spec) in structure, shape or dtype; when none declares one,
+            from the first batch this process read in structure, dtype or number of axes
+            (the axes' lengths may vary). The message names the child and the field.
         SourceClosedError
             After :meth:`close`.
         """
@@ -327,8 +330,8 @@ class ComposedSource(Source):
             first, spec = self._seen
             whose = f"the first batch this process read (from source {first!r})"
         for name, rows, batch in parts:
-            if self._spec is None and _widthless(record_spec(batch)) == _widthless(spec):
-                continue  # undeclared strings stack to their longest: widths may vary
+            if self._spec is None and _signature(record_spec(batch)) == _signature(spec):
+                continue  # undeclared: axes' lengths and string widths may vary
             check_part(name, batch, rows.size, spec, whose)
         return gather(parts, n)
 

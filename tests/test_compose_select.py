@@ -430,3 +430,18 @@ def test_a_loader_over_a_column_select_with_fork_workers(parquet: str, frame: pd
 def test_select_is_a_select_source() -> None:
     assert isinstance(select(counting(), [1]), SelectSource)
     assert isinstance(select(counting(), [1]), mixle.Source)
+
+
+def test_repeats_at_two_levels_get_keys_of_their_own() -> None:
+    """A select repeat and a mix's second pass (or two nested selects' repeats) hash-mixed
+    the same key with the same visit number: two different visits of a record drew the same
+    randomness."""
+    base = np.arange(6, dtype=np.int64)
+    wrapped = mixle.select(mixle.mix({"a": base}, seed=0, length=12), [0, 0, *range(1, 12)])
+    nested = mixle.select(mixle.select(base, [0, 0]), [0, 0, 1])
+    for src in (wrapped, nested):
+        reads = src.get_batch(np.arange(len(src)))
+        keys = src.record_keys(np.arange(len(src)))
+        for value in np.unique(reads):
+            same = keys[reads == value]
+            assert np.unique(same).size == same.size, (value, same)

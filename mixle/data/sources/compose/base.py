@@ -28,7 +28,7 @@ from mixle.data.sources.compose.children import (
     refuse_path,
 )
 from mixle.data.sources.compose.gather import check_part, empty_batch, gather, record_spec
-from mixle.data.sources.compose.lineage import child_keys, child_origins, visit_keys
+from mixle.data.sources.compose.lineage import child_keys, child_origins, name_tag, visit_keys
 from mixle.data.sources.custom import Source
 from mixle.data.sources.origins import Origins
 from mixle.data.spec import ArraySpec, SpecTree
@@ -360,7 +360,13 @@ class ComposedSource(Source):
         keys = np.zeros(n, dtype=np.uint64)
         for k, rows, local in groups:
             keys[rows] = child_keys(self._names[k], self._children[k], local)
-        return keys if visits is None else visit_keys(keys, visits)
+        if visits is None:
+            return keys
+        salt = getattr(self, "_salt", None)
+        if salt is None:  # once: the composition's arguments tell its repeats apart
+            salt = name_tag(repr((type(self).__qualname__, self._names, self._arguments())))
+            self._salt = salt
+        return visit_keys(keys, visits, salt)
 
     def fingerprint(self) -> str:
         """A digest of the composition and its children's fingerprints (Loader resume check)."""

@@ -80,12 +80,18 @@ def child_origins(name: str, source: Any, indices: NDArray[np.int64]) -> Origins
     return Origins(names, inner.source, inner.index)
 
 
-def visit_keys(keys: NDArray[np.uint64], visits: NDArray[np.int64]) -> NDArray[np.uint64]:
+def visit_keys(
+    keys: NDArray[np.uint64], visits: NDArray[np.int64], salt: int
+) -> NDArray[np.uint64]:
     """``keys`` of records read for the ``visits``-th time: visit 0 (a first read) keeps its
-    key, visit ``v >= 1`` gets the key hash-mixed with ``v``."""
+    key, visit ``v >= 1`` gets the key hash-mixed with ``salt`` and ``v``.
+
+    ``salt`` tells the compositions apart (a select's selection, a mix's arguments), so a
+    record repeated at two levels (a select of a wrapped mix, a select of a select) does not
+    get one key for two different visits."""
     again = visits > 0
     if not again.any():
         return keys
     out = keys.copy()
-    out[again] = mix(keys[again], np.uint64(_VISIT_STREAM), visits[again])
+    out[again] = mix(keys[again], np.uint64(_VISIT_STREAM), np.uint64(salt), visits[again])
     return out

@@ -23,7 +23,7 @@ from mixle.data.sources.compose.children import (
     read_records,
     refuse_path,
 )
-from mixle.data.sources.compose.lineage import leaf_keys, leaf_origins, visit_keys
+from mixle.data.sources.compose.lineage import leaf_keys, leaf_origins, name_tag, visit_keys
 from mixle.data.sources.custom import Source
 from mixle.data.sources.origins import Origins
 from mixle.data.sources.records.base import STREAM_ROWS, RecordSource
@@ -261,7 +261,12 @@ class SelectSource(Source):
         positions = parse_indices(indices, rows.size)
         keys = leaf_keys(self._source, rows[positions])
         visits = self._occurrences()
-        return keys if visits is None else visit_keys(keys, visits[positions])
+        if visits is None:
+            return keys
+        salt = getattr(self, "_salt", None)
+        if salt is None:  # once: the selection's digest tells this select's repeats apart
+            salt = self._salt = name_tag(hashlib.blake2b(rows.tobytes()).hexdigest())
+        return visit_keys(keys, visits[positions], salt)
 
     def origins(self, indices: ArrayLike) -> Origins:
         """The child's origins at the mapped indices (a plain child: its own indices)."""

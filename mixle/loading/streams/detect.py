@@ -79,9 +79,10 @@ class PassLog:
         if it is self._last:
             how = "the factory returned" if kind == "factory" else "iter(source) returned"
             raise ValueError(
-                f"{how} the same iterator as for the last pass over the stream "
-                f"({type(source).__name__}), which that pass has already read: a new pass "
-                f"must start a new iterator; {ONE_SHOT_FIX}"
+                f"{how} the same iterator object as for the last pass over the stream "
+                f"({type(source).__name__}), which that pass has read: each pass must start "
+                "a new iterator (an iterator that resets itself still counts as the same "
+                f"one: return a fresh one instead); {ONE_SHOT_FIX}"
             )
         self._last = it
 

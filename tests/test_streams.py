@@ -705,7 +705,7 @@ def test_a_stream_handing_back_a_used_iterator_is_refused_not_silently_short() -
         next(batches)  # epoch 1: an error, not an empty epoch
     loader = mixle.Loader(_SharedIterator(), 2)
     loader.element_spec()
-    with pytest.raises(ValueError, match="same iterator as for the last pass"):
+    with pytest.raises(ValueError, match="same iterator object as for the last pass"):
         list(loader)
     shared = iter(range(6))
     with pytest.raises(ValueError, match="the factory returned the same iterator"):

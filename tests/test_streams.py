@@ -721,3 +721,26 @@ def test_what_loader_returns_is_a_loader_base() -> None:
     stream, mapped = mixle.Loader(gen, 2), mixle.Loader(np.arange(4), 2)
     assert isinstance(stream, LoaderBase) and isinstance(mapped, LoaderBase)
     assert isinstance(stream, StreamLoader) and not isinstance(stream, mixle.Loader)
+
+
+def test_state_dict_asks_the_stream_for_its_fingerprint_once() -> None:
+    """A JaxLoader takes the state every batch; the fingerprint read the stream's
+    element_spec() each time."""
+    calls = []
+
+    class Declared:
+        def __iter__(self) -> Any:
+            return iter(np.arange(6, dtype=np.int64))
+
+        def element_spec(self) -> mixle.ArraySpec:
+            calls.append(1)
+            return mixle.ArraySpec((), np.int64)
+
+    loader = mixle.Loader(Declared(), 2, check_spec=False)
+    before = len(calls)
+    states = []
+    for _ in loader:
+        states.append(loader.state_dict())
+    assert len(calls) - before == 1
+    assert len({s["source"] for s in states}) == 1
+    loader.load_state_dict(states[0])

@@ -157,6 +157,7 @@ class StreamLoader(LoaderBase):
                 "shuffle; a stream is read in order: leave it None (use shuffle_buffer=N)"
             )
         self._source, self._kind = source, kind
+        self._fingerprint: str | None = None  # the stream's, asked once (see state_dict)
         self._buffer = _parse_buffer(shuffle_buffer)
         parse_choice(shard_layout, "shard_layout", SHARD_LAYOUTS)
         self._layout = StreamLayout(
@@ -303,10 +304,12 @@ class StreamLoader(LoaderBase):
         num_shards``).
         """
         lay = self._layout
+        if self._fingerprint is None:  # once: a JaxLoader asks for the state every batch
+            self._fingerprint = stream_fingerprint(self._source)
         return {
             "version": STATE_VERSION,
             "stream": True,
-            "source": stream_fingerprint(self._source),
+            "source": self._fingerprint,
             **layout_state(lay),
             "seed": self._seed,
             "shuffle_buffer": self._buffer,

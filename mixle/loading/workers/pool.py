@@ -277,7 +277,7 @@ class WorkerPool:
         try:
             blob = self._conns[w].recv_bytes()
         except (EOFError, OSError):
-            self._died(w, "sending a batch")
+            self._died(w, "reading or sending a batch")
         try:
             reply = pickle.loads(blob)
         except Exception as exc:
@@ -296,7 +296,7 @@ class WorkerPool:
             try:
                 fd = recv_fd(self._socks[w])
             except (EOFError, OSError):
-                self._died(w, "sending a batch")
+                self._died(w, "reading or sending a batch")
             try:
                 self._maps[w].add(written.slot, written.new_size, fd)
             except OSError as exc:

@@ -13,9 +13,10 @@ from typing import Any
 
 from mixle.data.sources.arrays.base import listing
 from mixle.errors import SplitNotFoundError
+from mixle.utils.files import read_regular_file
 from mixle.utils.optional_deps import require
 
-__all__ = ["check_format", "load_saved", "pick_split"]
+__all__ = ["HF_METADATA_LIMIT", "check_format", "load_saved", "pick_split"]
 
 #: What ``dataset_or_path`` may be, for error messages.
 ACCEPTED = (
@@ -23,6 +24,8 @@ ACCEPTED = (
     "of a folder written by Dataset.save_to_disk or DatasetDict.save_to_disk"
 )
 _DICT_FILE = "dataset_dict.json"
+#: The most bytes read of a DatasetDict folder's split list (it names a few splits).
+HF_METADATA_LIMIT = 1024 * 1024
 _DATASET_FILES = ("state.json", "dataset_info.json")
 
 
@@ -85,8 +88,8 @@ def load_saved(path: str, split: str | None) -> Any:
             f"pass {ACCEPTED}"
         )
     if os.path.isfile(os.path.join(path, _DICT_FILE)):
-        with open(os.path.join(path, _DICT_FILE), encoding="utf-8") as f:
-            splits = [str(s) for s in json.load(f).get("splits", [])]
+        raw = read_regular_file(os.path.join(path, _DICT_FILE), _DICT_FILE, limit=HF_METADATA_LIMIT)
+        splits = [str(s) for s in json.loads(raw).get("splits", [])]
         chosen = pick_split(split, splits, f"the DatasetDict folder {path!r}")
         inner = os.path.join(path, chosen)
         if not _is_dataset_folder(inner):

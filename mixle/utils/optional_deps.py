@@ -16,16 +16,21 @@ __all__ = [
     "EXTRAS",
     "HAS_AIOHTTP",
     "HAS_ARRAY_RECORD",
+    "HAS_BLOSC2",
     "HAS_DASK",
     "HAS_FSSPEC",
     "HAS_DATASETS",
     "HAS_H5PY",
     "HAS_HDF5PLUGIN",
+    "HAS_ICECHUNK",
+    "HAS_IMAGECODECS",
     "HAS_JAX",
     "HAS_MATPLOTLIB",
+    "HAS_NIBABEL",
     "HAS_NUMCODECS",
     "HAS_PYARROW",
     "HAS_SQLALCHEMY",
+    "HAS_TIFFFILE",
     "HAS_TQDM",
     "HAS_ZARR",
     "has",
@@ -51,6 +56,11 @@ EXTRAS: dict[str, str] = {
     "tqdm": "progress",
     "datasets": "hf",
     "array_record": "arrayrecord",
+    "tifffile": "tiff",
+    "imagecodecs": "tiff",
+    "nibabel": "nifti",
+    "blosc2": "blosc2",
+    "icechunk": "icechunk",
 }
 
 
@@ -76,6 +86,11 @@ HAS_MATPLOTLIB = has("matplotlib")
 HAS_TQDM = has("tqdm")
 HAS_DATASETS = has("datasets")
 HAS_ARRAY_RECORD = has("array_record")
+HAS_TIFFFILE = has("tifffile")
+HAS_IMAGECODECS = has("imagecodecs")
+HAS_NIBABEL = has("nibabel")
+HAS_BLOSC2 = has("blosc2")
+HAS_ICECHUNK = has("icechunk")
 
 
 def require(name: str, extra: str | None = None, *, feature: str | None = None) -> ModuleType:

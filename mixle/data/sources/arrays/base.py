@@ -21,6 +21,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from mixle.data.schema import Schema, parse_schema
 from mixle.data.sources.arrays import box_reads
+from mixle.data.sources.arrays.physical import Physical
 from mixle.data.sources.indexing import KeyLike, ReadItem, RowsKey, parse_key
 from mixle.data.sources.lifetime import SourceLifetime
 from mixle.data.spec import ArraySpec
@@ -52,6 +53,8 @@ class ArrayMeta:
     dtype: np.dtype
     chunks: tuple[int, ...] | None = None
     shards: tuple[int, ...] | None = None
+    #: Voxel-to-world geometry, for formats that record it (NIfTI, OME-TIFF, OME-Zarr).
+    physical: Physical | None = None
 
 
 class ArraySource(SourceLifetime, abc.ABC):
@@ -187,6 +190,29 @@ class ArraySource(SourceLifetime, abc.ABC):
     def shards(self) -> tuple[int, ...] | None:
         """Shape of one shard for sharded zarr arrays, else ``None``."""
         return self._metadata().shards
+
+    @property
+    def physical(self) -> Physical | None:
+        """Voxel-to-world geometry the format records (:class:`Physical`), else ``None``."""
+        return self._metadata().physical
+
+    @property
+    def spacing(self) -> tuple[float, ...] | None:
+        """World distance between neighbouring voxels per axis, or ``None`` if not recorded."""
+        physical = self.physical
+        return None if physical is None else physical.spacing
+
+    @property
+    def origin(self) -> tuple[float, ...] | None:
+        """World coordinates of voxel ``(0, ..., 0)``, or ``None`` if not recorded."""
+        physical = self.physical
+        return None if physical is None else physical.origin
+
+    @property
+    def affine(self) -> NDArray[np.float64] | None:
+        """``(ndim + 1, ndim + 1)`` voxel-to-world matrix (read-only), or ``None``."""
+        physical = self.physical
+        return None if physical is None else physical.affine
 
     @property
     def structure(self) -> SampleStructure:
@@ -381,6 +407,8 @@ class ArraySource(SourceLifetime, abc.ABC):
             parts.append(f"chunks={meta.chunks}")
         if meta.shards is not None:
             parts.append(f"shards={meta.shards}")
+        if meta.physical is not None:
+            parts.append(f"spacing={meta.physical.spacing}")
         return f"{name}({', '.join(parts)})"
 
 

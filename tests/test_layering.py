@@ -25,7 +25,12 @@ ADAPTERS: dict[str, tuple[str, ...]] = {
     "jax": ("mixle.jax",),
     "jaxlib": ("mixle.jax",),
     "zarr": ("mixle.data.sources.arrays.zarr",),
-    "numcodecs": ("mixle.data.sources.arrays.zarr",),
+    "numcodecs": ("mixle.data.sources.arrays.zarr", "mixle.data.sources.arrays.n5"),
+    "icechunk": ("mixle.data.sources.arrays.zarr",),
+    "tifffile": ("mixle.data.sources.arrays.tiff",),
+    "imagecodecs": ("mixle.data.sources.arrays.tiff",),
+    "nibabel": ("mixle.data.sources.arrays.nifti",),
+    "blosc2": ("mixle.data.sources.arrays.b2nd",),
     "h5py": ("mixle.data.sources.arrays.hdf5",),
     "hdf5plugin": ("mixle.data.sources.arrays.hdf5",),
     "pyarrow": ("mixle.data.sources.records.parquet_source",),
@@ -45,6 +50,9 @@ ADAPTERS: dict[str, tuple[str, ...]] = {
     "matplotlib": ("mixle.plot",),
     "torch": (),
     "tensorstore": (),
+    "xarray": (),
+    "netCDF4": (),
+    "h5netcdf": (),
 }
 
 

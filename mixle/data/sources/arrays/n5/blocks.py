@@ -1,0 +1,199 @@
+"""N5 blocks: the header parsed and checked, the payload decompressed within a bound.
+
+A block file is a big-endian header — ``mode`` (uint16: 0 default, 1 varlength, 2
+object), ``ndim`` (uint16), ``ndim`` block extents (uint32, fastest axis first), for mode
+1 an element count (uint32) — then the compressed elements, big-endian, fastest axis
+first. Edge blocks may be smaller than ``blockSize`` (tensorstore writes them whole, the
+Java library clipped); a block smaller than its place in the grid fills the corner at its
+origin and the rest reads as 0, as tensorstore reads it.
+
+:func:`decompressor` turns a ``compression`` object into a function that decodes a payload
+to exactly the bytes the header says, never more (``zlib``/``gzip``, ``bz2`` and ``lzma``
+streamed with a cap; ``blosc`` and ``zstd`` through numcodecs after their headers'
+recorded size is checked).
+"""
+
+from __future__ import annotations
+
+import lzma
+import math
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from mixle.data.sources.arrays.n5.attributes import COMPRESSIONS, N5Metadata
+from mixle.data.sources.arrays.zarr.decompress import bounded_decompress
+from mixle.errors import UnsupportedStoreError
+from mixle.reading import CorruptChunkError
+from mixle.utils.optional_deps import require
+
+__all__ = [
+    "Decompressor",
+    "decode_block",
+    "decompressor",
+    "parse_header",
+    "stored_limit",
+]
+
+#: ``(payload, decoded bytes) -> decoded bytes``; raises ``ValueError`` on bad input.
+Decompressor = Callable[[memoryview, int], Any]
+#: Compressions decoded by numcodecs (the ``n5`` extra installs it).
+_NUMCODECS = {"blosc": "Blosc", "zstd": "Zstd"}
+#: Stored bytes a block may have beyond its decoded size (headers, incompressible data).
+_STORED_SLACK = 64 * 1024
+#: No compressor mixle reads stores more than this many times the decoded bytes.
+_STORED_FACTOR = 2
+#: The gzip magic number (a payload without it is a zlib stream: ``useZlib``).
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
+@dataclass(frozen=True)
+class _Codec:
+    """What :func:`bounded_decompress` asks of a codec: its id (and lzma's options)."""
+
+    codec_id: str
+    format: int = lzma.FORMAT_XZ
+    filters: Any = None
+    numcodecs: Any = None
+
+    def decode(self, data: Any, out: Any = None) -> Any:
+        return self.numcodecs.decode(data, out=out)
+
+
+def stored_limit(meta: N5Metadata) -> int:
+    """The most bytes one block file may have: a whole block's header and payload, bounded."""
+    header = 4 + 4 * len(meta.shape) + 4
+    return header + _STORED_FACTOR * meta.block_nbytes + _STORED_SLACK
+
+
+def decompressor(compression: dict[str, Any], where: str) -> Decompressor:
+    """The bounded decoder of ``compression`` (an N5 ``compression`` object).
+
+    Raises
+    ------
+    UnsupportedStoreError
+        A ``ValueError``: the compression ``type`` is one mixle does not decode (named, with
+        those it does).
+    ImportError
+        numcodecs is needed (``blosc``, ``zstd``) but not installed: ``pip install -e
+        ".[n5]"``.
+    """
+    kind = compression["type"]
+    if kind == "raw":
+        return _raw
+    if kind == "gzip":
+        gzip, zlib = _Codec("gzip"), _Codec("zlib")
+        return lambda raw, n: bounded_decompress(
+            gzip if bytes(raw[:2]) == _GZIP_MAGIC else zlib, raw, n, exact=True
+        )
+    if kind == "bzip2":
+        bz2 = _Codec("bz2")
+        return lambda raw, n: bounded_decompress(bz2, raw, n, exact=True)
+    if kind == "xz":
+        xz = _Codec("lzma", format=lzma.FORMAT_XZ)
+        return lambda raw, n: bounded_decompress(xz, raw, n, exact=True)
+    if kind in _NUMCODECS:
+        numcodecs = require("numcodecs", "n5", feature=f"N5 {kind} compression of {where}")
+        codec = _Codec(kind, numcodecs=getattr(numcodecs, _NUMCODECS[kind])())
+        return lambda raw, n: bounded_decompress(codec, raw, n, exact=True)
+    known = ", ".join(c for c in COMPRESSIONS if c != "lz4")
+    note = (
+        " (N5's lz4 is the lz4-java block stream, which mixle does not decode; rewrite the "
+        "dataset with blosc/lz4 or zstd)"
+        if kind == "lz4"
+        else ""
+    )
+    raise UnsupportedStoreError(
+        f"N5 dataset {where}: compression type {kind!r} is not one mixle decodes{note}; it "
+        f"decodes {known}"
+    )
+
+
+def _raw(raw: memoryview, n: int) -> memoryview:
+    if len(raw) != n:
+        raise ValueError(f"the raw payload has {len(raw)} bytes, the header needs {n}")
+    return raw
+
+
+def parse_header(raw: memoryview, ndim: int) -> tuple[tuple[int, ...], int]:
+    """``(block extents, payload offset)`` of the block file ``raw``.
+
+    Raises
+    ------
+    ValueError
+        A truncated header, a mode other than 0 (default) and 1 (varlength, when its
+        element count is the extents' product), or a number of axes other than ``ndim``.
+    """
+    if len(raw) < 4:
+        raise ValueError(f"the file has {len(raw)} bytes, fewer than a block header's 4")
+    mode, axes = struct.unpack_from(">HH", raw, 0)
+    if mode == 2:
+        raise ValueError("it is an object block (mode 2), which holds no numeric array")
+    if mode not in (0, 1):
+        raise ValueError(f"its header's mode is {mode}, not 0 (default) or 1 (varlength)")
+    if axes != ndim:
+        raise ValueError(f"its header has {axes} axes, the dataset {ndim}")
+    end = 4 + 4 * axes + (4 if mode == 1 else 0)
+    if len(raw) < end:
+        raise ValueError(f"the file has {len(raw)} bytes, fewer than its header's {end}")
+    dims = struct.unpack_from(f">{axes}I", raw, 4)
+    if mode == 1:
+        (count,) = struct.unpack_from(">I", raw, 4 + 4 * axes)
+        if count != math.prod(dims):
+            raise ValueError(
+                f"it is a varlength block (mode 1) of {count} elements in a {dims} block, "
+                "which mixle does not read as an array"
+            )
+    return tuple(dims), end
+
+
+def decode_block(
+    raw: bytes,
+    meta: N5Metadata,
+    decode: Decompressor,
+    extent: tuple[int, ...],
+    what: str,
+) -> np.ndarray:
+    """Block file ``raw`` as a native-endian C-order array of shape ``extent``.
+
+    ``extent`` is the block's part of the array (``blockSize`` clipped at the edges). A
+    stored block larger than that (tensorstore writes edge blocks whole) is cut to it; a
+    smaller one fills its corner and the rest is 0.
+
+    Raises
+    ------
+    CorruptChunkError
+        Naming ``what`` (the file and block): a bad header, extents past ``blockSize``, or a
+        payload that does not decode to exactly the header's bytes.
+    """
+    data = memoryview(raw)
+    try:
+        dims, start = parse_header(data, len(meta.shape))
+        if any(d > b for d, b in zip(dims, meta.blocks)):
+            raise ValueError(
+                f"its header's extents {list(dims)} exceed blockSize={list(meta.blocks)}"
+            )
+        nbytes = math.prod(dims) * meta.stored_dtype.itemsize
+        payload = decode(data[start:], nbytes)
+        decoded = memoryview(payload).nbytes
+        if decoded != nbytes:
+            raise ValueError(
+                f"the payload decodes to {decoded:,} bytes, the header needs {nbytes:,}"
+            )
+        stored = np.frombuffer(payload, dtype=meta.stored_dtype, count=math.prod(dims))
+    except Exception as exc:
+        raise CorruptChunkError(
+            f"{what} is corrupt ({len(raw):,} stored bytes): {type(exc).__name__}: {exc}"
+        ) from None
+    block = stored.reshape(dims[::-1]).T  # fastest axis first: Fortran order
+    if dims == extent:
+        out = block.astype(meta.dtype, order="C")  # the one copy: byte swap and transpose
+    else:
+        out = np.zeros(extent, dtype=meta.dtype)
+        part = tuple(slice(0, min(d, e)) for d, e in zip(dims, extent))
+        out[part] = block[part]
+    out.flags.writeable = False
+    return out

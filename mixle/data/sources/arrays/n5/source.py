@@ -1,0 +1,250 @@
+"""Lazy N5 datasets on local paths: mixle parses the block format and decodes each block once."""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from mixle.data.schema import Schema
+from mixle.data.sources.arrays.base import ArrayMeta, ArraySource, listing
+from mixle.data.sources.arrays.n5.attributes import (
+    ATTRIBUTES_FILE,
+    N5Metadata,
+    find_datasets,
+    is_dataset_attributes,
+    parse_metadata,
+    read_attributes,
+)
+from mixle.data.sources.arrays.n5.blocks import (
+    Decompressor,
+    decode_block,
+    decompressor,
+    stored_limit,
+)
+from mixle.data.sources.arrays.physical import Physical, physical_from_spacing
+from mixle.data.sources.arrays.zarr.local_files import read_local_object
+from mixle.data.structure import EXCHANGEABLE, SampleStructure
+from mixle.errors import ArrayNotFoundError, NotAnArrayError
+from mixle.reading import new_token
+
+__all__ = ["N5ArraySource", "N5BlockReader", "N5Dataset", "read_n5"]
+
+
+@dataclass(frozen=True)
+class N5Dataset:
+    """The live handle of an :class:`N5ArraySource`: the dataset's folder and metadata."""
+
+    folder: str
+    metadata: N5Metadata
+    decode: Decompressor
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """``dimensions``, in N5's order."""
+        return self.metadata.shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The native-endian dtype of reads."""
+        return self.metadata.dtype
+
+
+class N5BlockReader:
+    """Decoded blocks of one local N5 dataset, for the read planner (a ``ChunkReader``).
+
+    Each read opens the block's file, reads at most :func:`stored_limit` bytes and closes
+    it: no descriptor is held between reads, so the reader is safe after ``fork``. A block
+    never written reads as 0, as tensorstore reads it.
+    """
+
+    def __init__(self, dataset: N5Dataset, where: str) -> None:
+        meta = dataset.metadata
+        self.chunks: tuple[int, ...] = meta.blocks
+        self.token = new_token()
+        self._dataset = dataset
+        self._where = where
+        self._limit = stored_limit(meta)
+
+    def _extent(self, coords: tuple[int, ...]) -> tuple[int, ...]:
+        shape = self._dataset.metadata.shape
+        return tuple(min(b, s - c * b) for c, b, s in zip(coords, self.chunks, shape))
+
+    def read_chunk(self, coords: tuple[int, ...]) -> np.ndarray:
+        dataset = self._dataset
+        key = "/".join(map(str, coords)) if coords else "0"
+        path = os.path.join(dataset.folder, *key.split("/"))
+        what = f"block {key!r} (grid coordinates {coords}) of N5 dataset {self._where}"
+        extent = self._extent(coords)
+        raw = read_local_object(path, f"{what}: file", self._limit)
+        if raw is None:  # never written: zeros, read-only, one element of memory
+            return np.broadcast_to(np.zeros((), dtype=dataset.dtype), extent)
+        return decode_block(raw, dataset.metadata, dataset.decode, extent, f"{what} ({path!r})")
+
+
+class N5ArraySource(ArraySource):
+    """An N5 dataset in a local folder, read lazily block by block; never written to.
+
+    Axes are in the order N5 lists ``dimensions`` (fastest-varying first), as tensorstore's
+    ``n5`` driver presents them: ``src.shape == tuple(dimensions)`` and ``src[i, j, k]`` is
+    tensorstore's ``[i, j, k]``. Blocks are decoded by mixle (raw, gzip or zlib, bzip2, xz;
+    blosc and zstd with numcodecs), each once per read through the read planner and cache.
+
+    Parameters
+    ----------
+    path
+        The N5 container (or a dataset folder) on the local file system.
+    dataset
+        Path of the dataset inside ``path`` (``"volumes/raw"``); ``None`` when ``path`` is
+        the dataset itself.
+    structure, schema
+        See :mod:`mixle.data.structure` and :class:`mixle.data.schema.Schema`.
+
+    Raises
+    ------
+    TypeError
+        When ``path`` is not a str or path, or ``dataset`` not a str.
+    ValueError
+        When ``path`` is a URL (remote N5 is not read).
+    FileNotFoundError
+        When ``path`` is not a folder.
+    NotAnArrayError
+        When the folder is a group; the message lists the datasets below it.
+    ArrayNotFoundError
+        When ``dataset`` does not exist; the message lists the datasets that do.
+    InvalidMetadataError, MetadataLimitError
+        When ``attributes.json`` is damaged or too large.
+    UnsupportedStoreError
+        When the compression is one mixle does not decode (named).
+    ImportError
+        When numcodecs is needed (blosc, zstd) and missing: ``pip install -e ".[n5]"``.
+
+    Notes
+    -----
+    A block smaller than ``blockSize`` fills the corner at its origin (the rest reads 0);
+    a missing block reads 0. Damaged blocks raise :class:`~mixle.errors.CorruptChunkError`
+    naming the file and the block. ``resolution`` (a number per axis), when present, is
+    reported as :attr:`spacing`.
+    """
+
+    _zero_d_chunk = True  # a 0-d dataset is one block, file "0"
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        dataset: str | None = None,
+        *,
+        structure: SampleStructure = EXCHANGEABLE,
+        schema: Schema | None = None,
+    ) -> None:
+        self._init_state(_n5_args(path, dataset), structure, schema)
+        self._live()
+
+    def _location(self) -> str:
+        args = self._args or {}
+        where = repr(args.get("path", "?"))
+        if args.get("dataset"):
+            where += f", dataset={args['dataset']!r}"
+        return where
+
+    def _open(self) -> N5Dataset:
+        assert self._args is not None
+        path, dataset = self._args["path"], self._args["dataset"]
+        if not os.path.isdir(path):
+            what = (
+                "is not a folder (an N5 container is one)"
+                if os.path.exists(path)
+                else ("no such folder")
+            )
+            raise FileNotFoundError(f"path={path!r}: {what}")
+        folder = os.path.join(path, *dataset.split("/")) if dataset else path
+        attrs = read_attributes(folder) if os.path.isdir(folder) else None
+        if dataset and attrs is None:
+            names, stopped = find_datasets(path)
+            more = " (search stopped early)" if stopped else ""
+            raise ArrayNotFoundError(
+                f"dataset={dataset!r} does not exist in N5 container {path!r}; "
+                f"{listing(names, 'datasets')}{more}"
+            )
+        if not is_dataset_attributes(attrs):
+            names, stopped = find_datasets(folder)
+            more = " (search stopped early)" if stopped else ""
+            where = f"dataset={dataset!r} in {path!r}" if dataset else f"path={path!r}"
+            if attrs is None and not names:
+                raise FileNotFoundError(
+                    f"{where} is not an N5 dataset or group: no {ATTRIBUTES_FILE} there"
+                )
+            raise NotAnArrayError(
+                f"{where} is an N5 group, not a dataset; pass dataset= to pick one of its "
+                f"{listing(names, 'datasets')}{more}"
+            )
+        assert attrs is not None
+        meta = parse_metadata(attrs, self._location())
+        return N5Dataset(folder, meta, decompressor(meta.compression, self._location()))
+
+    def _describe(self, handle: N5Dataset) -> ArrayMeta:
+        meta = handle.metadata
+        return ArrayMeta(
+            shape=meta.shape,
+            dtype=meta.dtype,
+            chunks=meta.blocks,
+            physical=_physical(meta),
+        )
+
+    def _chunk_reader(self, handle: N5Dataset) -> N5BlockReader:
+        return N5BlockReader(handle, self._location())
+
+    def _read(self, handle: N5Dataset, key: tuple[int | slice, ...]) -> np.ndarray:
+        reader = self._reader_for(handle)
+        assert reader is not None
+        return self._read_chunks(reader, key)
+
+
+def _physical(meta: N5Metadata) -> Physical | None:
+    """Spacing from ``resolution`` (one positive number per axis), else ``None``."""
+    res = meta.attributes.get("resolution")
+    ndim = len(meta.shape)
+    if not isinstance(res, list) or len(res) != ndim or not ndim:
+        return None
+    if not all(isinstance(r, (int, float)) and not isinstance(r, bool) for r in res):
+        return None
+    if not all(math.isfinite(r) and r > 0 for r in res):
+        return None
+    axes = meta.attributes.get("axes")
+    names = axes if isinstance(axes, list) and len(axes) == ndim else None
+    if names is not None and not all(isinstance(a, str) for a in names):
+        names = None
+    return physical_from_spacing([float(r) for r in res], axes=names)
+
+
+def _n5_args(path: Any, dataset: Any) -> dict[str, Any]:
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path={path!r} must be a local path to an N5 container (a folder)")
+    path = os.fspath(path)
+    if not isinstance(path, str):
+        raise TypeError(f"path={path!r} must be a str path, not bytes")
+    if "://" in path:
+        raise ValueError(
+            f"path={path!r} is a URL: mixle reads N5 from local folders only (copy it locally, "
+            "or open it with tensorstore)"
+        )
+    if dataset is not None and not isinstance(dataset, str):
+        raise TypeError(f"dataset={dataset!r} must be a str (a path inside the container)")
+    parts = [p for p in (dataset or "").split("/") if p]
+    if any(p in (".", "..") for p in parts):
+        raise ValueError(f"dataset={dataset!r} must not contain '.' or '..' parts")
+    return {"path": path, "dataset": "/".join(parts) or None}
+
+
+def read_n5(
+    path: str | os.PathLike[str],
+    dataset: str | None = None,
+    *,
+    structure: SampleStructure = EXCHANGEABLE,
+    schema: Schema | None = None,
+) -> N5ArraySource:
+    """Open an N5 dataset lazily; see :class:`N5ArraySource` (blosc/zstd need ``mixle[n5]``)."""
+    return N5ArraySource(path, dataset, structure=structure, schema=schema)

@@ -19,6 +19,7 @@ from mixle.data.sources.arrays.zarr.local_files import (
     check_local_metadata,
     local_root,
 )
+from mixle.data.sources.arrays.zarr.ome import ome_physical
 from mixle.data.sources.arrays.zarr.readers import zarr_chunk_reader
 from mixle.data.structure import EXCHANGEABLE, SampleStructure
 from mixle.errors import ArrayNotFoundError, NotAnArrayError
@@ -226,6 +227,7 @@ class ZarrArraySource(ArraySource):
             dtype=handle.dtype,
             chunks=chunks,
             shards=None if shards is None else tuple(shards),
+            physical=ome_physical(handle, self._location()),
         )
 
 

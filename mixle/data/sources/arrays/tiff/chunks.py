@@ -1,0 +1,242 @@
+"""TIFF tiles and strips as the read planner's chunks, each read with one ``pread``.
+
+A series of TIFF pages is an N-D array whose leading axes step through the pages and whose
+last axes are one page. :class:`SegmentLayout` maps that array onto tifffile's normalised
+page shape ``(separate samples, depth, length, width, contig samples)``: one chunk is one
+stored segment (a tile or a strip) of one page, ``(1, ..., tile_y, tile_x[, samples])``
+like tifffile's own zarr store. :class:`TiffChunkReader` reads a segment's bytes at its
+offset and decodes them with tifffile's decode function of the series' key page, so
+compression, predictors, fill order and byte order are undone exactly as tifffile does.
+
+Decoding is bounded by the segment's size: zlib, deflate, zstd and packbits refuse output
+past one segment; LZW and LZMA stop there. A segment that decodes to any other size, bytes
+the codec refuses, or a file cut short inside a segment raise
+:class:`~mixle.reading.CorruptChunkError` naming the file, the series, the page and the
+segment.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import weakref
+from typing import Any
+
+import numpy as np
+
+from mixle.reading import CorruptChunkError, new_token
+
+__all__ = ["SegmentLayout", "TiffChunkReader"]
+
+
+class SegmentLayout:
+    """Where each chunk of a series' N-D array sits among its pages' stored segments.
+
+    Parameters
+    ----------
+    shape
+        Shape of the series (tifffile's ``series.shape``).
+    keyframe
+        The series' key page (``series.keyframe``): every page has its shape and storage.
+    pages
+        Number of pages in the series.
+
+    Raises
+    ------
+    NotImplementedError
+        When the series' shape is not the pages stacked on leading axes (a layout tifffile
+        reshapes some other way).
+    """
+
+    def __init__(self, shape: tuple[int, ...], keyframe: Any, pages: int) -> None:
+        norm = tuple(int(n) for n in keyframe.shaped)  # (S, D, L, W, C)
+        size = math.prod(norm)
+        split = _page_axes_start(shape, size)
+        if split is None or math.prod(shape[:split]) != pages:
+            raise NotImplementedError(
+                f"series shape {shape} is not {pages} pages of {keyframe.shape} stacked on "
+                "leading axes: mixle cannot map its chunks to the stored tiles"
+            )
+        mapping = _map_page_axes(shape[split:], norm)
+        if mapping is None:
+            raise NotImplementedError(
+                f"series shape {shape} does not end in the page shape {keyframe.shape}: "
+                "mixle cannot map its chunks to the stored tiles"
+            )
+        s, d, length, width, c = norm
+        if keyframe.is_tiled:
+            seg = (int(keyframe.tiledepth), int(keyframe.tilelength), int(keyframe.tilewidth))
+            self.stored = (seg[0], seg[1], seg[2], c)
+        else:
+            rows = int(keyframe.rowsperstrip)
+            if rows < 1:
+                raise CorruptChunkError(f"RowsPerStrip is {rows}, not a positive number")
+            seg = (1, min(rows, length), width)
+            self.stored = (1, rows, width, c)  # what tifffile's decode pads a strip to
+        #: chunk extent per normalised axis (S, D, L, W, C)
+        self.norm_chunk = (1, *seg, c)
+        #: segments per page along (S, D, L, W), in tifffile's segment order
+        self.grid = (s, *(math.ceil(n / k) for n, k in zip((d, length, width), seg)))
+        self.shape = shape
+        self.split = split
+        self.mapping = mapping
+        self.chunks: tuple[int, ...] = (1,) * split + tuple(
+            1 if m is None else self.norm_chunk[m] for m in mapping
+        )
+
+    def locate(self, coords: tuple[int, ...]) -> tuple[int, int]:
+        """``(page index in the series, segment index in the page)`` of chunk ``coords``."""
+        lead = coords[: self.split]
+        page = int(np.ravel_multi_index(lead, self.shape[: self.split])) if lead else 0
+        norm = [0, 0, 0, 0]
+        for c, m in zip(coords[self.split :], self.mapping):
+            if m is not None and m < 4:
+                norm[m] = c
+        return page, int(np.ravel_multi_index(norm, self.grid))
+
+    def fits(self, decoded: np.ndarray) -> np.ndarray | None:
+        """``decoded`` (tifffile's ``(depth, length, width, samples)``) as one chunk, or ``None``.
+
+        ``None`` when it is not exactly one stored segment.
+        """
+        if decoded.shape != self.stored:
+            return None
+        return decoded[:, : self.norm_chunk[2]].reshape(self.chunks)
+
+
+def _page_axes_start(shape: tuple[int, ...], size: int) -> int | None:
+    """Index of the first axis of one page in ``shape``: the product from there is ``size``."""
+    p = 1
+    for k in range(len(shape) - 1, -1, -1):
+        p *= shape[k]
+        if p == size:
+            return k
+        if p > size:
+            return None
+    return None
+
+
+def _map_page_axes(page: tuple[int, ...], norm: tuple[int, ...]) -> list[int | None] | None:
+    """The normalised axis each axis of ``page`` is (``None``: an added length-1 axis)."""
+    mapping: list[int | None] = [None] * len(page)
+    j, m = len(page) - 1, len(norm) - 1
+    while j >= 0:
+        if page[j] == 1:
+            j -= 1
+        elif m >= 0 and norm[m] == page[j]:
+            mapping[j] = m
+            j, m = j - 1, m - 1
+        elif m >= 0 and norm[m] == 1:
+            m -= 1
+        else:
+            return None
+    if any(norm[k] != 1 for k in range(m + 1)):
+        return None
+    return mapping
+
+
+class TiffChunkReader:
+    """Whole tiles or strips of one TIFF series, read with ``pread`` and decoded by tifffile.
+
+    Parameters
+    ----------
+    path
+        The TIFF file.
+    series
+        The tifffile ``TiffPageSeries`` (one pyramid level) to read.
+    layout
+        Its :class:`SegmentLayout`.
+    name
+        How errors name the series (file, series and level).
+    """
+
+    def __init__(self, path: str, series: Any, layout: SegmentLayout, name: str) -> None:
+        keyframe = series.keyframe
+        keyframe.init_decode()  # tifffile's decode is a cached property: make it here, once
+        self.chunks = layout.chunks
+        self.token = new_token()
+        self._decode = keyframe.decode
+        self._jpegheader = keyframe.jpegheader
+        self._layout = layout
+        self._series = series
+        self._dtype = np.dtype(series.dtype)
+        self._name = name
+        self._nodata = keyframe.nodata
+        self._lock = threading.Lock()
+        self._pages: dict[int, tuple[tuple[int, ...], tuple[int, ...], Any] | None] = {}
+        # closed when the reader is garbage: reads still in flight keep it alive
+        self._fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+        weakref.finalize(self, os.close, self._fd)
+
+    def _page(self, index: int) -> tuple[tuple[int, ...], tuple[int, ...], Any] | None:
+        """``(offsets, bytecounts, jpegtables)`` of page ``index``; ``None``: page missing."""
+        if index in self._pages:
+            return self._pages[index]
+        with self._lock:  # tifffile seeks its own file handle to parse the page's IFD
+            if index not in self._pages:
+                try:
+                    page = self._series[index]
+                except Exception as exc:
+                    raise CorruptChunkError(
+                        f"page {index} of {self._name} cannot be parsed "
+                        f"({type(exc).__name__}: {exc})"
+                    ) from None
+                self._pages[index] = (
+                    None
+                    if page is None
+                    else (
+                        tuple(page.dataoffsets),
+                        tuple(page.databytecounts),
+                        getattr(page, "jpegtables", None),
+                    )
+                )
+        return self._pages[index]
+
+    def _fill(self, value: Any) -> np.ndarray:
+        one = np.full((), value, dtype=self._dtype)
+        return np.broadcast_to(one, self.chunks)  # read-only, one element of memory
+
+    def read_chunk(self, coords: tuple[int, ...]) -> np.ndarray:
+        page_index, segment = self._layout.locate(coords)
+        where = f"tile {segment} of page {page_index} of {self._name} (chunk {coords})"
+        page = self._page(page_index)
+        if page is None:  # a page the metadata names but the file lacks: tifffile reads 0
+            return self._fill(0)
+        offsets, counts, tables = page
+        if segment >= len(offsets) or segment >= len(counts):
+            raise CorruptChunkError(f"{where} is missing: the page lists {len(offsets)} segments")
+        offset, count = int(offsets[segment]), int(counts[segment])
+        if offset == 0 or count == 0:  # never written: tifffile reads the nodata value
+            return self._fill(self._nodata)
+        raw = os.pread(self._fd, count, offset)
+        if len(raw) != count:
+            raise CorruptChunkError(
+                f"{where} is truncated: the file holds {len(raw)} of its {count} bytes at "
+                f"offset {offset} (file cut short?)"
+            )
+        return self.decode_stored(segment, where, raw, tables)
+
+    def decode_stored(self, segment: int, where: str, raw: bytes, tables: Any) -> np.ndarray:
+        """A segment's stored bytes decoded by tifffile; anything but one whole segment raises."""
+        kwargs: dict[str, Any] = {"_fullsize": True}
+        if tables is not None:
+            kwargs["jpegtables"] = tables
+        if self._jpegheader is not None:
+            kwargs["jpegheader"] = self._jpegheader
+        try:
+            decoded = self._decode(raw, segment, **kwargs)[0]
+        except Exception as exc:
+            raise CorruptChunkError(
+                f"{where} is corrupt ({len(raw)} stored bytes do not decode to a tile: "
+                f"{type(exc).__name__}: {exc})"
+            ) from None
+        chunk = None if decoded is None else self._layout.fits(np.asarray(decoded))
+        if chunk is None:
+            got = None if decoded is None else np.shape(decoded)
+            raise CorruptChunkError(
+                f"{where} is corrupt: it decodes to shape {got}, the tags say {self._layout.stored}"
+            )
+        if chunk.dtype != self._dtype:
+            chunk = chunk.astype(self._dtype)
+        return chunk

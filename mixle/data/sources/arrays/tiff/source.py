@@ -1,0 +1,209 @@
+"""Lazy TIFF and OME-TIFF series through tifffile: tiles as chunks, contiguous data mapped."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from mixle.data.schema import Schema
+from mixle.data.sources.arrays.base import ArrayMeta, ArraySource
+from mixle.data.sources.arrays.memmap.check import check_mapped_file, file_identity
+from mixle.data.sources.arrays.tiff.chunks import SegmentLayout, TiffChunkReader
+from mixle.data.sources.arrays.tiff.ome import ome_physical
+from mixle.data.sources.arrays.tiff.opening import (
+    contiguous_memmap,
+    open_tiff,
+    pick_level,
+    tiff_args,
+)
+from mixle.data.structure import EXCHANGEABLE, SampleStructure
+from mixle.reading import read_strided
+from mixle.utils import optional_deps
+
+__all__ = ["TiffArraySource", "read_tiff"]
+
+
+@dataclass(frozen=True)
+class TiffHandle:
+    """What an open TIFF source holds: the file, its series and level, and how to read it."""
+
+    file: Any
+    series: Any
+    level: Any
+    mapped: np.memmap | None
+    layout: SegmentLayout | None
+    identity: tuple[int, int]
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Shape of the level read."""
+        return tuple(self.level.shape)
+
+
+class TiffArraySource(ArraySource):
+    """One series (and pyramid level) of a TIFF or OME-TIFF file, read lazily.
+
+    Parameters
+    ----------
+    path
+        Path of a local TIFF, BigTIFF or OME-TIFF file. URLs are refused for now.
+    series
+        Which image series (tifffile's ``TiffFile.series``): 0 is the first.
+    level
+        Which pyramid level of the series (``series.levels``): 0 is full resolution.
+    structure, schema
+        See :mod:`mixle.data.structure` and :class:`mixle.data.schema.Schema`.
+
+    Raises
+    ------
+    TypeError
+        When ``path`` is not a str or path, or ``series``/``level`` is not an int.
+    ValueError
+        When ``path`` is a URL, ``series`` or ``level`` is out of range (the message says
+        how many exist), or the file is not a TIFF file.
+    FileNotFoundError
+        When ``path`` does not exist.
+    ImportError
+        At first use when tifffile is not installed: ``pip install -e ".[tiff]"``.
+    NotImplementedError
+        When the series' shape is not its pages stacked on leading axes, or tifffile
+        transforms its data after decoding (MD Gel).
+    ~mixle.reading.CorruptChunkError
+        On a read, when a tile's or strip's stored bytes are cut short or do not decode to
+        exactly one tile (naming the file, series, level, page and tile); at open, when
+        uncompressed contiguous data runs past the end of the file.
+
+    Notes
+    -----
+    Opening parses the TIFF structure and metadata only (see
+    :mod:`mixle.data.sources.arrays.tiff.opening` for what that costs on many-page files).
+    The array is tifffile's ``series.shape`` (its ``axes`` give the axis letters, e.g.
+    ``"ZCYX"``) with tifffile's native-byte-order dtype. Tiles (or strips) of each page are
+    the chunks, ``(1, ..., tile_y, tile_x[, samples])``, read with one ``pread`` each and
+    decoded by tifffile's own decode of the series, on the read planner's pool.
+    Uncompressed contiguous data is memory-mapped instead (checked against the file size
+    before every read). OME-TIFF pixel sizes become :attr:`physical` (``spacing`` per axis,
+    1.0 on non-spatial axes).
+    """
+
+    _library = "tifffile"
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        series: int = 0,
+        level: int = 0,
+        *,
+        structure: SampleStructure = EXCHANGEABLE,
+        schema: Schema | None = None,
+    ) -> None:
+        self._init_state(tiff_args(path, series, level), structure, schema)
+        if optional_deps.HAS_TIFFFILE:  # else at first use, where tifffile is installed
+            self._live()
+
+    def _location(self) -> str:
+        assert self._args is not None
+        a = self._args
+        return f"{a['path']!r}, series={a['series']}, level={a['level']}"
+
+    def _open(self) -> TiffHandle:
+        assert self._args is not None
+        path, index, level_index = self._args["path"], self._args["series"], self._args["level"]
+        tif = open_tiff(path)
+        try:
+            series, level = pick_level(tif, index, level_index, path)
+            if level.transform is not None:
+                raise NotImplementedError(
+                    f"series {index} of {path!r} ({series.kind}) is transformed by tifffile "
+                    "after decoding; mixle does not read such series"
+                )
+            mapped = contiguous_memmap(path, level, tif.byteorder)
+            layout = None
+            if mapped is None and level.size:
+                layout = SegmentLayout(tuple(level.shape), level.keyframe, len(level))
+            return TiffHandle(tif, series, level, mapped, layout, file_identity(path))
+        except BaseException:
+            tif.close()
+            raise
+
+    def _describe(self, handle: TiffHandle) -> ArrayMeta:
+        index = self._args["series"] if self._args is not None else 0
+        ome = handle.file.ome_metadata if handle.file.is_ome else None
+        return ArrayMeta(
+            shape=handle.shape,
+            dtype=np.dtype(handle.level.dtype),
+            chunks=None if handle.layout is None else handle.layout.chunks,
+            physical=ome_physical(ome, handle.series, handle.level, index),
+        )
+
+    @property
+    def array(self) -> Any:
+        """The tifffile ``TiffPageSeries`` of the level read (``.asarray()`` reads it whole)."""
+        return self._live().level
+
+    @property
+    def axes(self) -> str:
+        """tifffile's axis letters of the array, one per axis (``"TCZYX"``, ``"YXS"``...)."""
+        return str(self._live().level.axes)
+
+    @property
+    def levels(self) -> list[tuple[int, ...]]:
+        """Shape of every pyramid level of the series (``[shape]`` when not a pyramid)."""
+        return [tuple(lv.shape) for lv in self._live().series.levels]
+
+    def _chunk_reader(self, handle: TiffHandle) -> TiffChunkReader | None:
+        if handle.layout is None or self._args is None:
+            return None
+        return TiffChunkReader(self._args["path"], handle.level, handle.layout, self._location())
+
+    def _check_file(self, handle: TiffHandle, mapped: np.memmap) -> None:
+        """Refuse to touch the map if the file was cut short or replaced since opening."""
+        assert self._args is not None
+        check_mapped_file(self._args["path"], mapped.offset + mapped.nbytes, handle.identity)
+
+    def _read(self, handle: TiffHandle, key: tuple[int | slice, ...]) -> np.ndarray:
+        mapped = handle.mapped
+        if mapped is not None:
+            self._check_file(handle, mapped)
+            return np.array(mapped[key], dtype=self.dtype, copy=True, subok=False)
+        reader = self._reader_for(handle)
+        if reader is None:  # an empty array: nothing stored to read
+            return np.empty(handle.shape, dtype=self.dtype)[key]
+        return self._read_chunks(reader, key)
+
+    def _read_boxes_into(
+        self, handle: TiffHandle, starts: list[list[int]], size: list[int], out: np.ndarray
+    ) -> None:
+        mapped = handle.mapped
+        if mapped is None:
+            super()._read_boxes_into(handle, starts, size, out)
+        else:
+            self._check_file(handle, mapped)
+            read_strided(mapped.view(np.ndarray), starts, size, out)
+
+    def _release(self, handle: TiffHandle) -> None:
+        handle.file.close()
+
+
+def read_tiff(
+    path: str | os.PathLike[str],
+    series: int = 0,
+    level: int = 0,
+    *,
+    structure: SampleStructure = EXCHANGEABLE,
+    schema: Schema | None = None,
+) -> TiffArraySource:
+    """Open series ``series``, pyramid level ``level`` of a TIFF or OME-TIFF file lazily.
+
+    See :class:`TiffArraySource` for the parameters, what is read when, and the errors.
+
+    Examples
+    --------
+    >>> src = read_tiff("stack.ome.tif")  # doctest: +SKIP
+    >>> src.axes, src.shape, src.spacing  # doctest: +SKIP
+    ('ZYX', (40, 512, 512), (2.0, 0.5, 0.5))
+    """
+    return TiffArraySource(path, series, level, structure=structure, schema=schema)

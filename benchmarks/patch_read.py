@@ -1,7 +1,9 @@
 """Random patch reads: naive slicing vs mixle per-index and batched vs tensorstore vs the
-decode-bound limit, side by side in one run.
+decode-bound limit, and mixle's format readers vs each format library's own read.
 
-Run: python benchmarks/patch_read.py [--size 512] [--batches 12]
+Run: python benchmarks/patch_read.py [--size 512] [--batches 12] [--only cubes|formats ...]
+
+Two tables. The cubes table:
 
 Writes a float32 cube with 64^3 chunks (zstd zarr, gzip HDF5, uncompressed contiguous HDF5,
 raw memmap) to a temporary folder, then reads random 32^3 patches in batches of 64 with a
@@ -28,18 +30,39 @@ raw in mixle) includes the file's pages mapped from the page cache, shared and r
 - limit: decode threads x single-thread decode rate of one stored chunk / chunks touched
   per patch, measured in this run: what a reader that decodes every touched chunk once per
   patch, on every core, with no cache, could reach.
+
+The formats table (``--only formats``; about a minute at the defaults) writes a 256^3
+float32 cube as a tiled zlib TIFF (one page per z plane, 64x64 tiles; tifffile), NIfTI-1
+``.nii`` and ``.nii.gz`` (nibabel), N5 with gzip 64^3 blocks (tensorstore) and ``.b2nd``
+with 64^3 chunks (blosc2), then reads the same 256 random 32^3 patches a pass, in batches of
+64, with mixle's reader (``read_boxes``) and with the library's own read of one patch:
+
+- tifffile: ``zarr.open(tifffile.imread(path, aszarr=True))[box]``;
+- nibabel: ``np.asarray(img.dataobj[box])``;
+- tensorstore: its n5 driver, one ``ts.Batch`` of 64 ``[box].read()`` per batch,
+  ``cache_pool`` 0, as many copy threads as mixle has decode threads;
+- blosc2: ``blosc2.open(path)[box]``.
+
+Rounds interleave the library, mixle with a 256 MiB cache and mixle with the cache off;
+every pass opens a fresh handle (timed) and mixle's decoded-chunk cache is emptied first,
+so each pass decodes what it reads. ``x library`` is mixle's best pass over the library's.
+``--quick`` runs every row of both tables at a tiny size (a smoke test).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
 import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -62,7 +85,9 @@ def write_volumes(folder: Path, size: int) -> None:
 
     shape = (size, size, size)
     z, y, x = np.ogrid[0:CHUNK, 0:size, 0:size]
-    arr = zarr.create_array(str(folder / "v.zarr"), shape=shape, chunks=(CHUNK,) * 3, dtype="f4")
+    arr = zarr.create_array(
+        str(folder / "v.zarr"), shape=shape, chunks=(CHUNK,) * 3, dtype="f4", overwrite=True
+    )
     with h5py.File(folder / "v.h5", "w") as f, open(folder / "v.raw", "wb") as raw:
         gz = f.create_dataset(
             "gzip", shape=shape, dtype="f4", chunks=(CHUNK,) * 3, compression="gzip"
@@ -276,7 +301,394 @@ def zarr_reader_rates(folder: Path) -> tuple[float, float]:
     )
 
 
-# -- the table -------------------------------------------------------------------------------
+# -- formats: mixle's readers vs each format library's own read -----------------------------
+#: Edge of the cube each format stores (float32: 64 MiB at 256).
+FORMAT_SIZE = 256
+#: Random patches read in one timed pass.
+FORMAT_PATCHES = 256
+#: Interleaved rounds (library, mixle, mixle without a cache); the best pass of each is shown.
+FORMAT_ROUNDS = 3
+#: A library pass stops at the first patch (tensorstore: batch) past this many seconds:
+#: nibabel reads a gzip NIfTI at a few patches a second, and a rate needs no more.
+PASS_SECONDS = 3.0
+#: Patches of the first batch compared with the library's own read before timing.
+CHECKED_PATCHES = 8
+#: mixle's batched read against the library's own read, on every row.
+GOAL = 1.5
+
+Box = tuple[slice, ...]
+
+
+class Opened(NamedTuple):
+    """A library's open handle: one patch per call, or a whole batch into ``out``."""
+
+    patch: Callable[[Box], Any] | None
+    batch: Callable[[np.ndarray, np.ndarray], None] | None
+    close: Callable[[], None]
+
+
+@dataclass(frozen=True)
+class Format:
+    """One stored volume, the library's own read of it and mixle's reader for it."""
+
+    name: str
+    stored: str
+    library: str
+    open_library: Callable[[], Opened]
+    open_mixle: Callable[[], Any]
+
+
+def format_volume(size: int) -> np.ndarray:
+    """The cube every format stores: the same smooth float32 field as the zarr cube."""
+    z, y, x = np.ogrid[0:size, 0:size, 0:size]
+    return (np.sin(0.05 * z) * np.cos(0.03 * y) + 0.01 * x).astype("f4")
+
+
+def _write_once(path: Path, write: Callable[[Path], None]) -> None:
+    """Write ``path`` (a file or a folder) through a scratch name, unless it is there."""
+    if path.exists():
+        return
+    scratch = path.parent / ".partial"
+    if scratch.exists():
+        shutil.rmtree(scratch)
+    scratch.mkdir(parents=True)
+    write(scratch / path.name)
+    (scratch / path.name).rename(path)
+    scratch.rmdir()
+
+
+def _box(start: list[int]) -> Box:
+    return tuple(slice(c, c + PATCH) for c in start)
+
+
+def tiff_format(folder: Path, vol: np.ndarray) -> Format:
+    """A tiled zlib TIFF (one page per z plane, 64x64 tiles) and tifffile's zarr store."""
+    import tifffile
+    import zarr
+
+    path = folder / f"v{len(vol)}.tif"
+    _write_once(path, lambda p: tifffile.imwrite(p, vol, tile=(CHUNK, CHUNK), compression="zlib"))
+
+    def library() -> Opened:
+        store = tifffile.imread(path, aszarr=True)
+        arr = zarr.open_array(store, mode="r")
+        return Opened(lambda box: arr[box], None, store.close)
+
+    def mixle_reader():
+        from mixle.data.sources.arrays.tiff import read_tiff
+
+        return read_tiff(path)
+
+    return Format(
+        "tiff",
+        f"{path.name}: {len(vol)} pages, zlib, {CHUNK}x{CHUNK} tiles",
+        "zarr.open(tifffile.imread(path, aszarr=True))[box]",
+        library,
+        mixle_reader,
+    )
+
+
+def nifti_format(folder: Path, vol: np.ndarray, suffix: str) -> Format:
+    """A NIfTI-1 file (``.nii`` or gzip ``.nii.gz``) and nibabel's ``img.dataobj[box]``."""
+    import nibabel as nib
+
+    path = folder / f"v{len(vol)}{suffix}"
+    _write_once(path, lambda p: nib.save(nib.Nifti1Image(vol, np.eye(4)), p))
+
+    def library() -> Opened:
+        img = nib.load(path)
+        return Opened(lambda box: np.asarray(img.dataobj[box]), None, lambda: None)
+
+    def mixle_reader():
+        from mixle.data.sources.arrays.nifti import read_nifti
+
+        return read_nifti(path)
+
+    how = "gzip, one stream" if suffix.endswith(".gz") else "uncompressed"
+    return Format(suffix[1:], f"{path.name}: NIfTI-1, {how}", "nibabel img.dataobj[box]",
+                  library, mixle_reader)  # fmt: skip
+
+
+def n5_format(folder: Path, vol: np.ndarray) -> Format:
+    """An N5 dataset (gzip, 64^3 blocks) written and read by tensorstore's n5 driver."""
+    import tensorstore as ts
+
+    from mixle.reading import decode_threads
+
+    path = folder / f"v{len(vol)}.n5"
+
+    def write(root: Path) -> None:
+        root.mkdir()
+        (root / "attributes.json").write_text(json.dumps({"n5": "2.0.0"}))
+        spec = {
+            "driver": "n5",
+            "kvstore": {"driver": "file", "path": str(root / "vol")},
+            "metadata": {
+                "dimensions": list(vol.shape),
+                "blockSize": [CHUNK] * vol.ndim,
+                "dataType": "float32",
+                "compression": {"type": "gzip"},
+            },
+            "create": True,
+        }
+        ts.open(spec).result()[...].write(vol).result()
+
+    _write_once(path, write)
+
+    def library() -> Opened:
+        spec = {
+            "driver": "n5",
+            "kvstore": {"driver": "file", "path": str(path / "vol")},
+            "context": {
+                "cache_pool": {"total_bytes_limit": 0},
+                "data_copy_concurrency": {"limit": decode_threads()},
+            },
+        }
+        store = ts.open(spec, read=True).result()
+
+        def batch(starts: np.ndarray, out: np.ndarray) -> None:
+            with ts.Batch() as b:
+                futures = [store[_box(s)].read(batch=b) for s in starts.tolist()]
+            for k, future in enumerate(futures):
+                out[k] = future.result()
+
+        return Opened(None, batch, lambda: None)
+
+    def mixle_reader():
+        from mixle.data.sources.arrays.n5 import read_n5
+
+        return read_n5(path, "vol")
+
+    return Format(
+        "n5",
+        f"{path.name}/vol: gzip, {CHUNK}^3 blocks",
+        "tensorstore n5 [box].read(), one ts.Batch",
+        library,
+        mixle_reader,
+    )
+
+
+def b2nd_format(folder: Path, vol: np.ndarray) -> Format:
+    """A ``.b2nd`` array (blosc2's defaults: zstd + shuffle) with 64^3 chunks; ``arr[box]``."""
+    import blosc2
+
+    path = folder / f"v{len(vol)}.b2nd"
+    _write_once(path, lambda p: blosc2.asarray(vol, urlpath=str(p), mode="w", chunks=(CHUNK,) * 3))
+    blocks = blosc2.open(str(path)).blocks
+
+    def library() -> Opened:
+        arr = blosc2.open(str(path))
+        return Opened(lambda box: arr[box], None, lambda: None)
+
+    def mixle_reader():
+        from mixle.data.sources.arrays.b2nd import read_b2nd
+
+        return read_b2nd(path)
+
+    blocks_text = "x".join(map(str, blocks))
+    return Format(
+        "b2nd",
+        f"{path.name}: blosc2 defaults (zstd, shuffle), {CHUNK}^3 chunks, {blocks_text} blocks",
+        "blosc2.open(path)[box]",
+        library,
+        mixle_reader,
+    )
+
+
+def write_formats(folder: Path, size: int, names: list[str]) -> list[Format]:
+    """Every format named, written into ``folder`` (kept there for the next run)."""
+    vol = format_volume(size)
+    makers: dict[str, Callable[[], Format]] = {
+        "tiff": lambda: tiff_format(folder, vol),
+        "nii": lambda: nifti_format(folder, vol, ".nii"),
+        "nii.gz": lambda: nifti_format(folder, vol, ".nii.gz"),
+        "n5": lambda: n5_format(folder, vol),
+        "b2nd": lambda: b2nd_format(folder, vol),
+    }
+    return [makers[name]() for name in names]
+
+
+def warm_page_cache(folder: Path) -> None:
+    """Read every file under ``folder`` once, so that no pass pays the first disk read."""
+    for path in folder.rglob("*"):
+        if path.is_file():
+            with open(path, "rb") as f:
+                while f.read(1 << 24):
+                    pass
+
+
+def library_pass(fmt: Format, starts: np.ndarray, seconds: float) -> tuple[int, float]:
+    """Patches read and seconds taken by one pass of the library's own read (open timed)."""
+    out = np.empty((BATCH, *(PATCH,) * 3), dtype="f4")
+    t0 = time.perf_counter()
+    opened = fmt.open_library()
+    done = 0
+    try:
+        if opened.batch is not None:
+            for b in range(0, len(starts), BATCH):
+                chunk = starts[b : b + BATCH]
+                opened.batch(chunk, out[: len(chunk)])
+                done += len(chunk)
+                if time.perf_counter() - t0 > seconds:
+                    break
+        else:
+            assert opened.patch is not None
+            for k, start in enumerate(starts.tolist()):
+                out[k % BATCH] = opened.patch(_box(start))  # the batch a training step needs
+                done += 1
+                if time.perf_counter() - t0 > seconds:
+                    break
+        return done, time.perf_counter() - t0
+    finally:
+        opened.close()
+
+
+def mixle_pass(fmt: Format, starts: np.ndarray, cache_bytes: int) -> tuple[int, float, int]:
+    """Patches, seconds and chunks decoded by one pass of ``read_boxes`` (open timed).
+
+    The decoded-chunk cache is emptied first, then holds ``cache_bytes`` within the pass.
+    """
+    from mixle.reading import chunk_cache, set_chunk_cache_bytes
+
+    set_chunk_cache_bytes(cache_bytes)
+    chunk_cache().clear()
+    out = np.empty((BATCH, *(PATCH,) * 3), dtype="f4")
+    t0 = time.perf_counter()
+    src = fmt.open_mixle()
+    try:
+        for b in range(0, len(starts), BATCH):
+            chunk = starts[b : b + BATCH]
+            src.read_boxes(chunk, (PATCH,) * 3, out=out[: len(chunk)])
+        elapsed = time.perf_counter() - t0
+    finally:
+        src.close()
+    return len(starts), elapsed, chunk_cache().stats().misses
+
+
+def same_patches(fmt: Format, starts: np.ndarray, vol: np.ndarray) -> bool:
+    """mixle's first batch equals the volume written, and the library's read of it."""
+    first = starts[:BATCH]
+    src = fmt.open_mixle()
+    try:
+        got = src.read_boxes(first, (PATCH,) * 3)
+    finally:
+        src.close()
+    if not all(np.array_equal(got[k], vol[_box(s)]) for k, s in enumerate(first.tolist())):
+        return False
+    lib = np.empty((CHECKED_PATCHES, *(PATCH,) * 3), dtype="f4")
+    opened = fmt.open_library()
+    try:
+        if opened.batch is not None:
+            opened.batch(first[:CHECKED_PATCHES], lib)
+        else:
+            assert opened.patch is not None
+            for k, s in enumerate(first[:CHECKED_PATCHES].tolist()):
+                lib[k] = opened.patch(_box(s))
+    finally:
+        opened.close()
+    return bool(np.array_equal(got[:CHECKED_PATCHES], lib))
+
+
+CONTENDERS = ("library", "mixle", "mixle, no cache")
+
+
+def format_rows(fmt: Format, size: int, patches: int, rounds: int) -> list[dict[str, Any]]:
+    """The three rows of one format, interleaved over ``rounds`` rounds (best pass each)."""
+    where = corners(size, patches, seed=3)
+    row: dict[str, Any] = {"table": "formats", "format": fmt.name, "stored": fmt.stored}
+    try:
+        same = same_patches(fmt, where, format_volume(size))  # also the warm-up
+    except ImportError as exc:
+        return [{**row, "contender": "mixle", "missing": str(exc)}]
+    passes: dict[str, list[tuple[float, float]]] = {c: [] for c in CONTENDERS}
+    for _ in range(rounds):
+        done, seconds = library_pass(fmt, where, PASS_SECONDS)
+        passes["library"].append((done / seconds, float("nan")))
+        for contender, budget in (("mixle", CACHE_BYTES), ("mixle, no cache", 0)):
+            done, seconds, decoded = mixle_pass(fmt, where, budget)
+            passes[contender].append((done / seconds, decoded / done))
+    rows = []
+    lib_rates = [rate for rate, _ in passes["library"]]
+    for contender in CONTENDERS:
+        rates = [rate for rate, _ in passes[contender]]
+        ratios = [r / lib for r, lib in zip(rates, lib_rates)]
+        rows.append({
+            **row,
+            "contender": contender,
+            "read": fmt.library if contender == "library" else "read_boxes",
+            "rate": max(rates),
+            "x_library": max(rates) / max(lib_rates),
+            "x_library_low": min(ratios),
+            "x_library_high": max(ratios),
+            "chunks_per_patch": passes[contender][0][1] if contender != "library" else None,
+            "same": same,
+            "rounds": rounds,
+        })  # fmt: skip
+    return rows
+
+
+def print_formats(rows: list[dict[str, Any]], size: int, patches: int, rounds: int) -> None:
+    """The formats table, what each pass caches, and the goal line."""
+    from mixle.reading import decode_threads
+
+    print()
+    print(
+        f"formats: {size}^3 float32 ({size**3 * 4 / MIB:.0f} MiB), random {PATCH}^3 patches, "
+        f"{patches} a pass in batches of {BATCH}, {rounds} interleaved rounds (best pass "
+        f"shown, [range] of the rounds' ratios), {decode_threads()} decode threads"
+    )
+    print(
+        "  cached: the OS page cache is warm (every file read once first). Every pass opens a "
+        "fresh handle (timed) and keeps nothing from the pass before: mixle's decoded-chunk "
+        f"cache is emptied before each pass (chunk_cache().clear()), then holds up to "
+        f"{CACHE_BYTES // MIB} MiB within the pass ('mixle') or nothing ('mixle, no cache': "
+        "each batch decodes what it touches once); tensorstore runs with cache_pool 0; "
+        "tifffile's zarr store, nibabel and blosc2 keep no decoded data between reads."
+    )
+    print(
+        f"  a library pass stops at the first patch (tensorstore: batch) past {PASS_SECONDS:g} s;"
+        f" 'same': mixle's first batch equals the written volume and the library's read of "
+        f"its first {CHECKED_PATCHES} patches; chunks/patch: chunks mixle decoded per patch"
+    )
+    print(
+        f"{'format':<7} {'contender':<52} {'patches/s':>10} {'x library':>20} "
+        f"{'chunks/patch':>13} {'same':>5}"
+    )
+    shown = None
+    for r in rows:
+        if r["format"] != shown:
+            shown = r["format"]
+            print(f"{shown:<7} stored: {r['stored']}")
+        if "missing" in r:
+            print(f"{r['format']:<7} {'mixle':<52} reader not available: {r['missing']}")
+            continue
+        label = r["read"] if r["contender"] == "library" else f"{r['contender']} read_boxes"
+        ratio = (
+            f"{r['x_library']:.2f} [{r['x_library_low']:.2f}-{r['x_library_high']:.2f}]"
+            if r["contender"] != "library"
+            else "1.00"
+        )
+        per = "-" if r["chunks_per_patch"] is None else f"{r['chunks_per_patch']:.2f}"
+        print(
+            f"{r['format']:<7} {label:<52} {r['rate']:>10.0f} {ratio:>20} {per:>13} "
+            f"{r['same']!s:>5}"
+        )
+    for contender in CONTENDERS[1:]:
+        mine = [r for r in rows if r.get("contender") == contender and "rate" in r]
+        if not mine:
+            continue
+        worst = min(mine, key=lambda r: r["x_library"])
+        missing = [r["format"] for r in rows if "missing" in r]
+        met = worst["x_library"] >= GOAL and not missing
+        print(
+            f"goal ({contender}): >= {GOAL:g}x the library's own read on every format: worst "
+            f"{worst['x_library']:.2f} ({worst['format']})"
+            + (f"; no reader for {', '.join(missing)}" if missing else "")
+            + (" -- met" if met else " -- NOT met")
+        )
+
+
+# -- the tables ------------------------------------------------------------------------------
 METHODS = {
     "zarr zstd": [
         "naive",
@@ -292,74 +704,138 @@ METHODS = {
     "hdf5 raw": ["naive", "naive, no stack", "per-index", "batched"],
     "memmap": ["naive", "naive, no stack", "per-index", "batched"],
 }
+FORMATS = ("tiff", "nii", "nii.gz", "n5", "b2nd")
+#: ``--only`` names for a whole table.
+GROUPS = {"cubes": tuple(METHODS), "formats": FORMATS}
+#: ``--quick``: a smoke run of every row at a tiny size.
+QUICK = {"size": 64, "batches": 2, "format_size": 64, "format_patches": 2 * BATCH, "rounds": 2}
+
+
+def cube_rows(folder: Path, size: int, batches: int, backends: list[str]) -> list[dict]:
+    """The cube table (zarr, HDF5, memmap against naive slicing), printed as it runs."""
+    from mixle.reading import decode_threads
+    from mixle.utils.optional_deps import has
+
+    t0 = time.perf_counter()
+    write_volumes(folder, size)
+    print(
+        f"{size}^3 float32 ({size**3 * 4 / MIB:.0f} MiB), {CHUNK}^3 chunks, "
+        f"random {PATCH}^3 patches, batch {BATCH}, {decode_threads()} decode threads, "
+        f"cache {CACHE_BYTES // MIB} MiB (written in {time.perf_counter() - t0:.0f} s)"
+    )
+    rates = decode_rates(folder, size)
+    touched = chunks_per_patch(size, 4096)
+    limit = {k: decode_threads() * r / touched for k, r in rates.items()}
+    for name, r in rates.items():
+        print(
+            f"  {name}: one thread decodes {r:.0f} chunks/s; {touched:.2f} chunks per "
+            f"patch -> limit {limit[name]:.0f} patches/s"
+        )
+    direct, pipeline = zarr_reader_rates(folder)
+    print(
+        f"  zarr chunk read+decode, one thread: numcodecs direct {direct:.0f} chunks/s, "
+        f"zarr codec pipeline {pipeline:.0f} chunks/s ({direct / pipeline:.2f}x)"
+    )
+    patch_mib = PATCH**3 * 4 / MIB
+    print()
+    print(
+        f"{'backend':<10} {'method':<23} {'patches/s':>10} {'MiB/s':>8} {'x naive':>8} "
+        f"{'x tstore':>9} {'x limit':>8} {'RSS MiB':>8} {'+RSS':>6}",
+        flush=True,
+    )
+    rows = []
+    for backend in backends:
+        results: dict[str, dict] = {}
+        for method in METHODS[backend]:
+            if method.startswith("tensorstore") and not has("tensorstore"):
+                print(f"{backend:<10} {method:<23} {'not installed':>10}")
+                continue
+            results[method] = r = run_isolated(folder, size, backend, method, batches)
+            naive = results["naive"]["rate"]
+            peer = "tensorstore, no cache" if method.endswith("no cache") else "tensorstore"
+            ts_rate = results.get(peer, {}).get("rate")
+            mine = not method.startswith(("tensorstore", "naive"))
+            vs_ts = f"{r['rate'] / ts_rate:.2f}" if ts_rate and mine else "-"
+            vs_limit = f"{r['rate'] / limit[backend]:.2f}" if backend in limit else "-"
+            print(
+                f"{backend:<10} {method:<23} {r['rate']:>10.0f} "
+                f"{r['rate'] * patch_mib:>8.0f} {r['rate'] / naive:>8.2f} {vs_ts:>9} "
+                f"{vs_limit:>8} {r['rss_peak'] / MIB:>8.0f} "
+                f"{(r['rss_peak'] - r['rss_ready']) / MIB:>6.0f}",
+                flush=True,
+            )
+            rows.append(
+                {
+                    "table": "cubes",
+                    "backend": backend,
+                    "method": method,
+                    **r,
+                    "x_naive": r["rate"] / naive,
+                }
+            )
+    return rows
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", type=int, default=512, help="cube edge (512: 512 MiB)")
     parser.add_argument("--batches", type=int, default=12, help="timed batches per method")
     parser.add_argument(
-        "--only", nargs="+", choices=sorted(METHODS), help="backends to measure (default: all)"
+        "--format-size", type=int, default=FORMAT_SIZE, help="formats' cube edge (256: 64 MiB)"
     )
+    parser.add_argument(
+        "--format-patches", type=int, default=FORMAT_PATCHES, help="patches per formats pass"
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=FORMAT_ROUNDS, help="interleaved rounds per format"
+    )
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        choices=[*METHODS, *FORMATS, *GROUPS],
+        help="backends and formats to measure, or a table: cubes, formats (default: all)",
+    )
+    parser.add_argument("--quick", action="store_true", help="a smoke run at a tiny size")
+    parser.add_argument("--json", action="store_true", help="also print rows as JSON lines")
+    parser.add_argument("--data-dir", help="keep the data files in this folder and reuse them")
     parser.add_argument("--worker", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         folder, size, backend, method, batches = args.worker
         print(json.dumps(measure(Path(folder), int(size), backend, method, int(batches))))
         return
+    if args.quick:
+        for name, value in QUICK.items():
+            setattr(args, name, value)
+    if args.format_size < PATCH:
+        parser.error(f"--format-size={args.format_size} is smaller than a patch ({PATCH})")
+    chosen = [n for name in args.only or GROUPS for n in GROUPS.get(name, (name,))]
+    backends = [b for b in METHODS if b in chosen]
+    formats = [f for f in FORMATS if f in chosen]
 
-    from mixle.reading import decode_threads
-    from mixle.utils.optional_deps import has
-
+    rows: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
-        folder = Path(tmp)
-        t0 = time.perf_counter()
-        write_volumes(folder, args.size)
-        print(
-            f"{args.size}^3 float32 ({args.size**3 * 4 / MIB:.0f} MiB), {CHUNK}^3 chunks, "
-            f"random {PATCH}^3 patches, batch {BATCH}, {decode_threads()} decode threads, "
-            f"cache {CACHE_BYTES // MIB} MiB (written in {time.perf_counter() - t0:.0f} s)"
-        )
-        rates = decode_rates(folder, args.size)
-        touched = chunks_per_patch(args.size, 4096)
-        limit = {k: decode_threads() * r / touched for k, r in rates.items()}
-        for name, r in rates.items():
-            print(
-                f"  {name}: one thread decodes {r:.0f} chunks/s; {touched:.2f} chunks per "
-                f"patch -> limit {limit[name]:.0f} patches/s"
-            )
-        direct, pipeline = zarr_reader_rates(folder)
-        print(
-            f"  zarr chunk read+decode, one thread: numcodecs direct {direct:.0f} chunks/s, "
-            f"zarr codec pipeline {pipeline:.0f} chunks/s ({direct / pipeline:.2f}x)"
-        )
-        patch_mib = PATCH**3 * 4 / MIB
-        print()
-        print(
-            f"{'backend':<10} {'method':<23} {'patches/s':>10} {'MiB/s':>8} {'x naive':>8} "
-            f"{'x tstore':>9} {'x limit':>8} {'RSS MiB':>8} {'+RSS':>6}"
-        )
-        for backend, methods in METHODS.items():
-            if args.only and backend not in args.only:
-                continue
-            results: dict[str, dict] = {}
-            for method in methods:
-                if method.startswith("tensorstore") and not has("tensorstore"):
-                    print(f"{backend:<10} {method:<23} {'not installed':>10}")
-                    continue
-                results[method] = r = run_isolated(folder, args.size, backend, method, args.batches)
-                naive = results["naive"]["rate"]
-                peer = "tensorstore, no cache" if method.endswith("no cache") else "tensorstore"
-                ts_rate = results.get(peer, {}).get("rate")
-                mine = not method.startswith(("tensorstore", "naive"))
-                vs_ts = f"{r['rate'] / ts_rate:.2f}" if ts_rate and mine else "-"
-                vs_limit = f"{r['rate'] / limit[backend]:.2f}" if backend in limit else "-"
-                print(
-                    f"{backend:<10} {method:<23} {r['rate']:>10.0f} "
-                    f"{r['rate'] * patch_mib:>8.0f} {r['rate'] / naive:>8.2f} {vs_ts:>9} "
-                    f"{vs_limit:>8} {r['rss_peak'] / MIB:>8.0f} "
-                    f"{(r['rss_peak'] - r['rss_ready']) / MIB:>6.0f}"
-                )
+        folder = Path(args.data_dir) if args.data_dir else Path(tmp)
+        folder.mkdir(parents=True, exist_ok=True)
+        if backends:
+            cubes = folder / f"cubes-{args.size}"
+            cubes.mkdir(exist_ok=True)
+            rows += cube_rows(cubes, args.size, args.batches, backends)
+        if formats:
+            where = folder / f"formats-{args.format_size}"
+            where.mkdir(exist_ok=True)
+            t0 = time.perf_counter()
+            stored = write_formats(where, args.format_size, formats)
+            warm_page_cache(where)
+            print(f"\nformats written in {time.perf_counter() - t0:.1f} s", flush=True)
+            found = []
+            for fmt in stored:
+                found += format_rows(fmt, args.format_size, args.format_patches, args.rounds)
+            rows += found
+            print_formats(found, args.format_size, args.format_patches, args.rounds)
+    if args.json:
+        for row in rows:
+            print(json.dumps(row))
 
 
 if __name__ == "__main__":

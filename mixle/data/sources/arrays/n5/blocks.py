@@ -46,6 +46,8 @@ _NUMCODECS = {"blosc": "Blosc", "zstd": "Zstd"}
 _STORED_SLACK = 64 * 1024
 #: No compressor mixle reads stores more than this many times the decoded bytes.
 _STORED_FACTOR = 2
+#: Bytes of a blosc frame's header (the compressed size is at bytes 12-15).
+_BLOSC_HEADER = 16
 #: The gzip magic number (a payload without it is a zlib stream: ``useZlib``).
 _GZIP_MAGIC = b"\x1f\x8b"
 
@@ -98,6 +100,8 @@ def decompressor(compression: dict[str, Any], where: str) -> Decompressor:
     if kind in _NUMCODECS:
         numcodecs = require("numcodecs", "n5", feature=f"N5 {kind} compression of {where}")
         codec = _Codec(kind, numcodecs=getattr(numcodecs, _NUMCODECS[kind])())
+        if kind == "blosc":
+            return lambda raw, n: bounded_decompress(codec, _whole_blosc(raw), n, exact=True)
         return lambda raw, n: bounded_decompress(codec, raw, n, exact=True)
     known = ", ".join(c for c in COMPRESSIONS if c != "lz4")
     note = (
@@ -110,6 +114,22 @@ def decompressor(compression: dict[str, Any], where: str) -> Decompressor:
         f"N5 dataset {where}: compression type {kind!r} is not one mixle decodes{note}; it "
         f"decodes {known}"
     )
+
+
+def _whole_blosc(raw: memoryview) -> memoryview:
+    """``raw`` if it is exactly one blosc frame, as long as its header says.
+
+    Blosc's decoder trusts the compressed size in the header and reads that many bytes: a
+    truncated frame would be read past its end.
+    """
+    if len(raw) < _BLOSC_HEADER:
+        raise ValueError(f"the blosc payload has {len(raw)} bytes, fewer than its header's 16")
+    cbytes = int.from_bytes(raw[12:16], "little")
+    if cbytes != len(raw):
+        raise ValueError(
+            f"the blosc header says {cbytes:,} stored bytes, the payload has {len(raw):,}"
+        )
+    return raw
 
 
 def _raw(raw: memoryview, n: int) -> memoryview:

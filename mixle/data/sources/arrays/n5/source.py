@@ -161,8 +161,9 @@ class N5ArraySource(ArraySource):
             )
             raise FileNotFoundError(f"path={path!r}: {what}")
         folder = os.path.join(path, *dataset.split("/")) if dataset else path
-        attrs = read_attributes(folder) if os.path.isdir(folder) else None
-        if dataset and attrs is None:
+        is_folder = os.path.isdir(folder)
+        attrs = read_attributes(folder) if is_folder else None
+        if dataset and not is_folder:
             names, stopped = find_datasets(path)
             more = " (search stopped early)" if stopped else ""
             raise ArrayNotFoundError(
@@ -173,7 +174,7 @@ class N5ArraySource(ArraySource):
             names, stopped = find_datasets(folder)
             more = " (search stopped early)" if stopped else ""
             where = f"dataset={dataset!r} in {path!r}" if dataset else f"path={path!r}"
-            if attrs is None and not names:
+            if attrs is None and not names and not dataset:
                 raise FileNotFoundError(
                     f"{where} is not an N5 dataset or group: no {ATTRIBUTES_FILE} there"
                 )

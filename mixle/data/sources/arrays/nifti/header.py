@@ -1,0 +1,211 @@
+"""NIfTI-1 and NIfTI-2 headers, parsed by nibabel from a bounded read of the file's head.
+
+Only the header bytes are ever read here (:data:`HEADER_READ_BYTES`, plus the header
+extensions when there are at most :data:`EXTENSIONS_LIMIT` bytes of them): nothing reads
+the data block. What a source needs from the header (shape, dtype with its byte order, data
+offset, scaling, voxel-to-world geometry) is gathered in a :class:`NiftiHeader`.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from mixle.data.sources.arrays.physical import Physical, physical_from_affine
+from mixle.utils.optional_deps import require
+
+__all__ = [
+    "AXIS_NAMES",
+    "EXTENSIONS_LIMIT",
+    "HEADER_READ_BYTES",
+    "NiftiHeader",
+    "parse_header",
+    "physical_of",
+]
+
+#: Bytes read to parse a header: the NIfTI-2 header (540) and the extension flag (4).
+HEADER_READ_BYTES = 544
+#: The most bytes of header extensions read into :attr:`NiftiHeader.header`; larger
+#: extensions are left unread (they never change the voxel values).
+EXTENSIONS_LIMIT = 16 * 2**20
+#: NIfTI's names of its seven axes (``dim[1..7]``): three spatial, time, then u, v, w.
+AXIS_NAMES = ("i", "j", "k", "t", "u", "v", "w")
+#: ``sizeof_hdr`` of each NIfTI version.
+_SIZES = {348: 1, 540: 2}
+
+
+@dataclass(frozen=True)
+class NiftiHeader:
+    """What a source needs from a NIfTI header, with the nibabel header it came from.
+
+    Attributes
+    ----------
+    header
+        The nibabel header (``Nifti1Header``, ``Nifti2Header`` or their pair variants), as
+        stored in the file (its ``vox_offset`` included).
+    version
+        1 or 2.
+    single
+        ``True`` for a single file (``n+1``/``n+2``), ``False`` for a ``.hdr``/``.img`` pair.
+    shape, dtype
+        Shape of the data block (x fastest on disk) and its dtype, byte order included.
+    offset
+        Byte offset of the data block in its file.
+    nbytes
+        Bytes of the data block.
+    head
+        The raw bytes the header was parsed from (to check a decompressed copy against).
+    """
+
+    header: Any
+    version: int
+    single: bool
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    offset: int
+    nbytes: int
+    head: bytes
+
+    @property
+    def end(self) -> int:
+        """Bytes the data file must hold at least: ``offset + nbytes``."""
+        return self.offset + self.nbytes
+
+
+def _nibabel() -> Any:
+    return require("nibabel", "nifti", feature="read_nifti")
+
+
+def _version(head: bytes, what: str) -> tuple[int, str]:
+    """``(version, byte order)`` from ``sizeof_hdr``, or ``ValueError`` for other files."""
+    if len(head) >= 4:
+        for order in ("<", ">"):
+            size = int(np.frombuffer(head[:4], dtype=f"{order}i4")[0])
+            if size in _SIZES:
+                return _SIZES[size], order
+    raise ValueError(
+        f"{what} is not a NIfTI file: its first 4 bytes {head[:4]!r} are not sizeof_hdr 348 "
+        "(NIfTI-1) or 540 (NIfTI-2) in either byte order"
+    )
+
+
+def _magic(head: bytes, version: int) -> bytes:
+    return head[344:348] if version == 1 else head[4:8]
+
+
+def parse_header(head: bytes, what: str, *, more: Any = None) -> NiftiHeader:
+    """Parse the NIfTI header at the start of ``head`` (at least :data:`HEADER_READ_BYTES`
+    bytes unless the file is shorter).
+
+    Parameters
+    ----------
+    head
+        The first bytes of a ``.nii`` (or ``.hdr``) file.
+    what
+        How errors name the file (``"path='x.nii'"``).
+    more
+        ``more(n)`` returns the first ``n`` bytes of the file: called to read header
+        extensions when the extension flag is set and they are at most
+        :data:`EXTENSIONS_LIMIT` bytes; ``None`` skips them.
+
+    Raises
+    ------
+    ValueError
+        When the bytes are not a NIfTI-1 or NIfTI-2 header (an Analyze 7.5 header
+        included), or the header is one nibabel refuses, or it describes no array.
+    """
+    nib = _nibabel()
+    version, _ = _version(head, what)
+    size = 348 if version == 1 else 540
+    if len(head) < size:
+        raise ValueError(
+            f"{what} ends after {len(head)} bytes, inside its {size}-byte NIfTI-{version} header"
+        )
+    magic = _magic(head, version)
+    kinds = {b"n+%d\0" % version: True, b"ni%d\0" % version: False}
+    if magic not in kinds:
+        if version == 1:
+            raise ValueError(
+                f"{what} has a 348-byte header without the NIfTI magic 'n+1'/'ni1' (found "
+                f"{magic!r}): an Analyze 7.5 file, which read_nifti does not read "
+                "(nibabel.AnalyzeImage does)"
+            )
+        raise ValueError(
+            f"{what} has a 540-byte header without the NIfTI-2 magic (found {magic!r})"
+        )
+    single = kinds[magic]
+    klasses = {
+        (1, True): nib.nifti1.Nifti1Header,
+        (1, False): nib.nifti1.Nifti1PairHeader,
+        (2, True): nib.nifti2.Nifti2Header,
+        (2, False): nib.nifti2.Nifti2PairHeader,
+    }
+    klass = klasses[(version, single)]
+    try:
+        header = klass.from_fileobj(io.BytesIO(head[:size] + b"\0\0\0\0"), check=True)
+        flag = head[size : size + 4]
+        if more is not None and len(flag) == 4 and flag[:1] != b"\0":
+            header = _with_extensions(klass, header, size, single, more)
+        shape = tuple(int(n) for n in header.get_data_shape())
+        dtype = np.dtype(header.get_data_dtype())
+        offset = int(header.get_data_offset())
+    except (nib.spatialimages.HeaderDataError, ValueError, TypeError, KeyError) as exc:
+        raise ValueError(f"{what} has a NIfTI-{version} header nibabel refuses: {exc}") from None
+    if not shape:
+        raise ValueError(f"{what} has a NIfTI header whose dim[0] is 0: it holds no array")
+    if dtype.hasobject or dtype.itemsize == 0:
+        raise ValueError(f"{what} has a NIfTI datatype ({dtype}) that cannot be memory-mapped")
+    if single and offset < size + 4:
+        raise ValueError(
+            f"{what} has vox_offset={offset}, inside its own {size + 4}-byte header: the data "
+            "block would overlap the header"
+        )
+    nbytes = int(np.prod(shape, dtype=object)) * dtype.itemsize
+    return NiftiHeader(header, version, single, shape, dtype, offset, nbytes, head[:size])
+
+
+def _with_extensions(klass: Any, header: Any, size: int, single: bool, more: Any) -> Any:
+    """The header with its extensions, when they fit in :data:`EXTENSIONS_LIMIT`."""
+    end = int(header.get_data_offset()) if single else size + 4 + EXTENSIONS_LIMIT + 1
+    if end - size - 4 > EXTENSIONS_LIMIT:
+        return header
+    raw = more(end)
+    if not single and len(raw) > size + 4 + EXTENSIONS_LIMIT:
+        return header
+    return klass.from_fileobj(io.BytesIO(raw), check=True)
+
+
+def physical_of(header: Any, shape: tuple[int, ...]) -> Physical | None:
+    """The voxel-to-world geometry of an array of ``shape`` with NIfTI ``header``.
+
+    The spatial part is nibabel's best affine (sform, else qform, else the pixdim
+    scaling: what ``img.affine`` is). A 4-D or larger array gets an ``(ndim + 1, ndim + 1)``
+    affine, block-diagonal: the spatial 4x4 and the pixdim spacing of each further axis (a
+    spacing the header leaves 0, negative or not finite counts as 1). A 1-D or 2-D array
+    keeps the rows and columns of its own axes (exact for an image plane aligned with the
+    world's axes, the usual case). ``None`` when the affine is singular or not finite.
+    Axes are ``i, j, k, t, u, v, w``; units come from ``xyzt_units`` (``None`` where
+    unknown).
+    """
+    n = len(shape)
+    best = np.asarray(header.get_best_affine(), dtype=np.float64)
+    k = min(n, 3)
+    affine = np.eye(n + 1)
+    affine[:k, :k] = best[:k, :k]
+    affine[:k, n] = best[:k, 3]
+    zooms = header.get_zooms()
+    for axis in range(3, n):
+        step = float(zooms[axis])
+        affine[axis, axis] = step if np.isfinite(step) and step > 0 else 1.0
+    space, time = header.get_xyzt_units()
+    units: list[str | None] = [None if space == "unknown" else str(space)] * k
+    if n > 3:
+        units.append(None if time == "unknown" else str(time))
+    units += [None] * (n - len(units))
+    try:
+        return physical_from_affine(affine, axes=AXIS_NAMES[:n], units=units)
+    except ValueError:
+        return None

@@ -7,6 +7,9 @@ stored segment (a tile or a strip) of one page, ``(1, ..., tile_y, tile_x[, samp
 like tifffile's own zarr store. :class:`TiffChunkReader` reads a segment's bytes at its
 offset and decodes them with tifffile's decode function of the series' key page, so
 compression, predictors, fill order and byte order are undone exactly as tifffile does.
+That is also the fastest decode at hand: tifffile's decode of a 64 KiB zlib tile took about
+8 µs against about 30 µs for ``imagecodecs.zlib_decode`` plus ``np.frombuffer`` (tifffile
+picks libdeflate).
 
 Decoding is bounded by the segment's size: zlib, deflate, zstd and packbits refuse output
 past one segment; LZW and LZMA stop there. A segment that decodes to any other size, bytes

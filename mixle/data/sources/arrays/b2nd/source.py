@@ -1,0 +1,153 @@
+"""blosc2 ``.b2nd`` arrays (nnU-Net's preprocessed data), memory-mapped and read by block."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from mixle.data.schema import Schema
+from mixle.data.sources.arrays.b2nd.blocks import B2ndChunkReader
+from mixle.data.sources.arrays.base import ArrayMeta, ArraySource
+from mixle.data.sources.arrays.memmap.check import check_mapped_file, file_identity
+from mixle.data.structure import EXCHANGEABLE, SampleStructure
+from mixle.reading import ChunkReader
+from mixle.utils import optional_deps
+from mixle.utils.files import require_regular_file
+
+__all__ = ["B2ndArraySource", "read_b2nd"]
+
+
+def _blosc2() -> Any:
+    return optional_deps.require("blosc2", "blosc2", feature="read_b2nd")
+
+
+class B2ndArraySource(ArraySource):
+    """A blosc2 ``.b2nd`` array, opened read-only and memory-mapped, read block by block.
+
+    Parameters
+    ----------
+    path
+        Path of the ``.b2nd`` file (a local file).
+    structure, schema
+        See :mod:`mixle.data.structure` and :class:`mixle.data.schema.Schema`.
+
+    Raises
+    ------
+    TypeError
+        When ``path`` is not a path.
+    ImportError
+        At first use when python-blosc2 is not installed: ``pip install -e ".[blosc2]"``.
+        Construction then succeeds without I/O, so a process without blosc2 can build a
+        source and pickle it to workers that have it.
+    FileNotFoundError
+        When ``path`` does not exist.
+    ValueError
+        When the file is not one blosc2 opens, or holds something other than an N-D array
+        (a bare super-chunk, a store, a lazy expression).
+    ~mixle.reading.CorruptChunkError
+        On a read, when blosc2 cannot decode a block or chunk it needs; the message names
+        the file, the chunk and the block.
+
+    Notes
+    -----
+    Opening reads the frame's metadata only. Reads go through the read planner: when the
+    blocks tile the chunks (``chunks`` a multiple of ``blocks`` on every axis) its unit is
+    the block, so a patch decodes only the blocks it touches; otherwise the whole chunk.
+    The file is mapped read-only (``mmap_mode="r"``) and checked before each read: a file
+    cut short or replaced raises :class:`~mixle.errors.FileChangedError` instead of
+    crashing the process. blosc2 frames carry no checksum: a damaged block whose bytes
+    still decode reads as what they decode to.
+    """
+
+    _library = "blosc2"
+    _mapped: tuple[tuple[int, int], int] | None = None
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        structure: SampleStructure = EXCHANGEABLE,
+        schema: Schema | None = None,
+    ) -> None:
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError(f"path={path!r} must be a path to a .b2nd file")
+        self._init_state({"path": os.fspath(path)}, structure, schema)
+        if optional_deps.HAS_BLOSC2:  # else at first use, where blosc2 is installed
+            self._live()
+
+    @property
+    def blocks(self) -> tuple[int, ...]:
+        """Shape of one blosc2 block, the unit a chunk's decoding can be cut down to."""
+        return tuple(int(b) for b in self._live().blocks)
+
+    def _location(self) -> str:
+        assert self._args is not None
+        return repr(self._args["path"])
+
+    def _open(self) -> Any:
+        assert self._args is not None
+        path = self._args["path"]
+        blosc2 = _blosc2()
+        try:
+            st = require_regular_file(path, "path")
+        except (FileNotFoundError, NotADirectoryError):
+            raise FileNotFoundError(f"path={path!r}: no such file") from None
+        identity = file_identity(path)
+        try:
+            array = blosc2.open(path, mode="r", mmap_mode="r")
+        except (RuntimeError, ValueError, OSError, TypeError) as exc:
+            raise ValueError(
+                f"path={path!r} is not a blosc2 file blosc2 can open ({type(exc).__name__}: "
+                f"{exc}); read_b2nd reads .b2nd arrays written by blosc2"
+            ) from None
+        if not isinstance(array, blosc2.NDArray):
+            raise ValueError(
+                f"path={path!r} holds a blosc2 {type(array).__name__}, not an N-D array "
+                "(.b2nd): read it with blosc2.open"
+            )
+        self._mapped = (identity, int(st.st_size))
+        return array
+
+    def _describe(self, handle: Any) -> ArrayMeta:
+        return ArrayMeta(
+            shape=tuple(int(s) for s in handle.shape),
+            dtype=np.dtype(handle.dtype),
+            chunks=tuple(int(c) for c in handle.chunks) if handle.shape else None,
+        )
+
+    def _check(self) -> None:
+        """Refuse to read a map whose file was truncated or replaced (SIGBUS otherwise)."""
+        mapped, args = self._mapped, self._args
+        if mapped is not None and args is not None:
+            check_mapped_file(args["path"], mapped[1], mapped[0])
+
+    def _chunk_reader(self, handle: Any) -> ChunkReader | None:
+        if 0 in handle.shape:
+            return None
+        return B2ndChunkReader(handle, self._location(), self._check)
+
+    def _read(self, handle: Any, key: tuple[int | slice, ...]) -> np.ndarray:
+        reader = self._reader_for(handle)
+        if reader is not None:
+            return self._read_chunks(reader, key)
+        self._check()  # 0-d or empty: nothing to decode block by block
+        return np.array(handle[key] if key else handle[()], dtype=self.dtype)
+
+
+def read_b2nd(
+    path: str | os.PathLike[str],
+    *,
+    structure: SampleStructure = EXCHANGEABLE,
+    schema: Schema | None = None,
+) -> B2ndArraySource:
+    """Open a blosc2 ``.b2nd`` file lazily (see :class:`B2ndArraySource`).
+
+    Examples
+    --------
+    >>> src = read_b2nd("case_00000.b2nd")  # doctest: +SKIP
+    >>> src.read_boxes([[0, 10, 20, 30]], (1, 64, 64, 64)).shape  # doctest: +SKIP
+    (1, 1, 64, 64, 64)
+    """
+    return B2ndArraySource(path, structure=structure, schema=schema)

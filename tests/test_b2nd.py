@@ -1,0 +1,324 @@
+"""blosc2 ``.b2nd`` arrays: every read path equals blosc2's own read of the same file.
+
+Files are written with ``blosc2.asarray`` (several dtypes, big-endian too, odd shapes whose
+edge chunks and blocks are partial, blocks that tile the chunks and blocks that do not,
+every codec and shuffle filter) and read back through every path of ``read_b2nd``; the
+answer is always ``blosc2.open(path)[...]``.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import blosc2
+import numpy as np
+import pytest
+from _fork_child import in_forked_child
+
+from mixle.data.sampling.patch_sampler import PatchSampler
+from mixle.data.sources.arrays.b2nd import B2ndArraySource, read_b2nd
+from mixle.data.sources.arrays.b2nd.blocks import blocks_tile_chunks, from_block_order
+from mixle.errors import CorruptChunkError, FileChangedError
+from mixle.reading import read_chunked
+from mixle.reading.cache import ChunkCache
+from mixle.testing import assert_unchanged, check_array_source
+
+SHAPE = (11, 14, 9)
+#: (chunks, blocks): blocks tiling the chunks (the planner reads blocks), blocks that do
+#: not (it reads whole chunks), one block per chunk
+LAYOUTS = {
+    "tiled": ((6, 8, 4), (3, 4, 2)),
+    "untiled": ((6, 7, 5), (4, 3, 2)),
+    "one-block": ((4, 5, 9), (4, 5, 9)),
+}
+DTYPES = ["<f4", ">f8", ">i2", "<u1", "<i8", ">u4", "?", "<c8"]
+CODECS = [blosc2.Codec.ZSTD, blosc2.Codec.LZ4, blosc2.Codec.BLOSCLZ]
+FILTERS = [blosc2.Filter.SHUFFLE, blosc2.Filter.BITSHUFFLE]
+KEYS: list[Any] = [
+    (1,),
+    (-1,),
+    (slice(1, 9), 3),
+    (Ellipsis, 2),
+    (slice(0, 11, 3), slice(1, 14, 4), slice(None)),
+    (4, slice(2, 13), -2),
+    (slice(5, 11), slice(7, 14), slice(3, 9)),
+]
+PATCH = (3, 5, 4)
+STARTS = [[0, 0, 0], [2, 3, 3], [8, 9, 5], [5, 6, 0], [3, 4, 4], [7, 0, 5]]
+
+
+def _values(dtype: str, shape: tuple[int, ...] = SHAPE, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    dt = np.dtype(dtype)
+    if dt.kind == "b":
+        return rng.integers(0, 2, size=shape).astype(dt)
+    if dt.kind in "iu":
+        info = np.iinfo(dt)
+        lo, hi = max(info.min, -1000), min(info.max, 1000)
+        return rng.integers(lo, hi, size=shape, endpoint=True).astype(dt)
+    if dt.kind == "c":
+        return (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(dt)
+    return np.round(rng.standard_normal(shape) * 10, 2).astype(dt)  # compressible
+
+
+def _write(
+    path: Path,
+    data: np.ndarray,
+    layout: str = "tiled",
+    codec: Any = blosc2.Codec.ZSTD,
+    filt: Any = blosc2.Filter.SHUFFLE,
+) -> Path:
+    chunks, blocks = LAYOUTS[layout]
+    cparams = {"codec": codec, "clevel": 5, "filters": [filt]}
+    blosc2.asarray(data, chunks=chunks, blocks=blocks, urlpath=str(path), mode="w", cparams=cparams)
+    return path
+
+
+def _box(corner: Any, size: Any) -> tuple[slice, ...]:
+    return tuple(slice(a, a + n) for a, n in zip(corner, size))
+
+
+def assert_every_path_is_blosc2(path: Path) -> None:
+    """Every read path of ``read_b2nd(path)`` gives blosc2's own read of ``path``."""
+    ref = blosc2.open(str(path), mode="r")
+    want = ref[...]
+    with assert_unchanged(path):
+        src = read_b2nd(path)
+        assert src.dtype == want.dtype and src.shape == want.shape
+        np.testing.assert_array_equal(src[...], want)
+        for key in KEYS:
+            np.testing.assert_array_equal(src[key], ref[key], err_msg=f"key={key!r}")
+        np.testing.assert_array_equal(src[::-2, 1::3, ::-1], want[::-2, 1::3, ::-1])
+        boxes = src.read_boxes(STARTS, PATCH)
+        for got, corner in zip(boxes, STARTS):
+            np.testing.assert_array_equal(got, want[_box(corner, PATCH)], err_msg=f"{corner}")
+        np.testing.assert_array_equal(src.read_box([1, 2, 3], [10, 12, 6]), want[1:11, 2:14, 3:9])
+        rows = np.array([10, 0, 3, 3, -1, 2])
+        np.testing.assert_array_equal(src.get_batch(rows), want[rows])
+        for got_row, want_row in zip(src.records(), want):
+            np.testing.assert_array_equal(got_row, want_row)
+        sampler = PatchSampler(src, PATCH, num_patches=16, seed=3)
+        patches, corners = sampler.get_batch(np.arange(16))
+        for patch, corner in zip(patches, corners):
+            np.testing.assert_array_equal(patch, want[_box(corner, PATCH)], err_msg=f"{corner}")
+        check_array_source(src, want)
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_every_read_path_equals_blosc2(tmp_path, dtype, layout):
+    data = _values(dtype)
+    path = _write(tmp_path / "a.b2nd", data, layout)
+    assert blosc2.open(str(path))[...].dtype == np.dtype(dtype)  # big-endian stays so
+    assert_every_path_is_blosc2(path)
+
+
+@pytest.mark.parametrize("filt", FILTERS, ids=lambda f: f.name)
+@pytest.mark.parametrize("codec", CODECS, ids=lambda c: c.name)
+@pytest.mark.parametrize("layout", ["tiled", "untiled"])
+def test_codecs_and_filters_equal_blosc2(tmp_path, codec, filt, layout):
+    path = _write(tmp_path / "a.b2nd", _values(">i4"), layout, codec, filt)
+    assert blosc2.open(str(path)).cparams.codec == codec
+    assert_every_path_is_blosc2(path)
+
+
+@pytest.mark.parametrize(
+    ("shape", "chunks", "blocks"),
+    [
+        ((1, 1), (1, 1), (1, 1)),
+        ((37, 3), (10, 3), (5, 1)),
+        ((3, 1, 2, 5), (2, 1, 2, 3), (1, 1, 1, 3)),
+    ],
+)
+def test_odd_shapes(tmp_path, shape, chunks, blocks):
+    data = _values("<f8", shape, seed=1)
+    path = tmp_path / "odd.b2nd"
+    blosc2.asarray(data, chunks=chunks, blocks=blocks, urlpath=str(path), mode="w")
+    with assert_unchanged(path):
+        check_array_source(read_b2nd(path), blosc2.open(str(path))[...])
+
+
+def test_zero_d_and_empty_arrays(tmp_path):
+    blosc2.asarray(np.array(3.5), urlpath=str(tmp_path / "z.b2nd"), mode="w")
+    blosc2.asarray(np.zeros((0, 4), "<i2"), urlpath=str(tmp_path / "e.b2nd"), mode="w")
+    zero = read_b2nd(tmp_path / "z.b2nd")
+    assert zero.shape == () and zero[()] == blosc2.open(str(tmp_path / "z.b2nd"))[()]
+    check_array_source(zero, np.asarray(blosc2.open(str(tmp_path / "z.b2nd"))[()]))
+    check_array_source(read_b2nd(tmp_path / "e.b2nd"), blosc2.open(str(tmp_path / "e.b2nd"))[...])
+
+
+def test_blocks_are_the_planner_unit_when_they_tile_the_chunks(tmp_path):
+    data = _values("<f4", (16, 16, 16))
+    path = tmp_path / "v.b2nd"
+    blosc2.asarray(data, chunks=(8, 8, 8), blocks=(4, 4, 4), urlpath=str(path), mode="w")
+    src = read_b2nd(path)
+    assert src.chunks == (8, 8, 8) and src.blocks == (4, 4, 4)
+    reader = src._reader_for(src.array)
+    assert reader is not None and reader.chunks == (4, 4, 4)
+    out = np.empty((1, 3, 3, 3), "<f4")
+    # a patch inside one block decodes that block only, not its 8^3 chunk
+    plan = read_chunked(reader, [[9, 1, 4]], (3, 3, 3), src.shape, out, cache=ChunkCache())
+    assert plan.chunks == [(2, 0, 1)]
+    np.testing.assert_array_equal(out[0], data[9:12, 1:4, 4:7])
+    plan = read_chunked(reader, [[3, 3, 3]], (2, 2, 2), src.shape, out[:, :2, :2, :2])
+    assert len(plan.chunks) == 8  # straddles a corner of 8 blocks (of one chunk)
+
+
+def test_whole_chunks_when_blocks_do_not_tile(tmp_path):
+    path = _write(tmp_path / "a.b2nd", _values("<f4"), "untiled")
+    src = read_b2nd(path)
+    reader = src._reader_for(src.array)
+    assert reader is not None and reader.chunks == LAYOUTS["untiled"][0]
+    assert not blocks_tile_chunks((6, 7, 5), (4, 3, 2))
+    assert blocks_tile_chunks((6, 8, 4), (3, 4, 2))
+
+
+def test_from_block_order_rearranges_a_chunk():
+    chunks, blocks = (5, 7), (2, 3)
+    want = np.arange(35.0).reshape(chunks)
+    grid = (3, 3)
+    raw = np.zeros((*grid, *blocks))
+    for g in np.ndindex(*grid):
+        part = want[g[0] * 2 : g[0] * 2 + 2, g[1] * 3 : g[1] * 3 + 3]
+        raw[g][: part.shape[0], : part.shape[1]] = part
+    np.testing.assert_array_equal(from_block_order(raw.ravel(), chunks, blocks), want)
+
+
+def test_reads_from_many_threads_equal_blosc2(tmp_path):
+    data = _values("<i4", (24, 20, 18))
+    path = tmp_path / "t.b2nd"
+    blosc2.asarray(data, chunks=(12, 10, 9), blocks=(4, 5, 3), urlpath=str(path), mode="w")
+    src = read_b2nd(path)
+    rng = np.random.default_rng(5)
+    starts = [rng.integers(0, [24 - 5, 20 - 6, 18 - 7], size=(8, 3)) for _ in range(8)]
+    got: list[Any] = [None] * 8
+    errors: list[BaseException] = []
+
+    def work(k: int) -> None:
+        try:
+            fresh = ChunkCache()  # every thread decodes its own blocks at the same time
+            reader = src._reader_for(src.array)
+            out = np.empty((8, 5, 6, 7), "<i4")
+            read_chunked(reader, starts[k].tolist(), (5, 6, 7), src.shape, out, cache=fresh)
+            got[k] = out
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    want = blosc2.open(str(path))[...]
+    for k in range(8):
+        for box, corner in zip(got[k], starts[k]):
+            np.testing.assert_array_equal(box, want[_box(corner, (5, 6, 7))])
+
+
+def test_pickles_by_reference_and_reopens_lazily(tmp_path):
+    path = _write(tmp_path / "a.b2nd", _values("<f4"))
+    src = read_b2nd(path)
+    blob = pickle.dumps(src)
+    assert len(blob) < 600
+    clone = pickle.loads(blob)
+    assert "not opened yet" in repr(clone)
+    np.testing.assert_array_equal(clone[2:5], blosc2.open(str(path))[2:5])
+
+
+def test_reads_after_fork_reopen_the_file(tmp_path):
+    path = _write(tmp_path / "a.b2nd", _values("<f4"))
+    src = read_b2nd(path)
+    want = blosc2.open(str(path))[...]
+    parent_handle = src.array
+    np.testing.assert_array_equal(src[1], want[1])
+
+    def child() -> list[str]:
+        problems = []
+        if not np.array_equal(src.read_boxes(STARTS, PATCH)[2], want[_box(STARTS[2], PATCH)]):
+            problems.append("the child read other values")
+        if src.array is parent_handle:
+            problems.append("the child kept the parent's blosc2 handle")
+        return problems
+
+    assert in_forked_child(child) == []
+    np.testing.assert_array_equal(src[...], want)
+
+
+def _corrupt_copy(src: Path, dst: Path, nchunk: int, where: str) -> None:
+    """Copy ``src`` to ``dst`` with the header or block offsets of chunk ``nchunk`` flipped."""
+    array = blosc2.open(str(src))  # kept: its super-chunk dies with it
+    chunk = array.schunk.get_chunk(nchunk)
+    data = bytearray(src.read_bytes())
+    at = bytes(data).find(chunk)
+    assert at >= 0
+    assert not chunk[2] & 0x2  # compressed (not stored as is): block offsets follow the header
+    lo, hi = (at + 4, at + 12) if where == "header" else (at + 32, at + 48)
+    data[lo:hi] = bytes(b ^ 0xFF for b in data[lo:hi])
+    dst.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("where", ["header", "block offsets"])
+@pytest.mark.parametrize("layout", ["tiled", "untiled"])
+def test_a_corrupt_chunk_raises_naming_the_file_and_chunk(tmp_path, layout, where):
+    data = (np.arange(np.prod(SHAPE)) // 5 % 4).astype("<u2").reshape(SHAPE)  # compressible
+    good = _write(tmp_path / "good.b2nd", data, layout)
+    bad = tmp_path / "bad.b2nd"
+    _corrupt_copy(good, bad, 3, where)
+    chunks = LAYOUTS[layout][0]
+    coords = np.unravel_index(3, [-(-s // c) for s, c in zip(SHAPE, chunks)])
+    corner = [int(c) * n for c, n in zip(coords, chunks)]
+    with assert_unchanged(bad):
+        src = read_b2nd(bad)
+        for read in (lambda: src[...], lambda: src.read_boxes([corner], (2, 2, 2))):
+            with pytest.raises(CorruptChunkError, match=r"bad\.b2nd") as info:
+                read()
+            assert f"chunk {tuple(int(c) for c in coords)}" in str(info.value)
+        np.testing.assert_array_equal(src[0:6, 0:7, 0:4], data[0:6, 0:7, 0:4])  # chunk 0
+
+
+def test_a_file_cut_short_after_opening_raises_instead_of_crashing(tmp_path):
+    path = _write(tmp_path / "a.b2nd", _values("<f4"))
+    copy = tmp_path / "b.b2nd"
+    shutil.copy(path, copy)
+    src = read_b2nd(copy)
+    np.testing.assert_array_equal(src[0], blosc2.open(str(path))[0])
+    os.truncate(copy, 100)
+    with pytest.raises(FileChangedError, match="truncated"):
+        src.read_boxes([[5, 5, 5]], (2, 2, 2))
+
+
+def test_bad_paths_and_files(tmp_path):
+    with pytest.raises(TypeError, match="path=3"):
+        read_b2nd(3)  # type: ignore[arg-type]
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        read_b2nd(tmp_path / "missing.b2nd")
+    junk = tmp_path / "junk.b2nd"
+    junk.write_bytes(b"not a blosc2 frame" * 20)
+    with pytest.raises(ValueError, match="not a blosc2 file"):
+        read_b2nd(junk)
+    frame = tmp_path / "plain.b2frame"
+    blosc2.SChunk(chunksize=40, data=b"x" * 100, urlpath=str(frame), mode="w")
+    with pytest.raises(ValueError, match="holds a blosc2 SChunk, not an N-D array"):
+        read_b2nd(frame)
+    with pytest.raises(OSError, match="directory"):
+        read_b2nd(tmp_path)
+
+
+def test_without_blosc2_the_error_names_the_extra(tmp_path, monkeypatch):
+    path = _write(tmp_path / "a.b2nd", _values("<f4"))
+    pickled = pickle.dumps(read_b2nd(path))
+    monkeypatch.setitem(sys.modules, "blosc2", None)
+    clone = pickle.loads(pickled)
+    with pytest.raises(ImportError, match=r'pip install -e "\.\[blosc2\]"'):
+        _ = clone.shape
+
+
+def test_source_class_is_exported():
+    assert read_b2nd.__module__ == B2ndArraySource.__module__

@@ -12,6 +12,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from mixle.data.sampling.aligned import COORDS_KEY, AlignedArrays
 from mixle.data.sampling.patch_args import (
+    fingerprint_digest,
     parse_epoch,
     parse_index,
     parse_patch_size,
@@ -19,8 +20,17 @@ from mixle.data.sampling.patch_args import (
     record_indices,
 )
 from mixle.data.sampling.patch_layout import PatchLayout, parse_patch_layout
+from mixle.data.sampling.physical_patches import (
+    WORLD_KEY,
+    SizeMm,
+    parse_patch_size_mm,
+    patch_size_from_mm,
+    spatial_affine,
+    world_positions,
+)
 from mixle.data.sampling.weighted import WeightedPlacement
 from mixle.data.schema import Schema, parse_schema
+from mixle.data.sources.arrays.adopt import as_array_source
 from mixle.data.sources.arrays.base import ArraySource
 from mixle.data.spec import ArraySpec
 from mixle.data.structure import EXCHANGEABLE, SampleStructure, parse_structure
@@ -28,7 +38,28 @@ from mixle.data.structure import EXCHANGEABLE, SampleStructure, parse_structure
 __all__ = ["PatchSampler", "parse_patch_size", "parse_stride"]
 
 Patch = tuple[np.ndarray, tuple[int, ...]]
-Record = Patch | dict[str, Any]
+Record = Patch | tuple[np.ndarray, tuple[int, ...], np.ndarray] | dict[str, Any]
+
+
+def check_size_args(patch_size: object, patch_size_mm: object) -> None:
+    """Refuse ``patch_size`` and ``patch_size_mm`` both given, or neither (``TypeError``)."""
+    if patch_size is None and patch_size_mm is None:
+        raise TypeError(
+            "PatchSampler needs a patch size: pass patch_size= (voxels) or patch_size_mm= "
+            "(millimetres, converted with each volume's spacing)"
+        )
+    if patch_size is not None and patch_size_mm is not None:
+        raise TypeError(
+            f"patch_size={patch_size!r} and patch_size_mm={patch_size_mm!r} both given: pass "
+            "one of them (voxels or millimetres)"
+        )
+
+
+def parse_world(world: object) -> bool:
+    """``world=`` as a bool (``TypeError`` for anything but ``True``/``False``)."""
+    if not isinstance(world, (bool, np.bool_)):
+        raise TypeError(f"world={world!r} must be True or False")
+    return bool(world)
 
 
 class PatchSampler:
@@ -45,7 +76,7 @@ class PatchSampler:
         An int (same on every axis) or one int per spatial axis, each in
         ``[1, shape[axis]]`` (any size >= 1 with padding). Its length sets the spatial
         axes: they are the trailing ones, and leading axes beyond them are channels that
-        every patch holds whole (see Notes).
+        every patch holds whole (see Notes). Give it or ``patch_size_mm``, not both.
     num_patches
         How many patches the sampler addresses (``len(sampler)``); with
         ``replacement=False`` it defaults to the number of grid positions.
@@ -92,6 +123,19 @@ class PatchSampler:
     progress
         Show a progress bar while a ``weights``/``labels`` map is indexed: ``True``,
         ``False`` or ``None`` (automatic; see :mod:`mixle.utils.progress`).
+    patch_size_mm
+        The patch size in millimetres instead of ``patch_size``: a number (every axis) or
+        one per spatial axis, each ``> 0``. It becomes ``round(mm / spacing)`` voxels
+        (halves up, at least 1) on each spatial axis with the array's own spacing
+        (:attr:`~mixle.ArraySource.spacing`, converted from its recorded unit; no unit:
+        millimetres); :attr:`patch_size` is the result. An array without a recorded
+        spacing raises ``ValueError``. For a dict: the spacing of the finest array.
+    world
+        ``True`` adds each patch's world position: records ``(patch, coords, world)``
+        (dicts: a ``"world"`` entry), ``world`` being ``affine @ [*coords, 1]`` (the
+        spatial axes) as float64, from the array's :attr:`~mixle.ArraySource.affine`
+        (for a dict, the finest array's). An array without a recorded affine raises
+        ``ValueError``: mixle does not assume an identity geometry.
 
     Raises
     ------
@@ -165,10 +209,15 @@ class PatchSampler:
             return super().__new__(over[1])
         return super().__new__(cls)
 
+    #: The voxel-to-world affine of the spatial axes (``world=True``), else ``None``.
+    _world: NDArray[np.float64] | None = None
+    #: ``patch_size_mm`` as given (``None``: the patch size was given in voxels).
+    _patch_size_mm: SizeMm | None = None
+
     def __init__(
         self,
         array: Any,
-        patch_size: int | Sequence[int],
+        patch_size: int | Sequence[int] | None = None,
         num_patches: int | None = None,
         *,
         seed: int = 0,
@@ -189,7 +238,11 @@ class PatchSampler:
         volume_weights: Any = "uniform",
         patches_per_volume: int = 1,
         columns: Sequence[str] | None = None,
+        patch_size_mm: float | Sequence[float] | None = None,
+        world: bool = False,
     ) -> None:
+        check_size_args(patch_size, patch_size_mm)
+        world = parse_world(world)
         given = {
             "volume_weights": (volume_weights, "uniform"),
             "patches_per_volume": (patches_per_volume, 1),
@@ -201,24 +254,35 @@ class PatchSampler:
                     f"{name}={value!r} applies to a collection of volumes "
                     "(mixle.read_volumes(...)), not to one array"
                 )
-        self._layout = parse_patch_layout(
-            array,
-            patch_size,
-            num_patches,
-            seed=seed,
-            epoch=epoch,
-            stride=stride,
-            replacement=replacement,
-            patches_per_chunk=patches_per_chunk,
-            region=region,
-            padding=padding,
-            pad_value=pad_value,
-            weights=weights,
-            labels=labels,
-            label_probabilities=label_probabilities,
-            scales=scales,
-            progress=progress,
-        )
+        if patch_size_mm is not None:
+            self._patch_size_mm = parse_patch_size_mm(patch_size_mm)
+            array, patch_size = _mm_patch_size(array, self._patch_size_mm, scales)
+        assert patch_size is not None
+        try:
+            self._layout = parse_patch_layout(
+                array,
+                patch_size,
+                num_patches,
+                seed=seed,
+                epoch=epoch,
+                stride=stride,
+                replacement=replacement,
+                patches_per_chunk=patches_per_chunk,
+                region=region,
+                padding=padding,
+                pad_value=pad_value,
+                weights=weights,
+                labels=labels,
+                label_probabilities=label_probabilities,
+                scales=scales,
+                progress=progress,
+            )
+        except ValueError as exc:
+            if self._patch_size_mm is None:
+                raise
+            raise ValueError(
+                f"patch_size_mm={self._patch_size_mm} is patch_size={patch_size} voxels: {exc}"
+            ) from exc
         self._epoch = self._layout.epoch  # set_epoch changes it
         self._structure = parse_structure(structure)
         self._schema = parse_schema(schema)
@@ -227,6 +291,8 @@ class PatchSampler:
                 raise ValueError("schema= applies to a single array; pass one array, not a dict")
             patch = (*self._layout.lead, *self._layout.patch_size)
             self._schema.check(self._layout.source.dtype, patch, what="PatchSampler patch")
+        if world:
+            self._world = _world_affine(self._layout)
 
     # -- description --------------------------------------------------------------------
     @property
@@ -249,6 +315,33 @@ class PatchSampler:
     def patch_size(self) -> tuple[int, ...]:
         """Patch extent per (spatial) axis."""
         return self._layout.patch_size
+
+    @property
+    def patch_size_mm(self) -> SizeMm | None:
+        """``patch_size_mm`` as given (:attr:`patch_size` holds its voxels), else ``None``."""
+        return self._patch_size_mm
+
+    @property
+    def world(self) -> bool:
+        """Whether records carry each patch's world position (``world=True``)."""
+        return self._world is not None
+
+    @property
+    def world_affine(self) -> NDArray[np.float64] | None:
+        """The ``(nd + 1, nd + 1)`` voxel-to-world affine of the spatial axes (``world=True``)."""
+        return self._world
+
+    def world_array(self, indices: ArrayLike | None = None) -> NDArray[np.float64]:
+        """World positions ``(N, nd)`` float64 of the corners of patches ``indices`` (no I/O).
+
+        Raises
+        ------
+        ValueError
+            The sampler was made without ``world=True``.
+        """
+        if self._world is None:
+            raise ValueError("world_array() needs a sampler made with world=True")
+        return world_positions(self._world, self.coords_array(indices))
 
     @property
     def channel_shape(self) -> tuple[int, ...]:
@@ -326,12 +419,15 @@ class PatchSampler:
         return self._schema
 
     def element_spec(self) -> Any:
-        """Spec of one record, from metadata: ``(patch, coords)`` or a dict for a dict."""
+        """Spec of one record, from metadata: ``(patch, coords)`` (``world=True``: ``(patch,
+        coords, world)``), or a dict for a dict."""
         lay = self._layout
-        coords = ArraySpec((len(lay.patch_size),), np.dtype(np.int64))
+        nd = len(lay.patch_size)
+        coords = ArraySpec((nd,), np.dtype(np.int64))
+        world = {} if self._world is None else {WORLD_KEY: ArraySpec((nd,), np.dtype(np.float64))}
         if lay.arrays is not None:
-            return {**lay.arrays.element_specs(lay.patch_size), COORDS_KEY: coords}
-        return (ArraySpec((*lay.lead, *lay.patch_size), lay.source.dtype), coords)
+            return {**lay.arrays.element_specs(lay.patch_size), COORDS_KEY: coords, **world}
+        return (ArraySpec((*lay.lead, *lay.patch_size), lay.source.dtype), coords, *world.values())
 
     def __len__(self) -> int:
         return self._layout.num_patches
@@ -349,6 +445,10 @@ class PatchSampler:
             extra += f", padding={lay.padding!r}"
         if lay.weighted is not None:
             extra += ", weighted"
+        if self._patch_size_mm is not None:
+            extra += f", patch_size_mm={self._patch_size_mm}"
+        if self._world is not None:
+            extra += ", world=True"
         what = lay.arrays if lay.arrays is not None else lay.source
         return (
             f"PatchSampler({what!r}, patch_size={lay.patch_size}, "
@@ -365,8 +465,13 @@ class PatchSampler:
         ``padding`` and the fill values, and the weighted or label placement (the map's
         identity and a hash of its voxels taken while it was indexed). Paths are left out
         (a moved store resumes), and so is the volume's content (it is never read here).
+        With ``world=True`` it also covers the voxel-to-world affine (``patch_size_mm``
+        is covered by the voxel ``patch_size`` it gives).
         """
-        return self._layout.fingerprint(self._epoch)
+        base = self._layout.fingerprint(self._epoch)
+        if self._world is None:
+            return base
+        return fingerprint_digest("PatchSampler+world", {"base": base, "world": self._world})
 
     # -- placement (no I/O) -------------------------------------------------------------
     def coords_array(self, indices: ArrayLike | None = None) -> NDArray[np.int64]:
@@ -385,30 +490,41 @@ class PatchSampler:
         return self._layout.read(corners)
 
     def __getitem__(self, index: int) -> Record:
-        """Patch ``index`` and its corner: ``(patch, coords)``, or a dict for a dict."""
+        """Patch ``index`` and its corner: ``(patch, coords)``, or a dict for a dict.
+
+        With ``world=True``: ``(patch, coords, world)`` (a dict: a ``"world"`` entry), the
+        world position a float64 array of one value per spatial axis.
+        """
         lay = self._layout
         n = lay.num_patches
         i = parse_index(index, n, f"a sampler of {n} patches")
-        corner = tuple(self._corners((i,))[0].tolist())
+        corners = self._corners((i,))
+        corner = tuple(corners[0].tolist())
+        world: tuple[np.ndarray, ...] = ()
+        if self._world is not None:
+            world = (world_positions(self._world, corners)[0],)
         if lay.arrays is None and lay.padding == "none":
             start = (0,) * len(lay.lead) + corner
-            return lay.source.read_box(start, (*lay.lead, *lay.patch_size)), corner
+            return (lay.source.read_box(start, (*lay.lead, *lay.patch_size)), corner, *world)
         patches = self._read(np.array([corner], dtype=np.int64))
         if lay.arrays is None:
-            return patches[0], corner
-        return {**{k: v[0] for k, v in patches.items()}, COORDS_KEY: corner}
+            return (patches[0], corner, *world)
+        named = dict(zip([WORLD_KEY], world))
+        return {**{k: v[0] for k, v in patches.items()}, COORDS_KEY: corner, **named}
 
     def get_batch(self, indices: ArrayLike) -> Any:
         """Patches ``indices`` stacked: ``(patches[B, *channels, *patch_size], coords[B, ndim])``.
 
         ``ndim`` is ``len(patch_size)`` (the spatial axes). For a dict:
-        ``{name: patches[B, *channels, *patch_size // factor], "coords": ...}``.
+        ``{name: patches[B, *channels, *patch_size // factor], "coords": ...}``. With
+        ``world=True`` a third entry ``world[B, ndim]`` float64 (a dict: ``"world"``).
         """
         corners = self.coords_array(indices)
         patches = self._read(corners)
+        world = () if self._world is None else (world_positions(self._world, corners),)
         if self._layout.arrays is None:
-            return patches, corners
-        return {**patches, COORDS_KEY: corners}
+            return (patches, corners, *world)
+        return {**patches, COORDS_KEY: corners, **dict(zip([WORLD_KEY], world))}
 
     def records(self) -> Iterator[Record]:
         """Yield the record of every index in order."""
@@ -417,6 +533,39 @@ class PatchSampler:
 
     def __iter__(self) -> Iterator[Record]:
         return self.records()
+
+
+def _mm_patch_size(
+    array: Any, mm: SizeMm, scales: Mapping[str, object] | None
+) -> tuple[Any, tuple[int, ...]]:
+    """``(array as a source or dict of sources, voxel patch size)`` of ``patch_size_mm=mm``."""
+    if isinstance(array, Mapping):
+        spatial = None if isinstance(mm, float) else len(mm)
+        arrays = AlignedArrays(array, spatial_ndim=spatial, scales=scales)
+        nd = len(arrays.shape)
+        name = next(k for k, f in arrays.factors.items() if all(x == 1 for x in f))
+        src = arrays.sources[name]
+        per_axis_mm = (mm,) * nd if isinstance(mm, float) else mm
+        return arrays.sources, patch_size_from_mm(per_axis_mm, src.physical, src.ndim, repr(src))
+    source = as_array_source(array, name="array")
+    if not source.shape:
+        raise ValueError("array is 0-dimensional; patches need at least one axis")
+    return source, patch_size_from_mm(mm, source.physical, source.ndim, repr(source))
+
+
+def _world_affine(lay: PatchLayout) -> NDArray[np.float64]:
+    """The spatial voxel-to-world affine of a layout's array (a dict: its finest array)."""
+    nd = len(lay.patch_size)
+    if lay.arrays is None:
+        return spatial_affine(lay.source.physical, nd, repr(lay.source))
+    if WORLD_KEY in lay.arrays.names:
+        raise ValueError(
+            f"world=True adds a {WORLD_KEY!r} entry to every record, but one of the arrays "
+            f"is named {WORLD_KEY!r}; rename it"
+        )
+    name = next(k for k, f in lay.arrays.factors.items() if all(x == 1 for x in f))
+    src = lay.arrays.sources[name]
+    return spatial_affine(src.physical, nd, f"array {name!r} ({src!r})")
 
 
 # ``inspect.signature(PatchSampler)`` (help(), the docs) shows the constructor, not ``__new__``

@@ -1,0 +1,207 @@
+"""Patches in world units: ``patch_size_mm=`` in voxels, and the world position of a corner.
+
+A source whose format records its geometry (:class:`~mixle.data.sources.arrays.physical.Physical`:
+NIfTI, OME-Zarr, OME-TIFF...) has a spacing and a voxel-to-world affine per axis. A patch
+size in millimetres becomes ``round(mm / spacing)`` voxels (at least 1) on each spatial
+axis (:func:`patch_size_from_mm`), and a patch's corner voxel its world position
+``affine @ [*corner, 1]`` (:func:`world_positions`, over the spatial part of the affine that
+:func:`spatial_affine` takes).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from mixle.data.sources.arrays.physical import Physical
+
+__all__ = [
+    "MM_PER_UNIT",
+    "WORLD_KEY",
+    "SizeMm",
+    "describe_sizes",
+    "finest_array",
+    "parse_patch_size_mm",
+    "patch_size_from_mm",
+    "spatial_affine",
+    "world_positions",
+]
+
+#: Record key of a patch's world position in dict records (``world=True``).
+WORLD_KEY = "world"
+
+#: Millimetres per unit, for the length units formats write (NGFF's names, NIfTI's
+#: ``xyzt_units`` spellings); spacing with no recorded unit is taken as millimetres.
+MM_PER_UNIT: dict[str, float] = {
+    "angstrom": 1e-7,
+    "picometer": 1e-9,
+    "nanometer": 1e-6,
+    "nm": 1e-6,
+    "micrometer": 1e-3,
+    "micrometre": 1e-3,
+    "micron": 1e-3,
+    "um": 1e-3,
+    "\u00b5m": 1e-3,  # micro sign
+    "\u03bcm": 1e-3,  # Greek mu
+    "millimeter": 1.0,
+    "millimetre": 1.0,
+    "mm": 1.0,
+    "centimeter": 10.0,
+    "centimetre": 10.0,
+    "cm": 10.0,
+    "decimeter": 100.0,
+    "meter": 1000.0,
+    "metre": 1000.0,
+    "m": 1000.0,
+    "inch": 25.4,
+    "foot": 304.8,
+}
+
+#: A patch size in millimetres as given: one number for every axis, or one per spatial axis.
+SizeMm = float | tuple[float, ...]
+
+
+def parse_patch_size_mm(patch_size_mm: object) -> SizeMm:
+    """``patch_size_mm`` as a float or a tuple of floats, each finite and ``> 0``.
+
+    Raises
+    ------
+    TypeError
+        Not a number or a sequence of numbers.
+    ValueError
+        No entries, or an entry that is not finite or not ``> 0``.
+    """
+    one = isinstance(patch_size_mm, (int, float, np.integer, np.floating))
+    if isinstance(patch_size_mm, (bool, np.bool_)) or not (
+        one
+        or (
+            isinstance(patch_size_mm, (Sequence, np.ndarray)) and not isinstance(patch_size_mm, str)
+        )
+    ):
+        raise TypeError(
+            f"patch_size_mm={patch_size_mm!r} must be a number or one number per spatial axis"
+        )
+    items = [patch_size_mm] if one else list(patch_size_mm)  # type: ignore[call-overload]
+    values = []
+    for x in items:
+        if isinstance(x, (bool, np.bool_)) or not isinstance(
+            x, (int, float, np.integer, np.floating)
+        ):
+            raise TypeError(f"patch_size_mm={patch_size_mm!r} must hold numbers")
+        values.append(float(x))
+    if not values or not all(math.isfinite(v) and v > 0 for v in values):
+        raise ValueError(f"patch_size_mm={patch_size_mm!r} must be finite and > 0 on every axis")
+    return values[0] if one else tuple(values)
+
+
+def patch_size_from_mm(
+    patch_size_mm: SizeMm, physical: Physical | None, ndim: int, what: str
+) -> tuple[int, ...]:
+    """The voxel patch size of ``patch_size_mm`` on an array of ``ndim`` axes and ``physical``.
+
+    A tuple names the trailing axes (the spatial ones; leading axes are channels); one
+    number covers every axis, as an int ``patch_size`` does. Each extent is
+    ``round(mm / spacing)`` (halves up), at least 1, with the spacing converted to
+    millimetres by its unit (:data:`MM_PER_UNIT`; no unit recorded: millimetres).
+
+    Raises
+    ------
+    ValueError
+        ``physical`` is ``None`` (the array records no spacing), more entries than axes, or
+        a spatial axis whose unit is not a length (naming ``what``).
+    """
+    nd = ndim if isinstance(patch_size_mm, float) else len(patch_size_mm)
+    if not 1 <= nd <= ndim:
+        raise ValueError(
+            f"patch_size_mm={patch_size_mm!r} has {nd} entries; {what} has {ndim} axes "
+            f"(give 1 to {ndim}: the trailing, spatial axes)"
+        )
+    if physical is None:
+        raise ValueError(
+            f"patch_size_mm={patch_size_mm!r}: {what} records no voxel spacing (its format "
+            "stores none, or mixle does not read it); pass patch_size= in voxels instead"
+        )
+    mm = (patch_size_mm,) * nd if isinstance(patch_size_mm, float) else patch_size_mm
+    spacing = physical.spacing[ndim - nd :]
+    units = (None,) * nd if physical.units is None else physical.units[ndim - nd :]
+    out = []
+    for a, (size, step, unit) in enumerate(zip(mm, spacing, units)):
+        factor = 1.0 if unit is None else MM_PER_UNIT.get(unit.strip().lower())
+        if factor is None:
+            raise ValueError(
+                f"patch_size_mm={patch_size_mm!r}: {what} has unit {unit!r} on spatial axis "
+                f"{ndim - nd + a}, not a length mixle converts to millimetres (it knows "
+                f"{', '.join(sorted(MM_PER_UNIT))}); pass patch_size= in voxels instead"
+            )
+        out.append(max(1, math.floor(size / (step * factor) + 0.5)))
+    return tuple(out)
+
+
+def spatial_affine(physical: Physical | None, nd: int, what: str) -> NDArray[np.float64]:
+    """The ``(nd + 1, nd + 1)`` voxel-to-world affine of the trailing ``nd`` axes.
+
+    Raises
+    ------
+    ValueError
+        ``physical`` is ``None``, or its affine mixes a leading (channel) axis into the
+        world position of a spatial one (naming ``what``).
+    """
+    if physical is None:
+        raise ValueError(
+            f"world=True: {what} records no voxel-to-world geometry (physical=None: its "
+            "format stores none, or mixle does not read it); pass world=False, or read it "
+            "from a format that records its affine (NIfTI, OME-Zarr, OME-TIFF)"
+        )
+    n = physical.ndim
+    a = physical.affine
+    lead = n - nd
+    if lead and np.any(a[lead:n, :lead]):
+        raise ValueError(
+            f"world=True: the affine of {what} moves spatial world coordinates along its "
+            f"leading (channel) axes {tuple(range(lead))}; a patch's world position would "
+            "depend on the channel"
+        )
+    out = np.eye(nd + 1)
+    out[:nd, :nd] = a[lead:n, lead:n]
+    out[:nd, nd] = a[lead:n, n]
+    out.flags.writeable = False
+    return out
+
+
+def world_positions(affine: NDArray[np.float64], corners: NDArray[np.int64]) -> NDArray[np.float64]:
+    """World coordinates ``(B, nd)`` float64 of voxel corners ``(B, nd)`` under ``affine``."""
+    v = np.asarray(corners, dtype=np.float64)
+    nd = affine.shape[0] - 1
+    return np.ascontiguousarray(v @ affine[:nd, :nd].T + affine[:nd, nd], dtype=np.float64)
+
+
+def finest_array(shapes: Mapping[str, Sequence[int]], nd: int) -> str:
+    """The name of the first array whose trailing ``nd`` axes are the finest grid.
+
+    The corners of a dict of aligned arrays are voxels of that grid (the largest extent
+    of every array on each spatial axis).
+    """
+    fine = [max(s[len(s) - nd + a] for s in shapes.values()) for a in range(nd)]
+    for name, s in shapes.items():
+        if list(s[len(s) - nd :]) == fine:
+            return name
+    raise ValueError(
+        f"no array of {dict(shapes)} spans the finest grid {tuple(fine)} on every axis"
+    )
+
+
+def describe_sizes(rows: list[tuple[str, Any, tuple[int, ...]]]) -> str:
+    """``"volume 0 ('a') spacing (1.0, ...) -> (20, ...); ..."``, one example per size."""
+    seen: dict[tuple[int, ...], list[tuple[str, Any]]] = {}
+    for where, spacing, size in rows:
+        seen.setdefault(size, []).append((where, spacing))
+    parts = []
+    for size, items in seen.items():
+        where, spacing = items[0]
+        more = f" (and {len(items) - 1} more volumes)" if len(items) > 1 else ""
+        parts.append(f"{where} spacing {spacing} -> {size} voxels{more}")
+    return "; ".join(parts)

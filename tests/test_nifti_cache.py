@@ -1,0 +1,207 @@
+"""The decompressed copy of a ``.nii.gz`` in the cache, and bad NIfTI input.
+
+A gzipped image is decompressed once per content into ``$MIXLE_CACHE_DIR``; a copy of the
+wrong size or content is rebuilt, never read; a corrupt stream raises naming the file and
+leaves nothing behind; files that are not NIfTI, or shorter than their header says, raise
+naming the path and the sizes. The user's files are never changed.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+from pathlib import Path
+
+import nibabel as nib
+import numpy as np
+import pytest
+
+from mixle.data.sources.arrays.nifti import gz_cache, read_nifti
+from mixle.errors import CorruptChunkError, FileChangedError
+from mixle.testing import assert_unchanged
+
+DATA = (np.arange(6 * 5 * 4, dtype=np.int16).reshape(6, 5, 4) * 7 - 50).astype(np.int16)
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    folder = tmp_path / "cache"
+    monkeypatch.setenv("MIXLE_CACHE_DIR", str(folder))
+    return folder
+
+
+@pytest.fixture
+def inflations(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The gzip files decompressed from now on (one entry per full decompression)."""
+    calls: list[str] = []
+    real = gz_cache._inflate
+
+    def counted(path: str, *args: object) -> int:
+        calls.append(path)
+        return real(path, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(gz_cache, "_inflate", counted)
+    return calls
+
+
+def _save(path: Path, data: np.ndarray = DATA) -> Path:
+    nib.save(nib.Nifti1Image(data, np.eye(4)), str(path))
+    return path
+
+
+def _entries(cache: Path) -> list[Path]:
+    folder = cache / gz_cache.CACHE_FOLDER
+    return sorted(folder.iterdir()) if folder.exists() else []
+
+
+def test_a_gz_is_decompressed_once_and_later_opens_map_the_copy(
+    tmp_path: Path, cache: Path, inflations: list[str]
+) -> None:
+    path = _save(tmp_path / "v.nii.gz")
+    with assert_unchanged(path):
+        first = read_nifti(path)
+        np.testing.assert_array_equal(first[...], DATA)
+        assert inflations == [str(path)]
+        (entry,) = _entries(cache)
+        assert first.cache_path == entry and entry.suffix == ".raw"
+        assert not os.access(entry, os.W_OK) or os.geteuid() == 0  # written read-only
+        second = read_nifti(path)
+        np.testing.assert_array_equal(second[2:4, ::-1], DATA[2:4, ::-1])
+        assert inflations == [str(path)]  # served from the cache
+        assert second.cache_path == entry
+        assert not second.array.flags.writeable
+
+
+def test_a_cached_copy_of_the_wrong_size_is_rebuilt_not_served(
+    tmp_path: Path, cache: Path, inflations: list[str]
+) -> None:
+    path = _save(tmp_path / "v.nii.gz")
+    read_nifti(path).close()
+    (entry,) = _entries(cache)
+    good = entry.read_bytes()
+    os.chmod(entry, 0o644)
+    entry.write_bytes(good[:-10])  # cut short
+    np.testing.assert_array_equal(read_nifti(path)[...], DATA)
+    assert len(inflations) == 2 and entry.read_bytes() == good
+    os.chmod(entry, 0o644)
+    entry.write_bytes(b"\0" * len(good))  # right size, not this file's header
+    np.testing.assert_array_equal(read_nifti(path)[...], DATA)
+    assert len(inflations) == 3 and entry.read_bytes() == good
+
+
+def test_a_changed_gz_gets_a_new_copy_and_the_old_one_is_deleted(
+    tmp_path: Path, cache: Path, inflations: list[str]
+) -> None:
+    path = _save(tmp_path / "v.nii.gz")
+    old = read_nifti(path)
+    old[0]
+    (entry,) = _entries(cache)
+    _save(path, DATA + 1)  # rewritten: new content
+    with pytest.raises(FileChangedError, match=r"v\.nii\.gz.*open the source again"):
+        old[0]
+    new = read_nifti(path)
+    np.testing.assert_array_equal(new[...], DATA + 1)
+    assert _entries(cache) == [new.cache_path] and new.cache_path != entry
+    assert len(inflations) == 2
+
+
+def test_a_corrupt_gzip_names_the_file_and_leaves_no_cache_entry(
+    tmp_path: Path, cache: Path
+) -> None:
+    path = _save(tmp_path / "v.nii.gz", np.random.default_rng(0).standard_normal((40, 30, 20)))
+    raw = bytearray(path.read_bytes())
+    raw[len(raw) // 2 : len(raw) // 2 + 64] = bytes(64)  # damage the deflate stream
+    path.write_bytes(bytes(raw))
+    with assert_unchanged(path), pytest.raises(CorruptChunkError, match=r"v\.nii\.gz"):
+        read_nifti(path)
+    assert _entries(cache) == []  # no entry, no temporary file
+
+
+def test_a_bad_crc_is_refused(tmp_path: Path, cache: Path) -> None:
+    path = _save(tmp_path / "v.nii.gz")
+    raw = bytearray(path.read_bytes())
+    raw[-8] ^= 0xFF  # the CRC-32 of the trailer
+    path.write_bytes(bytes(raw))
+    with pytest.raises(CorruptChunkError, match=r"v\.nii\.gz.*corrupt gzip"):
+        read_nifti(path)
+    assert _entries(cache) == []
+
+
+def test_a_gz_cut_inside_the_stream_is_refused(tmp_path: Path, cache: Path) -> None:
+    path = _save(tmp_path / "v.nii.gz", np.random.default_rng(1).standard_normal((30, 20, 10)))
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    with pytest.raises(CorruptChunkError, match=r"v\.nii\.gz"):
+        read_nifti(path)
+    assert _entries(cache) == []
+
+
+def test_a_gz_whose_stream_is_shorter_than_the_header_says_names_both_sizes(
+    tmp_path: Path, cache: Path
+) -> None:
+    plain = _save(tmp_path / "v.nii")
+    path = tmp_path / "short.nii.gz"
+    path.write_bytes(gzip.compress(plain.read_bytes()[:-6]))  # a valid stream, 6 bytes short
+    with pytest.raises(ValueError, match=r"short\.nii\.gz.*decompresses to 586 bytes.*needs 592"):
+        read_nifti(path)
+    assert _entries(cache) == []
+
+
+def test_a_truncated_nii_names_the_path_and_the_sizes(tmp_path: Path) -> None:
+    path = _save(tmp_path / "v.nii")
+    size = path.stat().st_size
+    path.write_bytes(path.read_bytes()[:-10])
+    with pytest.raises(ValueError, match=rf"v\.nii.*holds {size - 10} bytes.*needs {size}"):
+        read_nifti(path)
+
+
+def test_a_nii_truncated_after_opening_raises_instead_of_crashing(tmp_path: Path) -> None:
+    path = _save(tmp_path / "v.nii")
+    src = read_nifti(path)
+    with open(path, "r+b") as fh:
+        fh.truncate(400)
+    with pytest.raises(FileChangedError, match=r"truncated"):
+        src[...]
+
+
+@pytest.mark.parametrize(
+    ("content", "match"),
+    [
+        (b"", r"not a NIfTI file"),
+        (b"hello world, not an image" * 40, r"not a NIfTI file"),
+        (np.array([348], "<i4").tobytes() + bytes(600), r"Analyze 7\.5"),
+        (np.array([540], "<i4").tobytes() + bytes(600), r"NIfTI-2 magic"),
+        (np.array([348], "<i4").tobytes() + bytes(100), r"ends after 104 bytes"),
+    ],
+)
+def test_a_file_that_is_not_nifti_is_refused_clearly(
+    tmp_path: Path, content: bytes, match: str
+) -> None:
+    path = tmp_path / "odd.nii"
+    path.write_bytes(content)
+    with pytest.raises(ValueError, match=r"odd\.nii.*" + match):
+        read_nifti(path)
+
+
+def test_a_gzip_that_is_not_gzip_past_its_magic_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "v.nii.gz"
+    path.write_bytes(b"\x1f\x8b" + b"garbage" * 20)
+    with pytest.raises(CorruptChunkError, match=r"v\.nii\.gz"):
+        read_nifti(path)
+
+
+def test_a_pair_without_its_partner_names_the_missing_file(tmp_path: Path) -> None:
+    nib.save(nib.Nifti1Pair(DATA, np.eye(4)), str(tmp_path / "p.hdr"))
+    (tmp_path / "p.img").unlink()
+    with pytest.raises(FileNotFoundError, match=r"p\.img"):
+        read_nifti(tmp_path / "p.hdr")
+
+
+def test_an_unwritable_cache_directory_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_bytes(b"")
+    monkeypatch.setenv("MIXLE_CACHE_DIR", str(blocker))
+    path = _save(tmp_path / "v.nii.gz")
+    with pytest.raises(OSError, match=r"not-a-folder.*MIXLE_CACHE_DIR"):
+        read_nifti(path)

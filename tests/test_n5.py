@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 import mixle
 from mixle.data.sources.arrays.n5 import N5ArraySource, read_n5
-from mixle.data.sources.arrays.n5.attributes import N5_METADATA_LIMIT
+from mixle.data.sources.arrays.n5.attributes import N5_METADATA_LIMIT, find_datasets
 from mixle.data.sources.arrays.n5.source import N5BlockReader
 from mixle.errors import (
     ArrayNotFoundError,
@@ -255,6 +255,14 @@ def test_a_group_lists_the_datasets_below_it(tmp_path):
         read_n5(root, "volumes")
 
 
+def test_the_search_for_datasets_is_bounded(tmp_path):
+    root = _container(tmp_path)
+    names, stopped = find_datasets(str(root), limit=2)
+    assert stopped and len(names) <= 1
+    names, stopped = find_datasets(str(root))
+    assert not stopped and len(names) == 2
+
+
 def test_a_missing_dataset_names_it_and_lists_those_that_exist(tmp_path):
     root = _container(tmp_path)
     with pytest.raises(ArrayNotFoundError, match=r"dataset='volumes/nope'.*volumes/raw"):
@@ -386,10 +394,16 @@ def test_numcodecs_compressions_without_numcodecs_name_the_extra(tmp_path, monke
 
 def test_resolution_is_reported_as_spacing(tmp_path):
     path = write_n5(tmp_path / "a.n5", values(SHAPE, "uint8"))
-    _rewrite_attributes(path, resolution=[4.0, 4, 40.0], axes=["x", "y", "z"])
+    _rewrite_attributes(
+        path, resolution=[4.0, 4, 40.0], axes=["x", "y", "z"], units=["nm", "nm", "nm"]
+    )
     src = read_n5(path)
     assert src.spacing == (4.0, 4.0, 40.0)
     assert src.physical is not None and src.physical.axes == ("x", "y", "z")
+    assert src.physical.units == ("nm", "nm", "nm")
+    _rewrite_attributes(path, axes=["x"], units=[1, 2, 3])  # not one name per axis: left out
+    physical = read_n5(path).physical
+    assert physical is not None and physical.axes is None and physical.units is None
     _rewrite_attributes(path, resolution=[4.0, 0, 40.0])
     assert read_n5(path).spacing is None  # not a spacing: not reported
 

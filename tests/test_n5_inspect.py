@@ -11,6 +11,7 @@ import pytest
 from _n5_writers import ts_create, ts_read, values, write_n5
 
 from mixle.errors import InvalidMetadataError
+from mixle.inspection import n5_files
 from mixle.inspection.n5_files import inspect_n5, is_n5
 from mixle.inspection.report import ArrayReport, GroupReport, UnsupportedStoreError
 from mixle.testing import assert_unchanged
@@ -62,6 +63,19 @@ def test_a_container_reports_its_groups_and_datasets(tmp_path):
     assert isinstance(labels, ArrayReport) and labels.dtype == "uint64"
     assert labels.chunks_stored == labels.chunks_in_grid == 4
     assert report.to_dict()["children"][0]["children"][1]["format"] == "n5"
+
+
+def test_the_walk_of_a_container_is_bounded_and_says_what_it_left_out(tmp_path, monkeypatch):
+    root = tmp_path / "c.n5"
+    root.mkdir()
+    (root / "attributes.json").write_text(json.dumps({"n5": "2.5.1"}))
+    for name in "abcd":
+        write_n5(root / name, values((2, 2), "uint8"), blocks=(2, 2))
+    monkeypatch.setattr(n5_files, "MAX_WALKED_FOLDERS", 2)
+    report = inspect_n5(str(root), None, None)
+    assert [c.path for c in report.children] == ["/a", "/b"]
+    (finding,) = report.findings
+    assert finding.code == "members-unlisted" and "/c, /d" in finding.message
 
 
 def test_incompressible_blocks_get_the_poor_compression_advice(tmp_path):

@@ -205,7 +205,11 @@ class N5ArraySource(ArraySource):
 
 
 def _physical(meta: N5Metadata) -> Physical | None:
-    """Spacing from ``resolution`` (one positive number per axis), else ``None``."""
+    """Spacing from ``resolution`` (one positive number per axis), else ``None``.
+
+    ``axes`` and ``units`` (one string per axis, as tensorstore writes them) name the axes
+    and the spacing's units when present; values of another form are left out.
+    """
     res = meta.attributes.get("resolution")
     ndim = len(meta.shape)
     if not isinstance(res, list) or len(res) != ndim or not ndim:
@@ -214,11 +218,18 @@ def _physical(meta: N5Metadata) -> Physical | None:
         return None
     if not all(math.isfinite(r) and r > 0 for r in res):
         return None
-    axes = meta.attributes.get("axes")
-    names = axes if isinstance(axes, list) and len(axes) == ndim else None
-    if names is not None and not all(isinstance(a, str) for a in names):
-        names = None
-    return physical_from_spacing([float(r) for r in res], axes=names)
+    return physical_from_spacing(
+        [float(r) for r in res],
+        axes=_strings(meta.attributes.get("axes"), ndim),
+        units=_strings(meta.attributes.get("units"), ndim),
+    )
+
+
+def _strings(value: Any, ndim: int) -> list[str] | None:
+    """``value`` if it is a list of ``ndim`` strings, else ``None``."""
+    if isinstance(value, list) and len(value) == ndim and all(isinstance(v, str) for v in value):
+        return value
+    return None
 
 
 def _n5_args(path: Any, dataset: Any) -> dict[str, Any]:

@@ -45,7 +45,7 @@ from mixle.data.sources.records.text.row_index import cache_dir, content_fingerp
 from mixle.errors import CorruptChunkError
 from mixle.utils.files import open_regular_file
 
-__all__ = ["CACHE_FOLDER", "DECOMPRESS_BLOCK_BYTES", "cached_copy", "entry_path"]
+__all__ = ["CACHE_FOLDER", "DECOMPRESS_BLOCK_BYTES", "cached_copy", "entry_path", "find_cached"]
 
 #: Sub-folder of :func:`cache_dir` holding decompressed NIfTI data.
 CACHE_FOLDER = "nifti"
@@ -85,6 +85,15 @@ def _valid(entry: Path, expected: int, prefix: bytes) -> bool:
             return fh.read(len(prefix)) == prefix
     except OSError:
         return False
+
+
+def find_cached(path: str, expected: int, prefix: bytes) -> Path | None:
+    """The valid decompressed copy of ``path`` if the cache holds one, else ``None``.
+
+    Decompresses nothing (one ``fstat``, the fingerprint reads and a check of the copy).
+    """
+    entry, _ = entry_path(path, expected)
+    return entry if _valid(entry, expected, prefix) else None
 
 
 def cached_copy(path: str, expected: int, prefix: bytes) -> tuple[Path, FileSignature]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -21,6 +21,13 @@ from numpy.typing import ArrayLike, NDArray
 
 from mixle.data.schema import Schema, parse_schema
 from mixle.data.sources.arrays import box_reads
+from mixle.data.sources.arrays.cf import (
+    CFAttributes,
+    CFDecoding,
+    parse_mask_and_scale,
+    warn_packed,
+)
+from mixle.data.sources.arrays.cf_reader import decoding_reader
 from mixle.data.sources.arrays.physical import Physical
 from mixle.data.sources.indexing import KeyLike, ReadItem, RowsKey, parse_key
 from mixle.data.sources.lifetime import SourceLifetime
@@ -55,6 +62,9 @@ class ArrayMeta:
     shards: tuple[int, ...] | None = None
     #: Voxel-to-world geometry, for formats that record it (NIfTI, OME-TIFF, OME-Zarr).
     physical: Physical | None = None
+    #: How stored values become the values read (``mask_and_scale=True``); ``dtype`` is
+    #: then the decoded dtype.
+    cf: CFDecoding | None = None
 
 
 class ArraySource(SourceLifetime, abc.ABC):
@@ -80,6 +90,8 @@ class ArraySource(SourceLifetime, abc.ABC):
     _reader: tuple[Any, ChunkReader | None] | None
     #: Whether a 0-d array is stored as one chunk the backend's chunk reader can read.
     _zero_d_chunk: bool = False
+    #: Whether CF packing is decoded (``mask_and_scale=True``); kept in ``_args`` to pickle.
+    _cf_wanted: bool = False
 
     # -- construction -------------------------------------------------------------------
     def _init_state(self, args: dict[str, Any] | None, structure: object, schema: object) -> None:
@@ -88,7 +100,14 @@ class ArraySource(SourceLifetime, abc.ABC):
         self._structure = parse_structure(structure)
         self._schema = parse_schema(schema)
         self._reader = None
+        self._cf_wanted = bool(args and args.get("mask_and_scale"))
         self._init_lifetime()
+
+    def _want_cf(self, mask_and_scale: object) -> None:
+        """Record ``mask_and_scale`` (checked to be a bool) in the state and the arguments."""
+        self._cf_wanted = parse_mask_and_scale(mask_and_scale)
+        if self._args is not None and self._cf_wanted:
+            self._args = {**self._args, "mask_and_scale": True}
 
     @abc.abstractmethod
     def _open(self) -> Any:
@@ -112,14 +131,28 @@ class ArraySource(SourceLifetime, abc.ABC):
         """A reader of whole decoded chunks for the read planner, or ``None`` (no chunks)."""
         return None
 
+    def _cf_attributes(self, handle: Any) -> CFAttributes | None:
+        """The CF packing attributes of the live array, or ``None`` (the format has none)."""
+        return None
+
     def _read(self, handle: Any, key: tuple[int | slice, ...]) -> np.ndarray:
         """Read a region given as non-negative ints and positive-step slices."""
-        return np.asarray(handle[key])
+        return self._decoded(np.asarray(handle[key]))
+
+    def _decoded(self, raw: np.ndarray) -> np.ndarray:
+        """``raw`` stored values as read: CF-decoded when the source decodes them.
+
+        Backends call it on every read that does not go through the chunk reader (whose
+        chunks come decoded).
+        """
+        meta = self._meta
+        cf = None if meta is None else meta.cf
+        return raw if cf is None else cf.decode(raw)
 
     # -- handles ------------------------------------------------------------------------
     def _open_described(self) -> tuple[Any, ArrayMeta]:
         handle = self._open()
-        meta = self._describe(handle)
+        meta = self._with_cf(handle, self._describe(handle))
         if self._schema is not None:
             self._schema.check(meta.dtype, meta.shape, what=self._location())
         return handle, meta
@@ -136,9 +169,21 @@ class ArraySource(SourceLifetime, abc.ABC):
     def _adopt(self, handle: Any) -> None:
         """Use an already-open array object as this source's live handle."""
         self._handle = handle
-        self._meta = self._describe(handle)
+        self._meta = self._with_cf(handle, self._describe(handle))
         if self._schema is not None:
             self._schema.check(self._meta.dtype, self._meta.shape, what=self._location())
+
+    def _with_cf(self, handle: Any, meta: ArrayMeta) -> ArrayMeta:
+        """``meta`` with the CF decoding asked for, or a warning that packed values read raw."""
+        found = self._cf_attributes(handle)
+        if found is None or not found.values:
+            return meta
+        where = f"{type(self).__name__}({self._location()})"
+        if not self._cf_wanted:
+            warn_packed(found, meta.dtype, where)
+            return meta
+        cf = CFDecoding.from_attributes(found.values, meta.dtype, where=where)
+        return meta if cf is None else replace(meta, dtype=cf.dtype, cf=cf)
 
     def __reduce__(self) -> tuple[Any, ...]:
         if self._closed:
@@ -315,12 +360,19 @@ class ArraySource(SourceLifetime, abc.ABC):
             with self._lock:
                 state = self._reader
                 if state is None or state[0] is not handle:
-                    state = (handle, self._chunk_reader(handle) if chunked else None)
+                    state = (handle, self._decoding_reader(handle) if chunked else None)
                     if state[1] is not None:
                         drop_chunks_when_collected(state[1])
                     if not self._closed:  # a reader made after close() is not kept
                         self._reader = state
         return state[1]
+
+    def _decoding_reader(self, handle: Any) -> ChunkReader | None:
+        """The backend's chunk reader, its chunks CF-decoded when the source decodes them."""
+        reader = self._chunk_reader(handle)
+        meta = self._meta
+        cf = None if meta is None else meta.cf
+        return reader if reader is None or cf is None else decoding_reader(reader, cf)
 
     def _read_planned(self, handle: Any, key: tuple[int | slice, ...]) -> np.ndarray | None:
         """Read ``key`` through the read planner when the chunk reader fetches in batches.

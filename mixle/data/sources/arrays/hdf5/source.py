@@ -9,6 +9,7 @@ import numpy as np
 
 from mixle.data.schema import Schema
 from mixle.data.sources.arrays.base import ArrayMeta, ArraySource
+from mixle.data.sources.arrays.cf import CFAttributes, hdf5_cf_attributes
 from mixle.data.sources.arrays.hdf5.access import (
     HDF5_CHUNK_CACHE_BYTES,
     HDF5_CHUNK_CACHE_SLOTS,
@@ -66,6 +67,13 @@ class HDF5ArraySource(ArraySource):
         The same for the source files of virtual datasets (``HDF5_VDS_PREFIX`` wins).
     structure, schema
         See :mod:`mixle.data.structure` and :class:`mixle.data.schema.Schema`.
+    mask_and_scale
+        ``True``: decode CF packing (netCDF-4 files and others) as xarray does:
+        ``scale_factor``, ``add_offset``, ``_FillValue``/``missing_value`` as NaN and
+        ``_Unsigned`` from the dataset's attributes (HDF5's own fill value is not CF's), on
+        every read path, and report the decoded dtype. ``False`` (default): the stored
+        values; a packed dataset warns once
+        (:class:`~mixle.data.sources.arrays.cf.PackedVariableWarning`). Times stay numbers.
     **h5py_options
         Passed to :class:`h5py.File`. ``mode`` may be ``"r"`` (default) or ``"r+"``; modes
         that create or truncate files are refused. The chunk cache defaults to
@@ -133,16 +141,19 @@ class HDF5ArraySource(ArraySource):
         virtual_prefix: str | os.PathLike[str] | None = None,
         structure: SampleStructure = EXCHANGEABLE,
         schema: Schema | None = None,
+        mask_and_scale: bool = False,
         **h5py_options: Any,
     ) -> None:
         access = {"efile_prefix": efile_prefix, "virtual_prefix": virtual_prefix}
         if is_file_like(path):
             self._init_state(None, structure, schema)
+            self._want_cf(mask_and_scale)
             self._file_like = (path, hdf5_args("<file-like>", dataset, h5py_options, None, access))
             self._adopt(self._open_file_like())
             return
         args = hdf5_args(path, dataset, h5py_options, storage_options, access)
         self._init_state(args, structure, schema)
+        self._want_cf(mask_and_scale)
         if optional_deps.HAS_H5PY:  # else checked at first use, where h5py is installed
             self._live()
 
@@ -153,10 +164,12 @@ class HDF5ArraySource(ArraySource):
         *,
         structure: SampleStructure = EXCHANGEABLE,
         schema: Schema | None = None,
+        mask_and_scale: bool = False,
     ) -> HDF5ArraySource:
         """Wrap an open ``h5py.Dataset``; pickling reopens its file by path, read-only.
 
-        Closing the returned source does not close the caller's file.
+        Closing the returned source does not close the caller's file. ``mask_and_scale`` as
+        for the constructor.
         """
         file = dataset.file
         reopenable = file.driver not in ("core", "fileobj") and os.path.isfile(file.filename)
@@ -166,6 +179,7 @@ class HDF5ArraySource(ArraySource):
             structure,
             schema,
         )
+        obj._want_cf(mask_and_scale)
         where = f"{dataset.name!r} in {display_path(file.filename)!r}"
         require_filters(dataset, where)
         check_external(dataset, file.filename if reopenable else None, where)
@@ -220,6 +234,9 @@ class HDF5ArraySource(ArraySource):
             chunks=None if chunks is None else tuple(chunks),
         )
 
+    def _cf_attributes(self, handle: Any) -> CFAttributes:
+        return hdf5_cf_attributes(handle)
+
     def _chunk_reader(self, handle: Any) -> HDF5ChunkReader | None:
         if self._remote is not None and self._args is not None:
             fs, path, _file = self._remote
@@ -245,9 +262,9 @@ class HDF5ArraySource(ArraySource):
             if reader is not None:
                 return self._read_chunks(reader, key)
             self._check_plugin_sizes(handle, key)
-            return np.asarray(handle[key])
+            return self._decoded(np.asarray(handle[key]))
         self._check_file(mapped)
-        return np.array(mapped[key], copy=True, subok=False)
+        return self._decoded(np.array(mapped[key], copy=True, subok=False))
 
     def _check_plugin_sizes(self, handle: Any, key: tuple[int | slice, ...]) -> None:
         """Refuse chunks of ``key`` whose zstd/blosc/lz4 data would decode past the chunk."""
@@ -277,7 +294,13 @@ class HDF5ArraySource(ArraySource):
             super()._read_boxes_into(handle, starts, size, out)
         else:
             self._check_file(mapped)
-            read_strided(mapped.view(np.ndarray), starts, size, out)
+            cf = None if self._meta is None else self._meta.cf
+            if cf is None:
+                read_strided(mapped.view(np.ndarray), starts, size, out)
+                return
+            raw = np.empty(out.shape, dtype=mapped.dtype)  # stored values, decoded at once
+            read_strided(mapped.view(np.ndarray), starts, size, raw)
+            out[...] = cf.decode(raw)
 
     def _release(self, handle: Any) -> None:
         self._mapped = self._sized = None

@@ -29,8 +29,48 @@ from typing import Any
 import numpy as np
 
 from mixle.reading import CorruptChunkError, new_token
+from mixle.utils import optional_deps
 
-__all__ = ["SegmentLayout", "TiffChunkReader"]
+__all__ = ["SegmentLayout", "TiffChunkReader", "require_decodable"]
+
+
+def require_decodable(tifffile: Any, keyframe: Any, where: str) -> None:
+    """Refuse a series whose compression or predictor tifffile cannot undo here.
+
+    Raises
+    ------
+    ImportError
+        When the compression needs imagecodecs and it is not installed: the message names
+        the compression and ``pip install -e ".[tiff]"``.
+    ValueError
+        When neither tifffile nor the installed imagecodecs decode it (an unknown or
+        proprietary compression or predictor), naming it.
+    """
+    tiff = tifffile.TIFF
+    checks = (
+        ("compression", keyframe.compression, tiff.DECOMPRESSORS),
+        ("predictor", keyframe.predictor, tiff.UNPREDICTORS),
+    )
+    for what, code, table in checks:
+        if int(code) == 1:
+            continue
+        try:
+            table[code]
+        except KeyError:
+            name = getattr(code, "name", None)
+            spelled = f"{int(code)} ({name})" if name else f"{int(code)}"
+            if not optional_deps.HAS_IMAGECODECS:
+                raise ImportError(
+                    f"{where} is stored with TIFF {what} {spelled}, which needs imagecodecs, "
+                    'which is not installed: pip install -e ".[tiff]" in a clone of the mixle '
+                    "repository (the name mixle on the package index belongs to an unrelated "
+                    "project)"
+                ) from None
+            raise ValueError(
+                f"{where} is stored with TIFF {what} {spelled}, which neither tifffile nor "
+                "the installed imagecodecs decodes; a newer imagecodecs may "
+                '(pip install -U imagecodecs, or pip install -e ".[tiff]")'
+            ) from None
 
 
 class SegmentLayout:

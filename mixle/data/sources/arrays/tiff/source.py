@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,13 +12,19 @@ import numpy as np
 from mixle.data.schema import Schema
 from mixle.data.sources.arrays.base import ArrayMeta, ArraySource
 from mixle.data.sources.arrays.memmap.check import check_mapped_file, file_identity
-from mixle.data.sources.arrays.tiff.chunks import SegmentLayout, TiffChunkReader
+from mixle.data.sources.arrays.tiff.chunks import (
+    SegmentLayout,
+    TiffChunkReader,
+    require_decodable,
+)
+from mixle.data.sources.arrays.tiff.imagej import imagej_physical
 from mixle.data.sources.arrays.tiff.ome import ome_physical
 from mixle.data.sources.arrays.tiff.opening import (
     contiguous_memmap,
     open_tiff,
     pick_level,
     tiff_args,
+    tifffile_module,
 )
 from mixle.data.structure import EXCHANGEABLE, SampleStructure
 from mixle.reading import read_strided
@@ -67,7 +74,9 @@ class TiffArraySource(ArraySource):
     FileNotFoundError
         When ``path`` does not exist.
     ImportError
-        At first use when tifffile is not installed: ``pip install -e ".[tiff]"``.
+        At first use when tifffile is not installed, or at open when the compression
+        needs imagecodecs and it is not: ``pip install -e ".[tiff]"``. A compression
+        neither decodes is a ``ValueError`` naming it.
     NotImplementedError
         When the series' shape is not its pages stacked on leading axes, or tifffile
         transforms its data after decoding (MD Gel).
@@ -109,6 +118,12 @@ class TiffArraySource(ArraySource):
         a = self._args
         return f"{a['path']!r}, series={a['series']}, level={a['level']}"
 
+    def _where(self) -> str:
+        """``series 0 (level 0) of 'path'``: how errors name what is read."""
+        assert self._args is not None
+        a = self._args
+        return f"series {a['series']} (level {a['level']}) of {a['path']!r}"
+
     def _open(self) -> TiffHandle:
         assert self._args is not None
         path, index, level_index = self._args["path"], self._args["series"], self._args["level"]
@@ -123,20 +138,28 @@ class TiffArraySource(ArraySource):
             mapped = contiguous_memmap(path, level, tif.byteorder)
             layout = None
             if mapped is None and level.size:
+                require_decodable(tifffile_module(), level.keyframe, self._where())
                 layout = SegmentLayout(tuple(level.shape), level.keyframe, len(level))
-            return TiffHandle(tif, series, level, mapped, layout, file_identity(path))
+            handle = TiffHandle(tif, series, level, mapped, layout, file_identity(path))
         except BaseException:
             tif.close()
             raise
+        # a source dropped without close() closes its file when the handle is collected
+        weakref.finalize(handle, tif.close)
+        return handle
 
     def _describe(self, handle: TiffHandle) -> ArrayMeta:
         index = self._args["series"] if self._args is not None else 0
-        ome = handle.file.ome_metadata if handle.file.is_ome else None
+        tif = handle.file
+        if tif.is_ome:
+            physical = ome_physical(tif.ome_metadata, handle.series, handle.level, index)
+        else:
+            physical = imagej_physical(tif.imagej_metadata, handle.level)
         return ArrayMeta(
             shape=handle.shape,
             dtype=np.dtype(handle.level.dtype),
             chunks=None if handle.layout is None else handle.layout.chunks,
-            physical=ome_physical(ome, handle.series, handle.level, index),
+            physical=physical,
         )
 
     @property
@@ -157,7 +180,7 @@ class TiffArraySource(ArraySource):
     def _chunk_reader(self, handle: TiffHandle) -> TiffChunkReader | None:
         if handle.layout is None or self._args is None:
             return None
-        return TiffChunkReader(self._args["path"], handle.level, handle.layout, self._location())
+        return TiffChunkReader(self._args["path"], handle.level, handle.layout, self._where())
 
     def _check_file(self, handle: TiffHandle, mapped: np.memmap) -> None:
         """Refuse to touch the map if the file was cut short or replaced since opening."""

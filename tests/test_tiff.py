@@ -1,0 +1,405 @@
+"""TIFF and OME-TIFF through read_tiff: every read path equals tifffile's own read.
+
+Files are written with ``tifffile.imwrite`` (tiles, strips, compressions, predictors, byte
+orders, dtypes, RGB samples, page stacks, OME and ImageJ metadata, SubIFD pyramids) with
+shapes that are not a multiple of the tile, and read back through every path of a mixle
+source; the answer is always tifffile's read of the same file.
+"""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+tifffile = pytest.importorskip("tifffile")
+pytest.importorskip("imagecodecs")
+
+import mixle  # noqa: E402
+from mixle.data.sources.arrays.tiff import TiffArraySource, read_tiff  # noqa: E402
+from mixle.testing import assert_unchanged, check_array_source  # noqa: E402
+
+SHAPE = (5, 37, 45)  # 37 x 45 pixels: edge tiles of 16 x 16 are partial
+RNG = np.random.default_rng(21)
+
+
+def _values(shape: tuple[int, ...], dtype: str) -> np.ndarray:
+    dt = np.dtype(dtype)
+    if dt.kind == "f":
+        return RNG.standard_normal(shape).astype(dt)
+    info = np.iinfo(dt)
+    return RNG.integers(info.min, info.max, size=shape, endpoint=True, dtype=dt)
+
+
+#: name -> (dtype, shape, tifffile.imwrite keywords)
+CASES: dict[str, tuple[str, tuple[int, ...], dict[str, Any]]] = {
+    "tiled-zlib-u16": ("uint16", SHAPE, {"tile": (16, 16), "compression": "zlib"}),
+    "strips-lzw-pred-i16": (
+        "int16",
+        SHAPE,
+        {"rowsperstrip": 5, "compression": "lzw", "predictor": True},
+    ),
+    "strips-packbits-u8": ("uint8", SHAPE, {"rowsperstrip": 7, "compression": "packbits"}),
+    "tiled-zstd-f32-be": (
+        "float32",
+        SHAPE,
+        {"tile": (16, 16), "compression": "zstd", "byteorder": ">"},
+    ),
+    "tiled-deflate-fpred-f64-be": (
+        "float64",
+        SHAPE,
+        {"tile": (16, 32), "compression": "zlib", "predictor": True, "byteorder": ">"},
+    ),
+    "tiled-raw-i16": ("int16", SHAPE, {"tile": (16, 16)}),
+    "strips-raw-generic-u16": ("uint16", SHAPE, {"rowsperstrip": 6, "metadata": None}),
+    "contiguous-u16": ("uint16", SHAPE, {}),
+    "contiguous-f64-be": ("float64", SHAPE, {"byteorder": ">"}),
+    "generic-zlib-f32": (
+        "float32",
+        SHAPE,
+        {"tile": (16, 16), "compression": "zlib", "metadata": None},
+    ),
+    "rgb-contig-jpeg": (
+        "uint8",
+        (2, 40, 50, 3),
+        {"photometric": "rgb", "tile": (16, 16), "compression": "jpeg"},
+    ),
+    "rgb-separate-zlib": (
+        "uint8",
+        (3, 37, 45),
+        {"photometric": "rgb", "planarconfig": "separate", "tile": (16, 16), "compression": 8},
+    ),
+    "volumetric-zlib": (
+        "uint8",
+        (20, 33, 40),
+        {"tile": (8, 16, 16), "compression": "zlib", "volumetric": True},
+    ),
+    "bigtiff-zstd": ("uint16", SHAPE, {"bigtiff": True, "tile": (16, 16), "compression": "zstd"}),
+    "single-page-strips": ("uint16", (37, 45), {"rowsperstrip": 4, "compression": "zlib"}),
+}
+
+KEYS: list[Any] = [
+    (1,),
+    (-1, slice(3, 30)),
+    (slice(1, 5), 3),
+    (Ellipsis, 2),
+    (slice(0, 5, 2), slice(1, 37, 3), slice(None)),
+    (4, slice(2, 37), -2),
+    (slice(None, None, -1), slice(10, 20), slice(40, 5, -3)),
+]
+
+
+def _write(path: Path, case: str) -> Path:
+    dtype, shape, options = CASES[case]
+    tifffile.imwrite(path, _values(shape, dtype), **options)
+    return path
+
+
+def _box(corner: Any, size: Any) -> tuple[slice, ...]:
+    return tuple(slice(a, a + n) for a, n in zip(corner, size))
+
+
+def assert_every_path_is_tifffile(src: TiffArraySource, want: np.ndarray) -> None:
+    """Keys, boxes, batches, records and patches of ``src`` all equal ``want``."""
+    assert src.shape == want.shape and src.dtype == want.dtype
+    np.testing.assert_array_equal(src[...], want)
+    for key in KEYS:
+        key = key[: want.ndim]
+        try:
+            expected = want[key]
+        except IndexError:  # not a key of this shape
+            continue
+        np.testing.assert_array_equal(src[key], expected, err_msg=f"key={key!r}")
+    patch = tuple(min(n, k) for n, k in zip(want.shape, (3, 17, 19, 3)))
+    rng = np.random.default_rng(0)
+    starts = [
+        [int(rng.integers(0, n - p + 1)) for n, p in zip(want.shape, patch)] for _ in range(8)
+    ]
+    starts.append([n - p for n, p in zip(want.shape, patch)])
+    boxes = src.read_boxes(starts, patch)
+    for got, corner in zip(boxes, starts):
+        np.testing.assert_array_equal(got, want[_box(corner, patch)], err_msg=f"box {corner}")
+    rows = np.array([len(want) - 1, 0, len(want) // 2, 0, -1])
+    np.testing.assert_array_equal(src.get_batch(rows), want[rows])
+    for got, expected in zip(src.records(), want):
+        np.testing.assert_array_equal(got, expected)
+    sampler = mixle.PatchSampler(src, patch, num_patches=8, seed=3)
+    patches, corners = sampler.get_batch(np.arange(8))
+    for got, corner in zip(patches, corners):
+        np.testing.assert_array_equal(got, want[_box(corner, patch)], err_msg=f"{corner}")
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_every_read_path_equals_tifffile(tmp_path, case):
+    path = _write(tmp_path / "x.tif", case)
+    want = tifffile.imread(path)
+    with assert_unchanged(path):
+        assert_every_path_is_tifffile(read_tiff(path), want)
+        check_array_source(read_tiff(path), want)
+
+
+def test_tiles_are_the_chunks_and_contiguous_data_is_mapped(tmp_path):
+    tiled = read_tiff(_write(tmp_path / "t.tif", "tiled-zlib-u16"))
+    assert tiled.chunks == (1, 16, 16) and tiled.axes == "QYX"
+    strips = read_tiff(_write(tmp_path / "s.tif", "strips-lzw-pred-i16"))
+    assert strips.chunks == (1, 5, 45)
+    rgb = read_tiff(_write(tmp_path / "rgb.tif", "rgb-contig-jpeg"))
+    assert rgb.chunks == (1, 16, 16, 3) and rgb.axes.endswith("YXS")
+    planar = read_tiff(_write(tmp_path / "p.tif", "rgb-separate-zlib"))
+    assert planar.chunks == (1, 16, 16)
+    mapped = read_tiff(_write(tmp_path / "c.tif", "contiguous-f64-be"))
+    assert mapped.chunks is None and mapped.dtype == np.dtype("float64")  # native order
+
+
+def test_reads_decode_each_tile_once(tmp_path, monkeypatch):
+    src = read_tiff(_write(tmp_path / "t.tif", "tiled-zlib-u16"))
+    reader = src._reader_for(src._live())
+    calls: list[tuple[int, ...]] = []
+    real = reader.read_chunk
+    monkeypatch.setattr(reader, "read_chunk", lambda c: calls.append(c) or real(c))
+    src.read_boxes([[0, 0, 0], [0, 1, 1], [0, 2, 2]], [2, 16, 16])
+    assert len(calls) == len(set(calls)) == 2 * 4  # 2 pages x 2 x 2 tiles, each once
+
+
+def test_pyramid_levels_from_subifds(tmp_path):
+    path = tmp_path / "pyr.ome.tif"
+    base = _values((70, 90), "uint16")
+    with tifffile.TiffWriter(path, ome=True) as w:
+        options = {"tile": (16, 16), "compression": "zlib"}
+        meta = {"axes": "YX", "PhysicalSizeX": 0.5, "PhysicalSizeY": 0.25}
+        w.write(base, subifds=2, metadata=meta, **options)
+        w.write(base[::2, ::2], subfiletype=1, **options)
+        w.write(base[::4, ::4], subfiletype=1, **options)
+    src = read_tiff(path)
+    assert src.levels == [(70, 90), (35, 45), (18, 23)]
+    with tifffile.TiffFile(path) as tif:
+        wants = [lv.asarray() for lv in tif.series[0].levels]
+    for k, want in enumerate(wants):
+        level = read_tiff(path, level=k)
+        np.testing.assert_array_equal(want, tifffile.imread(path, series=0, level=k))
+        assert_every_path_is_tifffile(level, want)
+    assert read_tiff(path, level=1).spacing == (0.5, 1.0)
+    assert read_tiff(path, level=2).spacing == pytest.approx((0.25 * 70 / 18, 0.5 * 90 / 23))
+    with pytest.raises(ValueError, match=r"level=3 is out of range.*3 pyramid levels"):
+        read_tiff(path, level=3)
+    with pytest.raises(ValueError, match=r"series=1 is out of range.*holds 1 series"):
+        read_tiff(path, series=1)
+
+
+def test_several_series(tmp_path):
+    path = tmp_path / "two.tif"
+    first, second = _values((3, 20, 30), "uint8"), _values((17, 19), "float32")
+    with tifffile.TiffWriter(path) as w:
+        w.write(first, photometric="minisblack", tile=(16, 16), compression="zlib")
+        w.write(second, compression="zstd")
+    for index, want in enumerate((first, second)):
+        src = read_tiff(path, series=index)
+        np.testing.assert_array_equal(tifffile.imread(path, series=index), want)
+        assert_every_path_is_tifffile(src, want)
+
+
+def test_ome_axes_and_physical_sizes(tmp_path):
+    path = tmp_path / "o.ome.tif"
+    data = _values((3, 2, 37, 45), "uint16")
+    meta = {
+        "axes": "ZCYX",
+        "PhysicalSizeX": 0.5,
+        "PhysicalSizeY": 0.25,
+        "PhysicalSizeZ": 2.0,
+        "PhysicalSizeZUnit": "nm",
+    }
+    tifffile.imwrite(path, data, ome=True, metadata=meta, tile=(16, 16), compression="zlib")
+    src = read_tiff(path)
+    assert src.axes == "ZCYX"
+    assert src.spacing == (2.0, 1.0, 0.25, 0.5)
+    physical = src.physical
+    assert physical is not None
+    assert physical.axes == ("z", "c", "y", "x")
+    assert physical.units == ("nm", None, "µm", "µm")  # OME's default unit is µm
+    np.testing.assert_array_equal(src.affine, np.diag([2.0, 1.0, 0.25, 0.5, 1.0]))
+    assert_every_path_is_tifffile(src, tifffile.imread(path))
+
+
+def test_plain_tiff_has_no_physical(tmp_path):
+    src = read_tiff(_write(tmp_path / "t.tif", "tiled-zlib-u16"))
+    assert src.physical is None and src.spacing is None
+
+
+def test_imagej_hyperstack_spacing(tmp_path):
+    path = tmp_path / "ij.tif"
+    data = _values((3, 4, 30, 21), "uint16")
+    meta = {"axes": "ZCYX", "spacing": 2.5, "unit": "um"}
+    tifffile.imwrite(path, data, imagej=True, metadata=meta, resolution=(4.0, 8.0))
+    src = read_tiff(path)
+    assert src.axes == "ZCYX"
+    assert src.spacing == (2.5, 1.0, 0.125, 0.25)
+    assert src.physical is not None and src.physical.units == ("µm", None, "µm", "µm")
+    assert_every_path_is_tifffile(src, tifffile.imread(path))
+
+
+def _flip_tile(src: Path, dst: Path, page: int, tile: int) -> None:
+    dst.write_bytes(src.read_bytes())
+    with tifffile.TiffFile(dst) as tif:
+        frame = tif.pages[page]
+        offset, count = frame.dataoffsets[tile], frame.databytecounts[tile]
+    with open(dst, "r+b") as fh:
+        fh.seek(offset)
+        raw = fh.read(count)
+        fh.seek(offset)
+        fh.write(bytes(b ^ 0xFF for b in raw))
+
+
+def test_corrupt_tile_names_file_page_and_tile(tmp_path):
+    good = _write(tmp_path / "good.tif", "tiled-zlib-u16")
+    bad = tmp_path / "bad.tif"
+    _flip_tile(good, bad, page=2, tile=4)
+    with pytest.raises(ValueError, match="libdeflate"):  # tifffile refuses it too
+        tifffile.imread(bad)
+    src = read_tiff(bad)
+    with assert_unchanged(bad):
+        for read in (
+            lambda: src[...],
+            lambda: src.read_boxes([[2, 16, 16]], [1, 4, 4]),
+            lambda: src.get_batch([2]),
+        ):
+            with pytest.raises(mixle.CorruptChunkError, match=r"tile 4 of page 2 of series 0"):
+                read()
+    np.testing.assert_array_equal(src[1], tifffile.imread(good)[1])  # other pages read
+
+
+@pytest.mark.parametrize("decoded", [16 * 8 * 2, 16 * 16 * 2 * 64])  # half a tile; 64 tiles
+def test_tile_decoding_to_another_size_is_corrupt(tmp_path, decoded):
+    import zlib
+
+    good = _write(tmp_path / "good.tif", "tiled-zlib-u16")
+    bad = tmp_path / "resized.tif"
+    bad.write_bytes(good.read_bytes())
+    with tifffile.TiffFile(bad) as tif:
+        frame = tif.pages[1]
+        offset, count = frame.dataoffsets[0], frame.databytecounts[0]
+    stream = zlib.compress(bytes(decoded))
+    assert len(stream) <= count
+    with open(bad, "r+b") as fh:
+        fh.seek(offset)
+        fh.write(stream + bytes(count - len(stream)))
+    src = read_tiff(bad)
+    match = r"tile 0 of page 1 of series 0 \(level 0\) of '.*resized.tif'.*corrupt"
+    with pytest.raises(mixle.CorruptChunkError, match=match):
+        src[1]
+
+
+def test_truncated_file(tmp_path):
+    good = _write(tmp_path / "good.tif", "tiled-zlib-u16")
+    cut = tmp_path / "cut.tif"
+    with tifffile.TiffFile(good) as tif:
+        last = tif.pages[4]
+        end = last.dataoffsets[-1] + last.databytecounts[-1]
+    cut.write_bytes(good.read_bytes()[: end - 5])
+    with tifffile.TiffFile(cut) as tif:
+        assert tif.pages[4].dataoffsets[-1] + tif.pages[4].databytecounts[-1] == end
+    src = read_tiff(cut)
+    with pytest.raises(mixle.CorruptChunkError, match=r"truncated.*cut.tif"):
+        src[4]
+    np.testing.assert_array_equal(src[0], tifffile.imread(good)[0])
+
+
+def test_contiguous_data_cut_short_is_refused_at_open(tmp_path):
+    good = _write(tmp_path / "good.tif", "contiguous-u16")
+    with tifffile.TiffFile(good) as tif:
+        end = tif.series[0].dataoffset + tif.series[0].nbytes
+    cut = tmp_path / "cut.tif"
+    cut.write_bytes(good.read_bytes()[: end - 10])
+    with pytest.raises(mixle.CorruptChunkError, match=r"cut.tif.*cut short"):
+        read_tiff(cut)
+
+
+def test_mapped_file_truncated_after_open(tmp_path):
+    path = _write(tmp_path / "c.tif", "contiguous-u16")
+    src = read_tiff(path)
+    with open(path, "r+b") as fh:
+        fh.truncate(1000)
+    with pytest.raises(mixle.FileChangedError):
+        src[...]
+
+
+def test_unknown_compression_is_named(tmp_path):
+    path = _write(tmp_path / "u.tif", "tiled-zlib-u16")
+    with tifffile.TiffFile(path, mode="r+") as tif:
+        for page in tif.pages:
+            page.tags["Compression"].overwrite(12345)
+    with pytest.raises(ValueError, match=r"compression 12345.*imagecodecs"):
+        read_tiff(path)
+
+
+def test_missing_imagecodecs_names_the_extra(tmp_path, monkeypatch):
+    from mixle.utils import optional_deps
+
+    path = _write(tmp_path / "u.tif", "tiled-zlib-u16")
+    with tifffile.TiffFile(path, mode="r+") as tif:
+        for page in tif.pages:
+            page.tags["Compression"].overwrite(12345)
+    monkeypatch.setattr(optional_deps, "HAS_IMAGECODECS", False)
+    with pytest.raises(ImportError, match=r'compression 12345.*pip install -e "\.\[tiff\]"'):
+        read_tiff(path)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"path": "https://example.org/x.tif"}, ValueError, r"is a URL.*local paths only"),
+        ({"path": 3}, TypeError, r"path=3 must be a path"),
+        ({"series": -1}, ValueError, r"series=-1 must be >= 0"),
+        ({"series": 1.0}, TypeError, r"series=1.0 must be an int"),
+        ({"level": True}, TypeError, r"level=True must be an int"),
+        ({"series": 4}, ValueError, r"series=4 is out of range.*holds 1 series \(0 to 0\)"),
+        ({"level": 2}, ValueError, r"level=2 is out of range.*1 pyramid level \(0 to 0\)"),
+    ],
+)
+def test_bad_arguments_name_the_value(tmp_path, kwargs, error, match):
+    path = _write(tmp_path / "t.tif", "tiled-zlib-u16")
+    with pytest.raises(error, match=match):
+        read_tiff(**{"path": path, **kwargs})
+
+
+def test_not_a_tiff_and_missing_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        read_tiff(tmp_path / "none.tif")
+    other = tmp_path / "x.tif"
+    other.write_bytes(b"not a tiff at all")
+    with pytest.raises(ValueError, match="not a TIFF file"):
+        read_tiff(other)
+
+
+def test_pickle_is_by_reference(tmp_path):
+    path = _write(tmp_path / "t.tif", "tiled-zlib-u16")
+    src = read_tiff(path, series=0, level=0)
+    blob = pickle.dumps(src)
+    assert len(blob) < 1024
+    clone = pickle.loads(blob)
+    assert "not opened yet" in repr(clone)
+    np.testing.assert_array_equal(clone[...], tifffile.imread(path))
+
+
+@pytest.mark.parametrize("case", ["tiled-zlib-u16", "contiguous-u16"])
+def test_forked_child_reads_the_same_values(tmp_path, case):
+    from tests._fork_child import in_forked_child
+
+    path = _write(tmp_path / "t.tif", case)
+    want = tifffile.imread(path)
+    src = read_tiff(path)
+    np.testing.assert_array_equal(src[1:3], want[1:3])  # parent opened and read
+
+    def body() -> list[str]:
+        problems = []
+        if not np.array_equal(src[...], want):
+            problems.append("src[...] differs")
+        got = src.read_boxes([[0, 1, 2], [4, 20, 28]], [1, 16, 16])
+        if not np.array_equal(got[1], want[4:5, 20:36, 28:44]):
+            problems.append("read_boxes differs")
+        return problems
+
+    assert in_forked_child(body) == []
+    np.testing.assert_array_equal(src[...], want)  # the parent's handle still works

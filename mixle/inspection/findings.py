@@ -8,7 +8,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import Any
 
+import numpy as np
+
+from mixle.data.sources.arrays.cf import CFAttributes, CFDecoding
 from mixle.inspection.formatting import (
     count_text,
     fill_text,
@@ -27,6 +31,7 @@ __all__ = [
     "POOR_COMPRESSION_RATIO",
     "SLAB_ASPECT_RATIO",
     "SMALL_CHUNK_BYTES",
+    "cf_packed_finding",
     "with_findings",
 ]
 
@@ -74,6 +79,39 @@ def with_findings(
     found.extend(_storage_findings(report, ignored))
     found.extend(extra)
     return replace(report, findings=tuple(found), patch_cost=cost)
+
+
+def cf_packed_finding(attrs: CFAttributes, dtype: Any, reader: str) -> LayoutFinding | None:
+    """``"cf-packed"``: the array holds CF-packed values that ``reader`` reads raw by default.
+
+    ``None`` when no CF attribute is declared or decoding would change nothing. ``reader``
+    is the function that opens the array (``"read_zarr"``, ``"read_hdf5"``).
+    """
+    if not attrs.declared:
+        return None
+    named = ", ".join(f"{k}={_attribute_text(attrs.values.get(k))}" for k in attrs.declared)
+    try:
+        decoding = CFDecoding.from_attributes(attrs.values, dtype, where="this array")
+    except ValueError as exc:
+        return LayoutFinding(
+            "cf-packed",
+            "info",
+            f"CF packing attributes ({named}) that mixle cannot decode: {exc}",
+        )
+    if decoding is None:
+        return None
+    return LayoutFinding(
+        "cf-packed",
+        "info",
+        f"stored values are CF-packed ({named}): {reader}() reads the stored "
+        f"{decoding.stored} values by default; {reader}(..., mask_and_scale=True) unpacks "
+        f"them as xarray does: {decoding.describe()}",
+    )
+
+
+def _attribute_text(value: Any) -> str:
+    text = repr(value.item() if isinstance(value, np.generic) else value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _chunk_findings(

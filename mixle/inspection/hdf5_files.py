@@ -7,13 +7,14 @@ from typing import Any
 
 import numpy as np
 
+from mixle.data.sources.arrays.cf import hdf5_cf_attributes
 from mixle.data.sources.arrays.hdf5.chunks import (
     FILTER_DEFLATE,
     FILTER_SHUFFLE,
     chunk_filters,
     unwritten_chunk_value,
 )
-from mixle.inspection.findings import with_findings
+from mixle.inspection.findings import cf_packed_finding, with_findings
 from mixle.inspection.formatting import (
     BLOSC_SHUFFLE,
     count_text,
@@ -229,6 +230,9 @@ def _hdf5_dataset(
                 "parallel",
             )
         )
+    packed = cf_packed_finding(hdf5_cf_attributes(dataset), dtype, "read_hdf5")
+    if packed is not None:
+        notes.append(packed)
     report = ArrayReport(
         path=path,
         format="hdf5",

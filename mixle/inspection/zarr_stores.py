@@ -12,7 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from mixle.inspection.findings import with_findings
+from mixle.data.sources.arrays.cf import zarr_cf_attributes
+from mixle.inspection.findings import cf_packed_finding, with_findings
 from mixle.inspection.formatting import (
     BLOSC_SHUFFLE,
     plain_value,
@@ -311,6 +312,10 @@ def _zarr_array(
                 "decodes each chunk (slower for many small patches)",
             )
         )
+    attributes = zarr_cf_attributes(array)
+    packed = None if dtype is None else cf_packed_finding(attributes, dtype, "read_zarr")
+    if packed is not None:
+        notes.append(packed)
     report = ArrayReport(
         path=path,
         format=fmt,

@@ -54,12 +54,30 @@ def read_zarr(
     component: str | None = None,
     *,
     storage_options: dict[str, Any] | None = None,
+    branch: str | None = None,
+    tag: str | None = None,
+    snapshot: str | None = None,
     structure: SampleStructure = EXCHANGEABLE,
     schema: Schema | None = None,
+    mask_and_scale: bool = False,
 ) -> ZarrArraySource:
-    """Open a zarr array lazily; see :class:`ZarrArraySource` (needs ``mixle[zarr]`` to read)."""
+    """Open a zarr array lazily; see :class:`ZarrArraySource` (needs ``mixle[zarr]`` to read).
+
+    ``path`` may also be a local ``.zip`` file holding a zarr store, or a local icechunk
+    repository folder read at ``branch=`` (default ``"main"``), ``tag=`` or ``snapshot=``
+    (needs ``mixle[icechunk]``). ``mask_and_scale=True`` decodes CF packing (``scale_factor``,
+    ``add_offset``, fill values as NaN) as xarray does; default: the stored values.
+    """
     return ZarrArraySource(
-        path, component, storage_options=storage_options, structure=structure, schema=schema
+        path,
+        component,
+        storage_options=storage_options,
+        branch=branch,
+        tag=tag,
+        snapshot=snapshot,
+        structure=structure,
+        schema=schema,
+        mask_and_scale=mask_and_scale,
     )
 
 
@@ -69,10 +87,22 @@ def read_hdf5(
     *,
     structure: SampleStructure = EXCHANGEABLE,
     schema: Schema | None = None,
+    mask_and_scale: bool = False,
     **h5py_options: Any,
 ) -> HDF5ArraySource:
-    """Open an HDF5 dataset lazily; see :class:`HDF5ArraySource` (needs ``mixle[hdf5]`` to read)."""
-    return HDF5ArraySource(path, dataset, structure=structure, schema=schema, **h5py_options)
+    """Open an HDF5 dataset lazily; see :class:`HDF5ArraySource` (needs ``mixle[hdf5]`` to read).
+
+    ``mask_and_scale=True`` decodes CF packing (netCDF-4 ``scale_factor``, ``add_offset``,
+    fill values as NaN) as xarray does; default: the stored values.
+    """
+    return HDF5ArraySource(
+        path,
+        dataset,
+        structure=structure,
+        schema=schema,
+        mask_and_scale=mask_and_scale,
+        **h5py_options,
+    )
 
 
 def read_memmap(

@@ -11,6 +11,10 @@
   (:mod:`mixle.data.sources.arrays.zarr.codecs`): a decompression bomb raises
   :class:`~mixle.reading.CorruptChunkError` having produced at most about one chunk.
   Decoders release the GIL.
+- :class:`ZipChunkReader` does the same for a zarr store in a local zip file (zarr's
+  ``ZipStore``): each chunk's member read by position from many threads at once and
+  checked against the zip's central directory
+  (:class:`~mixle.data.sources.arrays.zarr.zip_members.ZipMembers`).
 - :class:`ZarrStoreReader` decodes the same layouts from any other zarr store (fsspec URLs
   such as ``s3://`` and ``http://``, memory, zip): all the chunks a batch misses are
   fetched in one concurrent call, each request retried on its own and checked
@@ -40,12 +44,14 @@ from mixle.data.sources.arrays.zarr.local_files import (
 from mixle.data.sources.arrays.zarr.outer_shards import OuterShardDecoder
 from mixle.data.sources.arrays.zarr.stores import StoreGetter
 from mixle.data.sources.arrays.zarr.vlen import VlenChunkDecoder, VlenLimitError
+from mixle.data.sources.arrays.zarr.zip_members import ZipMembers, zip_file_of
 from mixle.reading import CorruptChunkError, new_token
 
 __all__ = [
     "Decoder",
     "ZarrCodecReader",
     "ZarrStoreReader",
+    "ZipChunkReader",
     "decode_checked",
     "fill_chunk",
     "fill_value",
@@ -174,6 +180,33 @@ def _stored_over_vlen_limit(decode: Decoder, path: str) -> VlenLimitError | None
     if oversized is None or size <= decode.stored_limit:
         return None
     return oversized(size)
+
+
+class ZipChunkReader(_DecodedChunks):
+    """Decoded chunks of an array in a local zip file (zarr's ``ZipStore``), with numcodecs.
+
+    Parameters
+    ----------
+    array, decode, where
+        As for :class:`ZarrCodecReader`; ``array.store`` is a ``zarr.storage.ZipStore``.
+    """
+
+    def __init__(self, array: Any, decode: Decoder, where: str = "") -> None:
+        super().__init__(array, decode, where)
+        store = array.store
+        self._members = ZipMembers(zip_file_of(store), os.fspath(store.path))
+        path = array.path.strip("/")
+        self._prefix = f"{path}/" if path else ""
+
+    def read_chunk(self, coords: tuple[int, ...]) -> np.ndarray:
+        key = self._meta.encode_chunk_key(coords)
+        what = f"chunk {key!r} of zarr array {self._where} (chunk grid coordinates {coords})"
+        name = self._prefix + key
+        size = self._members.size(name)
+        oversized = getattr(self._decode, "oversized", None)
+        if oversized is not None and size is not None and size > self._decode.stored_limit:
+            raise VlenLimitError(f"{what}: {oversized(size)}")  # strings past the vlen cap
+        return self.decode(coords, self._members.read(name, self._decode.stored_limit, what))
 
 
 class ZarrStoreReader(_DecodedChunks):

@@ -5,8 +5,10 @@
 - :class:`~mixle.data.sources.arrays.zarr.shards.ShardedZarrReader` for sharded arrays whose
   inner chunks mixle decodes: each shard index read once, nearby inner chunks merged into
   few requests;
-- :class:`~mixle.data.sources.arrays.zarr.chunks.ZarrCodecReader` (local stores) or
-  :class:`~mixle.data.sources.arrays.zarr.chunks.ZarrStoreReader` (fsspec URLs, memory, zip)
+- :class:`~mixle.data.sources.arrays.zarr.chunks.ZarrCodecReader` (local stores),
+  :class:`~mixle.data.sources.arrays.zarr.chunks.ZipChunkReader` (local zip files) or
+  :class:`~mixle.data.sources.arrays.zarr.chunks.ZarrStoreReader` (fsspec URLs, memory,
+  icechunk)
   for the layouts :func:`codec_chain` decodes with numcodecs, every stage bounded by the
   chunk's size (:mod:`mixle.data.sources.arrays.zarr.codecs`);
 - :class:`~mixle.data.sources.arrays.zarr.pipeline.ZarrPipelineReader` otherwise: zarr's own
@@ -33,6 +35,7 @@ from mixle.data.sources.arrays.zarr.chunks import (
     Decoder,
     ZarrCodecReader,
     ZarrStoreReader,
+    ZipChunkReader,
 )
 from mixle.data.sources.arrays.zarr.codecs import numcodecs_decoder, plain_dtype, v3_decoder
 from mixle.data.sources.arrays.zarr.outer_shards import outer_shard_decoder
@@ -50,7 +53,7 @@ def zarr_chunk_reader(
 
     ``where``/``url`` name the array in errors; ``secrets`` are masked in them.
     """
-    from zarr.storage import LocalStore
+    from zarr.storage import LocalStore, ZipStore
 
     if getattr(array, "shards", None) is not None:
         sharded = ShardedZarrReader.for_array(array, where, url, secrets)
@@ -60,6 +63,8 @@ def zarr_chunk_reader(
         return ZarrPipelineReader(array, where, url, secrets)
     if isinstance(array.store, LocalStore):
         return ZarrCodecReader(array, decode, where)
+    if isinstance(array.store, ZipStore) and array.store.read_only:
+        return ZipChunkReader(array, decode, where)
     return ZarrStoreReader(array, decode, where, url, secrets)
 
 

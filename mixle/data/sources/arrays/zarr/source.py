@@ -13,6 +13,13 @@ import numpy as np
 
 from mixle.data.schema import Schema
 from mixle.data.sources.arrays.base import ArrayMeta, ArraySource, listing
+from mixle.data.sources.arrays.cf import CFAttributes, zarr_cf_attributes
+from mixle.data.sources.arrays.zarr.by_path import (
+    open_by_path,
+    parse_version,
+    release_store,
+    version_text,
+)
 from mixle.data.sources.arrays.zarr.limits import ZARR_METADATA_LIMIT
 from mixle.data.sources.arrays.zarr.local_files import (
     bad_metadata_file,
@@ -63,13 +70,25 @@ class ZarrArraySource(ArraySource):
     path
         A local path, an fsspec URL (``memory://``, ``file://``, ``http://``, ``s3://``...),
         a zarr store object (``LocalStore``, ``MemoryStore``, tifffile's ``aszarr=True``
-        store...) or an open ``zarr.Array`` (as :meth:`from_array`).
+        store...) or an open ``zarr.Array`` (as :meth:`from_array`). A local ``.zip`` file
+        holding a zarr store is opened read-only (zarr's ``ZipStore``, ``mode="r"``); a
+        local icechunk repository folder through a read-only session (``mixle[icechunk]``).
     component
         Path of the array inside the store when ``path`` is a group.
     storage_options
         Passed to fsspec for URLs (credentials, endpoints). Never shown in reprs or errors.
+    branch, tag, snapshot
+        The version of an icechunk repository to read (at most one; default: the head of
+        branch ``"main"``). The snapshot a source first opens is pinned: reopening it,
+        after ``fork`` or unpickled, reads that same snapshot even if the branch moved on.
     structure, schema
         See :mod:`mixle.data.structure` and :class:`mixle.data.schema.Schema`.
+    mask_and_scale
+        ``True``: decode CF packing as xarray does (``scale_factor``, ``add_offset``,
+        ``_FillValue``/``missing_value`` as NaN, ``_Unsigned``; format 2: the array's
+        ``fill_value`` is the ``_FillValue``), chunk by chunk, and report the decoded dtype.
+        ``False`` (default): the stored values; a packed array warns once
+        (:class:`~mixle.data.sources.arrays.cf.PackedVariableWarning`). Times stay numbers.
 
     Raises
     ------
@@ -85,6 +104,9 @@ class ZarrArraySource(ArraySource):
         When nothing exists at ``path``.
     NotAnArrayError
         When ``path``/``component`` is a group; the message lists the arrays inside it.
+    UnsupportedStoreError
+        When ``path`` is a zip file with no zarr store in it (the message lists members), an
+        N5 container or an HDF5, TIFF, NIfTI or ``.npy`` file (it names the reader to use).
     ArrayNotFoundError
         When ``component`` does not exist; the message lists the arrays that do.
 
@@ -104,44 +126,66 @@ class ZarrArraySource(ArraySource):
         component: str | None = None,
         *,
         storage_options: dict[str, Any] | None = None,
+        branch: str | None = None,
+        tag: str | None = None,
+        snapshot: str | None = None,
         structure: SampleStructure = EXCHANGEABLE,
         schema: Schema | None = None,
+        mask_and_scale: bool = False,
     ) -> None:
+        version = parse_version(branch, tag, snapshot)
         zarr = imported("zarr")  # a zarr.Array can only exist once zarr is imported
         if zarr is not None and isinstance(path, zarr.Array):
-            if component is not None or storage_options is not None:
+            if component is not None or storage_options is not None or version is not None:
                 raise ValueError(
-                    f"path={display_path(path.store)!r} is an open zarr.Array: component= and "
-                    "storage_options= only apply to paths and URLs; pass the array alone"
+                    f"path={display_path(path.store)!r} is an open zarr.Array: component=, "
+                    "storage_options=, branch=, tag= and snapshot= only apply to paths and URLs; "
+                    "pass the array alone"
                 )
             self._init_state(_zarr_args(path.store, path.path or None, None), structure, schema)
+            self._want_cf(mask_and_scale)
             self._adopt(path)
             return
-        self._init_state(_zarr_args(path, component, storage_options), structure, schema)
+        args = _zarr_args(path, component, storage_options)
+        if version is not None:
+            args["version"] = version
+        self._init_state(args, structure, schema)
+        self._want_cf(mask_and_scale)
         if optional_deps.HAS_ZARR:  # else checked at first use, where zarr is installed
             self._live()
 
     @classmethod
     def from_array(
-        cls, array: Any, *, structure: SampleStructure = EXCHANGEABLE, schema: Schema | None = None
+        cls,
+        array: Any,
+        *,
+        structure: SampleStructure = EXCHANGEABLE,
+        schema: Schema | None = None,
+        mask_and_scale: bool = False,
     ) -> ZarrArraySource:
         """Wrap an open ``zarr.Array``; pickling reopens it from its store, read-only."""
-        return cls(array, structure=structure, schema=schema)
+        return cls(array, structure=structure, schema=schema, mask_and_scale=mask_and_scale)
 
     def _location(self) -> str:
         args = self._args or {}
         where = repr(display_path(args.get("path", "?")))
         if args.get("component"):
             where += f", component={args['component']!r}"
+        if args.get("version"):
+            where += f", {version_text(args['version'])}"
         return where
 
     def _open(self) -> Any:
         zarr = _zarr()
         assert self._args is not None
         path, component = self._args["path"], self._args["component"]
+        by_path = open_by_path(path, component, self._args.get("version"))
+        if by_path is not None and by_path.version is not None:  # reopen the same snapshot
+            self._args = {**self._args, "version": by_path.version}
         kwargs: dict[str, Any] = {"mode": "r"}
         secrets = _secrets(self._args)
         path, options = query_as_params(path, timed_storage_options(path, secrets[0]))
+        store = path if by_path is None else by_path.store
         if options:
             kwargs["storage_options"] = options
         if isinstance(path, str) and "://" not in path and not os.path.exists(path):
@@ -151,7 +195,7 @@ class ZarrArraySource(ArraySource):
             check_local_metadata(local, component or "")
         try:
             node = retry_call(
-                lambda: _open_redacted(zarr, path, component or "", kwargs, secrets),
+                lambda: _open_redacted(zarr, store, component or "", kwargs, secrets),
                 url=display_path(path),
                 key="(metadata)",
                 secrets=secrets,
@@ -159,7 +203,7 @@ class ZarrArraySource(ArraySource):
         except FileNotFoundError as exc:
             if component:
                 try:
-                    root = zarr.open_group(store=path, **kwargs)
+                    root = zarr.open_group(store=store, **kwargs)
                 except FileNotFoundError:
                     pass
                 else:
@@ -198,6 +242,10 @@ class ZarrArraySource(ArraySource):
             )
         return node
 
+    def _release(self, handle: Any) -> None:
+        if handle.store is not (self._args or {}).get("path"):
+            release_store(handle.store)  # a zip file mixle opened: its descriptor
+
     def _read(self, handle: Any, key: tuple[int | slice, ...]) -> np.ndarray:
         # the same chunk reader and plan executor as read_boxes, for every store and layout
         reader = self._reader_for(handle)
@@ -210,6 +258,9 @@ class ZarrArraySource(ArraySource):
         if url and args.get("component"):
             url = f"{url.rstrip('/')}/{args['component']}"
         return zarr_chunk_reader(handle, self._location(), url, secrets=_secrets(args))
+
+    def _cf_attributes(self, handle: Any) -> CFAttributes:
+        return zarr_cf_attributes(handle)
 
     def _describe(self, handle: Any) -> ArrayMeta:
         shards = getattr(handle, "shards", None)

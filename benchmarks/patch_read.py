@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -327,15 +328,34 @@ class Opened(NamedTuple):
     close: Callable[[], None]
 
 
+class Variant(NamedTuple):
+    """One mixle row: its label, the decoded-chunk cache budget, what runs before a pass."""
+
+    label: str
+    cache_bytes: int
+    before_pass: Callable[[], None] | None = None
+
+
+#: mixle's rows for a chunked format: the cache on (emptied per pass) and off.
+CHUNKED = (Variant("mixle", CACHE_BYTES), Variant("mixle, no cache", 0))
+
+
 @dataclass(frozen=True)
 class Format:
-    """One stored volume, the library's own read of it and mixle's reader for it."""
+    """One stored volume, the library's own read of it and mixle's reader for it.
+
+    ``cached`` says what mixle keeps between or within passes, for the table's notes;
+    ``chunked``: whether mixle reads it through the decoded-chunk cache.
+    """
 
     name: str
     stored: str
     library: str
     open_library: Callable[[], Opened]
     open_mixle: Callable[[], Any]
+    variants: tuple[Variant, ...] = CHUNKED
+    chunked: bool = True
+    cached: str = ""
 
 
 def format_volume(size: int) -> np.ndarray:
@@ -389,8 +409,16 @@ def tiff_format(folder: Path, vol: np.ndarray) -> Format:
 
 
 def nifti_format(folder: Path, vol: np.ndarray, suffix: str) -> Format:
-    """A NIfTI-1 file (``.nii`` or gzip ``.nii.gz``) and nibabel's ``img.dataobj[box]``."""
+    """A NIfTI-1 file (``.nii`` or gzip ``.nii.gz``) and nibabel's ``img.dataobj[box]``.
+
+    mixle memory-maps a ``.nii``; a ``.nii.gz`` it inflates once into its on-disk cache
+    (``$MIXLE_CACHE_DIR/nifti``) and memory-maps that copy. The ``mixle`` row of a
+    ``.nii.gz`` deletes the copy before every pass (each pass inflates the whole file, in
+    the timed open); ``mixle, copy kept`` reads through the copy a first open left.
+    """
     import nibabel as nib
+
+    from mixle.data.sources.records.text.row_index import cache_dir
 
     path = folder / f"v{len(vol)}{suffix}"
     _write_once(path, lambda p: nib.save(nib.Nifti1Image(vol, np.eye(4)), p))
@@ -404,9 +432,35 @@ def nifti_format(folder: Path, vol: np.ndarray, suffix: str) -> Format:
 
         return read_nifti(path)
 
-    how = "gzip, one stream" if suffix.endswith(".gz") else "uncompressed"
-    return Format(suffix[1:], f"{path.name}: NIfTI-1, {how}", "nibabel img.dataobj[box]",
-                  library, mixle_reader)  # fmt: skip
+    def forget_copies() -> None:
+        shutil.rmtree(cache_dir() / "nifti", ignore_errors=True)
+
+    if suffix.endswith(".gz"):
+        how, cached = (
+            "gzip, one stream",
+            (
+                "mixle: 'mixle' deletes its inflated on-disk copy before every pass (the timed "
+                "open inflates the whole file), 'mixle, copy kept' maps the copy of an earlier "
+                "open; nibabel inflates from the file's start up to each patch"
+            ),
+        )
+        variants = (
+            Variant("mixle", CACHE_BYTES, forget_copies),
+            Variant("mixle, copy kept", CACHE_BYTES),
+        )
+    else:
+        how, cached = "uncompressed", "mixle memory-maps the file (nothing decoded to cache)"
+        variants = (Variant("mixle", CACHE_BYTES),)
+    return Format(
+        suffix[1:],
+        f"{path.name}: NIfTI-1, {how}",
+        "np.asarray(nibabel img.dataobj[box])",
+        library,
+        mixle_reader,
+        variants,
+        chunked=False,
+        cached=cached,
+    )
 
 
 def n5_format(folder: Path, vol: np.ndarray) -> Format:
@@ -543,15 +597,18 @@ def library_pass(fmt: Format, starts: np.ndarray, seconds: float) -> tuple[int, 
         opened.close()
 
 
-def mixle_pass(fmt: Format, starts: np.ndarray, cache_bytes: int) -> tuple[int, float, int]:
+def mixle_pass(fmt: Format, starts: np.ndarray, variant: Variant) -> tuple[int, float, int]:
     """Patches, seconds and chunks decoded by one pass of ``read_boxes`` (open timed).
 
-    The decoded-chunk cache is emptied first, then holds ``cache_bytes`` within the pass.
+    The decoded-chunk cache is emptied first, then holds ``variant.cache_bytes`` within
+    the pass.
     """
     from mixle.reading import chunk_cache, set_chunk_cache_bytes
 
-    set_chunk_cache_bytes(cache_bytes)
+    set_chunk_cache_bytes(variant.cache_bytes)
     chunk_cache().clear()
+    if variant.before_pass is not None:
+        variant.before_pass()
     out = np.empty((BATCH, *(PATCH,) * 3), dtype="f4")
     t0 = time.perf_counter()
     src = fmt.open_mixle()
@@ -589,46 +646,54 @@ def same_patches(fmt: Format, starts: np.ndarray, vol: np.ndarray) -> bool:
     return bool(np.array_equal(got[:CHECKED_PATCHES], lib))
 
 
-CONTENDERS = ("library", "mixle", "mixle, no cache")
-
-
 def format_rows(fmt: Format, size: int, patches: int, rounds: int) -> list[dict[str, Any]]:
-    """The three rows of one format, interleaved over ``rounds`` rounds (best pass each)."""
+    """The library's row and mixle's of one format, interleaved over ``rounds`` rounds.
+
+    Each row shows its best pass; ``x_library`` is that over the library's best pass, and
+    ``x_library_low``/``_high`` the range of the rounds' own ratios.
+    """
     where = corners(size, patches, seed=3)
     row: dict[str, Any] = {"table": "formats", "format": fmt.name, "stored": fmt.stored}
     try:
         same = same_patches(fmt, where, format_volume(size))  # also the warm-up
     except ImportError as exc:
         return [{**row, "contender": "mixle", "missing": str(exc)}]
-    passes: dict[str, list[tuple[float, float]]] = {c: [] for c in CONTENDERS}
+    lib_rates: list[float] = []
+    passes: dict[str, list[tuple[float, float]]] = {v.label: [] for v in fmt.variants}
     for _ in range(rounds):
         done, seconds = library_pass(fmt, where, PASS_SECONDS)
-        passes["library"].append((done / seconds, float("nan")))
-        for contender, budget in (("mixle", CACHE_BYTES), ("mixle, no cache", 0)):
-            done, seconds, decoded = mixle_pass(fmt, where, budget)
-            passes[contender].append((done / seconds, decoded / done))
-    rows = []
-    lib_rates = [rate for rate, _ in passes["library"]]
-    for contender in CONTENDERS:
-        rates = [rate for rate, _ in passes[contender]]
+        lib_rates.append(done / seconds)
+        for variant in fmt.variants:
+            done, seconds, decoded = mixle_pass(fmt, where, variant)
+            passes[variant.label].append((done / seconds, decoded / done))
+    best = max(lib_rates)
+    rows = [
+        {**row, "contender": "library", "read": fmt.library, "rate": best, "x_library": 1.0,
+         "x_library_low": 1.0, "x_library_high": 1.0, "chunks_per_patch": None,
+         "same": same, "rounds": rounds}
+    ]  # fmt: skip
+    for label, got in passes.items():
+        rates = [rate for rate, _ in got]
         ratios = [r / lib for r, lib in zip(rates, lib_rates)]
         rows.append({
             **row,
-            "contender": contender,
-            "read": fmt.library if contender == "library" else "read_boxes",
+            "contender": label,
+            "read": "read_boxes",
             "rate": max(rates),
-            "x_library": max(rates) / max(lib_rates),
+            "x_library": max(rates) / best,
             "x_library_low": min(ratios),
             "x_library_high": max(ratios),
-            "chunks_per_patch": passes[contender][0][1] if contender != "library" else None,
+            "chunks_per_patch": got[0][1] if fmt.chunked else None,
             "same": same,
             "rounds": rounds,
         })  # fmt: skip
     return rows
 
 
-def print_formats(rows: list[dict[str, Any]], size: int, patches: int, rounds: int) -> None:
-    """The formats table, what each pass caches, and the goal line."""
+def print_formats(
+    rows: list[dict[str, Any]], stored: list[Format], size: int, patches: int, rounds: int
+) -> None:
+    """The formats table, what each pass caches, and one goal line per mixle row kind."""
     from mixle.reading import decode_threads
 
     print()
@@ -638,20 +703,23 @@ def print_formats(rows: list[dict[str, Any]], size: int, patches: int, rounds: i
         f"shown, [range] of the rounds' ratios), {decode_threads()} decode threads"
     )
     print(
-        "  cached: the OS page cache is warm (every file read once first). Every pass opens a "
-        "fresh handle (timed) and keeps nothing from the pass before: mixle's decoded-chunk "
-        f"cache is emptied before each pass (chunk_cache().clear()), then holds up to "
-        f"{CACHE_BYTES // MIB} MiB within the pass ('mixle') or nothing ('mixle, no cache': "
-        "each batch decodes what it touches once); tensorstore runs with cache_pool 0; "
-        "tifffile's zarr store, nibabel and blosc2 keep no decoded data between reads."
+        "  cached: the OS page cache is warm (every file read once first). Every pass opens "
+        "a fresh handle (timed) and keeps nothing decoded from the pass before: mixle's "
+        f"decoded-chunk cache is emptied before each pass (chunk_cache().clear()), then holds "
+        f"up to {CACHE_BYTES // MIB} MiB within the pass ('mixle') or nothing ('mixle, no "
+        "cache': each batch decodes what it touches once); tensorstore runs with cache_pool "
+        "0; tifffile's zarr store, nibabel and blosc2 keep no decoded data between reads."
     )
+    for fmt in stored:
+        if fmt.cached:
+            print(f"  cached ({fmt.name}): {fmt.cached}")
     print(
         f"  a library pass stops at the first patch (tensorstore: batch) past {PASS_SECONDS:g} s;"
         f" 'same': mixle's first batch equals the written volume and the library's read of "
         f"its first {CHECKED_PATCHES} patches; chunks/patch: chunks mixle decoded per patch"
     )
     print(
-        f"{'format':<7} {'contender':<52} {'patches/s':>10} {'x library':>20} "
+        f"{'format':<7} {'contender':<52} {'patches/s':>10} {'x library':>22} "
         f"{'chunks/patch':>13} {'same':>5}"
     )
     shown = None
@@ -663,27 +731,25 @@ def print_formats(rows: list[dict[str, Any]], size: int, patches: int, rounds: i
             print(f"{r['format']:<7} {'mixle':<52} reader not available: {r['missing']}")
             continue
         label = r["read"] if r["contender"] == "library" else f"{r['contender']} read_boxes"
-        ratio = (
-            f"{r['x_library']:.2f} [{r['x_library_low']:.2f}-{r['x_library_high']:.2f}]"
-            if r["contender"] != "library"
-            else "1.00"
-        )
+        ratio = f"{r['x_library']:.2f} [{r['x_library_low']:.2f}-{r['x_library_high']:.2f}]"
         per = "-" if r["chunks_per_patch"] is None else f"{r['chunks_per_patch']:.2f}"
         print(
-            f"{r['format']:<7} {label:<52} {r['rate']:>10.0f} {ratio:>20} {per:>13} "
+            f"{r['format']:<7} {label:<52} {r['rate']:>10.0f} {ratio:>22} {per:>13} "
             f"{r['same']!s:>5}"
         )
-    for contender in CONTENDERS[1:]:
-        mine = [r for r in rows if r.get("contender") == contender and "rate" in r]
+    missing = [r["format"] for r in rows if "missing" in r]
+    labels = dict.fromkeys(r["contender"] for r in rows if r["contender"] != "library")
+    for label in labels:
+        mine = [r for r in rows if r["contender"] == label and "rate" in r]
         if not mine:
             continue
         worst = min(mine, key=lambda r: r["x_library"])
-        missing = [r["format"] for r in rows if "missing" in r]
-        met = worst["x_library"] >= GOAL and not missing
+        met = worst["x_library"] >= GOAL and (label != "mixle" or not missing)
+        names = ", ".join(r["format"] for r in mine)
         print(
-            f"goal ({contender}): >= {GOAL:g}x the library's own read on every format: worst "
+            f"goal ({label}): >= {GOAL:g}x the library's own read ({names}): worst "
             f"{worst['x_library']:.2f} ({worst['format']})"
-            + (f"; no reader for {', '.join(missing)}" if missing else "")
+            + (f"; no reader for {', '.join(missing)}" if missing and label == "mixle" else "")
             + (" -- met" if met else " -- NOT met")
         )
 
@@ -824,6 +890,8 @@ def main() -> None:
         if formats:
             where = folder / f"formats-{args.format_size}"
             where.mkdir(exist_ok=True)
+            # mixle's on-disk caches (a .nii.gz's inflated copy) live beside the data
+            os.environ["MIXLE_CACHE_DIR"] = str(folder / "mixle-cache")
             t0 = time.perf_counter()
             stored = write_formats(where, args.format_size, formats)
             warm_page_cache(where)
@@ -832,7 +900,7 @@ def main() -> None:
             for fmt in stored:
                 found += format_rows(fmt, args.format_size, args.format_patches, args.rounds)
             rows += found
-            print_formats(found, args.format_size, args.format_patches, args.rounds)
+            print_formats(found, stored, args.format_size, args.format_patches, args.rounds)
     if args.json:
         for row in rows:
             print(json.dumps(row))

@@ -43,7 +43,17 @@ from mixle.data.sampling.patch_args import (
     split_channels,
 )
 from mixle.data.sampling.patch_layout import PatchLayout, parse_patch_layout
-from mixle.data.sampling.patch_sampler import PatchSampler
+from mixle.data.sampling.patch_sampler import PatchSampler, check_size_args, parse_world
+from mixle.data.sampling.physical_patches import (
+    WORLD_KEY,
+    SizeMm,
+    describe_sizes,
+    finest_array,
+    parse_patch_size_mm,
+    patch_size_from_mm,
+    spatial_affine,
+    world_positions,
+)
 from mixle.data.sampling.volume_args import (
     full_size,
     parse_columns,
@@ -88,6 +98,19 @@ class VolumePatchSampler(PatchSampler, collections=VolumeCollection):
         this number, so a shuffled :class:`~mixle.Loader` keeps those runs together.
     columns
         Metadata columns of the collection added to every record (one value per patch).
+    patch_size_mm
+        As for one volume, converted with each volume's own spacing (dict volumes: the
+        finest array's) when the sampler is made, which reads every volume's metadata. The
+        volumes must all give the same voxel patch size, since a batch stacks patches of
+        one shape: volumes of different spacings raise ``ValueError`` listing the spacings
+        and the voxel sizes they give. Resample them to one spacing first (TorchIO's
+        ``Resample``, or when converting them), or pass ``patch_size=`` in voxels (the
+        same voxels in every volume, so a different physical extent per spacing).
+    world
+        ``True`` adds ``"world"``: the float64 world position of each patch's corner,
+        ``affine @ [*coords, 1]`` with that volume's own affine (dict volumes: the finest
+        array's). A volume that records no affine raises ``ValueError`` naming it, the
+        first time it is drawn.
 
     Notes
     -----
@@ -118,6 +141,10 @@ class VolumePatchSampler(PatchSampler, collections=VolumeCollection):
     weights zero wherever a patch fits, is skipped with a warning.
     """
 
+    #: ``world=True`` (class defaults: pickles made before these arguments existed).
+    _world_on: bool = False
+    _volumes_mm: SizeMm | None = None
+
     def __init__(
         self,
         array: VolumeCollection,
@@ -142,7 +169,11 @@ class VolumePatchSampler(PatchSampler, collections=VolumeCollection):
         volume_weights: Any = "uniform",
         patches_per_volume: int = 1,
         columns: Sequence[str] | None = None,
+        patch_size_mm: float | Sequence[float] | None = None,
+        world: bool = False,
     ) -> None:
+        check_size_args(patch_size, patch_size_mm)
+        self._world_on = parse_world(world)
         vols = array
         if len(vols) == 0:
             raise ValueError("the collection has no volumes; a sampler needs at least one")
@@ -159,7 +190,11 @@ class VolumePatchSampler(PatchSampler, collections=VolumeCollection):
         self._epoch = parse_epoch(epoch)
         self._replacement = bool(replacement)
         self._padding = parse_padding(padding)
-        self._patch_size_arg = parse_size(patch_size)
+        self._volumes_mm = None if patch_size_mm is None else parse_patch_size_mm(patch_size_mm)
+        if self._volumes_mm is not None:
+            self._patch_size_arg = self._mm_patch_size(self._volumes_mm)
+        else:
+            self._patch_size_arg = parse_size(patch_size)
         self._per_volume = parse_int(patches_per_volume, "patches_per_volume")
         if self._per_volume < 1:
             raise ValueError(f"patches_per_volume={patches_per_volume} must be >= 1")
@@ -194,6 +229,11 @@ class VolumePatchSampler(PatchSampler, collections=VolumeCollection):
         if self._fits(0):  # every placement argument is checked here, on volume 0
             self._volume_layout(0)
         self._columns = parse_columns(vols, columns)
+        if self._world_on and WORLD_KEY in (*self._columns, *(vols.names or ())):
+            raise ValueError(
+                f"world=True adds a {WORLD_KEY!r} entry to every record, but an array or a "
+                f"column of columns= is named {WORLD_KEY!r}; rename it"
+            )
         if not self._replacement and not (
             isinstance(volume_weights, str) and volume_weights == "uniform"
         ):
@@ -242,6 +282,7 @@ class VolumePatchSampler(PatchSampler, collections=VolumeCollection):
         self._layouts: dict[int, PatchLayout | None] = {}
         self._valid: NDArray[np.int64] | None = None
         self._warned: set[int] = set()
+        self._affines: dict[int, NDArray[np.float64]] = {}
 
     def _own(self) -> None:
         """In a forked child: new locks (a parent thread may have held one at the fork)."""
@@ -254,13 +295,69 @@ class VolumePatchSampler(PatchSampler, collections=VolumeCollection):
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        for name in ("_pid", "_lock", "_build_locks", "_layouts", "_valid", "_warned"):
+        for name in ("_pid", "_lock", "_build_locks", "_layouts", "_valid", "_warned", "_affines"):
             state.pop(name, None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._init_cache()
+
+    def _reference_array(self, volume: Any, nd: int | None) -> tuple[ArraySource, str]:
+        """``(source, name)`` whose geometry stands for an open volume (dicts: the finest)."""
+        if not isinstance(volume, Mapping):
+            return volume, ""
+        shapes = {name: src.shape for name, src in volume.items()}
+        nd = min(len(s) for s in shapes.values()) if nd is None else nd
+        name = finest_array(shapes, nd)
+        return volume[name], f", array {name!r}"
+
+    def _mm_patch_size(self, mm: SizeMm) -> tuple[int, ...]:
+        """The one voxel patch size ``patch_size_mm=mm`` gives every volume (reads all)."""
+        vols = self._volumes
+        rows = []
+        for v in range(len(vols)):
+            with vols.lease(v) as volume:
+                nd = None if isinstance(mm, float) else len(mm)
+                src, array = self._reference_array(volume, nd)
+                where = f"volume {v} ({vols.keys[v]!r}{array})"
+                if isinstance(volume, Mapping) and isinstance(mm, float):
+                    nd = min(s.ndim for s in volume.values())
+                per_axis: SizeMm = (mm,) * nd if nd is not None and isinstance(mm, float) else mm
+                size = patch_size_from_mm(per_axis, src.physical, src.ndim, where)
+                rows.append((where, src.spacing, size))
+        sizes = {size for _, _, size in rows}
+        if len(sizes) > 1:
+            raise ValueError(
+                f"patch_size_mm={mm} gives the volumes different voxel patch sizes, and a "
+                f"batch stacks patches of one shape: {describe_sizes(rows)}. Resample the "
+                "volumes to one spacing first (e.g. TorchIO's Resample, or when converting "
+                "them), or pass patch_size= in voxels (the same voxels in every volume)"
+            )
+        return rows[0][2]
+
+    def _world_affine(self, v: int) -> NDArray[np.float64]:
+        """Volume ``v``'s spatial voxel-to-world affine (metadata; cached)."""
+        try:
+            return self._affines[v]
+        except KeyError:
+            pass
+        nd = len(self.patch_size)
+        with self._volumes.lease(v) as volume:
+            src, array = self._reference_array(volume, nd)
+            where = f"volume {v} ({self._volumes.keys[v]!r}{array})"
+            affine = spatial_affine(src.physical, nd, where)
+        self._own()
+        with self._lock:
+            self._affines[v] = affine
+        return affine
+
+    def _world_of(self, vols: NDArray[np.int64], corners: NDArray[np.int64]) -> NDArray[np.float64]:
+        """World positions of ``corners``, each under its volume's affine."""
+        out = np.empty(corners.shape, dtype=np.float64)
+        for sel in group_by_volume(vols):
+            out[sel] = world_positions(self._world_affine(int(vols[sel[0]])), corners[sel])
+        return out
 
     def _reference_specs(self) -> dict[str, ArraySpec]:
         """The patch spec every volume must give, from volume 0's metadata."""
@@ -499,6 +596,43 @@ class VolumePatchSampler(PatchSampler, collections=VolumeCollection):
         return None
 
     @property
+    def patch_size_mm(self) -> SizeMm | None:
+        """``patch_size_mm`` as given (:attr:`patch_size` holds its voxels), else ``None``."""
+        return self._volumes_mm
+
+    @property
+    def world(self) -> bool:
+        """Whether records carry each patch's world position (``world=True``)."""
+        return self._world_on
+
+    @property
+    def world_affine(self) -> None:  # type: ignore[override]
+        """``None``: each volume has its own affine (:meth:`world_affine_of`)."""
+        return None
+
+    def world_affine_of(self, v: int) -> NDArray[np.float64]:
+        """Volume ``v``'s ``(nd + 1, nd + 1)`` spatial voxel-to-world affine (metadata only).
+
+        Raises
+        ------
+        ValueError
+            The volume records no affine.
+        """
+        return self._world_affine(parse_index(v, len(self._volumes), "the collection"))
+
+    def world_array(self, indices: ArrayLike | None = None) -> NDArray[np.float64]:
+        """World positions ``(N, nd)`` float64 of patches ``indices``, each in its volume.
+
+        Raises
+        ------
+        ValueError
+            The sampler was made without ``world=True``, or a volume records no affine.
+        """
+        if not self._world_on:
+            raise ValueError("world_array() needs a sampler made with world=True")
+        return self._world_of(*self._placed(record_indices(indices, self._num_patches)))
+
+    @property
     def patches_per_volume(self) -> int:
         """How many consecutive indices share one volume."""
         return self._per_volume
@@ -528,6 +662,8 @@ class VolumePatchSampler(PatchSampler, collections=VolumeCollection):
         spec: dict[str, ArraySpec] = dict(self._reference)
         spec[COORDS_KEY] = ArraySpec((nd,), np.dtype(np.int64))
         spec[VOLUME_KEY] = ArraySpec((), np.dtype(np.int64))
+        if self._world_on:
+            spec[WORLD_KEY] = ArraySpec((nd,), np.dtype(np.float64))
         for c in self._columns:
             first = self._column(c, np.zeros(1, dtype=np.int64))
             spec[c] = ArraySpec(first.shape[1:], first.dtype)
@@ -551,6 +687,10 @@ class VolumePatchSampler(PatchSampler, collections=VolumeCollection):
             extra += ", replacement=False"
         if self._padding != "none":
             extra += f", padding={self._padding!r}"
+        if self._volumes_mm is not None:
+            extra += f", patch_size_mm={self._volumes_mm}"
+        if self._world_on:
+            extra += ", world=True"
         return (
             f"PatchSampler({self._volumes!r}, patch_size={self.patch_size}, "
             f"num_patches={self._num_patches}, seed={self._seed}{extra})"
@@ -578,6 +718,7 @@ class VolumePatchSampler(PatchSampler, collections=VolumeCollection):
                 "patches_per_volume": self._per_volume,
                 "args": args,
                 "volumes": self._volume_identity,
+                **({"world": True} if self._world_on else {}),
             },
         )
 
@@ -603,6 +744,8 @@ class VolumePatchSampler(PatchSampler, collections=VolumeCollection):
             return self._volumes_of(idx)
         if name == COORDS_KEY:
             return self._placed(idx)[1]
+        if name == WORLD_KEY and self._world_on:
+            return self._world_of(*self._placed(idx))
         if name in self._columns:
             return self._column(name, self._volumes_of(idx))
         return None
@@ -674,6 +817,8 @@ class VolumePatchSampler(PatchSampler, collections=VolumeCollection):
         out = {k: np.empty((idx.size, *s.shape), dtype=s.dtype) for k, s in self._reference.items()}
         run_all([self._read_task(int(vols[r[0]]), r, corners, out) for r in group_by_volume(vols)])
         batch: dict[str, Any] = {**out, COORDS_KEY: corners, VOLUME_KEY: vols}
+        if self._world_on:
+            batch[WORLD_KEY] = self._world_of(vols, corners)
         for c in self._columns:
             batch[c] = self._column(c, vols)
         return batch

@@ -21,8 +21,7 @@ import numpy as np
 from mixle.data.sources.arrays.adopt import as_array_source
 from mixle.data.sources.arrays.base import ArraySource, listing
 from mixle.data.sources.collection.openers import (
-    HDF5_SUFFIXES,
-    RAW_SUFFIXES,
+    VOLUME_SUFFIXES,
     OpenOptions,
     is_url,
     volume_format,
@@ -46,21 +45,8 @@ TableColumnsLike = str | Sequence[str] | Mapping[str, str] | None
 _GLOB_CHARS = frozenset("*?[")
 #: Files that make a folder a zarr store (v3, v2 array, v2 group).
 _ZARR_METADATA = ("zarr.json", ".zarray", ".zgroup")
-_VOLUME_SUFFIXES = (".zarr", ".npy", *HDF5_SUFFIXES, *RAW_SUFFIXES)
 #: Image formats mixle does not open: a dict entry naming one is an error, not metadata.
-_FOREIGN_IMAGE_SUFFIXES = (
-    ".nii",
-    ".nii.gz",
-    ".mha",
-    ".mhd",
-    ".nrrd",
-    ".nhdr",
-    ".mgz",
-    ".tif",
-    ".tiff",
-    ".dcm",
-    ".n5",
-)
+_FOREIGN_IMAGE_SUFFIXES = (".mha", ".mhd", ".nrrd", ".nhdr", ".mgz", ".dcm")
 
 
 @dataclass
@@ -107,7 +93,7 @@ def _looks_like_volume_path(value: object) -> bool:
     if not _is_pathlike(value):
         return False
     text = os.fspath(value)  # type: ignore[arg-type]
-    if os.path.splitext(text.rstrip("/\\").split("?")[0])[1].lower() in _VOLUME_SUFFIXES:
+    if text.rstrip("/\\").split("?")[0].lower().endswith(VOLUME_SUFFIXES):
         return True
     # a folder without a suffix counts only when it is a zarr store: a metadata value such
     # as "train" must not turn into an array because a folder of that name is in the cwd
@@ -282,7 +268,7 @@ def _is_volume_entry(value: object) -> bool:
 
 
 def _foreign_image(value: object) -> bool:
-    """Whether ``value`` names an image in a format mixle does not open (NIfTI, TIFF...)."""
+    """Whether ``value`` names an image in a format mixle does not open (NRRD, DICOM...)."""
     if not _is_pathlike(value):
         return False
     text = os.fspath(value).rstrip("/\\").split("?")[0].lower()  # type: ignore[arg-type]
@@ -297,7 +283,8 @@ def _array_names(first: Mapping[str, Any], table_columns: TableColumnsLike) -> d
             k = foreign[0]
             raise UnsupportedStoreError(
                 f"volumes[0][{k!r}]={first[k]!r} names an image in a format mixle does not "
-                "open (zarr, HDF5, .npy and raw files are); convert it (e.g. to zarr), or "
+                "open (zarr, HDF5, TIFF, NIfTI, N5, .b2nd, .npz, .npy and raw files are); "
+                "convert it (e.g. to zarr), or "
                 f"pass table_columns= naming the array entries to keep {k!r} as metadata"
             )
         return {str(k): str(k) for k, v in first.items() if _is_volume_entry(v)}

@@ -1,4 +1,4 @@
-"""Open one volume of a collection by its format: zarr, HDF5, ``.npy`` or raw.
+"""Open one volume of a collection by its format: zarr, HDF5, TIFF, NIfTI, N5, blosc2, npz...
 
 The format is told from the path alone (its suffix, or a local folder for zarr), so a
 collection of 10,000 files knows every volume's format without reading one.
@@ -6,6 +6,7 @@ collection of 10,000 files knows every volume's format without reading one.
 
 from __future__ import annotations
 
+import importlib
 import os
 import urllib.parse
 from collections.abc import Mapping
@@ -23,26 +24,60 @@ from mixle.utils.redact import display_path
 
 __all__ = [
     "HDF5_SUFFIXES",
+    "NIFTI_SUFFIXES",
     "RAW_SUFFIXES",
+    "TIFF_SUFFIXES",
+    "VOLUME_SUFFIXES",
     "Format",
     "OpenOptions",
     "is_url",
     "open_volume",
+    "suffix_format",
     "volume_format",
 ]
 
-Format = Literal["zarr", "hdf5", "npy", "raw"]
+Format = Literal["zarr", "hdf5", "npy", "raw", "tiff", "nifti", "n5", "b2nd", "npz"]
 
 #: Suffixes read as HDF5 files (``dataset=`` names the array inside).
 HDF5_SUFFIXES = (".h5", ".hdf5", ".hdf", ".he5")
 #: Suffixes read as raw binary volumes (``raw_dtype=`` and ``raw_shape=`` describe them).
 RAW_SUFFIXES = (".raw", ".bin", ".dat")
+#: Suffixes read as TIFF files, OME-TIFF too (:func:`mixle.data.sources.arrays.tiff.read_tiff`).
+TIFF_SUFFIXES = (".ome.tiff", ".ome.tif", ".tiff", ".tif")
+#: Suffixes read as NIfTI-1/2 files (:func:`mixle.data.sources.arrays.nifti.read_nifti`).
+NIFTI_SUFFIXES = (".nii.gz", ".nii")
+#: Every suffix a volume's format is told by (names ending so are volumes, not metadata).
+VOLUME_SUFFIXES = (
+    ".zarr",
+    ".npy",
+    ".npz",
+    ".n5",
+    ".b2nd",
+    *HDF5_SUFFIXES,
+    *RAW_SUFFIXES,
+    *TIFF_SUFFIXES,
+    *NIFTI_SUFFIXES,
+)
 #: What an "unknown format" error lists as accepted.
 _ACCEPTED = (
     "a zarr store (a folder, a path or URL ending in .zarr, or a URL without a suffix), "
-    "an HDF5 file "
-    f"({', '.join(HDF5_SUFFIXES)}, with dataset=), a .npy file, or a raw file "
+    f"an HDF5 file ({', '.join(HDF5_SUFFIXES)}, with dataset=), "
+    f"a TIFF file ({', '.join(TIFF_SUFFIXES)}), a NIfTI file ({', '.join(NIFTI_SUFFIXES)}), "
+    "an N5 folder (.n5, with dataset= for a dataset inside it), a blosc2 file (.b2nd), "
+    "a .npz file (with dataset= naming the member when it holds several arrays), "
+    "a .npy file, or a raw file "
     f"({', '.join(RAW_SUFFIXES)}, or any other name when raw_dtype= and raw_shape= are given)"
+)
+#: Format of each multi-letter suffix, longest first (``.nii.gz`` before ``.gz``).
+_BY_SUFFIX: tuple[tuple[str, Format], ...] = (
+    *((x, "tiff") for x in TIFF_SUFFIXES),
+    *((x, "nifti") for x in NIFTI_SUFFIXES),
+    *((x, "hdf5") for x in HDF5_SUFFIXES),
+    (".npy", "npy"),
+    (".npz", "npz"),
+    (".b2nd", "b2nd"),
+    (".n5", "n5"),
+    (".zarr", "zarr"),
 )
 
 
@@ -54,6 +89,16 @@ def is_url(path: str) -> bool:
 def _suffix(path: str) -> str:
     text = urllib.parse.urlsplit(path).path if is_url(path) else path
     return os.path.splitext(text.rstrip("/\\"))[1].lower()
+
+
+def suffix_format(path: str) -> Format | None:
+    """The format a path's name ends in (``scan.nii.gz`` -> ``"nifti"``), else ``None``."""
+    text = urllib.parse.urlsplit(path).path if is_url(path) else path
+    name = text.rstrip("/\\").lower()
+    for suffix, fmt in _BY_SUFFIX:
+        if name.endswith(suffix):
+            return fmt
+    return None
 
 
 @dataclass(frozen=True)
@@ -95,6 +140,11 @@ def volume_format(path: str, options: OpenOptions, what: str) -> Format:
         (a ``ValueError``) A name mixle cannot tell the format of.
     ValueError
         An HDF5 file without ``dataset=``, a raw file without ``raw_dtype=``/``raw_shape=``.
+
+    Notes
+    -----
+    Suffixes: :data:`VOLUME_SUFFIXES` (``.nii.gz``, ``.ome.tif`` as a whole); a local
+    folder without one is a zarr store, a URL without one too.
     """
     shown = display_path(path)
     url = is_url(path)
@@ -102,11 +152,10 @@ def volume_format(path: str, options: OpenOptions, what: str) -> Format:
         raise FileNotFoundError(f"{what}: path={shown!r}: no such file or directory")
     suffix = _suffix(path)
     fmt: Format
-    if suffix in HDF5_SUFFIXES:
-        fmt = "hdf5"
-    elif suffix == ".npy":
-        fmt = "npy"
-    elif suffix == ".zarr" or (os.path.isdir(path) if not url else not suffix):
+    named = suffix_format(path)
+    if named is not None:
+        fmt = named
+    elif os.path.isdir(path) if not url else not suffix:
         fmt = "zarr"
     elif suffix in RAW_SUFFIXES or options.raw_dtype is not None:
         fmt = "raw"
@@ -114,6 +163,11 @@ def volume_format(path: str, options: OpenOptions, what: str) -> Format:
         raise UnsupportedStoreError(
             f"{what}: path={shown!r} is not a volume format mixle can tell from "
             f"its name; pass {_ACCEPTED}"
+        )
+    if url and fmt in _READERS:
+        raise UnsupportedStoreError(
+            f"{what}: path={shown!r} is a {fmt} file: those are read from local paths only; "
+            "copy it locally, or convert it to zarr"
         )
     if fmt == "hdf5" and options.dataset is None:
         raise ValueError(
@@ -148,5 +202,32 @@ def open_volume(path: str, fmt: Format, name: str | None, options: OpenOptions) 
         return HDF5ArraySource(path, dataset, **fsspec_options)
     if fmt == "npy":
         return NpyArraySource(path)
+    if fmt in _READERS:
+        return _open_new_format(path, fmt, name, options)
     assert options.raw_dtype is not None and options.raw_shape is not None
     return MemmapArraySource(path, options.raw_dtype, options.raw_shape, offset=options.raw_offset)
+
+
+#: ``(module, function)`` of the formats whose readers are imported when first used.
+_READERS: dict[str, tuple[str, str]] = {
+    "tiff": ("mixle.data.sources.arrays.tiff", "read_tiff"),
+    "nifti": ("mixle.data.sources.arrays.nifti", "read_nifti"),
+    "n5": ("mixle.data.sources.arrays.n5", "read_n5"),
+    "b2nd": ("mixle.data.sources.arrays.b2nd", "read_b2nd"),
+    "npz": ("mixle.data.sources.arrays.npz", "read_npz"),
+}
+
+
+def _open_new_format(path: str, fmt: Format, name: str | None, options: OpenOptions) -> ArraySource:
+    """Open a TIFF, NIfTI, N5, blosc2 or npz volume (local files; ``dataset=`` for N5, npz)."""
+    module, function = _READERS[fmt]
+    reader = getattr(importlib.import_module(module), function)
+    if fmt in ("n5", "npz"):
+        inner = options.dataset_for(name)
+        if inner is None and isinstance(options.dataset, Mapping):
+            raise ValueError(
+                f"dataset={options.dataset!r} names no {'dataset' if fmt == 'n5' else 'member'} "
+                f"for the array {name!r} of {display_path(path)!r}: give one for every array name"
+            )
+        return reader(path, inner)  # type: ignore[no-any-return]
+    return reader(path)  # type: ignore[no-any-return]

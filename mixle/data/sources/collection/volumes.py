@@ -15,6 +15,7 @@ from numpy.typing import ArrayLike, DTypeLike, NDArray
 
 from mixle.data.sources.arrays.adopt import ArrayLikeSource
 from mixle.data.sources.arrays.base import ArraySource
+from mixle.data.sources.arrays.physical import Physical
 from mixle.data.sources.collection.handles import HandlePool
 from mixle.data.sources.collection.inputs import (
     ParsedVolumes,
@@ -161,6 +162,7 @@ class VolumeCollection:
         self._known = np.zeros(n, dtype=bool) if known is None else known.copy()
         self._layout = layout  # volume 0's {name: (dtype, ndim)}, None until read
         self._dtypes: dict[int, Any] = {}  # stored dtypes of opened volumes (not pickled)
+        self._physical: dict[int, Any] = {}  # geometry of volumes asked for (not pickled)
         self._closed = False
         self._reset_live()
 
@@ -473,6 +475,31 @@ class VolumeCollection:
             with self.lease(j):
                 pass
         return self._dtypes[j]  # type: ignore[no-any-return]
+
+    def physical(self, i: int) -> Physical | dict[str, Physical | None] | None:
+        """Volume ``i``'s voxel-to-world geometry (``{name: ...}`` for aligned arrays).
+
+        Metadata only (:attr:`~mixle.ArraySource.physical`: spacing, origin, affine, axis
+        names and units where the format records them, else ``None``); cached.
+        """
+        self._check_open()
+        j = self._index(i)
+        if j not in self._physical:
+            with self.lease(j) as volume:
+                if isinstance(volume, dict):
+                    found: Any = {name: src.physical for name, src in volume.items()}
+                else:
+                    found = volume.physical
+            with self._lock:
+                self._physical[j] = found
+        return self._physical[j]  # type: ignore[no-any-return]
+
+    def spacing(self, i: int) -> tuple[float, ...] | dict[str, tuple[float, ...] | None] | None:
+        """Volume ``i``'s voxel spacing per axis, ``None`` if unrecorded (see :meth:`physical`)."""
+        found = self.physical(i)
+        if isinstance(found, dict):
+            return {name: None if p is None else p.spacing for name, p in found.items()}
+        return None if found is None else found.spacing
 
     @property
     def dtype(self) -> np.dtype | dict[str, np.dtype]:

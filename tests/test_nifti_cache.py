@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gzip
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import nibabel as nib
@@ -205,3 +206,24 @@ def test_an_unwritable_cache_directory_is_named(
     path = _save(tmp_path / "v.nii.gz")
     with pytest.raises(OSError, match=r"not-a-folder.*MIXLE_CACHE_DIR"):
         read_nifti(path)
+
+
+def test_a_multi_member_gzip_with_zero_padding_reads_as_nibabel_reads_it(tmp_path: Path) -> None:
+    plain = _save(tmp_path / "v.nii").read_bytes()
+    path = tmp_path / "m.nii.gz"
+    cut = len(plain) // 3
+    path.write_bytes(gzip.compress(plain[:cut]) + gzip.compress(plain[cut:]) + bytes(16))
+    want = np.asanyarray(nib.load(str(path)).dataobj)
+    np.testing.assert_array_equal(read_nifti(path)[...], want)
+
+
+def test_opens_racing_on_an_empty_cache_all_read_right_and_leave_one_entry(
+    tmp_path: Path, cache: Path
+) -> None:
+    path = _save(tmp_path / "v.nii.gz", np.random.default_rng(2).standard_normal((30, 20, 10)))
+    want = np.asanyarray(nib.load(str(path)).dataobj)
+    with ThreadPoolExecutor(4) as pool:
+        sources = list(pool.map(lambda _: read_nifti(path), range(8)))
+    for src in sources:
+        np.testing.assert_array_equal(src[...], want)
+    assert len(_entries(cache)) == 1  # no temporary file left either

@@ -24,6 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import mixle
+from mixle.data.schema import Schema
 from mixle.data.sources.arrays.n5 import N5ArraySource, read_n5
 from mixle.data.sources.arrays.n5.attributes import N5_METADATA_LIMIT, find_datasets
 from mixle.data.sources.arrays.n5.source import N5BlockReader
@@ -33,6 +34,7 @@ from mixle.errors import (
     InvalidMetadataError,
     MetadataLimitError,
     NotAnArrayError,
+    SchemaMismatchError,
     SpecialFileError,
     UnsupportedStoreError,
 )
@@ -185,6 +187,29 @@ def test_a_varlength_block_of_the_blocks_element_count_reads_as_a_default_block(
     np.testing.assert_array_equal(read_n5(path)[...], data)  # tensorstore refuses mode 1
 
 
+def _zstd_frame_without_size(data: bytes) -> bytes:
+    """One zstd frame of one raw block, no content size (as streaming writers make them)."""
+    block_header = (1 | (len(data) << 3)).to_bytes(3, "little")  # last block, raw
+    return b"\x28\xb5\x2f\xfd" + b"\x00\x00" + block_header + data
+
+
+def test_zstd_frames_without_a_content_size_read_as_tensorstore(tmp_path):
+    path = tmp_path / "a.n5"
+    ts_create(path, (5, 7), (2, 3), "int16", {"type": "zstd"})
+    data = values((5, 7), "int16", seed=5)
+    block = data[2:4, 3:6]
+    (path / "1").mkdir()
+    frame = _zstd_frame_without_size(_fortran_bytes(block))
+    (path / "1" / "1").write_bytes(_block_file(block.shape, frame))
+    want = ts_read(path)
+    np.testing.assert_array_equal(want[2:4, 3:6], block)
+    np.testing.assert_array_equal(read_n5(path)[...], want)
+    short = _zstd_frame_without_size(_fortran_bytes(block)[:-2])  # one element short
+    (path / "1" / "1").write_bytes(_block_file(block.shape, short))
+    with pytest.raises(CorruptChunkError, match="block '1/1'"):
+        read_n5(path)[...]
+
+
 def test_each_block_is_read_once_per_batch_and_then_cached(tmp_path, monkeypatch):
     path = write_n5(tmp_path / "a.n5", values(SHAPE, "uint16"))
     reads: list[tuple[int, ...]] = []
@@ -253,6 +278,23 @@ def test_a_group_lists_the_datasets_below_it(tmp_path):
     assert "volumes/raw (7, 10, 9) uint8" in message and "volumes/labels (4, 5) uint64" in message
     with pytest.raises(NotAnArrayError, match="raw"):
         read_n5(root, "volumes")
+
+
+@pytest.mark.parametrize("version", ["5.0.0", "x", 4])
+def test_a_container_of_a_newer_n5_version_is_refused(tmp_path, version):
+    root = _container(tmp_path)
+    (root / "attributes.json").write_text(json.dumps({"n5": version}))
+    with pytest.raises(UnsupportedStoreError, match=f"version n5={version!r}"):
+        read_n5(root, "volumes/raw")
+    (root / "attributes.json").write_text(json.dumps({"n5": "4.0.0"}))
+    assert read_n5(root, "volumes/raw").shape == (7, 10, 9)
+
+
+def test_schema_is_checked_at_open(tmp_path):
+    root = _container(tmp_path)
+    with pytest.raises(SchemaMismatchError):
+        read_n5(root, "volumes/raw", schema=Schema(dtype="float32"))
+    assert read_n5(root, "volumes/raw", schema=Schema(dtype="uint8")).dtype == np.uint8
 
 
 def test_the_search_for_datasets_is_bounded(tmp_path):

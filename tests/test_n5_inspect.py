@@ -78,6 +78,15 @@ def test_the_walk_of_a_container_is_bounded_and_says_what_it_left_out(tmp_path, 
     assert finding.code == "members-unlisted" and "/c, /d" in finding.message
 
 
+def test_a_newer_n5_version_is_a_warning(tmp_path):
+    root = tmp_path / "c.n5"
+    root.mkdir()
+    (root / "attributes.json").write_text(json.dumps({"n5": "9.1.0"}))
+    report = inspect_n5(str(root), None, None)
+    (finding,) = report.findings
+    assert finding.code == "unsupported-version" and "'9.1.0'" in finding.message
+
+
 def test_incompressible_blocks_get_the_poor_compression_advice(tmp_path):
     path = write_n5(
         tmp_path / "a.n5", values((64, 64, 16), "uint16"), blocks=(64, 64, 16)

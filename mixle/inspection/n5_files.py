@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import math
 import os
+import re
+from dataclasses import replace
 from typing import Any
 
 from mixle.data.sources.arrays.n5.attributes import (
     MAX_WALKED_FOLDERS,
     N5Metadata,
+    check_version,
     is_dataset_attributes,
     parse_metadata,
     read_attributes,
@@ -29,6 +32,8 @@ from mixle.utils.redact import display_path
 
 __all__ = ["inspect_n5", "is_n5"]
 
+#: A block's grid index as N5 names its folders and files (no sign, no leading zeros).
+_GRID_INDEX = re.compile(r"0|[1-9][0-9]*")
 #: Keys of a dataset's ``attributes.json`` that are N5's own, not user attributes.
 _N5_KEYS = frozenset(
     {"dimensions", "blockSize", "dataType", "compression", "compressionType", "n5"}
@@ -73,10 +78,17 @@ def inspect_n5(
     attrs = read_attributes(location)
     if attrs is None:
         raise UnsupportedStoreError(f"{shown!r} is not an N5 container: no attributes.json")
+    report: GroupReport | ArrayReport
     if is_dataset_attributes(attrs):
-        return _dataset(location, "/", attrs, edges)
-    budget = [MAX_WALKED_FOLDERS]
-    return _group(location, "/", attrs, edges, budget)
+        report = _dataset(location, "/", attrs, edges)
+    else:
+        report = _group(location, "/", attrs, edges, [MAX_WALKED_FOLDERS])
+    try:
+        check_version(attrs, repr(shown))
+    except UnsupportedStoreError as exc:
+        newer = LayoutFinding("unsupported-version", "warning", str(exc))
+        report = replace(report, findings=(newer, *report.findings))
+    return report
 
 
 def _group(
@@ -139,7 +151,7 @@ def _stored_blocks(folder: str, meta: N5Metadata) -> tuple[dict[tuple[int, ...],
         where, prefix = pending.pop()
         with os.scandir(where) as entries:
             for entry in entries:
-                if not entry.name.isdigit() or (
+                if not _GRID_INDEX.fullmatch(entry.name) or (
                     len(prefix) < ndim and int(entry.name) >= grid[len(prefix)]
                 ):
                     strays += entry.name != "attributes.json"

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from mixle.data.sources.arrays.zarr.limits import ZARR_METADATA_LIMIT
-from mixle.errors import InvalidMetadataError, MetadataLimitError
+from mixle.errors import InvalidMetadataError, MetadataLimitError, UnsupportedStoreError
 from mixle.utils.files import read_regular_file
 
 __all__ = [
@@ -28,7 +28,9 @@ __all__ = [
     "MAX_WALKED_FOLDERS",
     "N5_DTYPES",
     "N5_METADATA_LIMIT",
+    "N5_VERSION_MAJOR",
     "N5Metadata",
+    "check_version",
     "find_datasets",
     "is_dataset_attributes",
     "parse_metadata",
@@ -39,6 +41,8 @@ __all__ = [
 ATTRIBUTES_FILE = "attributes.json"
 #: Bytes of one ``attributes.json`` mixle reads (the zarr metadata bound, reused).
 N5_METADATA_LIMIT = ZARR_METADATA_LIMIT
+#: The newest major version of the N5 format mixle reads (the ``"n5"`` key of the root).
+N5_VERSION_MAJOR = 4
 #: Folders a search for the datasets below a group visits at most.
 MAX_WALKED_FOLDERS = 10_000
 #: Deepest folder a search for datasets descends to, below the group.
@@ -142,6 +146,28 @@ def read_attributes(folder: str) -> dict[str, Any] | None:
             f"N5 attributes {path!r} holds a JSON {type(value).__name__}, not an object"
         )
     return value
+
+
+def check_version(attrs: dict[str, Any] | None, where: str) -> None:
+    """Refuse a container whose ``"n5"`` version is newer than :data:`N5_VERSION_MAJOR`.
+
+    Its blocks may be laid out in a way this reader does not know (the N5 libraries refuse
+    them too). A missing version passes; an unparseable one is refused.
+
+    Raises
+    ------
+    UnsupportedStoreError
+        Naming the container and its version.
+    """
+    version = None if attrs is None else attrs.get("n5")
+    if version is None:
+        return
+    major = version.split(".")[0] if isinstance(version, str) else ""
+    if not major.isascii() or not major.isdigit() or int(major) > N5_VERSION_MAJOR:
+        raise UnsupportedStoreError(
+            f"N5 container {where} has version n5={version!r}; mixle reads N5 format "
+            f"versions up to {N5_VERSION_MAJOR}.x"
+        )
 
 
 def is_dataset_attributes(attrs: dict[str, Any] | None) -> bool:

@@ -14,6 +14,7 @@ from mixle.data.sources.arrays.base import ArrayMeta, ArraySource, listing
 from mixle.data.sources.arrays.n5.attributes import (
     ATTRIBUTES_FILE,
     N5Metadata,
+    check_version,
     find_datasets,
     is_dataset_attributes,
     parse_metadata,
@@ -118,7 +119,8 @@ class N5ArraySource(ArraySource):
     InvalidMetadataError, MetadataLimitError
         When ``attributes.json`` is damaged or too large.
     UnsupportedStoreError
-        When the compression is one mixle does not decode (named).
+        When the compression is one mixle does not decode (named), or the container's
+        ``"n5"`` version is newer than 4.x.
     ImportError
         When numcodecs is needed (blosc, zstd) and missing: ``pip install -e ".[n5]"``.
 
@@ -163,6 +165,7 @@ class N5ArraySource(ArraySource):
         folder = os.path.join(path, *dataset.split("/")) if dataset else path
         is_folder = os.path.isdir(folder)
         attrs = read_attributes(folder) if is_folder else None
+        check_version(read_attributes(path) if dataset else attrs, repr(path))
         if dataset and not is_folder:
             names, stopped = find_datasets(path)
             more = " (search stopped early)" if stopped else ""

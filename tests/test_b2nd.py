@@ -24,7 +24,8 @@ from _fork_child import in_forked_child
 from mixle.data.sampling.patch_sampler import PatchSampler
 from mixle.data.sources.arrays.b2nd import B2ndArraySource, read_b2nd
 from mixle.data.sources.arrays.b2nd.blocks import blocks_tile_chunks, from_block_order
-from mixle.errors import CorruptChunkError, FileChangedError
+from mixle.errors import CorruptChunkError, FileChangedError, UnsupportedStoreError
+from mixle.inspection.b2nd_files import inspect_b2nd, is_b2nd
 from mixle.reading import read_chunked
 from mixle.reading.cache import ChunkCache
 from mixle.testing import assert_unchanged, check_array_source
@@ -322,3 +323,59 @@ def test_without_blosc2_the_error_names_the_extra(tmp_path, monkeypatch):
 
 def test_source_class_is_exported():
     assert read_b2nd.__module__ == B2ndArraySource.__module__
+
+
+# -- mixle inspect ---------------------------------------------------------------------------
+
+
+def test_is_b2nd_finds_b2nd_arrays_only(tmp_path):
+    path = _write(tmp_path / "a.b2nd", _values("<f4"))
+    assert is_b2nd(str(path))
+    frame = tmp_path / "plain.b2frame"
+    blosc2.SChunk(chunksize=40, data=b"x" * 100, urlpath=str(frame), mode="w")
+    np.save(tmp_path / "x.npy", np.zeros(3))
+    for other in (frame, tmp_path / "x.npy", tmp_path / "missing.b2nd", tmp_path):
+        assert not is_b2nd(str(other)), other
+    assert not is_b2nd("s3://bucket/a.b2nd")
+
+
+def test_inspect_b2nd_reports_blocks_chunks_and_codecs(tmp_path):
+    data = _values("<f4", (16, 16, 16))
+    path = tmp_path / "v.b2nd"
+    cparams = {"codec": blosc2.Codec.LZ4, "clevel": 3, "filters": [blosc2.Filter.BITSHUFFLE]}
+    blosc2.asarray(
+        data, chunks=(8, 8, 8), blocks=(4, 4, 4), urlpath=str(path), mode="w", cparams=cparams
+    )
+    with assert_unchanged(path):
+        report = inspect_b2nd(str(path), None, (4, 4, 4))
+    ref = blosc2.open(str(path))
+    assert report.format == "b2nd" and report.shape == (16, 16, 16) and report.dtype == "float32"
+    assert report.chunks == (4, 4, 4) and report.shards == (
+        8,
+        8,
+        8,
+    )  # decoded blocks, stored chunks
+    assert report.codecs == ("bitshuffle", "lz4(clevel=3)") and report.compressed
+    assert report.stored_bytes == ref.schunk.cbytes and report.nbytes == data.nbytes
+    assert report.chunks_in_grid == 64 and report.shards_stored == 8
+    codes = [f.code for f in report.findings]
+    assert "block-reads" in codes and "no-checksum" in codes
+    assert report.patch_cost is not None and report.patch_cost.patch == (4, 4, 4)
+    assert report.to_dict()["format"] == "b2nd"
+
+
+def test_inspect_b2nd_warns_when_blocks_do_not_tile_the_chunks(tmp_path):
+    path = _write(tmp_path / "a.b2nd", _values("<f4"), "untiled")
+    report = inspect_b2nd(str(path), None, None)
+    assert report.chunks == LAYOUTS["untiled"][0] and report.shards is None
+    untiled = [f for f in report.findings if f.code == "blocks-untiled"]
+    assert untiled and untiled[0].severity == "warning" and "multiple" in untiled[0].message
+
+
+def test_inspect_b2nd_refuses_what_is_not_a_b2nd_array(tmp_path):
+    junk = tmp_path / "junk.b2nd"
+    junk.write_bytes(b"junk" * 50)
+    with pytest.raises(UnsupportedStoreError, match="not a file blosc2 opens"):
+        inspect_b2nd(str(junk), None, None)
+    with pytest.raises(UnsupportedStoreError, match=r"local \.b2nd files only"):
+        inspect_b2nd("s3://bucket/a.b2nd", None, None)

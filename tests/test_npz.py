@@ -22,7 +22,14 @@ from _fork_child import in_forked_child
 from mixle.data.sampling.patch_sampler import PatchSampler
 from mixle.data.sources.arrays.npz import NpzArraySource, read_npz
 from mixle.data.sources.arrays.npz.cache import NPZ_CACHE_FOLDER
-from mixle.errors import ArrayNotFoundError, CorruptChunkError, FileChangedError
+from mixle.errors import (
+    ArrayNotFoundError,
+    CorruptChunkError,
+    FileChangedError,
+    UnsupportedStoreError,
+)
+from mixle.inspection.npz_files import inspect_npz, is_npz
+from mixle.inspection.report import ArrayReport
 from mixle.testing import assert_unchanged, check_array_source
 
 SHAPE = (7, 10, 9)
@@ -276,3 +283,60 @@ def test_a_file_cut_short_after_opening_raises_instead_of_crashing(tmp_path):
 
 def test_source_class_is_exported():
     assert read_npz.__module__ == NpzArraySource.__module__
+
+
+# -- mixle inspect ---------------------------------------------------------------------------
+
+
+def test_is_npz(tmp_path):
+    np.savez(tmp_path / "a.npz", x=np.zeros(3))
+    np.savez_compressed(tmp_path / "c.bin", x=np.zeros(3))  # any name: the .npy members count
+    assert is_npz(str(tmp_path / "a.npz")) and is_npz(str(tmp_path / "c.bin.npz"))
+    with zipfile.ZipFile(tmp_path / "other.zip", "w") as zf:
+        zf.writestr("notes.txt", b"hello")
+    np.save(tmp_path / "x.npy", np.zeros(3))
+    for other in ("other.zip", "x.npy", "missing.npz", "."):
+        assert not is_npz(str(tmp_path / other)), other
+    assert not is_npz("s3://bucket/a.npz")
+
+
+def test_inspect_npz_reports_each_member(tmp_path):
+    path = tmp_path / "a.npz"
+    data = _values(">f8")
+    with zipfile.ZipFile(path, "w") as zf:
+        for name, array in (("b", np.asfortranarray(data)), ("a", data[:2])):
+            with zf.open(f"{name}.npy", "w") as out:
+                np.save(out, array)
+        zf.writestr("notes.txt", b"hello")
+    with assert_unchanged(path):
+        group = inspect_npz(str(path), None, (2, 2, 2))
+    assert group.format == "npz" and [c.path for c in group.children] == ["/a", "/b"]
+    a, b = group.children
+    assert isinstance(a, ArrayReport) and isinstance(b, ArrayReport)
+    assert a.shape == (2, 10, 9) and a.dtype == ">f8" and a.order == "C"
+    assert b.shape == SHAPE and b.order == "F" and not b.compressed and b.codecs == ()
+    assert b.nbytes == data.nbytes and b.patch_cost is not None
+    assert [f.code for f in group.findings] == ["members-unlisted"]
+    assert group.to_dict()["children"][1]["name"] == "b"
+
+
+def test_inspect_npz_warns_that_compressed_members_cannot_be_mapped(tmp_path):
+    path = tmp_path / "c.npz"
+    np.savez_compressed(path, x=np.zeros((50, 40), "<f4"), o=np.array([None], dtype=object))
+    group = inspect_npz(str(path), None, None)
+    reports = {c.name: c for c in group.children}
+    x = reports["x"]
+    assert isinstance(x, ArrayReport)
+    assert x.compressed and x.codecs == ("deflate",) and x.shape == (50, 40)
+    assert x.stored_bytes is not None and x.stored_bytes < x.nbytes  # type: ignore[operator]
+    warning = next(f for f in x.findings if f.code == "compressed-member")
+    assert warning.severity == "warning"
+    assert "decompress=True" in warning.message and "np.savez" in warning.message
+    assert "sizes-unknown" in [f.code for f in reports["o"].findings]
+
+
+def test_inspect_npz_refuses_what_is_not_a_zip(tmp_path):
+    junk = tmp_path / "junk.npz"
+    junk.write_bytes(b"\x00" * 64)
+    with pytest.raises(UnsupportedStoreError, match="zip directory cannot be read"):
+        inspect_npz(str(junk), None, None)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import multiprocessing
 import os
 import pickle
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -330,3 +332,41 @@ def test_bad_arguments_name_the_argument(tmp_path: Path) -> None:
         read_nifti(path, scale="yes")  # type: ignore[arg-type]
     with pytest.raises(FileNotFoundError, match=r"nope\.nii"):
         read_nifti(tmp_path / "nope.nii")
+
+
+CHILD_WITHOUT_NIBABEL = """
+import sys
+
+class _Blocked:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "nibabel":
+            raise ImportError("nibabel is blocked in this test process")
+        return None
+
+sys.meta_path.insert(0, _Blocked())
+from mixle.data.sources.arrays.nifti import read_nifti
+
+src = read_nifti(sys.argv[1])
+print(repr(src))
+try:
+    src.shape
+except ImportError as exc:
+    print("ImportError:", exc)
+print("nibabel imported:", "nibabel" in sys.modules)
+"""
+
+
+def test_without_nibabel_a_source_builds_and_its_first_use_names_the_extra(tmp_path: Path) -> None:
+    path = _write(tmp_path / "v.nii", _data((2, 3, 4), "int16"))
+    done = subprocess.run(
+        [sys.executable, "-W", "error", "-c", CHILD_WITHOUT_NIBABEL, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert "nibabel is not installed here" in lines[0]
+    assert lines[1].startswith("ImportError:") and '".[nifti]"' in lines[1]
+    assert lines[2] == "nibabel imported: False"

@@ -164,6 +164,17 @@ def test_reads_decode_each_tile_once(tmp_path, monkeypatch):
     assert len(calls) == len(set(calls)) == 2 * 4  # 2 pages x 2 x 2 tiles, each once
 
 
+def test_pages_parsed_on_first_read_from_many_threads(tmp_path):
+    path = tmp_path / "many.tif"
+    data = _values((40, 20, 24), "uint16")
+    tifffile.imwrite(path, data, tile=(16, 16), compression="zlib")  # "shaped": 1 IFD parsed
+    src = read_tiff(path)
+    starts = [[k, 3, 5] for k in range(40)][::-1]
+    boxes = src.read_boxes(starts, [1, 16, 16])  # the decode pool parses the pages at once
+    for got, (k, y, x) in zip(boxes, starts):
+        np.testing.assert_array_equal(got[0], data[k, y : y + 16, x : x + 16])
+
+
 def test_pyramid_levels_from_subifds(tmp_path):
     path = tmp_path / "pyr.ome.tif"
     base = _values((70, 90), "uint16")
@@ -370,6 +381,9 @@ def test_not_a_tiff_and_missing_file(tmp_path):
     other = tmp_path / "x.tif"
     other.write_bytes(b"not a tiff at all")
     with pytest.raises(ValueError, match="not a TIFF file"):
+        read_tiff(other)
+    other.write_bytes(b"II*\x00garbage")
+    with pytest.raises(ValueError, match="holds no image series"):
         read_tiff(other)
 
 

@@ -66,6 +66,10 @@ def inspect_tiff(
             raise UnsupportedStoreError(
                 f"{shown!r} looks like a TIFF file but tifffile cannot read its series: {exc}"
             ) from None
+        if not found:
+            raise UnsupportedStoreError(
+                f"{shown!r} starts like a TIFF file but holds no image series tifffile reads"
+            )
         kind = "ome-tiff" if tif.is_ome else "bigtiff" if tif.is_bigtiff else "tiff"
         if len(found) == 1 and len(found[0].levels) == 1:
             return _level_report(found[0], "/", kind, patch)

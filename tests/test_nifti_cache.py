@@ -12,12 +12,13 @@ import gzip
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import nibabel as nib
 import numpy as np
 import pytest
 
-from mixle.data.sources.arrays.nifti import gz_cache, read_nifti
+from mixle.data.sources.arrays.nifti import files, gz_cache, read_nifti
 from mixle.errors import CorruptChunkError, FileChangedError
 from mixle.testing import assert_unchanged
 
@@ -227,3 +228,61 @@ def test_opens_racing_on_an_empty_cache_all_read_right_and_leave_one_entry(
     for src in sources:
         np.testing.assert_array_equal(src[...], want)
     assert len(_entries(cache)) == 1  # no temporary file left either
+
+
+def test_a_cached_copy_cut_short_while_open_raises_instead_of_crashing(
+    tmp_path: Path, cache: Path
+) -> None:
+    path = _save(tmp_path / "v.nii.gz")
+    src = read_nifti(path)
+    assert src.cache_path is not None
+    os.chmod(src.cache_path, 0o644)
+    with open(src.cache_path, "r+b") as fh:
+        fh.truncate(360)
+    with pytest.raises(FileChangedError, match=r"cached copy.*truncated"):
+        src[...]
+    np.testing.assert_array_equal(read_nifti(path)[...], DATA)  # a new open rebuilds it
+
+
+def test_opening_a_nii_reads_the_header_bytes_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = _save(tmp_path / "v.nii", np.zeros((64, 64, 64), np.float32))
+    read: list[int] = []
+    real_open = files.open_regular_file
+
+    class Counted:
+        def __init__(self, fh: Any) -> None:
+            self._fh = fh
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._fh, name)
+
+        def __enter__(self) -> Counted:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            self._fh.close()
+
+        def read(self, n: int = -1) -> bytes:
+            data = self._fh.read(n)
+            read.append(len(data))
+            return data
+
+    monkeypatch.setattr(files, "open_regular_file", lambda *a: Counted(real_open(*a)))
+    src = read_nifti(path)
+    assert read == [2, 544] and path.stat().st_size > 64**3  # the gzip magic, the header
+    np.testing.assert_array_equal(src[3], np.zeros((64, 64), np.float32))
+
+
+def test_header_extensions_are_read_into_the_header(tmp_path: Path) -> None:
+    img = nib.Nifti1Image(DATA, np.eye(4))
+    img.header.extensions.append(nib.nifti1.Nifti1Extension("comment", b"scanner notes " * 20))
+    for name in ("e.nii", "e.nii.gz"):
+        nib.save(img, str(tmp_path / name))
+        ref = nib.load(str(tmp_path / name))
+        src = read_nifti(tmp_path / name)
+        assert src.header.get_data_offset() == ref.dataobj.offset > 352
+        (ext,) = src.header.extensions
+        assert ext.get_content() == ref.header.extensions[0].get_content()
+        np.testing.assert_array_equal(src[...], np.asanyarray(ref.dataobj))

@@ -370,3 +370,19 @@ def test_without_nibabel_a_source_builds_and_its_first_use_names_the_extra(tmp_p
     assert "nibabel is not installed here" in lines[0]
     assert lines[1].startswith("ImportError:") and '".[nifti]"' in lines[1]
     assert lines[2] == "nibabel imported: False"
+
+
+def test_rgb_complex_and_int8_images_equal_nibabel(tmp_path: Path) -> None:
+    rgb = np.zeros((4, 5, 3), dtype=[("R", "u1"), ("G", "u1"), ("B", "u1")])
+    rgb["R"], rgb["B"] = np.arange(60).reshape(4, 5, 3), 7
+    arrays = {
+        "rgb.nii": rgb,
+        "c64.nii.gz": (np.arange(60) + 1j * np.arange(60)[::-1]).reshape(4, 5, 3).astype("c8"),
+        "i8.nii": (np.arange(60) - 30).reshape(4, 5, 3).astype(np.int8),
+    }
+    for name, data in arrays.items():
+        img = nib.Nifti1Image(data, np.eye(4))
+        img.header.set_data_dtype(data.dtype)
+        nib.save(img, str(tmp_path / name))
+        want = np.asanyarray(nib.load(str(tmp_path / name)).dataobj)
+        check_array_source(read_nifti(tmp_path / name), want)

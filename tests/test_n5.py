@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 from _n5_writers import ts_create, ts_read, values, write_n5
+from _special_files import SPECIAL_KINDS, make_special
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -408,15 +409,6 @@ def test_attributes_json_larger_than_the_limit_is_refused_unparsed(tmp_path):
         read_n5(path)
 
 
-@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
-def test_attributes_json_that_is_a_fifo_is_refused_without_blocking(tmp_path):
-    path = tmp_path / "a.n5"
-    path.mkdir()
-    os.mkfifo(path / "attributes.json")
-    with pytest.raises(SpecialFileError):
-        read_n5(path)
-
-
 @pytest.mark.parametrize("kind", ["lz4", "snappy", "jpeg"])
 def test_an_unknown_compression_is_named_with_those_mixle_decodes(tmp_path, kind):
     path = write_n5(tmp_path / "a.n5", values(SHAPE, "uint8"))
@@ -522,6 +514,24 @@ def test_a_folder_where_a_block_file_should_be_raises_corrupt_chunk(tmp_path):
     target.mkdir()
     with pytest.raises(CorruptChunkError, match="is a directory"):
         read_n5(path)[...]
+
+
+@pytest.mark.parametrize("kind", SPECIAL_KINDS)
+def test_a_block_or_attributes_that_is_a_special_file_is_refused_without_reading(tmp_path, kind):
+    path = write_n5(tmp_path / "a.n5", values(SHAPE, "uint16"))
+    held: list[Any] = []
+    try:
+        make_special(path / "1" / "1" / "1", kind, held)
+        src = read_n5(path)
+        with pytest.raises(SpecialFileError):
+            src[...]
+        np.testing.assert_array_equal(src[:3], ts_read(path, np.s_[:3]))
+        make_special(path / "attributes.json", kind, held)
+        with pytest.raises(SpecialFileError):
+            read_n5(path)
+    finally:
+        for sock in held:
+            sock.close()
 
 
 def test_a_block_file_larger_than_any_block_is_refused_unread(tmp_path):

@@ -154,38 +154,7 @@ class N5ArraySource(ArraySource):
 
     def _open(self) -> N5Dataset:
         assert self._args is not None
-        path, dataset = self._args["path"], self._args["dataset"]
-        if not os.path.isdir(path):
-            what = (
-                "is not a folder (an N5 container is one)"
-                if os.path.exists(path)
-                else ("no such folder")
-            )
-            raise FileNotFoundError(f"path={path!r}: {what}")
-        folder = os.path.join(path, *dataset.split("/")) if dataset else path
-        is_folder = os.path.isdir(folder)
-        attrs = read_attributes(folder) if is_folder else None
-        check_version(read_attributes(path) if dataset else attrs, repr(path))
-        if dataset and not is_folder:
-            names, stopped = find_datasets(path)
-            more = " (search stopped early)" if stopped else ""
-            raise ArrayNotFoundError(
-                f"dataset={dataset!r} does not exist in N5 container {path!r}; "
-                f"{listing(names, 'datasets')}{more}"
-            )
-        if not is_dataset_attributes(attrs):
-            names, stopped = find_datasets(folder)
-            more = " (search stopped early)" if stopped else ""
-            where = f"dataset={dataset!r} in {path!r}" if dataset else f"path={path!r}"
-            if attrs is None and not names and not dataset:
-                raise FileNotFoundError(
-                    f"{where} is not an N5 dataset or group: no {ATTRIBUTES_FILE} there"
-                )
-            raise NotAnArrayError(
-                f"{where} is an N5 group, not a dataset; pass dataset= to pick one of its "
-                f"{listing(names, 'datasets')}{more}"
-            )
-        assert attrs is not None
+        folder, attrs = _dataset_attributes(self._args["path"], self._args["dataset"])
         meta = parse_metadata(attrs, self._location())
         return N5Dataset(folder, meta, decompressor(meta.compression, self._location()))
 
@@ -205,6 +174,42 @@ class N5ArraySource(ArraySource):
         reader = self._reader_for(handle)
         assert reader is not None
         return self._read_chunks(reader, key)
+
+
+def _dataset_attributes(path: str, dataset: str | None) -> tuple[str, dict[str, Any]]:
+    """``(folder, attributes)`` of ``dataset`` in the container ``path`` (``None``: itself).
+
+    Raises
+    ------
+    FileNotFoundError, ArrayNotFoundError, NotAnArrayError, UnsupportedStoreError
+        As :class:`N5ArraySource` says; the last two list the datasets found.
+    """
+    if not os.path.isdir(path):
+        what = (
+            "is not a folder (an N5 container is one)" if os.path.exists(path) else "no such folder"
+        )
+        raise FileNotFoundError(f"path={path!r}: {what}")
+    folder = os.path.join(path, *dataset.split("/")) if dataset else path
+    is_folder = os.path.isdir(folder)
+    attrs = read_attributes(folder) if is_folder else None
+    check_version(read_attributes(path) if dataset else attrs, repr(path))
+    if is_dataset_attributes(attrs):
+        assert attrs is not None
+        return folder, attrs
+    names, stopped = find_datasets(path if dataset and not is_folder else folder)
+    found = listing(names, "datasets") + (" (search stopped early)" if stopped else "")
+    if dataset and not is_folder:
+        raise ArrayNotFoundError(
+            f"dataset={dataset!r} does not exist in N5 container {path!r}; {found}"
+        )
+    where = f"dataset={dataset!r} in {path!r}" if dataset else f"path={path!r}"
+    if attrs is None and not names and not dataset:
+        raise FileNotFoundError(
+            f"{where} is not an N5 dataset or group: no {ATTRIBUTES_FILE} there"
+        )
+    raise NotAnArrayError(
+        f"{where} is an N5 group, not a dataset; pass dataset= to pick one of its {found}"
+    )
 
 
 def _physical(meta: N5Metadata) -> Physical | None:

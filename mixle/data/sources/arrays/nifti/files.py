@@ -1,9 +1,9 @@
 """Which files hold a NIfTI image: a single ``.nii`` / ``.nii.gz``, or a ``.hdr``/``.img`` pair.
 
 Compression is told by the gzip magic bytes, not the name, so a ``.nii`` that is really
-gzipped (or the reverse) is still read right. The header is read within
-:data:`~mixle.data.sources.arrays.nifti.header.HEADER_READ_BYTES` (a gzipped one by
-decompressing only that much).
+gzipped (or the reverse) is still read right. Only the header's own bytes are read
+(``sizeof_hdr`` first, then the 348 or 540 header bytes and the extension flag; a gzipped
+header by decompressing only that much): no byte of the data block.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from mixle.data.sources.arrays.nifti.header import HEADER_READ_BYTES, NiftiHeader, parse_header
+from mixle.data.sources.arrays.nifti.header import NiftiHeader, header_size, parse_header
 from mixle.errors import CorruptChunkError
 from mixle.utils.files import open_regular_file, require_regular_file
 
@@ -103,5 +103,6 @@ def _bounded(path: str, gz: bool) -> Callable[[int], bytes]:
 def read_head(files: NiftiFiles) -> NiftiHeader:
     """Parse the header of ``files``, reading only the header bytes (and extensions)."""
     read = _bounded(files.header, files.header_gz)
-    head = read(HEADER_READ_BYTES)
-    return parse_header(head, f"path={files.header!r}", more=read)
+    what = f"path={files.header!r}"
+    head = read(header_size(read(4), what))  # never a byte of the data block
+    return parse_header(head, what, more=read)

@@ -1,6 +1,6 @@
 """NIfTI-1 and NIfTI-2 headers, parsed by nibabel from a bounded read of the file's head.
 
-Only the header bytes are ever read here (:data:`HEADER_READ_BYTES`, plus the header
+Only the header bytes are ever read (at most :data:`HEADER_READ_BYTES`, plus the header
 extensions when there are at most :data:`EXTENSIONS_LIMIT` bytes of them): nothing reads
 the data block. What a source needs from the header (shape, dtype with its byte order, data
 offset, scaling, voxel-to-world geometry) is gathered in a :class:`NiftiHeader`.
@@ -22,11 +22,13 @@ __all__ = [
     "EXTENSIONS_LIMIT",
     "HEADER_READ_BYTES",
     "NiftiHeader",
+    "header_size",
     "parse_header",
     "physical_of",
 ]
 
-#: Bytes read to parse a header: the NIfTI-2 header (540) and the extension flag (4).
+#: The most bytes read to parse a header: the NIfTI-2 header (540) and the extension flag
+#: (4); a NIfTI-1 header is read as its 348 bytes and the flag.
 HEADER_READ_BYTES = 544
 #: The most bytes of header extensions read into :attr:`NiftiHeader.header`; larger
 #: extensions are left unread (they never change the voxel values).
@@ -92,18 +94,32 @@ def _version(head: bytes, what: str) -> tuple[int, str]:
     )
 
 
+def header_size(head: bytes, what: str) -> int:
+    """Bytes of the header ``head`` starts with (348 or 540) and its extension flag (+4).
+
+    ``head`` needs only the file's first 4 bytes (``sizeof_hdr``).
+
+    Raises
+    ------
+    ValueError
+        When they are not ``sizeof_hdr`` of a NIfTI-1 or NIfTI-2 header.
+    """
+    version, _ = _version(head, what)
+    return (348 if version == 1 else 540) + 4
+
+
 def _magic(head: bytes, version: int) -> bytes:
     return head[344:348] if version == 1 else head[4:8]
 
 
 def parse_header(head: bytes, what: str, *, more: Any = None) -> NiftiHeader:
-    """Parse the NIfTI header at the start of ``head`` (at least :data:`HEADER_READ_BYTES`
-    bytes unless the file is shorter).
+    """Parse the NIfTI header at the start of ``head``.
 
     Parameters
     ----------
     head
-        The first bytes of a ``.nii`` (or ``.hdr``) file.
+        The first bytes of a ``.nii`` (or ``.hdr``) file: its header and extension flag
+        (:func:`header_size` bytes), or the whole file if it is shorter.
     what
         How errors name the file (``"path='x.nii'"``).
     more

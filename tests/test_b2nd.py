@@ -145,6 +145,30 @@ def test_odd_shapes(tmp_path, shape, chunks, blocks):
         check_array_source(read_b2nd(path), blosc2.open(str(path))[...])
 
 
+@pytest.mark.parametrize("dtype", ["<U3", [("a", "<i4"), ("b", ">f8")]], ids=["str", "struct"])
+def test_string_and_structured_dtypes(tmp_path, dtype):
+    data = np.zeros((6, 4), dtype=dtype)
+    if data.dtype.names:
+        data["a"] = np.arange(24).reshape(6, 4)
+        data["b"] = np.linspace(0, 1, 24).reshape(6, 4)
+    else:
+        data[...] = np.array(["ab", "cde", "f", ""])
+    path = tmp_path / "s.b2nd"
+    blosc2.asarray(data, chunks=(2, 4), blocks=(1, 2), urlpath=str(path), mode="w")
+    check_array_source(read_b2nd(path), blosc2.open(str(path))[...])
+
+
+def test_reading_leaves_the_folder_unchanged(tmp_path):
+    folder = tmp_path / "data"
+    folder.mkdir()
+    path = _write(folder / "a.b2nd", _values("<f4"))
+    with assert_unchanged(folder):  # no lock or cache files beside it either
+        src = read_b2nd(path)
+        src.read_boxes(STARTS, PATCH)
+        src.close()
+    assert sorted(p.name for p in folder.iterdir()) == ["a.b2nd"]
+
+
 def test_zero_d_and_empty_arrays(tmp_path):
     blosc2.asarray(np.array(3.5), urlpath=str(tmp_path / "z.b2nd"), mode="w")
     blosc2.asarray(np.zeros((0, 4), "<i2"), urlpath=str(tmp_path / "e.b2nd"), mode="w")

@@ -43,6 +43,7 @@ class NpzArraySource(MemmapArraySource):
         decompressed once into mixle's cache folder (``$MIXLE_CACHE_DIR``, else
         ``$XDG_CACHE_HOME/mixle`` or ``~/.cache/mixle``, sub-folder ``npz``) and that copy
         is mapped; later opens of the same content reuse it. Default ``False``: refused.
+        Stored members are mapped in place either way.
     structure, schema
         See :mod:`mixle.data.structure` and :class:`mixle.data.schema.Schema`.
 

@@ -31,7 +31,7 @@ raw in mixle) includes the file's pages mapped from the page cache, shared and r
   per patch, measured in this run: what a reader that decodes every touched chunk once per
   patch, on every core, with no cache, could reach.
 
-The formats table (``--only formats``; about a minute at the defaults) writes a 256^3
+The formats table (``--only formats``; one to two minutes at the defaults) writes a 256^3
 float32 cube as a tiled zlib TIFF (one page per z plane, 64x64 tiles; tifffile), NIfTI-1
 ``.nii`` and ``.nii.gz`` (nibabel), N5 with gzip 64^3 blocks (tensorstore) and ``.b2nd``
 with 64^3 chunks (blosc2), then reads the same 256 random 32^3 patches a pass, in batches of
@@ -43,9 +43,12 @@ with 64^3 chunks (blosc2), then reads the same 256 random 32^3 patches a pass, i
   ``cache_pool`` 0, as many copy threads as mixle has decode threads;
 - blosc2: ``blosc2.open(path)[box]``.
 
-Rounds interleave the library, mixle with a 256 MiB cache and mixle with the cache off;
-every pass opens a fresh handle (timed) and mixle's decoded-chunk cache is emptied first,
-so each pass decodes what it reads. ``x library`` is mixle's best pass over the library's.
+Rounds interleave the library, mixle with a 256 MiB cache and mixle with the cache off
+(``.nii``: one mixle row, a memory map; ``.nii.gz``: mixle's inflated on-disk copy deleted
+before every pass, or kept). Every pass opens a fresh handle (timed) and mixle's
+decoded-chunk cache is emptied first, so each pass decodes what it reads; mixle's on-disk
+cache (``MIXLE_CACHE_DIR``) is set inside the data folder. ``x library`` is mixle's best
+pass over the library's best.
 ``--quick`` runs every row of both tables at a tiny size (a smoke test).
 """
 
@@ -308,7 +311,7 @@ FORMAT_SIZE = 256
 #: Random patches read in one timed pass.
 FORMAT_PATCHES = 256
 #: Interleaved rounds (library, mixle, mixle without a cache); the best pass of each is shown.
-FORMAT_ROUNDS = 3
+FORMAT_ROUNDS = 5
 #: A library pass stops at the first patch (tensorstore: batch) past this many seconds:
 #: nibabel reads a gzip NIfTI at a few patches a second, and a rate needs no more.
 PASS_SECONDS = 3.0

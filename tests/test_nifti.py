@@ -386,3 +386,39 @@ def test_rgb_complex_and_int8_images_equal_nibabel(tmp_path: Path) -> None:
         nib.save(img, str(tmp_path / name))
         want = np.asanyarray(nib.load(str(tmp_path / name)).dataobj)
         check_array_source(read_nifti(tmp_path / name), want)
+
+
+def test_a_time_step_of_zero_counts_as_one_and_a_singular_affine_gives_no_physical(
+    tmp_path: Path,
+) -> None:
+    img = nib.Nifti1Image(_data((4, 5, 3, 2), "int16"), np.diag([2.0, 3.0, 4.0, 1.0]))
+    img.header["pixdim"][4] = 0.0  # TR left unset, as many writers do
+    nib.save(img, str(tmp_path / "t0.nii"))
+    src = read_nifti(tmp_path / "t0.nii")
+    assert src.spacing == (2.0, 3.0, 4.0, 1.0)
+    path = _write(tmp_path / "flat.nii", _data((4, 5, 3), "int16"))
+    raw = path.read_bytes()
+    header = nib.Nifti1Header(raw[:348])
+    header["srow_x"] = [0.0, 0.0, 0.0, 5.0]  # the sform maps every voxel to one x
+    path.write_bytes(header.binaryblock + raw[348:])
+    ref = nib.load(str(path))
+    assert np.linalg.matrix_rank(ref.affine[:3, :3]) < 3
+    src = read_nifti(tmp_path / "flat.nii")
+    assert src.physical is None and src.spacing is None
+    np.testing.assert_array_equal(src[...], np.asanyarray(ref.dataobj))
+
+
+def test_compression_is_told_from_the_bytes_not_the_name(tmp_path: Path) -> None:
+    gz = _write(tmp_path / "v.nii.gz", _data((5, 6, 7), "float32"))
+    renamed = tmp_path / "really-gzipped.nii"
+    renamed.write_bytes(gz.read_bytes())
+    want = np.asanyarray(_reference(gz).dataobj)
+    src = read_nifti(renamed)
+    assert src.cache_path is not None
+    np.testing.assert_array_equal(src[...], want)
+    plain = _write(tmp_path / "p.nii", _data((5, 6, 7), "float32"))
+    misnamed = tmp_path / "not-gzipped.nii.gz"
+    misnamed.write_bytes(plain.read_bytes())
+    src = read_nifti(misnamed)
+    assert src.cache_path is None
+    np.testing.assert_array_equal(src[...], np.asanyarray(_reference(plain).dataobj))

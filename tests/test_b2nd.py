@@ -29,6 +29,7 @@ from mixle.inspection.b2nd_files import inspect_b2nd, is_b2nd
 from mixle.reading import read_chunked
 from mixle.reading.cache import ChunkCache
 from mixle.testing import assert_unchanged, check_array_source
+from mixle.utils import optional_deps
 
 SHAPE = (11, 14, 9)
 #: (chunks, blocks): blocks tiling the chunks (the planner reads blocks), blocks that do
@@ -343,6 +344,16 @@ def test_without_blosc2_the_error_names_the_extra(tmp_path, monkeypatch):
     clone = pickle.loads(pickled)
     with pytest.raises(ImportError, match=r'pip install -e "\.\[blosc2\]"'):
         _ = clone.shape
+
+
+def test_without_blosc2_a_source_builds_and_says_why_it_cannot_open(tmp_path, monkeypatch):
+    path = _write(tmp_path / "a.b2nd", _values("<f4"))
+    monkeypatch.setitem(sys.modules, "blosc2", None)
+    monkeypatch.setattr(optional_deps, "HAS_BLOSC2", False)
+    src = read_b2nd(path)  # no I/O: a process without blosc2 can hand it to workers
+    assert "blosc2 is not installed here" in repr(src)
+    with pytest.raises(ImportError, match=r'read_b2nd needs blosc2.*pip install -e "\.\[blosc2\]"'):
+        src[0]
 
 
 def test_source_class_is_exported():

@@ -173,10 +173,20 @@ def spatial_affine(physical: Physical | None, nd: int, what: str) -> NDArray[np.
 
 
 def world_positions(affine: NDArray[np.float64], corners: NDArray[np.int64]) -> NDArray[np.float64]:
-    """World coordinates ``(B, nd)`` float64 of voxel corners ``(B, nd)`` under ``affine``."""
+    """World coordinates ``(B, nd)`` float64 of voxel corners ``(B, nd)`` under ``affine``.
+
+    Element by element in a fixed order (no matrix product, whose rounding depends on the
+    batch's size): a corner has the same world position in every batch it is read in.
+    """
     v = np.asarray(corners, dtype=np.float64)
     nd = affine.shape[0] - 1
-    return np.ascontiguousarray(v @ affine[:nd, :nd].T + affine[:nd, nd], dtype=np.float64)
+    out = np.empty((v.shape[0], nd), dtype=np.float64)
+    for i in range(nd):
+        acc = v[:, 0] * affine[i, 0] if nd else np.zeros(v.shape[0])
+        for j in range(1, nd):
+            acc = acc + v[:, j] * affine[i, j]
+        out[:, i] = acc + affine[i, nd]
+    return out
 
 
 def finest_array(shapes: Mapping[str, Sequence[int]], nd: int) -> str:

@@ -148,7 +148,7 @@ class VolumePatchSampler(PatchSampler, collections=VolumeCollection):
     def __init__(
         self,
         array: VolumeCollection,
-        patch_size: int | Sequence[int],
+        patch_size: int | Sequence[int] | None = None,
         num_patches: int | None = None,
         *,
         seed: int = 0,

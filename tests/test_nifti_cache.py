@@ -286,3 +286,11 @@ def test_header_extensions_are_read_into_the_header(tmp_path: Path) -> None:
         (ext,) = src.header.extensions
         assert ext.get_content() == ref.header.extensions[0].get_content()
         np.testing.assert_array_equal(src[...], np.asanyarray(ref.dataobj))
+
+
+def test_a_header_with_negative_dimensions_is_refused(tmp_path: Path) -> None:
+    raw = bytearray(_save(tmp_path / "v.nii").read_bytes())
+    raw[42:44] = np.int16(-3).tobytes()  # dim[1]
+    (tmp_path / "neg.nii").write_bytes(bytes(raw))
+    with pytest.raises(ValueError, match=r"neg\.nii.*negative dimensions \(-3, 5, 4\)"):
+        read_nifti(tmp_path / "neg.nii")

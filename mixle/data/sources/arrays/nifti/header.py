@@ -168,10 +168,18 @@ def parse_header(head: bytes, what: str, *, more: Any = None) -> NiftiHeader:
         shape = tuple(int(n) for n in header.get_data_shape())
         dtype = np.dtype(header.get_data_dtype())
         offset = int(header.get_data_offset())
-    except (nib.spatialimages.HeaderDataError, ValueError, TypeError, KeyError) as exc:
+    except (
+        nib.spatialimages.HeaderDataError,
+        nib.spatialimages.HeaderTypeError,
+        ValueError,
+        TypeError,
+        KeyError,
+    ) as exc:
         raise ValueError(f"{what} has a NIfTI-{version} header nibabel refuses: {exc}") from None
     if not shape:
         raise ValueError(f"{what} has a NIfTI header whose dim[0] is 0: it holds no array")
+    if any(n < 0 for n in shape):
+        raise ValueError(f"{what} has a NIfTI header with negative dimensions {shape}")
     if dtype.hasobject or dtype.itemsize == 0:
         raise ValueError(f"{what} has a NIfTI datatype ({dtype}) that cannot be memory-mapped")
     if single and offset < size + 4:

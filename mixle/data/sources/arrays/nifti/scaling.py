@@ -104,5 +104,5 @@ def warn_unscaled(path: str, scaling: Scaling) -> None:
         "pass scale=True for stored * scl_slope + scl_inter as nibabel's img.dataobj gives "
         f"them ({scaling.dtype})",
         NiftiScalingWarning,
-        stacklevel=4,
+        stacklevel=7,  # the caller of read_nifti
     )

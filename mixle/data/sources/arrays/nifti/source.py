@@ -151,18 +151,20 @@ class NiftiArraySource(ArraySource):
         files = locate(path)
         info = read_head(files)
         scaling = scaling_of(info.header, info.dtype, f"path={files.header!r}")
-        if not self._args["scale"] and not scaling.trivial:
-            warn_unscaled(path, scaling)
         if files.data_gz:
             prefix = info.head if files.data == files.header else b""
             cache, signature = cached_copy(files.data, info.end, prefix)
             array, mapped = _map_data(
                 str(cache), info, f"the cached copy {str(cache)!r} of {files.data!r}"
             )
-            return _Mapped(array, mapped, info, scaling, files, cache, signature[:4], None)
-        array, mapped = _map_data(files.data, info, f"path={files.data!r}")
-        identity = file_identity(files.data)
-        return _Mapped(array, mapped, info, scaling, files, None, None, identity)
+            handle = _Mapped(array, mapped, info, scaling, files, cache, signature[:4], None)
+        else:
+            array, mapped = _map_data(files.data, info, f"path={files.data!r}")
+            identity = file_identity(files.data)
+            handle = _Mapped(array, mapped, info, scaling, files, None, None, identity)
+        if not self._args["scale"] and not scaling.trivial:
+            warn_unscaled(path, scaling)
+        return handle
 
     def _describe(self, handle: Any) -> ArrayMeta:
         assert self._args is not None

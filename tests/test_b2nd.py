@@ -159,6 +159,30 @@ def test_string_and_structured_dtypes(tmp_path, dtype):
     check_array_source(read_b2nd(path), blosc2.open(str(path))[...])
 
 
+@pytest.mark.parametrize("make", ["zeros", "full"])
+def test_special_chunks_read_as_blosc2_reads_them(tmp_path, make):
+    path = tmp_path / "sp.b2nd"
+    extra = {"fill_value": 7} if make == "full" else {}
+    array = getattr(blosc2, make)(
+        (10, 12, 8), dtype="<f4", chunks=(5, 6, 4), blocks=(5, 3, 2), urlpath=str(path), **extra
+    )
+    array[0:3, 1:4, 2:5] = np.arange(27, dtype="<f4").reshape(3, 3, 3)
+    del array
+    ref = blosc2.open(str(path))
+    assert any(c.special for c in ref.schunk.iterchunks_info())  # chunks stored as one value
+    assert_every_path_is_blosc2_small(path, ref[...])
+
+
+def assert_every_path_is_blosc2_small(path: Path, want: np.ndarray) -> None:
+    """The conformance suite and a PatchSampler batch against blosc2's read ``want``."""
+    src = read_b2nd(path)
+    sampler = PatchSampler(src, (2, 3, 4), num_patches=8, seed=1)
+    patches, corners = sampler.get_batch(np.arange(8))
+    for patch, corner in zip(patches, corners):
+        np.testing.assert_array_equal(patch, want[_box(corner, (2, 3, 4))])
+    check_array_source(src, want)
+
+
 def test_reading_leaves_the_folder_unchanged(tmp_path):
     folder = tmp_path / "data"
     folder.mkdir()

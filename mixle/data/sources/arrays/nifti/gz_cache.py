@@ -6,11 +6,11 @@ cache directory (``$MIXLE_CACHE_DIR``, else ``$XDG_CACHE_HOME/mixle``, else
 ``~/.cache/mixle``; folder ``nifti/``); later opens, in any process, find it with a
 ``stat`` and a few small reads and memory-map it. The user's file is only ever read.
 
-Cost (a 128^3 int16 volume, 4 MiB, 2.2 MiB gzipped, on one shared core): the first open
-inflates and writes the whole volume, about 25-40 ms (nibabel's own full read of the same
-file: 50-80 ms; nibabel cutting one 32^3 patch out of it streams through the gzip up to
-the patch: 30-50 ms, every time); later opens cost about 1.2 ms (a ``stat``, the
-fingerprint reads below and a map), and a patch read then costs what it costs in a
+Cost (a 128^3 int16 volume, 4 MiB, 2.2 MiB gzipped, on a shared core): the first open
+inflates and writes the whole volume, 25-35 ms (nibabel's own full read of the same file:
+25-80 ms; nibabel cutting one 32^3 patch out of it streams through the gzip up to the
+patch: 15-50 ms, on every read); later opens cost about 1.2 ms (a ``stat``, the fingerprint
+reads below, the header and a map), and a patch read then costs what it costs in a
 ``.nii``. The copy takes the volume's size on disk.
 
 Cache key. An entry is named by the file's real path and a version key: its device,

@@ -318,6 +318,20 @@ def test_truncated_file(tmp_path):
     np.testing.assert_array_equal(src[0], tifffile.imread(good)[0])
 
 
+def test_byte_count_past_the_end_reads_nothing(tmp_path):
+    path = tmp_path / "t.tif"
+    data = _values((3, 256, 256), "uint16")
+    options = {"bigtiff": True, "tile": (256, 256), "compression": "zlib"}
+    tifffile.imwrite(path, data, photometric="minisblack", **options)  # random: counts > 2**16
+    with tifffile.TiffFile(path, mode="r+") as tif:
+        tag = tif.pages[1].tags["TileByteCounts"]  # 8-byte counts (LONG8)
+        tag.overwrite((2**40,))  # a TiB: pread would try to allocate it
+    src = read_tiff(path)
+    with pytest.raises(mixle.CorruptChunkError, match=rf"tile 0 of page 1 .*truncated.*{2**40}"):
+        src[1]
+    np.testing.assert_array_equal(src[2], tifffile.imread(path, key=2))
+
+
 def test_contiguous_data_cut_short_is_refused_at_open(tmp_path):
     good = _write(tmp_path / "good.tif", "contiguous-u16")
     with tifffile.TiffFile(good) as tif:

@@ -211,6 +211,7 @@ class TiffChunkReader:
         # closed when the reader is garbage: reads still in flight keep it alive
         self._fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
         weakref.finalize(self, os.close, self._fd)
+        self._size = os.fstat(self._fd).st_size  # no read asks for bytes past the end
 
     def _page(self, index: int) -> tuple[tuple[int, ...], tuple[int, ...], Any] | None:
         """``(offsets, bytecounts, jpegtables)`` of page ``index``; ``None``: page missing."""
@@ -252,7 +253,8 @@ class TiffChunkReader:
         offset, count = int(offsets[segment]), int(counts[segment])
         if offset == 0 or count == 0:  # never written: tifffile reads the nodata value
             return self._fill(self._nodata)
-        raw = os.pread(self._fd, count, offset)
+        # a byte count past the end of the file (cut short, or hostile) allocates nothing
+        raw = os.pread(self._fd, max(0, min(count, self._size - offset)), offset)
         if len(raw) != count:
             raise CorruptChunkError(
                 f"{where} is truncated: the file holds {len(raw)} of its {count} bytes at "

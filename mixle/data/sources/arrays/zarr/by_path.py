@@ -302,7 +302,12 @@ def _not_icechunk(version: Version, path: Any, what: str) -> str:
 
 # -- other formats ------------------------------------------------------------------------
 def _refuse_n5(folder: str, component: str | None) -> None:
-    """Refuse an N5 container (``attributes.json`` with ``"n5"``, or a dataset's keys)."""
+    """Refuse an N5 container, naming ``mixle.read_n5``.
+
+    It is one when no zarr metadata lies on the way to ``component`` and ``attributes.json``
+    holds ``"n5"`` or a dataset's keys (at the root or at ``component``), or the folder is
+    named ``*.n5``.
+    """
     parts = [p for p in (component or "").split("/") if p]
     for depth in range(len(parts) + 1):
         here = os.path.join(folder, *parts[:depth])
@@ -313,6 +318,7 @@ def _refuse_n5(folder: str, component: str | None) -> None:
     is_n5 = isinstance(attributes, dict) and (
         "n5" in attributes or attributes.keys() >= _N5_DATASET_KEYS
     )
+    is_n5 = is_n5 or os.path.basename(os.path.normpath(folder)).lower().endswith(".n5")
     if not is_n5 and not (isinstance(inner, dict) and inner.keys() >= _N5_DATASET_KEYS):
         return
     shown = display_path(folder)

@@ -281,13 +281,20 @@ def test_a_bad_scale_factor_names_the_attribute_and_the_variable(tmp_path: Path)
         read_hdf5(str(hpath), "v", mask_and_scale=True)
 
 
-def test_plain_hdf5_attributes_decode_like_h5netcdf(tmp_path: Path) -> None:
+@pytest.mark.parametrize("layout", ["contiguous", "gzip", "lzf"])
+def test_plain_hdf5_attributes_decode_like_h5netcdf(tmp_path: Path, layout: str) -> None:
     # h5py-written attributes (a one-element float32 array as scale_factor, several missing
-    # values) decode as xarray's h5netcdf engine decodes them
+    # values) decode as xarray's h5netcdf engine decodes them; lzf chunks are h5py's to
+    # decode, contiguous data is memory-mapped, gzip chunks are mixle's
     path = tmp_path / "plain.h5"
     raw = np.arange(-6, 30, dtype="int16").reshape(6, 6)
+    layouts: dict[str, dict[str, Any]] = {
+        "contiguous": {},
+        "gzip": {"chunks": (4, 4), "compression": "gzip"},
+        "lzf": {"chunks": (4, 4), "compression": "lzf"},
+    }
     with h5py.File(path, "w") as f:
-        d = f.create_dataset("v", data=raw, chunks=(4, 4))
+        d = f.create_dataset("v", data=raw, **layouts[layout])
         d.attrs["scale_factor"] = np.array([0.5], dtype="float32")
         d.attrs["add_offset"] = np.array([2.0], dtype="float32")
         d.attrs["missing_value"] = np.array([-6, 7], dtype="int16")
@@ -298,4 +305,16 @@ def test_plain_hdf5_attributes_decode_like_h5netcdf(tmp_path: Path) -> None:
             want = np.asarray(ds["v"].values)
     src = read_hdf5(str(path), "v", mask_and_scale=True)
     assert src.dtype == want.dtype == np.float32
+    assert "dtype=float32, " in repr(src) and "mask_and_scale=True (stored int16)" in repr(src)
     check_array_source(src, want)
+
+
+def test_non_numeric_arrays_with_a_fill_value_read_as_stored(tmp_path: Path) -> None:
+    path = tmp_path / "text.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("s", data=np.array([b"ab", b"", b"c"])).attrs["_FillValue"] = b""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing numeric to unpack: no warning
+        assert read_hdf5(str(path), "s")[1] == b""
+    with pytest.raises(ValueError, match="decodes numbers only"):
+        read_hdf5(str(path), "s", mask_and_scale=True)

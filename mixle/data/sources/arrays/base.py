@@ -461,6 +461,8 @@ class ArraySource(SourceLifetime, abc.ABC):
             parts.append(f"shards={meta.shards}")
         if meta.physical is not None:
             parts.append(f"spacing={meta.physical.spacing}")
+        if meta.cf is not None:
+            parts.append(f"mask_and_scale=True (stored {meta.cf.stored})")
         return f"{name}({', '.join(parts)})"
 
 

@@ -272,8 +272,8 @@ def warn_packed(attrs: CFAttributes, stored: DTypeLike, where: str) -> str | Non
 
 def packed_message(attrs: CFAttributes, stored: DTypeLike, where: str) -> str | None:
     """Why an array read with ``mask_and_scale=False`` holds packed values, or ``None``."""
-    if not attrs.declared:
-        return None
+    if not attrs.declared or np.dtype(stored).kind not in _NUMERIC:
+        return None  # nothing declared, or no numbers to unpack
     named = ", ".join(f"{k}={_short(attrs.values.get(k))}" for k in attrs.declared)
     try:
         decoding = CFDecoding.from_attributes(attrs.values, stored, where=where)

@@ -8,6 +8,7 @@ answer is always ``blosc2.open(path)[...]``.
 
 from __future__ import annotations
 
+import gc
 import os
 import pickle
 import shutil
@@ -218,6 +219,18 @@ def test_blocks_are_the_planner_unit_when_they_tile_the_chunks(tmp_path):
     np.testing.assert_array_equal(out[0], data[9:12, 1:4, 4:7])
     plan = read_chunked(reader, [[3, 3, 3]], (2, 2, 2), src.shape, out[:, :2, :2, :2])
     assert len(plan.chunks) == 8  # straddles a corner of 8 blocks (of one chunk)
+
+
+def test_a_reader_outliving_its_source_still_reads(tmp_path):
+    data = _values("<f4")
+    path = _write(tmp_path / "a.b2nd", data)
+    src = read_b2nd(path)
+    reader = src._reader_for(src.array)
+    assert reader is not None
+    src.close()
+    del src
+    gc.collect()  # the blosc2 array the reader decodes from must stay alive with it
+    np.testing.assert_array_equal(reader.read_chunk((0, 0, 0)), data[:3, :4, :2])
 
 
 def test_whole_chunks_when_blocks_do_not_tile(tmp_path):

@@ -71,6 +71,8 @@ class B2ndChunkReader:
     """
 
     def __init__(self, array: Any, where: str, check: Callable[[], None]) -> None:
+        # the NDArray owns the C super-chunk: its wrapper alone would let it be freed
+        self._array = array
         self._schunk = array.schunk
         self._dtype = np.dtype(array.dtype)
         self._stored = tuple(int(c) for c in array.chunks)

@@ -9,7 +9,7 @@ unit is the block: a patch decodes only the blocks it touches, not every chunk i
 whole. Otherwise the unit is the chunk, decoded whole and rearranged from block order.
 
 python-blosc2 holds the GIL while it decodes and shares one decompression context per
-array, so reads of one array run one at a time (under :attr:`B2ndChunkReader._lock` too,
+array, so reads of one array run one at a time (under a lock of the reader too,
 so that a build without a GIL stays correct); blosc2 itself decodes the blocks of a
 whole chunk on its own threads. Stored bytes blosc2 cannot decode raise
 :class:`~mixle.reading.CorruptChunkError` naming the file, the chunk and the block.

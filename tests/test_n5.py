@@ -325,9 +325,10 @@ def test_a_folder_without_n5_metadata_is_not_found(tmp_path):
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [
-        ({"path": 3}, TypeError, "path=3 must be a local path"),
+        ({"path": 3}, TypeError, "path=3 must be a local path or a URL"),
         ({"path": b"x.n5"}, TypeError, "path=b'x.n5'"),
-        ({"path": "s3://bucket/x.n5"}, ValueError, "is a URL"),
+        ({"path": ".", "storage_options": {"anon": True}}, ValueError, "storage_options only"),
+        ({"path": ".", "storage_options": 3}, TypeError, "storage_options must be a dict"),
         ({"path": ".", "dataset": 5}, TypeError, "dataset=5 must be a str"),
         ({"path": ".", "dataset": "../x"}, ValueError, "dataset='../x'"),
     ],

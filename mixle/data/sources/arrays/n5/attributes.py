@@ -33,8 +33,10 @@ __all__ = [
     "check_version",
     "find_datasets",
     "is_dataset_attributes",
+    "parse_attributes",
     "parse_metadata",
     "read_attributes",
+    "too_large",
 ]
 
 #: The metadata file of every N5 group and dataset folder.
@@ -125,10 +127,28 @@ def read_attributes(folder: str) -> dict[str, Any] | None:
     except (FileNotFoundError, NotADirectoryError):
         return None
     except ValueError:
-        raise MetadataLimitError(
-            f"N5 attributes {path!r} is larger than N5_METADATA_LIMIT={N5_METADATA_LIMIT:,} "
-            "bytes: not read (N5 attributes are JSON of a few KiB)"
-        ) from None
+        raise too_large(path) from None
+    return parse_attributes(data, path)
+
+
+def too_large(path: str) -> MetadataLimitError:
+    """The error for an ``attributes.json`` past :data:`N5_METADATA_LIMIT` bytes."""
+    return MetadataLimitError(
+        f"N5 attributes {path!r} is larger than N5_METADATA_LIMIT={N5_METADATA_LIMIT:,} "
+        "bytes: not read (N5 attributes are JSON of a few KiB)"
+    )
+
+
+def parse_attributes(data: bytes, path: str) -> dict[str, Any]:
+    """The JSON object in ``data``, the bytes of the ``attributes.json`` at ``path``.
+
+    Raises
+    ------
+    MetadataLimitError
+        When it nests too deeply to parse.
+    InvalidMetadataError
+        When it is not UTF-8 JSON holding an object.
+    """
     try:
         value = json.loads(data.decode("utf-8"))
     except UnicodeDecodeError:

@@ -26,11 +26,18 @@ from mixle.data.sources.arrays.n5.blocks import (
     decompressor,
     stored_limit,
 )
+from mixle.data.sources.arrays.n5.remote import (
+    RemoteN5BlockReader,
+    open_remote,
+    read_remote_attributes,
+    url_secrets,
+)
 from mixle.data.sources.arrays.physical import Physical, physical_from_spacing
 from mixle.data.sources.arrays.zarr.local_files import read_local_object
 from mixle.data.structure import EXCHANGEABLE, SampleStructure
 from mixle.errors import ArrayNotFoundError, NotAnArrayError
 from mixle.reading import new_token
+from mixle.utils.redact import display_path
 
 __all__ = ["N5ArraySource", "N5BlockReader", "N5Dataset", "read_n5"]
 
@@ -42,6 +49,8 @@ class N5Dataset:
     folder: str
     metadata: N5Metadata
     decode: Decompressor
+    #: The fsspec file system of a dataset behind a URL; ``None`` on the local disk.
+    fs: Any = None
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -87,40 +96,47 @@ class N5BlockReader:
 
 
 class N5ArraySource(ArraySource):
-    """An N5 dataset in a local folder, read lazily block by block; never written to.
+    """An N5 dataset in a local folder or behind a URL, read lazily block by block.
 
     Axes are in the order N5 lists ``dimensions`` (fastest-varying first), as tensorstore's
     ``n5`` driver presents them: ``src.shape == tuple(dimensions)`` and ``src[i, j, k]`` is
     tensorstore's ``[i, j, k]``. Blocks are decoded by mixle (raw, gzip or zlib, bzip2, xz;
     blosc and zstd with numcodecs), each once per read through the read planner and cache.
+    Nothing is ever written.
 
     Parameters
     ----------
     path
-        The N5 container (or a dataset folder) on the local file system.
+        The N5 container (or a dataset folder): a local path, or an fsspec URL
+        (``http(s)://``, ``s3://``...; needs ``mixle[remote]``).
     dataset
         Path of the dataset inside ``path`` (``"volumes/raw"``); ``None`` when ``path`` is
         the dataset itself.
+    storage_options
+        Passed to fsspec for URLs (credentials, endpoints); never shown in reprs or errors.
     structure, schema
         See :mod:`mixle.data.structure` and :class:`mixle.data.schema.Schema`.
 
     Raises
     ------
     TypeError
-        When ``path`` is not a str or path, or ``dataset`` not a str.
+        When ``path`` is not a str or path, ``dataset`` not a str, or ``storage_options``
+        not a dict.
     ValueError
-        When ``path`` is a URL (remote N5 is not read).
+        When ``storage_options`` is given for a local path.
     FileNotFoundError
-        When ``path`` is not a folder.
+        When ``path`` is not a folder (locally) or has no ``attributes.json``.
     NotAnArrayError
-        When the folder is a group; the message lists the datasets below it.
+        When the folder is a group; the message lists the datasets below it (local only).
     ArrayNotFoundError
-        When ``dataset`` does not exist; the message lists the datasets that do.
+        When ``dataset`` does not exist; the message lists the datasets that do (local).
     InvalidMetadataError, MetadataLimitError
         When ``attributes.json`` is damaged or too large.
     UnsupportedStoreError
         When the compression is one mixle does not decode (named), or the container's
         ``"n5"`` version is newer than 4.x.
+    RemoteReadError
+        Over a URL, when the requests for its metadata kept failing.
     ImportError
         When numcodecs is needed (blosc, zstd) and missing: ``pip install -e ".[n5]"``.
 
@@ -128,8 +144,9 @@ class N5ArraySource(ArraySource):
     -----
     A block smaller than ``blockSize`` fills the corner at its origin (the rest reads 0);
     a missing block reads 0. Damaged blocks raise :class:`~mixle.errors.CorruptChunkError`
-    naming the file and the block. ``resolution`` (a number per axis), when present, is
-    reported as :attr:`spacing`.
+    naming the file (or URL) and the block. ``resolution`` (a number per axis), when
+    present, is reported as :attr:`spacing`. Over a URL, the blocks a batch misses in the
+    cache are fetched concurrently, each request checked, capped and retried on its own.
     """
 
     _zero_d_chunk = True  # a 0-d dataset is one block, file "0"
@@ -139,24 +156,32 @@ class N5ArraySource(ArraySource):
         path: str | os.PathLike[str],
         dataset: str | None = None,
         *,
+        storage_options: dict[str, Any] | None = None,
         structure: SampleStructure = EXCHANGEABLE,
         schema: Schema | None = None,
     ) -> None:
-        self._init_state(_n5_args(path, dataset), structure, schema)
+        self._init_state(_n5_args(path, dataset, storage_options), structure, schema)
         self._live()
 
     def _location(self) -> str:
         args = self._args or {}
-        where = repr(args.get("path", "?"))
+        where = repr(display_path(args.get("path", "?")))
         if args.get("dataset"):
             where += f", dataset={args['dataset']!r}"
         return where
 
     def _open(self) -> N5Dataset:
-        assert self._args is not None
-        folder, attrs = _dataset_attributes(self._args["path"], self._args["dataset"])
+        args = self._args
+        assert args is not None
+        path, dataset = args["path"], args["dataset"]
+        fs = None
+        if _is_url(path):
+            fs, root = open_remote(path, args["storage_options"])
+            folder, attrs = _remote_attributes(fs, root, path, dataset, args["storage_options"])
+        else:
+            folder, attrs = _dataset_attributes(path, dataset)
         meta = parse_metadata(attrs, self._location())
-        return N5Dataset(folder, meta, decompressor(meta.compression, self._location()))
+        return N5Dataset(folder, meta, decompressor(meta.compression, self._location()), fs)
 
     def _describe(self, handle: N5Dataset) -> ArrayMeta:
         meta = handle.metadata
@@ -167,8 +192,22 @@ class N5ArraySource(ArraySource):
             physical=_physical(meta),
         )
 
-    def _chunk_reader(self, handle: N5Dataset) -> N5BlockReader:
-        return N5BlockReader(handle, self._location())
+    def _chunk_reader(self, handle: N5Dataset) -> N5BlockReader | RemoteN5BlockReader:
+        if handle.fs is None:
+            return N5BlockReader(handle, self._location())
+        args = self._args or {}
+        url = display_path(args.get("path", ""))
+        if args.get("dataset"):
+            url = f"{url.rstrip('/')}/{args['dataset']}"
+        return RemoteN5BlockReader(
+            handle.fs,
+            handle.folder,
+            handle.metadata,
+            handle.decode,
+            self._location(),
+            url,
+            url_secrets(args.get("path", ""), args.get("storage_options")),
+        )
 
     def _read(self, handle: N5Dataset, key: tuple[int | slice, ...]) -> np.ndarray:
         reader = self._reader_for(handle)
@@ -212,6 +251,33 @@ def _dataset_attributes(path: str, dataset: str | None) -> tuple[str, dict[str, 
     )
 
 
+def _remote_attributes(
+    fs: Any, root: str, url: str, dataset: str | None, storage_options: Any
+) -> tuple[str, dict[str, Any]]:
+    """``(path on fs, attributes)`` of ``dataset`` in the container at ``url``.
+
+    Object stores and HTTP servers cannot always list folders: a group names no datasets.
+    """
+    secrets = url_secrets(url, storage_options)
+    shown = display_path(url)
+    folder = f"{root}/{dataset}" if dataset else root
+    where = f"{shown.rstrip('/')}/{dataset}" if dataset else shown
+    attrs = read_remote_attributes(fs, folder, where, secrets)
+    top = read_remote_attributes(fs, root, shown, secrets) if dataset else attrs
+    check_version(top, repr(shown))
+    if is_dataset_attributes(attrs):
+        assert attrs is not None
+        return folder, attrs
+    named = f"dataset={dataset!r} in {shown!r}" if dataset else f"path={shown!r}"
+    if attrs is None:
+        error = ArrayNotFoundError if dataset else FileNotFoundError
+        raise error(f"{named}: no N5 dataset there (no {ATTRIBUTES_FILE} found)")
+    raise NotAnArrayError(
+        f"{named} is an N5 group, not a dataset; pass dataset= with the path of one of its "
+        "datasets (datasets below a URL are not listed)"
+    )
+
+
 def _physical(meta: N5Metadata) -> Physical | None:
     """Spacing from ``resolution`` (one positive number per axis), else ``None``.
 
@@ -240,31 +306,42 @@ def _strings(value: Any, ndim: int) -> list[str] | None:
     return None
 
 
-def _n5_args(path: Any, dataset: Any) -> dict[str, Any]:
+def _is_url(path: str) -> bool:
+    return "://" in path
+
+
+def _n5_args(path: Any, dataset: Any, storage_options: Any = None) -> dict[str, Any]:
     if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"path={path!r} must be a local path to an N5 container (a folder)")
+        raise TypeError(f"path={path!r} must be a local path or a URL of an N5 container")
     path = os.fspath(path)
     if not isinstance(path, str):
         raise TypeError(f"path={path!r} must be a str path, not bytes")
-    if "://" in path:
+    if path.startswith("file://"):
+        path = path[len("file://") :]
+    if storage_options is not None and not isinstance(storage_options, dict):
+        raise TypeError("storage_options must be a dict of fsspec options or None")
+    if storage_options and not _is_url(path):
         raise ValueError(
-            f"path={path!r} is a URL: mixle reads N5 from local folders only (copy it locally, "
-            "or open it with tensorstore)"
+            "storage_options only apply to fsspec URLs (such as s3://bucket/x.n5); "
+            f"path={path!r} is not one"
         )
     if dataset is not None and not isinstance(dataset, str):
         raise TypeError(f"dataset={dataset!r} must be a str (a path inside the container)")
     parts = [p for p in (dataset or "").split("/") if p]
     if any(p in (".", "..") for p in parts):
         raise ValueError(f"dataset={dataset!r} must not contain '.' or '..' parts")
-    return {"path": path, "dataset": "/".join(parts) or None}
+    return {"path": path, "dataset": "/".join(parts) or None, "storage_options": storage_options}
 
 
 def read_n5(
     path: str | os.PathLike[str],
     dataset: str | None = None,
     *,
+    storage_options: dict[str, Any] | None = None,
     structure: SampleStructure = EXCHANGEABLE,
     schema: Schema | None = None,
 ) -> N5ArraySource:
     """Open an N5 dataset lazily; see :class:`N5ArraySource` (blosc/zstd need ``mixle[n5]``)."""
-    return N5ArraySource(path, dataset, structure=structure, schema=schema)
+    return N5ArraySource(
+        path, dataset, storage_options=storage_options, structure=structure, schema=schema
+    )

@@ -332,6 +332,29 @@ def test_byte_count_past_the_end_reads_nothing(tmp_path):
     np.testing.assert_array_equal(src[2], tifffile.imread(path, key=2))
 
 
+def test_damaged_page_tags_are_refused_naming_the_file(tmp_path):
+    path = _write(tmp_path / "t.tif", "tiled-zlib-u16")
+    with tifffile.TiffFile(path, mode="r+") as tif:
+        page = tif.pages[2]
+        page.tags["TileOffsets"].overwrite(page.dataoffsets[:-1])
+        page.tags["TileByteCounts"].overwrite(page.databytecounts[:-1])
+    with pytest.raises(RuntimeError, match="incompatible keyframe"):
+        tifffile.imread(path)
+    with pytest.raises(ValueError, match=r"t.tif.*series tifffile cannot read.*incompatible"):
+        read_tiff(path)
+
+
+def test_page_unlike_the_first_is_refused(tmp_path):
+    path = _write(tmp_path / "t.tif", "tiled-zlib-u16")
+    src = read_tiff(path)
+    reader = src._reader_for(src._live())
+    offsets, counts, tables = reader._page(2)
+    reader._pages[2] = (offsets[:-1], counts[:-1], tables)  # as a page parsed differently
+    with pytest.raises(mixle.CorruptChunkError, match=r"page 2 lists 8 offsets.*need 9"):
+        src[2]
+    np.testing.assert_array_equal(src[1], tifffile.imread(path, key=1))
+
+
 def test_contiguous_data_cut_short_is_refused_at_open(tmp_path):
     good = _write(tmp_path / "good.tif", "contiguous-u16")
     with tifffile.TiffFile(good) as tif:

@@ -248,8 +248,13 @@ class TiffChunkReader:
         if page is None:  # a page the metadata names but the file lacks: tifffile reads 0
             return self._fill(0)
         offsets, counts, tables = page
-        if segment >= len(offsets) or segment >= len(counts):
-            raise CorruptChunkError(f"{where} is missing: the page lists {len(offsets)} segments")
+        expected = math.prod(self._layout.grid)
+        if len(offsets) != expected or len(counts) != expected:
+            raise CorruptChunkError(
+                f"{where} cannot be found: page {page_index} lists {len(offsets)} offsets and "
+                f"{len(counts)} byte counts, its shape and tiling need {expected} of each (a "
+                "page unlike the series' first)"
+            )
         offset, count = int(offsets[segment]), int(counts[segment])
         if offset == 0 or count == 0:  # never written: tifffile reads the nodata value
             return self._fill(self._nodata)

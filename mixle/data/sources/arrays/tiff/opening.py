@@ -71,7 +71,13 @@ def open_tiff(path: str) -> Any:
 
 def pick_level(tif: Any, series: int, level: int, path: str) -> tuple[Any, Any]:
     """``(series, level)`` tifffile ``TiffPageSeries`` of ``tif``; bad indices name the range."""
-    found = tif.series
+    try:
+        found = tif.series
+    except Exception as exc:  # tifffile's own checks of a damaged file
+        raise ValueError(
+            f"path={path!r} is a TIFF file whose image series tifffile cannot read: "
+            f"{type(exc).__name__}: {exc}"
+        ) from None
     if not found:
         raise ValueError(f"path={path!r} holds no image series tifffile can read")
     if series >= len(found):

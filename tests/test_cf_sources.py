@@ -318,3 +318,26 @@ def test_non_numeric_arrays_with_a_fill_value_read_as_stored(tmp_path: Path) -> 
         assert read_hdf5(str(path), "s")[1] == b""
     with pytest.raises(ValueError, match="decodes numbers only"):
         read_hdf5(str(path), "s", mask_and_scale=True)
+
+
+@pytest.mark.parametrize("writer", ["zarr3", "netcdf4", "contiguous"])
+def test_a_forked_child_reads_decoded_values(cf_stores, writer: str) -> None:
+    from _fork_child import in_forked_child
+
+    path = cf_stores[writer]
+    want = xarray_values(path, "packed")
+    src = open_source(path, "packed", mask_and_scale=True)
+    np.testing.assert_array_equal(src[1:3], want[1:3])  # a handle and a chunk reader to inherit
+
+    def body() -> list[str]:
+        problems = []
+        if src.dtype != np.float64:
+            problems.append(f"dtype {src.dtype}")
+        if not np.array_equal(src.read_box([0, 0, 0], SHAPE), want, equal_nan=True):
+            problems.append("read_box differs")
+        if not np.array_equal(src.get_batch([6, 2]), want[[6, 2]], equal_nan=True):
+            problems.append("get_batch differs")
+        return problems
+
+    assert in_forked_child(body) == []
+    np.testing.assert_array_equal(src[...], want)

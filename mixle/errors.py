@@ -22,6 +22,7 @@ __all__ = [
     "LoaderStateError",
     "MalformedRowError",
     "MetadataLimitError",
+    "NiftiScalingWarning",
     "NotAnArrayError",
     "NothingToSampleError",
     "NpyHeaderTooLargeError",
@@ -148,6 +149,14 @@ class ParquetReadError(ValueError, OSError):
         super().__init__(message)
         self.path = path
         self.row_group = row_group
+
+
+class NiftiScalingWarning(UserWarning):
+    """A NIfTI image with a non-trivial ``scl_slope``/``scl_inter`` was opened unscaled.
+
+    Its values are the stored integers; ``read_nifti(path, scale=True)`` applies the scaling
+    as nibabel does.
+    """
 
 
 class RowIndexCacheWarning(RuntimeWarning):

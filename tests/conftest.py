@@ -163,6 +163,18 @@ def _jax_stays_out_of_this_process() -> Iterator[None]:
         )
 
 
+@pytest.fixture(scope="session")
+def _test_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("mixle-cache")
+
+
+@pytest.fixture(autouse=True)
+def _cache_dir_in_temp(monkeypatch: pytest.MonkeyPatch, _test_cache_dir: Path) -> None:
+    """mixle's on-disk caches (row indexes, inflated ``.nii.gz`` and ``.npz`` members) stay
+    in a temporary folder, never in the user's ``~/.cache``; a test may point it elsewhere."""
+    monkeypatch.setenv("MIXLE_CACHE_DIR", str(_test_cache_dir))
+
+
 @pytest.fixture(autouse=True)
 def _chunk_cache_rule_restored() -> Iterator[None]:
     """A budget a test sets (or puts back as a number, which counts as set) ends with it.

@@ -15,13 +15,10 @@ from typing import Any
 
 import numpy as np
 
+from mixle.errors import NiftiScalingWarning
 from mixle.utils.optional_deps import require
 
 __all__ = ["NiftiScalingWarning", "Scaling", "scaling_of", "warn_unscaled"]
-
-
-class NiftiScalingWarning(UserWarning):
-    """A NIfTI image with a non-trivial ``scl_slope``/``scl_inter`` was opened unscaled."""
 
 
 @dataclass(frozen=True)

@@ -60,7 +60,9 @@ def _sample_keys(shape: tuple[int, ...]) -> list[Any]:
     n = shape[0]
     if n:
         keys += [0, -1, n // 2, (-1, Ellipsis)]
-        keys += [[n - 1, 0, n // 2, 0], (np.array([-1, 0]), Ellipsis, slice(None, None, -1))]
+        keys.append([n - 1, 0, n // 2, 0])
+        if len(shape) > 1:  # an index on axis 0 and a slice on the last: two axes
+            keys.append((np.array([-1, 0]), Ellipsis, slice(None, None, -1)))
     keys += [[], np.arange(n) % 3 == 1]  # no rows; a boolean mask on axis 0
     keys += [
         slice(None),

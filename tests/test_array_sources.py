@@ -447,3 +447,10 @@ def test_metadata_is_published_before_the_handle(tmp_path, kind):
 
     src = Watched(tmp_path / "v.npy") if kind == "array" else Watched({"x": np.arange(5)})
     assert len(src) in (4, 5) and seen and all(meta is not None for meta in seen)
+
+
+def test_conformance_suite_runs_on_one_dimensional_arrays(tmp_path: Path) -> None:
+    # its keys once included an array index plus a slice, two axes a 1-D array lacks
+    data = np.arange(11, dtype="float32")
+    np.save(tmp_path / "line.npy", data)
+    check_array_source(mixle.read_npy(tmp_path / "line.npy"), data)

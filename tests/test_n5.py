@@ -612,3 +612,19 @@ def test_random_layouts_and_boxes_read_as_tensorstore(tmp_path_factory, layout, 
         np.testing.assert_array_equal(got, want[_box(corner, size)])
     np.testing.assert_array_equal(src[...], want)
     np.testing.assert_array_equal(src[::-1], want[::-1])
+
+
+def test_read_volumes_opens_n5_containers_by_suffix(tmp_path):
+    root = _container(tmp_path)
+    other = tmp_path / "d.n5"
+    write_n5(other / "volumes" / "raw", values(SHAPE, "uint8", seed=3))
+    volumes = mixle.read_volumes([other, root], dataset="volumes/raw")
+    want = ts_read(root / "volumes" / "raw")
+    assert isinstance(volumes[1], N5ArraySource)
+    np.testing.assert_array_equal(volumes[1][...], want)
+    sampler = mixle.VolumePatchSampler(volumes, PATCH, 6, seed=2)
+    wants = [ts_read(other / "volumes" / "raw"), want]
+    for k in range(6):
+        record = sampler[k]
+        truth = wants[int(record["volume"])]
+        np.testing.assert_array_equal(record["patch"], truth[_box(record["coords"], PATCH)])

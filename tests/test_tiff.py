@@ -332,6 +332,42 @@ def test_byte_count_past_the_end_reads_nothing(tmp_path):
     np.testing.assert_array_equal(src[2], tifffile.imread(path, key=2))
 
 
+def test_tile_never_written_reads_the_nodata_value(tmp_path):
+    path = tmp_path / "sparse.tif"
+    data = _values(SHAPE, "uint16")
+    nodata = (42113, "s", 0, "7", True)  # GDAL_NODATA: what tifffile fills empty tiles with
+    tifffile.imwrite(path, data, tile=(16, 16), compression="zlib", extratags=[nodata])
+    with tifffile.TiffFile(path, mode="r+") as tif:
+        tags = tif.pages[3].tags
+        counts = list(tags["TileByteCounts"].value)
+        counts[-1] = 0  # the last tile: tifffile misreads a hole between contiguous tiles
+        tags["TileByteCounts"].overwrite(tuple(counts))
+    want = tifffile.imread(path)
+    assert (want[3, 32:, 32:] == 7).all()
+    assert_every_path_is_tifffile(read_tiff(path), want)
+
+
+def test_empty_tile_between_contiguous_tiles(tmp_path):
+    zarr = pytest.importorskip("zarr")
+    path = tmp_path / "hole.tif"
+    nodata = (42113, "s", 0, "7", True)
+    tifffile.imwrite(
+        path, _values(SHAPE, "uint16"), tile=(16, 16), compression="zlib", extratags=[nodata]
+    )
+    with tifffile.TiffFile(path, mode="r+") as tif:
+        tags = tif.pages[3].tags
+        counts = list(tags["TileByteCounts"].value)
+        counts[4] = 0
+        tags["TileByteCounts"].overwrite(tuple(counts))
+    # tifffile's asarray merges the reads of tiles it takes for contiguous and skips the
+    # hole's bytes (2026.3.3: tile 5 then gets tile 4's bytes); its zarr store reads each
+    # tile alone, as mixle does
+    with tifffile.TiffFile(path) as tif:
+        want = zarr.open(tif.series[0].aszarr(), mode="r")[...]
+    assert (want[3, 16:32, 16:32] == 7).all()
+    assert_every_path_is_tifffile(read_tiff(path), want)
+
+
 def test_damaged_page_tags_are_refused_naming_the_file(tmp_path):
     path = _write(tmp_path / "t.tif", "tiled-zlib-u16")
     with tifffile.TiffFile(path, mode="r+") as tif:

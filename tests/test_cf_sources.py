@@ -171,6 +171,7 @@ def test_the_default_reads_the_stored_values_and_warns_once(cf_stores, writer: s
     with pytest.warns(PackedVariableWarning, match="mask_and_scale=True") as caught:
         src = open_source(path, "packed")
     message = str(caught[0].message)
+    assert caught[0].filename == __file__  # it points at the caller, not inside mixle
     assert "scale_factor=0.1" in message and "add_offset=5" in message
     assert "_FillValue=-999" in message and "int16 -> float64" in message
     stored = stored_values(path, "packed")

@@ -31,7 +31,9 @@ from __future__ import annotations
 import base64
 import binascii
 import math
+import os
 import struct
+import sys
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -64,6 +66,8 @@ _ZARR_SPECIAL = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
 #: Locations warned about by :func:`warn_packed` in this process (one warning each).
 _warned: set[str] = set()
+#: mixle's own folder: warnings point at the first caller outside it.
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
 
 
 class PackedVariableWarning(UserWarning):
@@ -266,8 +270,16 @@ def warn_packed(attrs: CFAttributes, stored: DTypeLike, where: str) -> str | Non
     message = packed_message(attrs, stored, where)
     if message is not None and where not in _warned:
         _warned.add(where)
-        warnings.warn(message, PackedVariableWarning, stacklevel=4)
+        warnings.warn(message, PackedVariableWarning, stacklevel=_outside_mixle())
     return message
+
+
+def _outside_mixle() -> int:
+    """The ``stacklevel`` of the first caller of :func:`warn_packed` outside mixle."""
+    frame, level = sys._getframe(2), 2  # level 2: the caller of warn_packed
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE + os.sep):
+        frame, level = frame.f_back, level + 1  # type: ignore[assignment]
+    return level
 
 
 def packed_message(attrs: CFAttributes, stored: DTypeLike, where: str) -> str | None:

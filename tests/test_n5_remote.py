@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
+import os
 import pickle
 from collections.abc import Iterator
 from pathlib import Path
@@ -170,3 +172,21 @@ def test_a_synchronous_file_system_reads_too(container):
         check_array_source(src, ts_read(container / "sparse"))
     finally:
         fs.rm("/n5-sync-test", recursive=True)
+
+
+def _read_in_child(src: Any, queue: Any) -> None:
+    queue.put(src.read_boxes([(1, 2, 3)], (3, 3, 3))[0].tolist())
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_reads_over_http_too(container, http):
+    src = read_n5(http.url, "raw")
+    src[...]  # the parent has a live file system, reader and cached blocks
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_read_in_child, args=(src, queue))
+    child.start()
+    got = queue.get(timeout=60)
+    child.join(timeout=60)
+    assert child.exitcode == 0
+    np.testing.assert_array_equal(np.array(got), ts_read(container / "raw")[1:4, 2:5, 3:6])

@@ -12,8 +12,9 @@ That is also the fastest decode at hand: tifffile's decode of a 64 KiB zlib tile
 picks libdeflate).
 
 Decoding is bounded by the segment's size: zlib, deflate, zstd and packbits refuse output
-past one segment; LZW and LZMA stop there. A segment that decodes to any other size, bytes
-the codec refuses, or a file cut short inside a segment raise
+past one segment; LZW and LZMA stop there (a longer stream is cut at one segment, the values
+tifffile reads too). A segment that decodes to fewer bytes, bytes the codec refuses, a byte
+count past the end of the file, or a file cut short inside a segment raise
 :class:`~mixle.reading.CorruptChunkError` naming the file, the series, the page and the
 segment.
 """

@@ -1,4 +1,4 @@
-"""Lazy N5 datasets on local paths: mixle parses the block format and decodes each block once."""
+"""Lazy N5 datasets on local paths and fsspec URLs: mixle parses the block format itself."""
 
 from __future__ import annotations
 

@@ -211,3 +211,23 @@ def test_nothing_is_written_to_the_repository(repo):
         with pytest.raises(icechunk.IcechunkError, match="read-only store"):
             src.array[0, 0, 0] = 1
         src.close()
+
+
+def test_inspect_reports_the_version_and_icechunks_stored_chunks(repo):
+    from mixle.inspection.icechunk_repos import inspect_icechunk, is_icechunk
+
+    path = repo["path"]
+    assert is_icechunk(str(path))
+    with assert_unchanged(path):
+        root = inspect_icechunk(str(path), None, (2, 2), tag="v1")
+    (finding,) = [f for f in root.findings if f.code == "icechunk"]
+    assert f"snapshot {repo['first']}" in finding.message
+    assert "branches: dev, main; tags: v1" in finding.message
+    assert f"snapshot={repo['first']!r}" in finding.message
+    session = _repo(path).readonly_session(tag="v1")
+    theirs = zarr.open_array(store=session.store, path="small", mode="r")
+    (small,) = [c for c in root.children if c.path == "/small"]
+    assert (small.shape, small.chunks) == (theirs.shape, theirs.chunks)
+    assert small.chunks_stored == theirs.nchunks_initialized
+    with pytest.raises(ValueError, match=r"branch='gone'.*branches: dev, main"):
+        inspect_icechunk(str(path), None, None, branch="gone")

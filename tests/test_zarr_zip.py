@@ -296,7 +296,7 @@ def test_a_zip_of_the_store_folder_says_which_component_to_pass(tmp_path):
 def test_npz_and_damaged_zips_are_named(tmp_path):
     npz = tmp_path / "a.npz"
     np.savez(npz, x=np.arange(3))
-    with pytest.raises(UnsupportedStoreError, match=r"NumPy \.npz archive.*numpy\.load"):
+    with pytest.raises(UnsupportedStoreError, match=r"NumPy \.npz archive.*mixle\.read_npz\("):
         read_zarr(npz)
     fake = tmp_path / "fake.zip"
     fake.write_bytes(b"not a zip at all")
@@ -313,3 +313,54 @@ def test_zarr_never_writes_to_the_zip(written):
             src.array[0, 0] = 5  # the store is read-only: zarr refuses the write
         src.close()
     assert os.stat(path).st_mtime_ns == before
+
+
+def test_inspect_describes_a_zipped_store_from_its_central_directory(written, tmp_path):
+    from mixle.inspection.zip_stores import inspect_zarr_zip, is_zarr_zip
+
+    path, _ = written["v3 group float32 gzip"]
+    npz = tmp_path / "a.npz"
+    np.savez(npz, x=np.arange(3))
+    assert is_zarr_zip(str(path)) and not is_zarr_zip(str(npz))
+    with zipfile.ZipFile(path) as zf:
+        members = {i.filename: i.file_size for i in zf.infolist() if "/c/" in i.filename}
+    with assert_unchanged(path):
+        root = inspect_zarr_zip(str(path), None, (2, 3, 3))
+    array = next(a for g in root.children for a in g.children if a.path == "/raw/img")
+    store = ZipStore(path, mode="r")
+    theirs = zarr.open_array(store=store, path="raw/img", mode="r")
+    assert (array.shape, array.chunks, array.dtype) == (
+        theirs.shape,
+        theirs.chunks,
+        str(theirs.dtype),
+    )
+    store.close()
+    img = {k: v for k, v in members.items() if k.startswith("raw/img/")}
+    assert array.chunks_stored == len(img) and array.stored_bytes == sum(img.values())
+    assert array.patch_cost is not None
+    assert not any(f.code.startswith("zip-") for f in array.findings)  # stored members
+
+
+def test_inspect_warns_of_members_the_zip_compresses_again(tmp_path):
+    from mixle.inspection.zip_stores import inspect_zarr_zip
+
+    folder = tmp_path / "z.zarr"
+    zarr.create_array(folder, shape=(8, 8), chunks=(4, 4), dtype="u2", compressors=ZstdCodec())[
+        ...
+    ] = 1
+    path = tmp_path / "z.zip"
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        for file in sorted(folder.rglob("*")):
+            zf.write(file, file.relative_to(folder).as_posix())
+    root = inspect_zarr_zip(str(path), None, None)
+    (finding,) = [f for f in root.findings if f.code == "zip-deflated"]
+    assert finding.severity == "warning" and "zip -0" in finding.message
+    with pytest.raises(UnsupportedStoreError, match="not a zipped zarr store"):
+        inspect_zarr_zip(_plain_zip(tmp_path), None, None)
+
+
+def _plain_zip(tmp_path: Path) -> str:
+    path = tmp_path / "plain.zip"
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr("readme.txt", "hi")
+    return str(path)

@@ -32,8 +32,10 @@ from mixle.utils.redact import display_path
 __all__ = [
     "ByPathStore",
     "Version",
+    "check_zip_holds_zarr",
     "is_icechunk_repository",
     "open_by_path",
+    "open_icechunk_session",
     "parse_version",
     "release_store",
     "version_text",
@@ -209,23 +211,39 @@ def _zip_store(path: str, component: str | None) -> Any:
             f"path={shown!r} is a damaged zip file ({type(exc).__name__}: {exc})"
         ) from None
     try:
-        _check_zip_holds_zarr(names, shown, component)
+        check_zip_holds_zarr(names, shown, component)
     except BaseException:
         store.close()
         raise
     return store
 
 
-def _check_zip_holds_zarr(names: list[str], shown: str, component: str | None) -> None:
-    """Refuse a zip file with no zarr metadata at its root (or at ``component``)."""
+def check_zip_holds_zarr(names: list[str], shown: str, component: str | None) -> None:
+    """Refuse a zip file with no zarr metadata at its root (or at ``component``).
+
+    Parameters
+    ----------
+    names
+        The zip's member names.
+    shown
+        How messages name the zip file.
+    component
+        The path inside the store that will be opened, if any.
+
+    Raises
+    ------
+    UnsupportedStoreError
+        Naming ``read_npz`` for a ``.npz`` archive, the folder to pass as ``component=``
+        when the store was zipped with its folder, and some of the zip's members.
+    """
     members = set(names)
     prefixes = [""] + ([f"{component.strip('/')}/"] if component else [])
     if any(f"{p}{m}" in members for p in prefixes for m in _ZARR_NODE_FILES):
         return
     if names and all(n.endswith(".npy") for n in names if not n.endswith("/")):
         raise UnsupportedStoreError(
-            f"path={shown!r} is a NumPy .npz archive, not a zipped zarr store; load it with "
-            f"numpy.load({shown!r}) (its {listing(sorted(names), 'members')})"
+            f"path={shown!r} is a NumPy .npz archive, not a zipped zarr store; use "
+            f"mixle.read_npz({shown!r}, name) (its {listing(sorted(names), 'members')})"
         )
     nested = sorted(
         (n.count("/"), n.rsplit("/", 1)[0])
@@ -249,6 +267,32 @@ def _check_zip_holds_zarr(names: list[str], shown: str, component: str | None) -
 # -- icechunk ------------------------------------------------------------------------------
 def _icechunk_store(folder: str, version: Version) -> ByPathStore:
     """A read-only session's store at ``version`` of the icechunk repository ``folder``."""
+    _repo, session = open_icechunk_session(folder, version)
+    branch, tag = version.get("branch"), version.get("tag")
+    pinned: Version = {"branch": branch, "tag": tag, "snapshot": str(session.snapshot_id)}
+    return ByPathStore(session.store, "icechunk", pinned)
+
+
+def open_icechunk_session(folder: str, version: Version) -> tuple[Any, Any]:
+    """``(repository, read-only session)`` of the icechunk repository ``folder`` at ``version``.
+
+    Parameters
+    ----------
+    folder
+        A local folder with an icechunk repository's layout (:func:`is_icechunk_repository`).
+    version
+        ``{"snapshot": id}``, ``{"tag": name}`` or ``{"branch": name}`` (checked in that
+        order; :func:`parse_version`).
+
+    Raises
+    ------
+    ValueError
+        The branch, tag or snapshot does not exist (the message lists branches and tags).
+    ImportError
+        icechunk is not installed (names ``pip install -e ".[icechunk]"``).
+    RuntimeError
+        In a process forked after mixle used icechunk in its parent.
+    """
     global _icechunk_pid
     icechunk = require("icechunk", "icechunk", feature="read_zarr on an icechunk repository")
     shown = display_path(folder)
@@ -273,8 +317,7 @@ def _icechunk_store(folder: str, version: Version) -> ByPathStore:
             f"{asked} cannot be opened in icechunk repository {shown!r} ({reason}); "
             f"{listing(branches, 'branches')}; {listing(tags, 'tags')}"
         ) from None
-    pinned: Version = {"branch": branch, "tag": tag, "snapshot": str(session.snapshot_id)}
-    return ByPathStore(session.store, "icechunk", pinned)
+    return repo, session
 
 
 def _refuse_forked_icechunk(shown: str) -> None:

@@ -57,8 +57,10 @@ def ome_physical(array: Any, where: str) -> Physical | None:
     ----------
     array
         An open ``zarr.Array``. The group holding it (its parent inside the store, or for an
-        array at the root of a local or fsspec store, the folder above) is read for
-        ``multiscales``; the array counts when it is one of their datasets.
+        array at the root of a local store, the folder above) is read for ``multiscales``;
+        the array counts when it is one of their datasets. A remote (or in-memory) store is
+        never read outside its root: open a remote image's level with ``component=``
+        (``read_zarr("s3://bucket/img.ome.zarr", component="0")``).
     where
         How messages name the array.
 
@@ -254,8 +256,8 @@ def _numbers(values: object, name: str, kind: str) -> list[float]:
 def _group_document(array: Any) -> tuple[bytes, str, str] | None:
     """``(bytes, label, dataset path)`` of the metadata document of the group holding ``array``.
 
-    ``None`` when there is no such group (or it has no attributes document), or the store
-    has nothing above the array (an in-memory store rooted at it).
+    ``None`` when there is no such group (or it has no attributes document), or the array
+    is the root of a store that is not a local folder.
     """
     filename = "zarr.json" if array.metadata.zarr_format == 3 else ".zattrs"
     path = array.path.strip("/")
@@ -280,19 +282,11 @@ def _group_document(array: Any) -> tuple[bytes, str, str] | None:
             )
             return None
         return None if raw is None else (raw, file, name)
+    if not path:  # a remote store is never read outside the prefix it was given
+        return None
     store = array.store
-    if path:
-        parent, _, name = path.rpartition("/")
-        key = f"{parent}/{filename}" if parent else filename
-    else:
-        from zarr.storage import FsspecStore
-
-        if not isinstance(store, FsspecStore) or not store.path.strip("/"):
-            return None
-        root = store.path.rstrip("/")
-        parent_path, name = posixpath.dirname(root), posixpath.basename(root)
-        store = FsspecStore(store.fs, read_only=True, path=parent_path)
-        key = filename
+    parent, _, name = path.rpartition("/")
+    key = f"{parent}/{filename}" if parent else filename
     raw = _store_get(store, key)
     if raw is None:
         return None

@@ -278,8 +278,12 @@ def test_a_bad_scale_factor_names_the_attribute_and_the_variable(tmp_path: Path)
     hpath = tmp_path / "bad.h5"
     with h5py.File(hpath, "w") as f:
         f.create_dataset("v", data=np.arange(4, dtype="int16")).attrs["add_offset"] = [1.0, 2.0]
-    with pytest.raises(ValueError, match=r"dataset='v'.*add_offset=.*holds 2 values"):
+    with pytest.raises(ValueError, match=r"dataset='v'.*add_offset=.*holds 2 values") as info:
         read_hdf5(str(hpath), "v", mask_and_scale=True)
+    # the error's traceback holds the half-made source: its file must be closed already
+    # (HDF5 refuses r+ on a file this process still has open)
+    with h5py.File(hpath, "r+"):
+        assert info.value is not None
 
 
 @pytest.mark.parametrize("layout", ["contiguous", "gzip", "lzf"])

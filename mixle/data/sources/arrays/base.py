@@ -152,7 +152,12 @@ class ArraySource(SourceLifetime, abc.ABC):
     # -- handles ------------------------------------------------------------------------
     def _open_described(self) -> tuple[Any, ArrayMeta]:
         handle = self._open()
-        meta = self._with_cf(handle, self._describe(handle))
+        meta = self._describe(handle)
+        try:
+            meta = self._with_cf(handle, meta)
+        except ValueError:  # attributes mask_and_scale cannot decode: nothing stays open
+            self._release(handle)
+            raise
         if self._schema is not None:
             self._schema.check(meta.dtype, meta.shape, what=self._location())
         return handle, meta

@@ -84,6 +84,10 @@ class HDF5ArraySource(ArraySource):
     TypeError, ValueError
         When an argument has the wrong type, ``mode`` could create or truncate the file, or
         ``storage_options`` is given for a path that is not a URL (always at construction).
+    ValueError
+        With ``mask_and_scale=True``, when a CF attribute cannot be decoded (a
+        ``scale_factor``/``add_offset`` that is not one real number, fill values that are
+        not numbers, CF attributes on a non-numeric dtype), naming the attribute, at open.
     ImportError
         At first use (``shape``, ``len``, a read, ``element_spec``...) when h5py is not
         installed here: ``pip install -e ".[hdf5]"``. Construction from a path or URL

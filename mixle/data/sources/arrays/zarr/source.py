@@ -95,6 +95,10 @@ class ZarrArraySource(ArraySource):
     TypeError, ValueError
         When an argument has the wrong type, or ``storage_options`` is given for a path
         that is not a URL (always at construction).
+    ValueError
+        With ``mask_and_scale=True``, when a CF attribute cannot be decoded (a
+        ``scale_factor``/``add_offset`` that is not one real number, fill values that are
+        not numbers, CF attributes on a non-numeric dtype), naming the attribute, at open.
     ImportError
         At first use (``shape``, ``len``, a read, ``element_spec``...) when zarr is not
         installed here: ``pip install -e ".[zarr]"``. Construction itself succeeds without

@@ -401,3 +401,24 @@ def test_a_pipeline_region_of_the_wrong_shape_or_dtype_is_corrupt_never_reshaped
         check_region(np.zeros((3, 2), dtype="i4"), (2, 3), np.dtype("i4"), "c/0/0", "'a.zarr'")
     with pytest.raises(CorruptChunkError, match="float64"):
         check_region(np.zeros((2, 3)), (2, 3), np.dtype("i4"), "c/0/0", "'a.zarr'")
+
+
+@pytest.mark.parametrize("cname", ["lz4", "zstd", "blosclz"])
+def test_a_truncated_blosc_chunk_raises_corrupt_chunk(tmp_path: Path, cname: str) -> None:
+    # blosc reads as many bytes as its header says it stored: half a chunk read on into
+    # whatever followed it and came back as wrong values, with no error
+    data = np.random.default_rng(0).integers(0, 2**16, size=(64, 64), dtype=np.uint16)
+    path = tmp_path / "b.zarr"
+    arr = zarr.create_array(
+        path,
+        shape=data.shape,
+        chunks=(64, 64),
+        dtype=data.dtype,
+        zarr_format=2,
+        compressors=numcodecs.Blosc(cname=cname, shuffle=1),
+    )
+    arr[...] = data
+    chunk = path / "0.0"
+    chunk.write_bytes(chunk.read_bytes()[: chunk.stat().st_size // 2])
+    with pytest.raises(CorruptChunkError, match="truncated"):
+        mixle.read_zarr(path)[...]

@@ -25,6 +25,8 @@ BOUNDED_COMPRESSORS = frozenset({"zlib", "gzip", "bz2", "lzma", "zstd", "blosc",
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 #: Bytes 1-3 of a skippable zstd frame's magic number (byte 0 is 0x50 to 0x5F).
 _SKIPPABLE_MAGIC_TAIL = b"\x2a\x4d\x18"
+#: Bytes of a blosc header (version, flags, type size, then three uint32 sizes).
+_BLOSC_HEADER = 16
 
 
 class StageLimitError(ValueError):
@@ -63,6 +65,15 @@ def bounded_decompress(codec: Any, raw: Any, limit: int, exact: bool = False) ->
     codec_id = codec.codec_id
     data = memoryview(raw).cast("B")
     if codec_id in ("zstd", "blosc", "lz4"):
+        if codec_id == "blosc" and len(data) >= _BLOSC_HEADER:
+            # blosc trusts the stored size in its header and reads that many bytes: a cut
+            # stream would decode past its end into whatever follows (wrong values, no error)
+            stored = int.from_bytes(data[12:16], "little")
+            if stored > len(data):
+                raise ValueError(
+                    f"the blosc stream is truncated: its header says {stored} stored bytes, "
+                    f"it has {len(data)}"
+                )
         declared = _declared_size(codec_id, bytes(data[:16]) if codec_id != "zstd" else data)
         if declared is None:
             if not exact:

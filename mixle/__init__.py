@@ -25,6 +25,11 @@ from mixle.data.sources.array_source import (
     read_npy,
     read_zarr,
 )
+from mixle.data.sources.arrays.b2nd import B2ndArraySource, read_b2nd
+from mixle.data.sources.arrays.n5 import N5ArraySource, read_n5
+from mixle.data.sources.arrays.nifti import NiftiArraySource, read_nifti
+from mixle.data.sources.arrays.npz import NpzArraySource, read_npz
+from mixle.data.sources.arrays.tiff import TiffArraySource, read_tiff
 from mixle.data.sources.arrays.zarr.vlen import set_vlen_limit
 from mixle.data.sources.collection import VolumeCollection, read_volumes
 from mixle.data.sources.compose import concat, map, mix, select
@@ -61,6 +66,7 @@ from mixle.errors import (
     LeafMismatchError,
     MalformedRowError,
     MetadataLimitError,
+    NiftiScalingWarning,
     NotAnArrayError,
     NothingToSampleError,
     NpyHeaderTooLargeError,
@@ -102,6 +108,7 @@ __all__ = [
     "ArrayNotFoundError",
     "ArraySource",
     "ArraySpec",
+    "B2ndArraySource",
     "BrokenEncodedDataError",
     "ColumnNotFoundError",
     "CorruptChunkError",
@@ -122,6 +129,9 @@ __all__ = [
     "MemorySource",
     "MemmapArraySource",
     "MetadataLimitError",
+    "N5ArraySource",
+    "NiftiArraySource",
+    "NiftiScalingWarning",
     "NotAnArrayError",
     "NothingToSampleError",
     "NpyHeaderTooLargeError",
@@ -130,6 +140,7 @@ __all__ = [
     "RemoteTimeoutError",
     "RowIndexCacheWarning",
     "NpyArraySource",
+    "NpzArraySource",
     "ParquetReadError",
     "RangeMismatchError",
     "PatchSampler",
@@ -142,6 +153,7 @@ __all__ = [
     "SourceClosedError",
     "SpecialFileError",
     "SplitNotFoundError",
+    "TiffArraySource",
     "UncheckpointedWALError",
     "UnsupportedStoreError",
     "VlenLimitError",
@@ -167,6 +179,11 @@ __all__ = [
     "read_hdf5",
     "read_hdf5_arrays",
     "read_memmap",
+    "read_b2nd",
+    "read_n5",
+    "read_nifti",
+    "read_npz",
+    "read_tiff",
     "read_jsonl",
     "read_npy",
     "read_parquet",

@@ -1,7 +1,7 @@
 """``read_zarr``/``read_hdf5(..., mask_and_scale=True)`` equal xarray's decode on every read path.
 
 Stores are written by xarray itself (``to_zarr`` format 2 and 3, ``to_netcdf`` with the
-netCDF4 and h5netcdf engines; chunked and compressed, contiguous, big-endian), and every
+netCDF4 and h5netcdf engines; chunked, sharded and compressed, contiguous, big-endian), and every
 read path of mixle (keys, boxes, batches, records, patches, pickle) is compared, values and
 dtype, with ``xr.open_dataset(..., mask_and_scale=True, decode_times=False)``. With the
 default ``mask_and_scale=False`` a source reads the stored values, as zarr and h5py do, and
@@ -46,7 +46,7 @@ ENCODINGS: dict[str, dict[str, Any]] = {
     },
     "masked": {"dtype": "int32", "_FillValue": -1},
 }
-WRITERS = ["zarr2", "zarr3", "netcdf4", "h5netcdf", "contiguous"]
+WRITERS = ["zarr2", "zarr3", "zarr3-sharded", "netcdf4", "h5netcdf", "contiguous"]
 PATCH = (3, 5, 4)
 
 
@@ -73,8 +73,9 @@ def write(root: Path, writer: str) -> Path:
     ds = dataset()
     if writer.startswith("zarr"):
         path = root / f"{writer}.zarr"
-        enc = {k: dict(v, chunks=CHUNKS) for k, v in ENCODINGS.items()}
-        ds.to_zarr(path, encoding=enc, zarr_format=int(writer[-1]), consolidated=False)
+        shards = {"shards": (6, 8, 5)} if writer.endswith("sharded") else {}
+        enc = {k: dict(v, chunks=CHUNKS, **shards) for k, v in ENCODINGS.items()}
+        ds.to_zarr(path, encoding=enc, zarr_format=int(writer[4]), consolidated=False)
         return path
     path = root / f"{writer}.nc"
     if writer == "netcdf4":

@@ -130,7 +130,8 @@ class VolumeCollection:
       reads, so read through :meth:`lease` whenever threads share the collection).
     - Shapes and dtypes are metadata: :meth:`shape`, :meth:`shapes` (local files in turn,
       remote volumes in parallel, within ``max_open``), :meth:`dtype_of`; shapes are cached
-      and pickled.
+      and pickled. So is each volume's geometry: :meth:`physical`, :meth:`spacing` (cached,
+      not pickled).
     - On first use volume ``i``'s dtype and number of dimensions are compared with volume
       0's; a difference raises :class:`VolumeMismatchError` naming the volume, unless
       ``dtype=`` was given (then only the number of dimensions must agree; the samplers
@@ -738,9 +739,12 @@ def read_volumes(
     volumes
         One of:
 
-        - a list of paths or URLs: zarr stores (folders, ``*.zarr``), HDF5 files
-          (``.h5``/``.hdf5``/``.hdf``/``.he5`` with ``dataset=``), ``.npy`` files, raw files
-          (``.raw``/``.bin``/``.dat``, or any name with ``raw_dtype=``);
+        - a list of paths or URLs: zarr stores (folders, ``*.zarr``, OME-Zarr too), HDF5
+          files (``.h5``/``.hdf5``/``.hdf``/``.he5`` with ``dataset=``), ``.npy`` files, raw
+          files (``.raw``/``.bin``/``.dat``, or any name with ``raw_dtype=``); and local
+          TIFF files (``.tif``/``.tiff``, OME-TIFF too), NIfTI files (``.nii``/``.nii.gz``),
+          N5 folders (``.n5``, ``dataset=`` for a dataset inside), blosc2 files (``.b2nd``)
+          and ``.npz`` files (``dataset=`` naming the member when there are several);
         - a glob string (``"scans/*.zarr"``, ``**`` recursive), matched sorted;
         - a list of open mixle sources or array-likes (NumPy, zarr, h5py arrays);
         - a list of dicts, one per volume, ``{"image": path, "label": path, "age": 41}``:
@@ -751,8 +755,8 @@ def read_volumes(
           ``read_dataframe``) or a pandas/polars DataFrame, with ``table_columns=`` naming
           its path column(s); its other columns become per-volume metadata.
     dataset, component
-        The HDF5 dataset / zarr array inside each file or store; ``{name: ...}`` per array
-        name for aligned arrays.
+        The HDF5 dataset, N5 dataset or ``.npz`` member / zarr array inside each file or
+        store; ``{name: ...}`` per array name for aligned arrays.
     table_columns
         A table's (or dicts') path column: a name (one array per volume), a list of names,
         or ``{array name: column}`` (aligned arrays per volume).

@@ -45,6 +45,7 @@ ENCODINGS: dict[str, dict[str, Any]] = {
         "_FillValue": 32767,
     },
     "masked": {"dtype": "int32", "_FillValue": -1},
+    "missing": {"dtype": "uint16", "missing_value": 65535, "scale_factor": 0.5},
 }
 WRITERS = ["zarr2", "zarr3", "zarr3-sharded", "netcdf4", "h5netcdf", "contiguous"]
 PATCH = (3, 5, 4)
@@ -64,6 +65,7 @@ def dataset() -> Any:
             "unsigned": (dims, counts),
             "single": (dims, data.astype("float32")),
             "masked": (dims, counts),
+            "missing": (dims, counts),
             "plain": (dims, data),
         }
     )

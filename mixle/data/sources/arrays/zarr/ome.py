@@ -301,8 +301,8 @@ def _store_get(store: Any, key: str) -> bytes | None:
     checked = CheckedRangeStore(store, ZARR_METADATA_LIMIT)  # fsspec: capped before download
     try:
         buf = sync(checked.get(key, default_buffer_prototype()))
-    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
-        return None
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError, KeyError):
+        return None  # KeyError: a store answering a key it has no such name for (tifffile's)
     if buf is None:
         return None
     raw = buf.to_bytes()

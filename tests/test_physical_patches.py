@@ -73,35 +73,47 @@ def test_the_test_source_keeps_the_source_contract() -> None:
     check_array_source(src, _vol((6, 5, 4)))  # closes it
 
 
+PLACEMENTS = [
+    {},
+    {"padding": "constant"},
+    {"padding": "reflect", "stride": 2},
+    {"replacement": False},
+    {"patches_per_chunk": 3},
+]
+
+
 @settings(max_examples=40, deadline=None)
 @given(
     nd=st.integers(1, 3),
     channels=st.integers(0, 2),
     seed=st.integers(0, 2**32 - 1),
-    padding=st.sampled_from(["none", "constant"]),
+    placement=st.sampled_from(PLACEMENTS),
 )
 def test_world_is_the_affine_applied_to_each_corner(
-    nd: int, channels: int, seed: int, padding: str
+    nd: int, channels: int, seed: int, placement: dict[str, Any]
 ) -> None:
     rng = np.random.default_rng(seed)
     spatial = tuple(int(x) for x in rng.integers(3, 9, nd))
     lead = (2,) * channels
     full = _affine(nd + channels, seed)
-    full[nd + channels - nd :, :channels] = 0  # space does not move along channels
+    full[channels:-1, :channels] = 0  # space does not move along channels
     src = PhysicalArray(_vol((*lead, *spatial), seed), physical_from_affine(full))
     size = tuple(int(rng.integers(1, s + 1)) for s in spatial)
-    sampler = PatchSampler(src, size, 9, seed=seed, world=True, padding=padding)
+    n = None if placement.get("replacement") is False else 9
+    sampler = PatchSampler(src, size, n, seed=seed, world=True, **placement)
     spatial_affine = np.eye(nd + 1)
     spatial_affine[:nd, :nd] = full[channels:-1, channels:-1]
     spatial_affine[:nd, nd] = full[channels:-1, -1]
-    patches, coords, world = sampler.get_batch(np.arange(9))
+    every = np.arange(len(sampler))
+    patches, coords, world = sampler.get_batch(every)
     assert coords.dtype == np.int64 and world.dtype == np.float64
-    assert world.shape == (9, nd) and patches.shape == (9, *lead, *size)
+    assert world.shape == (len(sampler), nd) and patches.shape == (len(sampler), *lead, *size)
     np.testing.assert_allclose(world, _by_hand(spatial_affine, coords), rtol=0, atol=1e-9)
     np.testing.assert_array_equal(sampler.world_array(), world)
+    np.testing.assert_array_equal(sampler.get_batch(every[::-2])[2], world[::-2])
     for i, (patch, corner, w) in enumerate(sampler.records()):
         assert corner == tuple(coords[i].tolist())
-        np.testing.assert_array_equal(w, world[i])
+        np.testing.assert_array_equal(w, world[i])  # bit for bit: the same in any batch
         np.testing.assert_array_equal(patch, patches[i])
 
 

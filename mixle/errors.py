@@ -24,6 +24,7 @@ __all__ = [
     "MetadataLimitError",
     "NiftiScalingWarning",
     "NotAnArrayError",
+    "PackedVariableWarning",
     "NothingToSampleError",
     "NpyHeaderTooLargeError",
     "ParquetReadError",
@@ -156,6 +157,14 @@ class NiftiScalingWarning(UserWarning):
 
     Its values are the stored integers; ``read_nifti(path, scale=True)`` applies the scaling
     as nibabel does.
+    """
+
+
+class PackedVariableWarning(UserWarning):
+    """An array holds CF-packed values (``scale_factor``...) and is read as stored.
+
+    ``read_zarr(..., mask_and_scale=True)`` / ``read_hdf5(..., mask_and_scale=True)``
+    unpack them as xarray does.
     """
 
 

@@ -42,6 +42,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import DTypeLike
 
+from mixle.errors import PackedVariableWarning
+
 __all__ = [
     "CF_ATTRIBUTES",
     "CFAttributes",
@@ -68,10 +70,6 @@ _ZARR_SPECIAL = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 _warned: set[str] = set()
 #: mixle's own folder: warnings point at the first caller outside it.
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
-
-
-class PackedVariableWarning(UserWarning):
-    """An array holds CF-packed values (``scale_factor``...) and is read as stored."""
 
 
 def parse_mask_and_scale(value: object) -> bool:

@@ -134,8 +134,10 @@ class PatchSampler:
         ``True`` adds each patch's world position: records ``(patch, coords, world)``
         (dicts: a ``"world"`` entry), ``world`` being ``affine @ [*coords, 1]`` (the
         spatial axes) as float64, from the array's :attr:`~mixle.ArraySource.affine`
-        (for a dict, the finest array's). An array without a recorded affine raises
-        ``ValueError``: mixle does not assume an identity geometry.
+        (for a dict, the finest array's), in the units the format records. An array
+        without a recorded affine raises ``ValueError``: mixle does not assume an identity
+        geometry. On JAX with x64 off a float64 leaf needs ``dtype_policy="cast"``
+        (float32 on the device) or x64 on (:mod:`mixle.jax`).
 
     Raises
     ------

@@ -280,7 +280,7 @@ class PatchSampler:
                 progress=progress,
             )
         except ValueError as exc:
-            if self._patch_size_mm is None:
+            if self._patch_size_mm is None or type(exc) is not ValueError:
                 raise
             raise ValueError(
                 f"patch_size_mm={self._patch_size_mm} is patch_size={patch_size} voxels: {exc}"
@@ -421,8 +421,10 @@ class PatchSampler:
         return self._schema
 
     def element_spec(self) -> Any:
-        """Spec of one record, from metadata: ``(patch, coords)`` (``world=True``: ``(patch,
-        coords, world)``), or a dict for a dict."""
+        """Spec of one record, from metadata: ``(patch, coords)`` or a dict for a dict.
+
+        With ``world=True``: ``(patch, coords, world)`` (a dict: a ``"world"`` entry).
+        """
         lay = self._layout
         nd = len(lay.patch_size)
         coords = ArraySpec((nd,), np.dtype(np.int64))

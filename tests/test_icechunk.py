@@ -18,7 +18,13 @@ import pytest
 zarr = pytest.importorskip("zarr")
 icechunk = pytest.importorskip("icechunk")
 from _fork_child import in_forked_child  # noqa: E402
-from zarr.codecs import BloscCodec, GzipCodec, ZstdCodec  # noqa: E402
+from zarr.codecs import (  # noqa: E402
+    BloscCodec,
+    GzipCodec,
+    ShardingCodec,
+    TransposeCodec,
+    ZstdCodec,
+)
 
 from mixle.data.sampling.patch_sampler import PatchSampler  # noqa: E402
 from mixle.data.sources.array_source import read_zarr  # noqa: E402
@@ -26,6 +32,8 @@ from mixle.data.sources.arrays.zarr.by_path import is_icechunk_repository  # noq
 from mixle.errors import NotAnArrayError  # noqa: E402
 from mixle.reading import chunk_cache  # noqa: E402
 from mixle.testing import assert_unchanged, check_array_source  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore:Combining a `sharding_indexed` codec")
 
 #: name -> (create_array options, the chunk reader mixle picks)
 ARRAYS: dict[str, tuple[dict[str, Any], str]] = {
@@ -52,6 +60,17 @@ ARRAYS: dict[str, tuple[dict[str, Any], str]] = {
             "compressors": BloscCodec(cname="lz4"),
         },
         "ShardedZarrReader",
+    ),
+    "transposed shards": (  # a layout mixle leaves to zarr's own codec pipeline
+        {
+            "shape": (12, 10),
+            "chunks": (8, 8),
+            "dtype": "float32",
+            "filters": [TransposeCodec(order=(1, 0))],
+            "serializer": ShardingCodec(chunk_shape=(4, 4)),
+            "compressors": None,
+        },
+        "ZarrPipelineReader",
     ),
 }
 

@@ -19,7 +19,13 @@ import pytest
 
 zarr = pytest.importorskip("zarr")
 from _fork_child import in_forked_child  # noqa: E402
-from zarr.codecs import BloscCodec, GzipCodec, ZstdCodec  # noqa: E402
+from zarr.codecs import (  # noqa: E402
+    BloscCodec,
+    GzipCodec,
+    ShardingCodec,
+    TransposeCodec,
+    ZstdCodec,
+)
 from zarr.storage import ZipStore  # noqa: E402
 
 from mixle.data.sampling.patch_sampler import PatchSampler  # noqa: E402
@@ -29,7 +35,10 @@ from mixle.errors import ArrayNotFoundError, NotAnArrayError, UnsupportedStoreEr
 from mixle.reading import CorruptChunkError, chunk_cache  # noqa: E402
 from mixle.testing import assert_unchanged, check_array_source  # noqa: E402
 
-pytestmark = pytest.mark.filterwarnings("ignore:Duplicate name")
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:Duplicate name"),
+    pytest.mark.filterwarnings("ignore:Combining a `sharding_indexed` codec"),
+]
 
 
 def _values(shape: tuple[int, ...], dtype: str, seed: int) -> np.ndarray:
@@ -72,6 +81,18 @@ LAYOUTS: dict[str, tuple[str | None, dict[str, Any], tuple[slice, ...]]] = {
             "compressors": BloscCodec(cname="lz4"),
         },
         (slice(0, 8), slice(None), slice(None)),
+    ),
+    "v3 transposed shards (zarr's pipeline)": (
+        None,
+        {
+            "shape": (12, 10),
+            "chunks": (8, 8),
+            "dtype": "float32",
+            "filters": [TransposeCodec(order=(1, 0))],
+            "serializer": ShardingCodec(chunk_shape=(4, 4)),
+            "compressors": None,
+        },
+        (slice(0, 8), slice(None)),
     ),
     "v2 big-endian int16 blosc order F": (
         None,
@@ -140,8 +161,9 @@ def test_every_read_path_equals_zarrs_read_of_the_zip(written, layout):
         chunk_cache().clear()
         src = read_zarr(str(path), component)
         reader = src._reader_for(src.array)
-        sharded = "shards" in LAYOUTS[layout][1]
-        assert type(reader).__name__ == ("ShardedZarrReader" if sharded else "ZipChunkReader")
+        options = LAYOUTS[layout][1]
+        want = "ShardedZarrReader" if "shards" in options else "ZipChunkReader"
+        assert type(reader).__name__ == ("ZarrPipelineReader" if "serializer" in options else want)
         patch = tuple(max(1, s // 2) for s in expected.shape)
         patches, corners = PatchSampler(src, patch, num_patches=8, seed=2).get_batch(np.arange(8))
         for got, corner in zip(patches, corners):

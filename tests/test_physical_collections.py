@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import blosc2
+import fsspec
 import nibabel as nib
 import numpy as np
 import pytest
@@ -173,6 +174,18 @@ def test_unknown_names_list_every_format(tmp_path: Path) -> None:
 def test_remote_files_of_local_only_formats_are_refused_early() -> None:
     with pytest.raises(UnsupportedStoreError, match=r"is a nifti file: .*local paths only"):
         read_volumes(["s3://bucket/scan.nii.gz"])
+
+
+def test_an_n5_container_behind_a_url(tmp_path: Path) -> None:
+    raw = _n5(tmp_path / "u.n5" / "raw", _data(10))
+    fs = fsspec.filesystem("memory")
+    fs.put(str(tmp_path / "u.n5"), "/mixle-test/u.n5", recursive=True)
+    try:
+        vols = read_volumes(["memory://mixle-test/u.n5"], dataset="raw")
+        assert type(vols[0]).__name__ == "N5ArraySource"
+        np.testing.assert_array_equal(vols[0][...], raw)
+    finally:
+        fs.rm("/mixle-test", recursive=True)
 
 
 def test_dict_entries_of_the_new_formats_are_arrays_not_metadata(

@@ -63,7 +63,8 @@ _ACCEPTED = (
     "a zarr store (a folder, a path or URL ending in .zarr, or a URL without a suffix), "
     f"an HDF5 file ({', '.join(HDF5_SUFFIXES)}, with dataset=), "
     f"a TIFF file ({', '.join(TIFF_SUFFIXES)}), a NIfTI file ({', '.join(NIFTI_SUFFIXES)}), "
-    "an N5 folder (.n5, with dataset= for a dataset inside it), a blosc2 file (.b2nd), "
+    "an N5 container (.n5, local or a URL, with dataset= for a dataset inside it), "
+    "a blosc2 file (.b2nd), "
     "a .npz file (with dataset= naming the member when it holds several arrays), "
     "a .npy file, or a raw file "
     f"({', '.join(RAW_SUFFIXES)}, or any other name when raw_dtype= and raw_shape= are given)"
@@ -164,7 +165,7 @@ def volume_format(path: str, options: OpenOptions, what: str) -> Format:
             f"{what}: path={shown!r} is not a volume format mixle can tell from "
             f"its name; pass {_ACCEPTED}"
         )
-    if url and fmt in _READERS:
+    if url and fmt in _LOCAL_ONLY:
         raise UnsupportedStoreError(
             f"{what}: path={shown!r} is a {fmt} file: those are read from local paths only; "
             "copy it locally, or convert it to zarr"
@@ -203,7 +204,7 @@ def open_volume(path: str, fmt: Format, name: str | None, options: OpenOptions) 
     if fmt == "npy":
         return NpyArraySource(path)
     if fmt in _READERS:
-        return _open_new_format(path, fmt, name, options)
+        return _open_new_format(path, fmt, name, options, fsspec_options)
     assert options.raw_dtype is not None and options.raw_shape is not None
     return MemmapArraySource(path, options.raw_dtype, options.raw_shape, offset=options.raw_offset)
 
@@ -216,10 +217,18 @@ _READERS: dict[str, tuple[str, str]] = {
     "b2nd": ("mixle.data.sources.arrays.b2nd", "read_b2nd"),
     "npz": ("mixle.data.sources.arrays.npz", "read_npz"),
 }
+#: Formats read from local paths only (a URL is refused when the format is told).
+_LOCAL_ONLY = ("tiff", "nifti", "b2nd", "npz")
 
 
-def _open_new_format(path: str, fmt: Format, name: str | None, options: OpenOptions) -> ArraySource:
-    """Open a TIFF, NIfTI, N5, blosc2 or npz volume (local files; ``dataset=`` for N5, npz)."""
+def _open_new_format(
+    path: str, fmt: Format, name: str | None, options: OpenOptions, fsspec: dict[str, Any]
+) -> ArraySource:
+    """Open a TIFF, NIfTI, N5, blosc2 or npz volume (``dataset=`` for N5 and npz).
+
+    N5 is read from URLs too (``fsspec`` holds the ``storage_options``); the others from
+    local files only.
+    """
     module, function = _READERS[fmt]
     reader = getattr(importlib.import_module(module), function)
     if fmt in ("n5", "npz"):
@@ -229,5 +238,6 @@ def _open_new_format(path: str, fmt: Format, name: str | None, options: OpenOpti
                 f"dataset={options.dataset!r} names no {'dataset' if fmt == 'n5' else 'member'} "
                 f"for the array {name!r} of {display_path(path)!r}: give one for every array name"
             )
-        return reader(path, inner)  # type: ignore[no-any-return]
+        extra = fsspec if fmt == "n5" else {}
+        return reader(path, inner, **extra)  # type: ignore[no-any-return]
     return reader(path)  # type: ignore[no-any-return]

@@ -741,10 +741,11 @@ def read_volumes(
 
         - a list of paths or URLs: zarr stores (folders, ``*.zarr``, OME-Zarr too), HDF5
           files (``.h5``/``.hdf5``/``.hdf``/``.he5`` with ``dataset=``), ``.npy`` files, raw
-          files (``.raw``/``.bin``/``.dat``, or any name with ``raw_dtype=``); and local
-          TIFF files (``.tif``/``.tiff``, OME-TIFF too), NIfTI files (``.nii``/``.nii.gz``),
-          N5 folders (``.n5``, ``dataset=`` for a dataset inside), blosc2 files (``.b2nd``)
-          and ``.npz`` files (``dataset=`` naming the member when there are several);
+          files (``.raw``/``.bin``/``.dat``, or any name with ``raw_dtype=``), N5
+          containers (``.n5``, ``dataset=`` for a dataset inside); and local TIFF files
+          (``.tif``/``.tiff``, OME-TIFF too), NIfTI files (``.nii``/``.nii.gz``), blosc2
+          files (``.b2nd``) and ``.npz`` files (``dataset=`` naming the member when there
+          are several);
         - a glob string (``"scans/*.zarr"``, ``**`` recursive), matched sorted;
         - a list of open mixle sources or array-likes (NumPy, zarr, h5py arrays);
         - a list of dicts, one per volume, ``{"image": path, "label": path, "age": 41}``:

@@ -250,3 +250,20 @@ def test_inspect_reports_the_version_and_icechunks_stored_chunks(repo):
     assert small.chunks_stored == theirs.nchunks_initialized
     with pytest.raises(ValueError, match=r"branch='gone'.*branches: dev, main"):
         inspect_icechunk(str(path), None, None, branch="gone")
+
+
+def test_a_session_store_given_as_path_is_refused_in_a_forked_child(repo):
+    session = _repo(repo["path"]).readonly_session(branch="main")
+    src = read_zarr(session.store, "small")
+    want = src[...]
+
+    def child() -> list[str]:
+        try:
+            src.release_handle()  # reopen from the store object, as after any fork
+            src[0]
+        except RuntimeError as exc:
+            return [] if "forked" in str(exc) else [str(exc)]
+        return ["the child read through the parent's icechunk store"]
+
+    assert in_forked_child(child) == []
+    np.testing.assert_array_equal(src[...], want)

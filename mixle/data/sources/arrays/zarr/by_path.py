@@ -59,6 +59,16 @@ _NIFTI2_MAGICS = (b"n+2\x00", b"ni2\x00")
 #: The pid of the process where mixle first opened an icechunk repository (see
 #: :func:`_refuse_forked_icechunk`).
 _icechunk_pid: int | None = None
+#: Whether this process was forked from one that had imported icechunk (its stores exist).
+_forked_with_icechunk = False
+
+
+def _note_fork() -> None:
+    global _forked_with_icechunk
+    _forked_with_icechunk = _forked_with_icechunk or imported("icechunk") is not None
+
+
+os.register_at_fork(after_in_child=_note_fork)
 
 
 @dataclass(frozen=True)
@@ -143,6 +153,8 @@ def open_by_path(path: Any, component: str | None, version: Version | None) -> B
     RuntimeError
         An icechunk repository in a process forked after mixle used icechunk in its parent.
     """
+    if type(path).__module__.split(".")[0] == "icechunk" and _forked_with_icechunk:
+        _refuse_forked_icechunk(display_path(path), inherited=True)  # it would hang
     zarr = imported("zarr")
     if zarr is not None and isinstance(path, zarr.storage.ZipStore) and path.read_only:
         # its own handle, not the caller's: a forked child must not share the file offset
@@ -320,13 +332,15 @@ def open_icechunk_session(folder: str, version: Version) -> tuple[Any, Any]:
     return repo, session
 
 
-def _refuse_forked_icechunk(shown: str) -> None:
-    """Refuse icechunk in a child forked after mixle used icechunk in this process's parent.
+def _refuse_forked_icechunk(shown: str, inherited: bool = False) -> None:
+    """Refuse icechunk in a child forked after icechunk ran in this process's parent.
 
     icechunk runs on a tokio runtime whose threads do not survive ``fork``: any icechunk
     call in such a child blocks for ever (opening a new repository too), so it is refused.
+    Known to have run: mixle opened a repository there, or (``inherited``) the store
+    object given was made there.
     """
-    if _icechunk_pid is not None and _icechunk_pid != os.getpid():
+    if inherited or (_icechunk_pid is not None and _icechunk_pid != os.getpid()):
         raise RuntimeError(
             f"icechunk repository {shown!r} cannot be opened in a process forked after the "
             "parent used icechunk: icechunk's runtime does not survive fork and would hang; "

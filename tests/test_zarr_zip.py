@@ -386,3 +386,31 @@ def _plain_zip(tmp_path: Path) -> str:
     with zipfile.ZipFile(path, "w") as zf:
         zf.writestr("readme.txt", "hi")
     return str(path)
+
+
+@pytest.mark.parametrize("compression", [zipfile.ZIP_BZIP2, zipfile.ZIP_LZMA])
+def test_members_of_other_zip_compressions_read_through_zipfile(tmp_path, compression):
+    folder = tmp_path / "o.zarr"
+    data = _values((10, 7), "int32", seed=9)
+    zarr.create_array(folder, shape=data.shape, chunks=(4, 3), dtype="int32")[...] = data
+    path = tmp_path / "o.zip"
+    with zipfile.ZipFile(path, "w", compression=compression) as zf:
+        for file in sorted(folder.rglob("*")):
+            zf.write(file, file.relative_to(folder).as_posix())
+    src = read_zarr(path)
+    assert isinstance(src._reader_for(src.array), ZipChunkReader)
+    check_array_source(src, _zarrs_read(path, None))
+
+
+def test_variable_length_strings_in_a_zip_read_as_zarr_reads_them(tmp_path):
+    path = tmp_path / "s.zarr.zip"
+    store = ZipStore(path, mode="w")
+    words = np.array([["a", "bb", "ccc"], ["", "ééé", "x" * 40]] * 3, dtype=object)
+    zarr.create_array(store=store, shape=words.shape, chunks=(4, 2), dtype=str)[...] = words
+    store.close()
+    src = read_zarr(path)
+    assert isinstance(src._reader_for(src.array), ZipChunkReader)
+    expected = _zarrs_read(path, None)
+    np.testing.assert_array_equal(src[...], expected)
+    np.testing.assert_array_equal(src.read_boxes([(0, 0), (2, 1)], (4, 2))[1], expected[2:6, 1:3])
+    np.testing.assert_array_equal(src.get_batch([5, 0]), expected[[5, 0]])

@@ -227,7 +227,12 @@ class CFDecoding:
 
     def decode(self, raw: np.ndarray) -> np.ndarray:
         """The decoded values of stored values ``raw`` (a new array of :attr:`dtype`)."""
-        data = np.asarray(raw)
+        # IEEE results, as xarray gives them: inf * 0 is NaN, a cast or product past the
+        # dtype's range is inf
+        with np.errstate(invalid="ignore", over="ignore"):
+            return self._decode(np.asarray(raw))
+
+    def _decode(self, data: np.ndarray) -> np.ndarray:
         if self.unsigned is not None:
             data = np.asarray(data, dtype=self.unsigned)
         if self.mask_dtype is not None:
@@ -305,7 +310,8 @@ def zarr_cf_attributes(array: Any) -> CFAttributes:
 
     Format 2: the array's ``fill_value`` is the ``_FillValue`` (xarray's default for format
     2, ``use_zarr_fill_value_as_mask=True``), for numeric dtypes; it counts as declared only
-    in an xarray-written store (``_ARRAY_DIMENSIONS``), so plain zarr arrays do not warn.
+    in an xarray-written store (``_ARRAY_DIMENSIONS``) that declares other CF attributes
+    too, so arrays with only a fill value (plain zarr, tifffile's store) do not warn.
     Format 3: the ``_FillValue`` attribute, decoded as xarray encodes it (base64 of a
     little-endian float64 for floats).
     """
@@ -317,8 +323,10 @@ def zarr_cf_attributes(array: Any) -> CFAttributes:
         fill = array.fill_value
         if dtype is not None and dtype.kind in _NUMERIC and fill is not None:
             values["_FillValue"] = fill
-            if "_ARRAY_DIMENSIONS" in attrs:
-                declared.add("_FillValue")  # written by xarray: its CF fill value
+            if "_ARRAY_DIMENSIONS" in attrs and declared:
+                # xarray's CF fill value, beside packing it declared; a fill value alone
+                # is every zarr v2 array's (tifffile's store writes _ARRAY_DIMENSIONS too)
+                declared.add("_FillValue")
     elif values.get("_FillValue") is not None and dtype is not None:
         values["_FillValue"] = _zarr3_fill(values["_FillValue"], dtype)
     return CFAttributes(values, tuple(k for k in CF_ATTRIBUTES if k in declared))

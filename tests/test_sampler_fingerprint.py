@@ -23,6 +23,7 @@ import zarr
 
 from mixle import GridSampler, Loader, LoaderStateError, PatchSampler, read_zarr
 from mixle.data.schema import Schema
+from mixle.data.sources.arrays.zarr.source import ZarrArraySource
 from mixle.data.structure import EXCHANGEABLE, SEQUENTIAL
 from mixle.loading.state import source_fingerprint
 
@@ -39,6 +40,25 @@ PROBS = {0: 0.5, 1: 0.5}
 #: A 1-D array and one at a third (or a quarter: both round to 3 voxels) of its resolution.
 SCALED = {"array": {"a": np.arange(10.0), "b": np.arange(3.0)}, "patch_size": (12,),
           "padding": "constant"}  # fmt: skip
+
+
+def _geo(origin: float) -> ZarrArraySource:
+    """VOL as a one-level OME-Zarr image (spacing 0.5 x 1.0, origin ``(origin, 0)``)."""
+    store = zarr.storage.MemoryStore()
+    group = zarr.open_group(store=store, mode="w")
+    group.create_array("0", data=VOL)
+    scale = {"type": "scale", "scale": [0.5, 1.0]}
+    shift = {"type": "translation", "translation": [origin, 0.0]}
+    ms = {
+        "axes": [{"name": "y"}, {"name": "x"}],
+        "datasets": [{"path": "0", "coordinateTransformations": [scale, shift]}],
+    }
+    group.attrs["ome"] = {"version": "0.5", "multiscales": [ms]}
+    return ZarrArraySource(store, "0")
+
+
+#: VOL with a recorded geometry, and moved by 3 along axis 0.
+GEO, GEO_MOVED = _geo(0.0), _geo(3.0)
 
 Kwargs = dict[str, Any]
 #: For each PatchSampler argument: two configurations that differ in it alone.
@@ -90,6 +110,16 @@ PATCH_CASES: dict[str, list[tuple[Kwargs, Kwargs]]] = {
         ),
     ],
     "scales": [(SCALED, {**SCALED, "scales": {"b": 4}})],  # factor 3 (inferred) or 4
+    "world": [
+        ({"array": GEO}, {"array": GEO, "world": True}),  # (patch, coords, world) records
+        ({"array": GEO, "world": True}, {"array": GEO_MOVED, "world": True}),  # the affine
+    ],
+    "patch_size_mm": [  # 2 mm: (4, 2) voxels; 3 mm: (6, 3)
+        (
+            {"array": GEO, "patch_size": None, "patch_size_mm": 2.0},
+            {"array": GEO, "patch_size": None, "patch_size_mm": 3.0},
+        ),
+    ],
 }
 #: PatchSampler arguments that never change a record, with a value to change them to.
 PATCH_EXEMPT: dict[str, Kwargs] = {

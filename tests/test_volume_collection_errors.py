@@ -78,9 +78,9 @@ def test_row_whose_file_does_not_open(two_npy: list[str], tmp_path: Path) -> Non
 
 
 def test_unknown_format(tmp_path: Path) -> None:
-    odd = tmp_path / "scan.tiff"
-    odd.write_bytes(b"II*\x00")
-    with pytest.raises(mixle.UnsupportedStoreError, match=r"volumes\[0\]: path=.*scan\.tiff"):
+    odd = tmp_path / "scan.mha"
+    odd.write_bytes(b"ObjectType = Image\n")
+    with pytest.raises(mixle.UnsupportedStoreError, match=r"volumes\[0\]: path=.*scan\.mha"):
         mixle.read_volumes([str(odd)])
 
 
@@ -219,12 +219,12 @@ def test_dict_metadata_that_does_not_form_a_table(two_npy: list[str]) -> None:
 def test_a_dict_entry_naming_an_image_mixle_cannot_open_is_not_metadata(
     two_npy: list[str],
 ) -> None:
-    # A MONAI-style data list with a NIfTI label would silently lose the label array
-    rows = [{"image": two_npy[0], "label": "case0_seg.nii.gz", "site": "A"}]
-    with pytest.raises(mixle.UnsupportedStoreError, match=r"volumes\[0\]\['label'\]=.*nii.gz"):
+    # A MONAI-style data list with an NRRD label would silently lose the label array
+    rows = [{"image": two_npy[0], "label": "case0_seg.nrrd", "site": "A"}]
+    with pytest.raises(mixle.UnsupportedStoreError, match=r"volumes\[0\]\['label'\]=.*nrrd"):
         mixle.read_volumes(rows)
     kept = mixle.read_volumes(rows, table_columns=["image"])  # asked for: metadata
-    assert kept.metadata(0) == {"label": "case0_seg.nii.gz", "site": "A"}
+    assert kept.metadata(0) == {"label": "case0_seg.nrrd", "site": "A"}
 
 
 def test_numpy_scalars_and_vectors_in_dicts_are_metadata_by_default(two_npy: list[str]) -> None:

@@ -81,6 +81,9 @@ class ZarrArraySource(ArraySource):
         The version of an icechunk repository to read (at most one; default: the head of
         branch ``"main"``). The snapshot a source first opens is pinned: reopening it,
         after ``fork`` or unpickled, reads that same snapshot even if the branch moved on.
+        icechunk does not survive ``fork`` once it ran: a forked child raises
+        ``RuntimeError`` instead of hanging; start workers with ``"spawn"`` (the Loader's
+        default) or ``"forkserver"``.
     structure, schema
         See :mod:`mixle.data.structure` and :class:`mixle.data.schema.Schema`.
     mask_and_scale

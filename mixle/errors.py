@@ -24,6 +24,7 @@ __all__ = [
     "MetadataLimitError",
     "NiftiScalingWarning",
     "NotAnArrayError",
+    "OmeZarrMetadataWarning",
     "PackedVariableWarning",
     "NothingToSampleError",
     "NpyHeaderTooLargeError",
@@ -158,6 +159,10 @@ class NiftiScalingWarning(UserWarning):
     Its values are the stored integers; ``read_nifti(path, scale=True)`` applies the scaling
     as nibabel does.
     """
+
+
+class OmeZarrMetadataWarning(UserWarning):
+    """OME-Zarr ``multiscales`` metadata mixle cannot apply; the array has no spacing."""
 
 
 class PackedVariableWarning(UserWarning):

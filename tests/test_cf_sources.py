@@ -349,3 +349,14 @@ def test_a_forked_child_reads_decoded_values(cf_stores, writer: str) -> None:
 
     assert in_forked_child(body) == []
     np.testing.assert_array_equal(src[...], want)
+
+
+@pytest.mark.parametrize("writer", ["zarr2", "netcdf4"])
+def test_aligned_readers_pass_mask_and_scale_through(cf_stores, writer: str) -> None:
+    from mixle.data.sampling.aligned import read_hdf5_arrays, read_zarr_arrays
+
+    path = cf_stores[writer]
+    read = read_zarr_arrays if path.suffix == ".zarr" else read_hdf5_arrays
+    arrays = read(str(path), ["packed", "masked"], mask_and_scale=True)
+    for name, src in arrays.items():
+        np.testing.assert_array_equal(src[...], xarray_values(path, name))

@@ -20,8 +20,8 @@ import zarr
 
 from mixle.data.sampling.patch_sampler import PatchSampler
 from mixle.data.sources.arrays.zarr import local_files, ome
-from mixle.data.sources.arrays.zarr.ome import OmeZarrMetadataWarning
 from mixle.data.sources.arrays.zarr.source import ZarrArraySource
+from mixle.errors import OmeZarrMetadataWarning
 from mixle.testing import assert_unchanged, check_array_source
 
 AXES = [
@@ -288,8 +288,8 @@ def test_an_oversized_group_document_is_refused(
 def _ome_zarr_writer() -> Any:
     with warnings.catch_warnings():  # its import warns about its own deprecated Scaler
         warnings.simplefilter("ignore", DeprecationWarning)
-        writer = pytest.importorskip("ome_zarr.writer")
-        fmt = pytest.importorskip("ome_zarr.format")
+        import ome_zarr.format as fmt
+        import ome_zarr.writer as writer
     return writer, fmt
 
 

@@ -270,31 +270,39 @@ def read_zarr_arrays(
     names: Sequence[str] | Mapping[str, str] | None = None,
     *,
     storage_options: dict[str, Any] | None = None,
+    mask_and_scale: bool = False,
 ) -> dict[str, ZarrArraySource]:
     """``{name: source}`` for arrays of a zarr group, ready for aligned sampling.
 
     ``names`` is a list of components, a ``{name: component}`` dict, or ``None`` (every
-    array in the group, keyed by its component path). Raises
+    array in the group, keyed by its component path). ``mask_and_scale`` unpacks CF-packed
+    variables as in :func:`~mixle.read_zarr`. Raises
     :class:`~mixle.errors.ArrayNotFoundError` (a ``KeyError``) listing what exists.
     """
     zarr = require("zarr", "zarr", feature="read_zarr_arrays")
     group = zarr.open_group(os.fspath(path), mode="r", storage_options=storage_options)
     available = [n for n, node in group.members(max_depth=None) if isinstance(node, zarr.Array)]
     picked = _pick(sorted(available), names, f"the zarr group {os.fspath(path)!r}")
-    return {k: ZarrArraySource(path, c, storage_options=storage_options) for k, c in picked.items()}
+    return {
+        k: ZarrArraySource(path, c, storage_options=storage_options, mask_and_scale=mask_and_scale)
+        for k, c in picked.items()
+    }
 
 
 def read_hdf5_arrays(
     path: str | os.PathLike[str],
     names: Sequence[str] | Mapping[str, str] | None = None,
+    *,
+    mask_and_scale: bool = False,
 ) -> dict[str, HDF5ArraySource]:
     """``{name: source}`` for datasets of an HDF5 file, ready for aligned sampling.
 
-    ``names`` as in :func:`read_zarr_arrays` (dataset paths, leading ``/`` optional).
+    ``names`` as in :func:`read_zarr_arrays` (dataset paths, leading ``/`` optional);
+    ``mask_and_scale`` unpacks CF-packed variables (netCDF-4) as in :func:`~mixle.read_hdf5`.
     """
     h5py = require("h5py", "hdf5", feature="read_hdf5_arrays")
     found: list[str] = []
     with h5py.File(os.fspath(path), "r") as f:
         f.visititems(lambda n, node: found.append(n) if isinstance(node, h5py.Dataset) else None)
     picked = _pick(sorted(found), names, f"the HDF5 file {os.fspath(path)!r}")
-    return {k: HDF5ArraySource(path, d) for k, d in picked.items()}
+    return {k: HDF5ArraySource(path, d, mask_and_scale=mask_and_scale) for k, d in picked.items()}

@@ -33,6 +33,7 @@ from mixle.data.sources.arrays.physical import Physical, physical_from_affine
 from mixle.data.sources.arrays.zarr.limits import ZARR_METADATA_LIMIT
 from mixle.data.sources.arrays.zarr.local_files import local_dir, read_local_object
 from mixle.data.sources.arrays.zarr.stores import CheckedRangeStore
+from mixle.errors import OmeZarrMetadataWarning
 from mixle.reading import CorruptChunkError
 from mixle.utils.redact import display_path
 
@@ -40,10 +41,6 @@ __all__ = ["OmeZarrMetadataWarning", "ome_physical", "physical_from_ngff"]
 
 #: NGFF versions before coordinate transformations (their scale is implicit: none recorded).
 _NO_TRANSFORMS = ("0.1", "0.2", "0.3")
-
-
-class OmeZarrMetadataWarning(UserWarning):
-    """OME-Zarr ``multiscales`` metadata mixle cannot apply; the array has no spacing."""
 
 
 class _Malformed(Exception):

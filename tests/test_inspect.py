@@ -460,10 +460,10 @@ def test_errors_name_the_path_and_what_was_expected(samples, tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
         inspect_store(tmp_path / "missing.zarr")
     with pytest.raises(
-        UnsupportedStoreError, match=r"is not a zarr store, an HDF5 file or a \.npy"
+        UnsupportedStoreError, match=r"is not a zarr store \(a folder or a \.zip\), an icechunk"
     ):
         inspect_store(samples / "notes.txt")
-    with pytest.raises(UnsupportedStoreError, match=r"no zarr\.json, \.zarray or \.zgroup"):
+    with pytest.raises(UnsupportedStoreError, match=r"no zarr\.json, \.zarray, \.zgroup or N5"):
         inspect_store(samples / "empty")
     with pytest.raises(ValueError, match="storage_options only apply to URLs"):
         inspect_store(samples / "c.npy", storage_options={"anon": True})
@@ -530,7 +530,11 @@ def test_nan_fill_values_stay_valid_json(tmp_path, capsys):
     ("target", "message"),
     [
         ("missing.zarr", "'{}' does not exist"),
-        ("notes.txt", "'{}' is not a zarr store, an HDF5 file or a .npy file"),
+        (
+            "notes.txt",
+            "'{}' is not a zarr store (a folder or a .zip), an icechunk repository, an N5 "
+            "container, an HDF5 file, a TIFF, a NIfTI, a .b2nd, a .npz or a .npy file",
+        ),
     ],
 )
 def test_cli_errors_exit_1_with_one_line(samples, capsys, target, message):
@@ -667,7 +671,9 @@ def test_remote_errors_over_http(http, capsys):
     assert main(["inspect", f"{http.url}/nope.zarr"]) == 1
     assert "does not exist" in capsys.readouterr().err
     assert main(["inspect", f"{http.url}/notes.txt"]) == 1
-    assert "is not a zarr store, an HDF5 file or a .npy file" in capsys.readouterr().err
+    assert "is not a zarr store, an HDF5 file or a .npy file (the formats read over a URL)" in (
+        capsys.readouterr().err
+    )
 
 
 @pytest.mark.usefixtures("fast_retries")

@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from mixle.inspection.b2nd_files import inspect_b2nd, is_b2nd
 from mixle.inspection.hdf5_files import inspect_hdf5
+from mixle.inspection.icechunk_repos import inspect_icechunk, is_icechunk
 from mixle.inspection.locations import (
     HDF5_MAGIC,
     NPY_MAGIC,
@@ -14,7 +16,10 @@ from mixle.inspection.locations import (
     open_head,
     url_fs,
 )
+from mixle.inspection.n5_files import inspect_n5, is_n5
+from mixle.inspection.nifti_files import inspect_nifti, is_nifti
 from mixle.inspection.npy_files import inspect_npy
+from mixle.inspection.npz_files import inspect_npz, is_npz
 from mixle.inspection.patches import PatchLike, parse_patch
 from mixle.inspection.remote import (
     child_url,
@@ -24,7 +29,9 @@ from mixle.inspection.remote import (
     within_deadline,
 )
 from mixle.inspection.report import ArrayReport, GroupReport, StoreReport, UnsupportedStoreError
+from mixle.inspection.tiff_files import inspect_tiff, is_tiff
 from mixle.inspection.zarr_stores import inspect_zarr
+from mixle.inspection.zip_stores import inspect_zarr_zip, is_zarr_zip
 from mixle.utils.files import open_regular_file, require_regular_file
 from mixle.utils.redact import display_path
 
@@ -37,7 +44,11 @@ def inspect_store(
     storage_options: dict[str, Any] | None = None,
     patch: PatchLike | None = None,
 ) -> StoreReport:
-    """Describe the arrays in a zarr store, an HDF5 file or a ``.npy`` file.
+    """Describe the arrays in a zarr store, an HDF5 file, a ``.npy`` file or another format.
+
+    The formats: zarr folders and ``.zip`` files, icechunk repositories, N5 containers,
+    HDF5 (netCDF-4 included), TIFF/OME-TIFF, NIfTI (``.nii``, ``.nii.gz``), blosc2
+    ``.b2nd``, ``.npz`` and ``.npy`` files.
 
     Reads metadata and stored object sizes only; chunk data is never read or decoded, and
     everything is opened read-only. Warnings raised while inspecting are re-emitted with
@@ -46,8 +57,8 @@ def inspect_store(
     Parameters
     ----------
     path_or_url
-        A local path (zarr group or array folder, HDF5 file, ``.npy`` file) or a URL
-        (``file://``, ``http(s)://``, ``s3://``, ... through fsspec).
+        A local path (any of the formats above) or a URL (``file://``, ``http(s)://``,
+        ``s3://``, ... through fsspec: zarr, HDF5 and ``.npy``).
     storage_options
         Passed to fsspec for URLs (credentials, endpoints); never shown in the report.
     patch
@@ -65,7 +76,7 @@ def inspect_store(
     FileNotFoundError
         When nothing exists at ``path_or_url``.
     UnsupportedStoreError
-        When it exists but is not a zarr store, an HDF5 file or a ``.npy`` file
+        When it exists but is none of the formats above
         (:class:`NpyHeaderTooLargeError` for a ``.npy`` header over
         :data:`MAX_NPY_HEADER_BYTES`, refused before it is read).
     SpecialFileError
@@ -115,7 +126,23 @@ def inspect_store(
 #: HTTP status of a byte range past the end of an object ("416 Range Not Satisfiable").
 _UNSATISFIABLE = 416
 #: How each kind of store is inspected.
-_INSPECT = {"zarr": inspect_zarr, "hdf5": inspect_hdf5, "npy": inspect_npy}
+_INSPECT = {
+    "zarr": inspect_zarr,
+    "hdf5": inspect_hdf5,
+    "npy": inspect_npy,
+    "tiff": inspect_tiff,
+    "nifti": inspect_nifti,
+    "n5": inspect_n5,
+    "b2nd": inspect_b2nd,
+    "npz": inspect_npz,
+    "zarr-zip": inspect_zarr_zip,
+    "icechunk": inspect_icechunk,
+}
+#: What :func:`inspect_store` reads, for messages about what it does not.
+_KINDS = (
+    "a zarr store (a folder or a .zip), an icechunk repository, an N5 container, an HDF5 "
+    "file, a TIFF, a NIfTI, a .b2nd, a .npz or a .npy file"
+)
 
 
 def _inspect_remote(
@@ -139,9 +166,9 @@ def _inspect_remote(
 
 
 def _detect(location: str, storage_options: dict[str, Any] | None) -> str:
-    """``"zarr"``, ``"hdf5"`` or ``"npy"``: what lives at ``location``."""
+    """What lives at ``location``: a key of ``_INSPECT`` (``"zarr"``, ``"hdf5"``...)."""
     shown = display_path(location)
-    expected = "is not a zarr store, an HDF5 file or a .npy file"
+    expected = f"is not {_KINDS}"
     if not is_remote(location):
         if not os.path.exists(location):
             raise FileNotFoundError(f"{shown!r} does not exist")
@@ -150,8 +177,13 @@ def _detect(location: str, storage_options: dict[str, Any] | None) -> str:
             # refused as such when the store is checked (a plain "not a store" would mislead)
             if any(os.path.lexists(os.path.join(location, m)) for m in ZARR_METADATA):
                 return "zarr"
+            if is_n5(location):
+                return "n5"
+            if is_icechunk(location):
+                return "icechunk"
             raise UnsupportedStoreError(
-                f"{shown!r} {expected} (a folder with no zarr.json, .zarray or .zgroup)"
+                f"{shown!r} {expected} (a folder with no zarr.json, .zarray, .zgroup or N5 "
+                "attributes.json, and not an icechunk repository)"
             )
         require_regular_file(location, "path")  # a FIFO or /dev/zero: refused, nothing read
         with open_regular_file(location, "path") as fh:
@@ -162,7 +194,19 @@ def _detect(location: str, storage_options: dict[str, Any] | None) -> str:
 
         if head == HDF5_MAGIC or (HAS_H5PY and _is_hdf5_local(location)):
             return "hdf5"
+        if is_tiff(head):
+            return "tiff"
+        if is_b2nd(location):
+            return "b2nd"
+        if is_zarr_zip(location):
+            return "zarr-zip"
+        if is_npz(location):
+            return "npz"
+        if is_nifti(location):
+            return "nifti"
         raise UnsupportedStoreError(f"{shown!r} {expected}")
+    # over a URL: the formats read remotely (TIFF is recognised, to say it is local only)
+    expected = "is not a zarr store, an HDF5 file or a .npy file (the formats read over a URL)"
     from mixle.reading.faults import retry_call
 
     fs, path = url_fs(location, storage_options)
@@ -190,6 +234,8 @@ def _detect(location: str, storage_options: dict[str, Any] | None) -> str:
         return "npy"
     if head == HDF5_MAGIC:
         return "hdf5"
+    if is_tiff(head):
+        return "tiff"  # inspect_tiff says it reads local files only
     raise UnsupportedStoreError(f"{shown!r} {expected}")
 
 

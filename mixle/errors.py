@@ -298,7 +298,7 @@ class BrokenEncodedDataError(RuntimeError):
 
 # -- mixle inspect and mixle demo ----------------------------------------------------------
 class UnsupportedStoreError(ValueError):
-    """A path exists but is not a zarr store, an HDF5 file or a ``.npy`` file."""
+    """A path exists but is not a store this reader opens (the message names the one that does)."""
 
 
 class MetadataLimitError(ValueError):

@@ -37,7 +37,14 @@ class LayoutFinding:
         ``"members-unlisted"``,
         ``"link-not-followed"``, ``"no-dataspace"``, ``"dimension-scales"``,
         ``"hard-link-cycle"``, ``"hard-link-repeat"``, ``"too-deep"``; ``"corrupt-shard"`` (a
-        stored shard whose index cannot be read).
+        stored shard whose index cannot be read); ``"cf-packed"`` (CF-packed values read
+        as stored by default). Other formats add their own: TIFF ``"whole-row-strips"``,
+        ``"tile-size"``, ``"memory-mapped"``; NIfTI ``"gzip-whole-file"``,
+        ``"scaled-values"``, ``"physical-space"``, ``"no-physical-space"``; N5
+        ``"unsupported-compression"``, ``"stray-files"``, ``"unsupported-version"``;
+        blosc2 ``"block-reads"``, ``"blocks-untiled"``, ``"no-checksum"``; ``.npz``
+        ``"compressed-member"``; zipped zarr ``"zip-deflated"``, ``"zip-compression"``;
+        icechunk ``"icechunk"``.
     severity
         ``"warning"`` (patch reads are slower than they need to be) or ``"info"``.
     message
@@ -106,7 +113,10 @@ class ArrayReport:
         Where the array sits below the inspected root (``"/"`` for the root itself,
         ``"/raw/volume"`` below it).
     format
-        ``"zarr v2"``, ``"zarr v3"``, ``"hdf5"`` or ``"npy"``.
+        ``"zarr v2"``, ``"zarr v3"``, ``"hdf5"``, ``"npy"``, or another format's name
+        (``"tiff"``, ``"bigtiff"``, ``"ome-tiff"``, ``"nifti-1"``, ``"nifti-2"``, ``"n5"``,
+        ``"b2nd"``,
+        ``"npz"``).
     shape, dtype
         Array shape and dtype (``str(numpy dtype)``).
     itemsize
@@ -301,7 +311,8 @@ class StoreReport:
     location
         The path or URL inspected, safe to show (no credentials, no query string).
     kind
-        ``"zarr"``, ``"hdf5"`` or ``"npy"``.
+        ``"zarr"``, ``"hdf5"``, ``"npy"``, ``"tiff"``, ``"nifti"``, ``"n5"``, ``"b2nd"``,
+        ``"npz"``, ``"zarr-zip"`` or ``"icechunk"``.
     root
         The root node: a group, or an array when the location is one.
     patch

@@ -115,8 +115,7 @@ class ArrayReport:
     format
         ``"zarr v2"``, ``"zarr v3"``, ``"hdf5"``, ``"npy"``, or another format's name
         (``"tiff"``, ``"bigtiff"``, ``"ome-tiff"``, ``"nifti-1"``, ``"nifti-2"``, ``"n5"``,
-        ``"b2nd"``,
-        ``"npz"``).
+        ``"b2nd"``, ``"npz"``).
     shape, dtype
         Array shape and dtype (``str(numpy dtype)``).
     itemsize

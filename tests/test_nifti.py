@@ -422,3 +422,84 @@ def test_compression_is_told_from_the_bytes_not_the_name(tmp_path: Path) -> None
     src = read_nifti(misnamed)
     assert src.cache_path is None
     np.testing.assert_array_equal(src[...], np.asanyarray(_reference(plain).dataobj))
+
+
+def _oblique_2d() -> np.ndarray:
+    """A 4x4 affine whose voxel axes i, j leave the world's x-y plane (spacing 0.7, 1.3)."""
+    rot = np.linalg.qr(np.random.default_rng(1).standard_normal((3, 3)))[0]
+    affine = np.eye(4)
+    affine[:3, :3] = rot @ np.diag([0.7, 1.3, 2.1])
+    affine[:3, 3] = [1.0, 2.0, 3.0]
+    return affine
+
+
+def test_an_oblique_2d_image_has_nibabels_zooms_and_true_in_plane_distances(
+    tmp_path: Path,
+) -> None:
+    path = _write(tmp_path / "o.nii", _data((12, 10), "int16"), affine=_oblique_2d())
+    ref = _reference(path)
+    src = read_nifti(path)
+    zooms = nib.affines.voxel_sizes(ref.affine)[:2]
+    np.testing.assert_allclose(src.spacing, zooms, rtol=1e-12)  # not the x-y projection
+    np.testing.assert_allclose(src.spacing, ref.header.get_zooms(), rtol=1e-6)
+    np.testing.assert_array_equal(src.nifti_affine, ref.affine)
+    assert not src.nifti_affine.flags.writeable
+    assert src.affine is not None and src.affine.shape == (3, 3)
+    # in-plane coordinates: every distance between voxels is the 3-D world's
+    voxels = np.array([[0, 0], [3, 4], [11, 0], [2, 9], [7, 7]])
+    world3 = nib.affines.apply_affine(ref.affine, np.c_[voxels, np.zeros(len(voxels))])
+    assert src.physical is not None
+    plane = src.physical.world(voxels)
+    for a in range(len(voxels)):
+        for b in range(len(voxels)):
+            np.testing.assert_allclose(
+                np.linalg.norm(plane[a] - plane[b]),
+                np.linalg.norm(world3[a] - world3[b]),
+                rtol=1e-12,
+                atol=1e-12,
+            )
+    sampler = PatchSampler(src, num_patches=2, patch_size_mm=(2.8, 2.6))
+    assert sampler.patch_size == (4, 2)  # round(2.8 / 0.7), round(2.6 / 1.3)
+
+
+def test_a_2d_image_in_the_xz_plane_has_its_zooms(tmp_path: Path) -> None:
+    affine = np.array([[0.5, 0, 0, 1.0], [0, 0, 2.0, 2.0], [0, 1.5, 0, 3.0], [0, 0, 0, 1]])
+    path = _write(tmp_path / "c.nii", _data((6, 5), "uint8"), affine=affine)
+    ref = _reference(path)
+    src = read_nifti(path)  # the x-y block is singular: it had no physical before
+    np.testing.assert_allclose(src.spacing, ref.header.get_zooms(), rtol=1e-12)
+    world = nib.affines.apply_affine(ref.affine, [2, 3, 0])  # (2.0, 2.0, 7.5)
+    assert src.physical is not None
+    # the plane's own axes are the world's x and z here: in-plane coordinates are those
+    np.testing.assert_allclose(src.physical.world([[2, 3]])[0], world[[0, 2]], rtol=1e-12)
+    np.testing.assert_array_equal(src.nifti_affine, ref.affine)
+
+
+def test_a_hdr_with_the_single_file_magic_reads_its_data_from_the_img(tmp_path: Path) -> None:
+    want = _data((4, 5, 6), "int16", seed=9)
+    _write(tmp_path / "p.img", want)
+    raw = bytearray((tmp_path / "p.hdr").read_bytes())
+    raw[344:348] = b"n+1\0"  # the magic of a single .nii, in a pair's header
+    (tmp_path / "p.hdr").write_bytes(bytes(raw))
+    ref = _reference(tmp_path / "p.hdr")
+    assert ref.dataobj.offset == 0
+    for name in ("p.hdr", "p.img"):
+        with assert_unchanged(tmp_path / "p.hdr", tmp_path / "p.img"):
+            got = read_nifti(tmp_path / name)[...]
+        np.testing.assert_array_equal(got, np.asanyarray(ref.dataobj))
+
+
+def test_a_nii_with_the_pair_magic_and_offset_zero_is_refused_not_read_from_its_header(
+    tmp_path: Path,
+) -> None:
+    path = _write(tmp_path / "s.nii", _data((4, 5, 6), "int16"))
+    raw = bytearray(path.read_bytes())
+    raw[344:348] = b"ni1\0"
+    (tmp_path / "ok.nii").write_bytes(bytes(raw))  # offset 352 kept: read as nibabel does
+    np.testing.assert_array_equal(
+        read_nifti(tmp_path / "ok.nii")[...], np.asanyarray(nib.load(tmp_path / "ok.nii").dataobj)
+    )
+    raw[108:112] = np.float32(0).tobytes()  # vox_offset 0: nibabel would read the header
+    (tmp_path / "zero.nii").write_bytes(bytes(raw))
+    with pytest.raises(ValueError, match=r"zero\.nii.*vox_offset=0.*overlap the header"):
+        read_nifti(tmp_path / "zero.nii")

@@ -294,3 +294,164 @@ def test_a_header_with_negative_dimensions_is_refused(tmp_path: Path) -> None:
     (tmp_path / "neg.nii").write_bytes(bytes(raw))
     with pytest.raises(ValueError, match=r"neg\.nii.*negative dimensions \(-3, 5, 4\)"):
         read_nifti(tmp_path / "neg.nii")
+
+
+def _stored_gz(data: np.ndarray) -> bytes:
+    """A gzipped .nii whose size depends only on the data's shape and dtype (level 0)."""
+    raw = nib.Nifti1Image(data, np.eye(4)).to_bytes()
+    return gzip.compress(raw, compresslevel=0, mtime=0)
+
+
+def test_a_same_size_rewrite_that_keeps_the_mtime_is_not_served_stale(tmp_path: Path) -> None:
+    path = tmp_path / "scan.nii.gz"
+    old, new = _stored_gz(DATA), _stored_gz(-DATA)
+    assert len(old) == len(new)
+    path.write_bytes(old)
+    src = read_nifti(path)
+    np.testing.assert_array_equal(src[...], DATA)
+    before = os.stat(path)
+    with open(path, "r+b") as fh:  # what cp -p / rsync --inplace -t do: same inode
+        fh.write(new)
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    while os.stat(path).st_ctime_ns == before.st_ctime_ns:  # a coarse clock: until it ticks
+        os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    now = os.stat(path)
+    assert (now.st_ino, now.st_size, now.st_mtime_ns) == (
+        before.st_ino,
+        before.st_size,
+        before.st_mtime_ns,
+    )
+    np.testing.assert_array_equal(np.asanyarray(nib.load(str(path)).dataobj), -DATA)
+    with pytest.raises(FileChangedError, match=r"scan\.nii\.gz.*rewritten"):
+        src[...]
+    np.testing.assert_array_equal(read_nifti(path)[...], -DATA)  # a new open reads it
+
+
+def test_a_nii_rewritten_in_place_reads_the_new_bytes_not_a_stale_copy(tmp_path: Path) -> None:
+    path = _save(tmp_path / "v.nii")
+    src = read_nifti(path)
+    np.testing.assert_array_equal(src[...], DATA)
+    _save(tmp_path / "w.nii", -DATA)
+    with open(path, "r+b") as fh:  # the map shows the file itself: no copy to go stale
+        fh.write((tmp_path / "w.nii").read_bytes())
+    np.testing.assert_array_equal(src[...], np.asanyarray(nib.load(str(path)).dataobj))
+
+
+@pytest.mark.parametrize(
+    "tail",
+    [b"garbage!!", b"\0" * 100, b"\x1f\x8bnot a member", gzip.compress(b"extra member")],
+)
+def test_bytes_after_the_gzip_stream_are_ignored_as_nibabel_does(
+    tmp_path: Path, tail: bytes
+) -> None:
+    path = tmp_path / "t.nii.gz"
+    data = np.arange(10 * 11 * 12, dtype=np.int16).reshape(10, 11, 12)
+    raw = _save(tmp_path / "t.nii", data).read_bytes()  # nibabel's own sniff of a much
+    path.write_bytes(gzip.compress(raw) + tail)  # smaller file would reach the tail
+    want = np.asanyarray(nib.load(str(path)).dataobj)  # nibabel never reads the tail
+    np.testing.assert_array_equal(want, data)
+    with assert_unchanged(path):
+        src = read_nifti(path)
+        np.testing.assert_array_equal(src[...], want)
+        np.testing.assert_array_equal(src[1:4, ::2, -1], want[1:4, ::2, -1])
+
+
+def test_trailing_bytes_before_the_image_is_complete_raise_naming_them(
+    tmp_path: Path, cache: Path
+) -> None:
+    path = tmp_path / "short.nii.gz"
+    raw = _save(tmp_path / "t.nii").read_bytes()
+    path.write_bytes(gzip.compress(raw[:-40]) + b"garbage!!")
+    with pytest.raises(CorruptChunkError, match=r"short\.nii\.gz.*b'garbage!'.*not another gzip"):
+        read_nifti(path)
+    assert _entries(cache) == []  # nothing kept, no temporary file either
+
+
+def _maps_of(path: Path) -> bool:
+    """Whether this process maps ``path`` (Linux's /proc/self/maps)."""
+    return str(path) in Path("/proc/self/maps").read_text()
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs /proc/self/maps")
+@pytest.mark.parametrize("name", ["m.nii", "m.nii.gz"])
+def test_close_unmaps_the_data(tmp_path: Path, name: str) -> None:
+    path = _save(tmp_path / name)
+    src = read_nifti(path)
+    handle = src._live()  # held, as a reader thread or a leaked reference would
+    mapped = src.cache_path if src.cache_path is not None else path
+    np.testing.assert_array_equal(src[...], DATA)
+    assert _maps_of(mapped)
+    src.close()
+    assert handle.map is None or handle.map.closed
+    assert not _maps_of(mapped)
+
+
+def test_close_with_a_view_of_the_array_held_keeps_the_view_valid(tmp_path: Path) -> None:
+    path = _save(tmp_path / "m.nii")
+    src = read_nifti(path)
+    view = src.array[1:3]
+    src.close()  # the map cannot close under a live view: it stays until the view goes
+    np.testing.assert_array_equal(view, DATA[1:3])
+
+
+def _gz(tmp_path: Path, name: str, seed: int) -> Path:
+    data = np.random.default_rng(seed).integers(-100, 100, (6, 5, 4)).astype(np.int16)
+    path = tmp_path / f"{name}.nii"
+    _save(path, data)
+    gz = tmp_path / f"{name}.nii.gz"
+    gz.write_bytes(gzip.compress(path.read_bytes()))
+    return gz
+
+
+def _age(entry: Path, seconds: int) -> None:
+    os.utime(entry, (seconds, seconds))  # an explicit, old use time: no clock granularity
+
+
+def test_the_cache_evicts_the_least_recently_used_copy_past_its_budget(
+    tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a, b, c = (_gz(tmp_path, n, i) for i, n in enumerate("abc"))
+    with read_nifti(a) as src:
+        size = src.cache_path.stat().st_size  # type: ignore[union-attr]
+        entry_a = src.cache_path
+    monkeypatch.setenv(gz_cache.CACHE_BYTES_ENV, str(2 * size))  # room for two copies
+    with read_nifti(b) as src:
+        entry_b = src.cache_path
+    assert entry_a is not None and entry_b is not None
+    _age(entry_a, 1_000)
+    _age(entry_b, 2_000)
+    with read_nifti(a) as src:  # a cache hit marks a used now: b is the oldest
+        np.testing.assert_array_equal(src[...], np.asanyarray(nib.load(str(a)).dataobj))
+    with read_nifti(c) as src:
+        np.testing.assert_array_equal(src[...], np.asanyarray(nib.load(str(c)).dataobj))
+        entry_c = src.cache_path
+    assert set(_entries(cache)) == {entry_a, entry_c}
+    with read_nifti(b) as src:  # an evicted copy is simply made again
+        np.testing.assert_array_equal(src[...], np.asanyarray(nib.load(str(b)).dataobj))
+
+
+def test_the_cache_never_evicts_a_copy_this_process_has_mapped(
+    tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a, b = _gz(tmp_path, "a", 0), _gz(tmp_path, "b", 1)
+    monkeypatch.setenv(gz_cache.CACHE_BYTES_ENV, "1")  # smaller than any copy
+    held = read_nifti(a)
+    entry_a = held.cache_path
+    assert entry_a is not None
+    _age(entry_a, 1_000)
+    with read_nifti(b) as src:
+        entry_b = src.cache_path
+        assert set(_entries(cache)) == {entry_a, entry_b}  # a is open; b was just made
+    np.testing.assert_array_equal(held[...], np.asanyarray(nib.load(str(a)).dataobj))
+    held.close()
+    with read_nifti(_gz(tmp_path, "c", 2)) as src:  # a and b are closed now: both go
+        assert _entries(cache) == [src.cache_path]
+
+
+def test_a_bad_cache_budget_names_the_variable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(gz_cache.CACHE_BYTES_ENV, "lots")
+    with pytest.raises(ValueError, match=r"MIXLE_NIFTI_CACHE_BYTES='lots'.*whole number"):
+        read_nifti(_gz(tmp_path, "a", 0))
+    assert gz_cache.NIFTI_CACHE_BYTES == 32 * 2**30

@@ -105,4 +105,5 @@ def read_head(files: NiftiFiles) -> NiftiHeader:
     read = _bounded(files.header, files.header_gz)
     what = f"path={files.header!r}"
     head = read(header_size(read(4), what))  # never a byte of the data block
-    return parse_header(head, what, more=read)
+    # single file or pair from the files found, as nibabel decides from the name
+    return parse_header(head, what, more=read, single=files.header == files.data)

@@ -31,6 +31,15 @@ never read. Entries are written to a temporary file in the cache folder and rena
 place (``os.replace``), so processes decompressing the same file at once each publish a
 complete, identical copy and a reader never sees a partial one; a failed or interrupted
 decompression (a corrupt stream, a full disk) deletes its temporary file.
+
+Size bound. The folder keeps at most :data:`NIFTI_CACHE_BYTES` (32 GiB) of copies, or
+``$MIXLE_NIFTI_CACHE_BYTES`` bytes when set. Every open that finds its copy marks it used
+(sets its modification time); after a new copy is written, the least recently used other
+copies are deleted until the folder fits. A copy mapped by an open source of this process
+is never deleted; one mapped by another process may be: on Linux (and other POSIX
+systems) unlinking a mapped file leaves the mapping and its data valid until it is
+unmapped, and that process's next open simply decompresses again. The copy just made is
+kept even when it alone is over the budget.
 """
 
 from __future__ import annotations
@@ -39,7 +48,9 @@ import contextlib
 import hashlib
 import os
 import tempfile
+import threading
 import zlib
+from collections import Counter
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -49,24 +60,114 @@ from mixle.errors import CorruptChunkError
 from mixle.utils.files import open_regular_file
 
 __all__ = [
+    "CACHE_BYTES_ENV",
     "CACHE_FOLDER",
+    "NIFTI_CACHE_BYTES",
     "DECOMPRESS_BLOCK_BYTES",
     "INPUT_BLOCK_BYTES",
     "cached_copy",
+    "cache_budget",
     "entry_path",
     "find_cached",
+    "mapped",
+    "unmapped",
 ]
 
 #: Sub-folder of :func:`cache_dir` holding decompressed NIfTI data.
 CACHE_FOLDER = "nifti"
+#: Default most bytes of decompressed copies kept in :data:`CACHE_FOLDER` (32 GiB).
+NIFTI_CACHE_BYTES = 32 * 2**30
+#: Environment variable overriding :data:`NIFTI_CACHE_BYTES` (a whole number of bytes).
+CACHE_BYTES_ENV = "MIXLE_NIFTI_CACHE_BYTES"
 #: Most bytes inflated per step while decompressing (bounds the memory it takes).
 DECOMPRESS_BLOCK_BYTES = 4 * 2**20
 #: Bytes of the compressed file read per step.
 INPUT_BLOCK_BYTES = 2**20
 #: zlib's window bits for one gzip member (header and CRC-32/length trailer checked).
 _GZIP_WBITS = 16 + zlib.MAX_WBITS
+#: The first two bytes of every gzip member.
+_GZIP_MAGIC = b"\x1f\x8b"
 #: Bumped when the entry format changes: older entries are then never served.
 _FORMAT = "v1"
+
+
+#: Cache entries mapped by open sources of this process (entry -> number of maps).
+_MAPPED: Counter[Path] = Counter()
+_MAPPED_LOCK = threading.Lock()
+
+
+def mapped(entry: Path) -> None:
+    """Record that a source of this process mapped ``entry``: eviction leaves it alone."""
+    with _MAPPED_LOCK:
+        _MAPPED[entry] += 1
+
+
+def unmapped(entry: Path) -> None:
+    """Record that a map of ``entry`` recorded by :func:`mapped` was closed."""
+    with _MAPPED_LOCK:
+        _MAPPED[entry] -= 1
+        if _MAPPED[entry] <= 0:
+            del _MAPPED[entry]
+
+
+def cache_budget() -> int:
+    """Most bytes of decompressed copies to keep: ``$MIXLE_NIFTI_CACHE_BYTES``, else 32 GiB.
+
+    Raises
+    ------
+    ValueError
+        When the variable is set but is not a whole number of bytes >= 0.
+    """
+    raw = os.environ.get(CACHE_BYTES_ENV)
+    if raw is None or not raw.strip():
+        return NIFTI_CACHE_BYTES
+    try:
+        budget = int(raw.strip())
+    except ValueError:
+        budget = -1
+    if budget < 0:
+        raise ValueError(
+            f"{CACHE_BYTES_ENV}={raw!r} must be a whole number of bytes >= 0 (the most bytes "
+            f"of decompressed NIfTI copies to keep; unset: {NIFTI_CACHE_BYTES})"
+        )
+    return budget
+
+
+def _touch(entry: Path) -> None:
+    """Mark ``entry`` used now (its modification time orders eviction)."""
+    with contextlib.suppress(OSError):  # another user's entry in a shared cache
+        os.utime(entry)
+
+
+def _evict(folder: Path, keep: Path, budget: int) -> None:
+    """Delete the least recently used copies until the folder holds at most ``budget`` bytes.
+
+    ``keep`` (the copy just made) and copies mapped by this process are never deleted. A
+    copy another process has mapped may be: on POSIX systems unlinking a mapped file
+    leaves the mapping valid (the data stays until it is unmapped) and that process's
+    next open decompresses again.
+    """
+    entries: list[tuple[int, int, Path]] = []
+    total = 0
+    for entry in folder.glob("*.raw"):
+        try:
+            st = entry.stat()
+        except OSError:  # deleted meanwhile
+            continue
+        total += st.st_size
+        entries.append((st.st_mtime_ns, st.st_size, entry))
+    if total <= budget:
+        return
+    with _MAPPED_LOCK:
+        busy = set(_MAPPED)
+    for _, size, entry in sorted(entries):
+        if total <= budget:
+            return
+        if entry == keep or entry in busy:
+            continue
+        with contextlib.suppress(OSError):
+            entry.unlink()
+            total -= size
 
 
 def _keys(real: str, signature: FileSignature, fingerprint: str, expected: int) -> tuple[str, str]:
@@ -119,8 +220,9 @@ def cached_copy(path: str, expected: int, prefix: bytes) -> tuple[Path, FileSign
         The gzip file (the user's; only read).
     expected
         Bytes of decompressed data the image needs (header, extensions and data block for a
-        ``.nii.gz``; the data block and its offset for an ``.img.gz``). Bytes past them are
-        decompressed (to check the stream's CRC) but not stored.
+        ``.nii.gz``; the data block and its offset for an ``.img.gz``). The rest of the
+        gzip member holding the last of them is decompressed (to check its CRC) but not
+        stored; later members and trailing bytes are not read (nibabel never reads them).
     prefix
         What the copy must start with (the header as read from ``path``), checked on every
         open of a cached copy.
@@ -144,7 +246,9 @@ def cached_copy(path: str, expected: int, prefix: bytes) -> tuple[Path, FileSign
     """
     entry, signature = entry_path(path, expected)
     if _valid(entry, expected, prefix):
+        _touch(entry)
         return entry, signature
+    budget = cache_budget()  # a bad $MIXLE_NIFTI_CACHE_BYTES fails before any work
     folder = entry.parent
     file_key = entry.name.split("-", 1)[0]
     try:
@@ -183,14 +287,19 @@ def cached_copy(path: str, expected: int, prefix: bytes) -> tuple[Path, FileSign
         if old != entry:
             with contextlib.suppress(OSError):
                 old.unlink()
+    _evict(folder, entry, budget)
     return entry, signature
 
 
 def _inflate(path: str, expected: int, out: BinaryIO, folder: Path) -> int:
     """Decompress ``path`` into ``out``, keeping its first ``expected`` bytes; bytes written.
 
-    Every gzip member is inflated with zlib, which checks each member's CRC-32 and length;
-    zero padding after the last member is ignored, as Python's ``gzip`` does.
+    Every gzip member is inflated with zlib, which checks each member's CRC-32 and length.
+    Once the member holding the last needed byte has ended (its CRC checked), the rest of
+    the file is not read, as nibabel, which reads only the bytes the image needs, does not
+    read it either: further members, zero padding or trailing bytes that are not gzip at
+    all never change the image. Before that, zero padding between members is skipped (as
+    Python's ``gzip`` does) and anything else must be a gzip member.
     """
     written = 0
     inflater: Any = None  # None: between members
@@ -201,9 +310,18 @@ def _inflate(path: str, expected: int, out: BinaryIO, folder: Path) -> int:
                 break
             while data:
                 if inflater is None:
+                    if written >= expected:  # every needed byte came from checked members
+                        return written
                     data = data.lstrip(b"\0")
                     if not data:
                         break
+                    if written and not _GZIP_MAGIC.startswith(data[:2]):
+                        raise _corrupt(
+                            path,
+                            written,
+                            f"the bytes after its gzip stream, {data[:8]!r}..., are not another "
+                            f"gzip member, and the image needs {expected} bytes",
+                        )
                     inflater = zlib.decompressobj(_GZIP_WBITS)
                 try:
                     block = inflater.decompress(data, DECOMPRESS_BLOCK_BYTES)

@@ -51,7 +51,7 @@ class NiftiHeader:
     version
         1 or 2.
     single
-        ``True`` for a single file (``n+1``/``n+2``), ``False`` for a ``.hdr``/``.img`` pair.
+        ``True`` for a single file (``.nii``), ``False`` for a ``.hdr``/``.img`` pair.
     shape, dtype
         Shape of the data block (x fastest on disk) and its dtype, byte order included.
     offset
@@ -112,7 +112,9 @@ def _magic(head: bytes, version: int) -> bytes:
     return head[344:348] if version == 1 else head[4:8]
 
 
-def parse_header(head: bytes, what: str, *, more: Any = None) -> NiftiHeader:
+def parse_header(
+    head: bytes, what: str, *, more: Any = None, single: bool | None = None
+) -> NiftiHeader:
     """Parse the NIfTI header at the start of ``head``.
 
     Parameters
@@ -126,6 +128,12 @@ def parse_header(head: bytes, what: str, *, more: Any = None) -> NiftiHeader:
         ``more(n)`` returns the first ``n`` bytes of the file: called to read header
         extensions when the extension flag is set and they are at most
         :data:`EXTENSIONS_LIMIT` bytes; ``None`` skips them.
+    single
+        ``True`` when the header is in the data's own file (a ``.nii``), ``False`` for the
+        ``.hdr`` of a pair (the data in the ``.img``): what nibabel decides from the file
+        name, whatever the magic says (a ``.hdr`` with the single-file magic ``n+1`` is
+        read as a pair, ``vox_offset`` counting in the ``.img``). ``None``: from the magic
+        (``n+1``/``n+2`` single, ``ni1``/``ni2`` pair).
 
     Raises
     ------
@@ -152,7 +160,8 @@ def parse_header(head: bytes, what: str, *, more: Any = None) -> NiftiHeader:
         raise ValueError(
             f"{what} has a 540-byte header without the NIfTI-2 magic (found {magic!r})"
         )
-    single = kinds[magic]
+    if single is None:
+        single = kinds[magic]
     klasses = {
         (1, True): nib.nifti1.Nifti1Header,
         (1, False): nib.nifti1.Nifti1PairHeader,
@@ -208,18 +217,37 @@ def physical_of(header: Any, shape: tuple[int, ...]) -> Physical | None:
     The spatial part is nibabel's best affine (sform, else qform, else the pixdim
     scaling: what ``img.affine`` is). A 4-D or larger array gets an ``(ndim + 1, ndim + 1)``
     affine, block-diagonal: the spatial 4x4 and the pixdim spacing of each further axis (a
-    spacing the header leaves 0, negative or not finite counts as 1). A 1-D or 2-D array
-    keeps the rows and columns of its own axes (exact for an image plane aligned with the
-    world's axes, the usual case). ``None`` when the affine is singular or not finite.
-    Axes are ``i, j, k, t, u, v, w``; units come from ``xyzt_units`` (``None`` where
-    unknown).
+    spacing the header leaves 0, negative or not finite counts as 1). ``None`` when the
+    affine is singular or not finite. Axes are ``i, j, k, t, u, v, w``; units come from
+    ``xyzt_units`` (``None`` where unknown).
+
+    A 1-D or 2-D array is voxels ``(i, 0, 0)`` or ``(i, j, 0)`` of nibabel's 4x4 affine,
+    whose world is 3-D, while its own affine is ``(ndim + 1, ndim + 1)``. The spacing is
+    always the length of each voxel axis in the 3-D world (nibabel's zooms). The affine:
+
+    - when the voxel axes move only the first ``ndim`` world coordinates (a plane of the
+      world's axes, the usual case), the rows and columns of those axes: exact world
+      coordinates (the others are the same for every voxel, ``nifti_affine[ndim:3, 3]``);
+    - otherwise (an oblique plane) the plane's own coordinates: world positions projected
+      onto orthonormal axes of the plane, the first along voxel axis ``i`` (the affine is
+      ``R`` and ``Q.T @ t`` where ``Q @ R`` is the QR factorisation of the voxel axes'
+      3-D columns with ``R``'s diagonal positive, ``t`` the 3-D origin). Distances and
+      angles in the plane are the world's; the 3-D world position of a voxel ``v`` is
+      ``nifti_affine @ [*v, 0, 1]`` (the source's ``nifti_affine``), not this affine's.
     """
     n = len(shape)
     best = np.asarray(header.get_best_affine(), dtype=np.float64)
     k = min(n, 3)
     affine = np.eye(n + 1)
-    affine[:k, :k] = best[:k, :k]
-    affine[:k, n] = best[:k, 3]
+    if n < 3 and np.any(best[k:3, :k]):  # an oblique plane (or line): its own coordinates
+        q, r = np.linalg.qr(best[:3, :k])
+        signs = np.where(np.diag(r) < 0, -1.0, 1.0)
+        q, r = q * signs, r * signs[:, None]
+        affine[:k, :k] = r
+        affine[:k, n] = q.T @ best[:3, 3]
+    else:
+        affine[:k, :k] = best[:k, :k]
+        affine[:k, n] = best[:k, 3]
     zooms = header.get_zooms()
     for axis in range(3, n):
         step = float(zooms[axis])

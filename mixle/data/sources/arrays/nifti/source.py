@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import mmap
 import os
+import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,7 +20,9 @@ from mixle.data.sources.arrays.memmap.check import (
     FileSignature,
     check_mapped_file,
     file_identity,
+    file_signature,
 )
+from mixle.data.sources.arrays.nifti import gz_cache
 from mixle.data.sources.arrays.nifti.files import NiftiFiles, locate, read_head
 from mixle.data.sources.arrays.nifti.gz_cache import cached_copy
 from mixle.data.sources.arrays.nifti.header import NiftiHeader, physical_of
@@ -31,9 +36,13 @@ from mixle.utils.files import open_regular_file
 __all__ = ["NiftiArraySource", "read_nifti"]
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class _Mapped:
-    """One open image: the read-only map of its data block and what it was made from."""
+    """One open image: the read-only map of its data block and what it was made from.
+
+    Mutable only so that :meth:`NiftiArraySource._release` can drop the array before it
+    closes the map.
+    """
 
     array: np.ndarray
     map: mmap.mmap | None
@@ -42,10 +51,12 @@ class _Mapped:
     files: NiftiFiles
     #: the decompressed copy that is mapped, for gzipped data
     cache: Path | None
-    #: the gzipped data file's (device, inode, size, mtime) when its copy was keyed
-    watched: tuple[int, ...] | None
+    #: the gzipped data file's (device, inode, size, mtime, ctime) when its copy was keyed
+    watched: FileSignature | None
     #: (device, inode) of a mapped uncompressed data file
     identity: tuple[int, int] | None
+    #: unregisters the mapped cache copy from eviction's watch, once (close or collection)
+    done: Callable[[], Any] | None = None
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -115,7 +126,12 @@ class NiftiArraySource(ArraySource):
     - :attr:`physical` comes from nibabel's best affine (``img.affine``): for 3-D images
       :attr:`affine` equals it; 4-D and larger ones get the spatial 4x4 plus the pixdim
       spacing of the further axes. Axes are ``i, j, k, t, u, v, w``, units from
-      ``xyzt_units``.
+      ``xyzt_units``. :attr:`spacing` is nibabel's zooms. A 1-D or 2-D image in a plane of
+      the world's axes gets the rows and columns of its axes (exact world coordinates);
+      one in an oblique plane gets the plane's own in-plane coordinates (true distances,
+      not world positions), and :attr:`nifti_affine` gives nibabel's 4x4 for its 3-D world
+      positions (see :func:`~mixle.data.sources.arrays.nifti.header.physical_of`).
+    - :meth:`close` unmaps the data (once no view of :attr:`array` is held).
     - Every read first checks (one ``stat``) that the mapped file still holds the data and
       that the user's file was not replaced, truncated or (gzipped) rewritten:
       :class:`~mixle.errors.FileChangedError` rather than a crash or stale values.
@@ -154,10 +170,15 @@ class NiftiArraySource(ArraySource):
         if files.data_gz:
             prefix = info.head if files.data == files.header else b""
             cache, signature = cached_copy(files.data, info.end, prefix)
-            array, mapped = _map_data(
-                str(cache), info, f"the cached copy {str(cache)!r} of {files.data!r}"
-            )
-            handle = _Mapped(array, mapped, info, scaling, files, cache, signature[:4], None)
+            what = f"the cached copy {str(cache)!r} of {files.data!r}"
+            try:
+                array, mapped = _map_data(str(cache), info, what)
+            except FileNotFoundError:  # evicted by another process a moment ago: once more
+                cache, signature = cached_copy(files.data, info.end, prefix)
+                array, mapped = _map_data(str(cache), info, what)
+            handle = _Mapped(array, mapped, info, scaling, files, cache, signature, None)
+            gz_cache.mapped(cache)  # not evicted from the cache while this map is open
+            handle.done = weakref.finalize(handle, gz_cache.unmapped, cache)
         else:
             array, mapped = _map_data(files.data, info, f"path={files.data!r}")
             identity = file_identity(files.data)
@@ -174,6 +195,20 @@ class NiftiArraySource(ArraySource):
             shape=info.shape, dtype=np.dtype(dtype), physical=physical_of(info.header, info.shape)
         )
 
+    def _release(self, handle: Any) -> None:
+        """Unmap the data (on :meth:`close`); the copy may then be evicted from the cache.
+
+        A view of :attr:`array` the caller still holds keeps its pages mapped (Python
+        refuses to close a map with live views) until it is dropped: never a crash.
+        """
+        if handle.done is not None:
+            handle.done()  # runs once
+        mapped, handle.map = handle.map, None
+        handle.array = np.empty((0,) * handle.array.ndim, dtype=handle.array.dtype)
+        if mapped is not None:
+            with contextlib.suppress(BufferError):  # views of the array are still alive
+                mapped.close()
+
     # -- what the header says -----------------------------------------------------------
     @property
     def array(self) -> np.ndarray:
@@ -184,6 +219,19 @@ class NiftiArraySource(ArraySource):
     def header(self) -> Any:
         """A copy of the nibabel header as stored in the file (``vox_offset`` included)."""
         return self._live().info.header.copy()
+
+    @property
+    def nifti_affine(self) -> np.ndarray:
+        """nibabel's 4x4 voxel-to-world affine (``img.affine``), a read-only float64 copy.
+
+        For 3-D and larger images its spatial part is in :attr:`affine`. A 1-D or 2-D
+        image is voxels ``(i, 0, 0)``/``(i, j, 0)`` of it: its 3-D world positions are
+        ``nifti_affine @ [i, j, 0, 1]``, which a ``(ndim + 1, ndim + 1)`` :attr:`affine`
+        cannot always hold (see :func:`~mixle.data.sources.arrays.nifti.header.physical_of`).
+        """
+        out = np.array(self._live().info.header.get_best_affine(), dtype=np.float64)
+        out.flags.writeable = False
+        return out
 
     @property
     def scale(self) -> bool:
@@ -258,15 +306,19 @@ class NiftiArraySource(ArraySource):
         out[...] = handle.scaling.apply(raw)
 
 
-def _check_gz_unchanged(path: str, watched: tuple[int, ...] | None) -> None:
+def _check_gz_unchanged(path: str, watched: FileSignature | None) -> None:
+    """Raise :class:`FileChangedError` unless ``path`` has the signature its copy was made from.
+
+    The status-change time is compared too: a same-size rewrite that restores the
+    modification time (``cp -p``, ``rsync --inplace -t``) still moves it.
+    """
     try:
         st = os.stat(path)
     except FileNotFoundError:
         raise FileChangedError(
             f"path={path!r} was deleted after it was opened; open the source again"
         ) from None
-    now: FileSignature = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-    if watched is not None and now[:4] != watched:
+    if watched is not None and file_signature(st) != watched:
         raise FileChangedError(
             f"path={path!r} was replaced or rewritten after it was opened, so its "
             "decompressed copy may no longer match it; open the source again to read the "

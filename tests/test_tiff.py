@@ -9,11 +9,14 @@ source; the answer is always tifffile's read of the same file.
 from __future__ import annotations
 
 import pickle
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, reject, settings
+from hypothesis import strategies as st
 
 tifffile = pytest.importorskip("tifffile")
 pytest.importorskip("imagecodecs")
@@ -139,6 +142,92 @@ def test_every_read_path_equals_tifffile(tmp_path, case):
     with assert_unchanged(path):
         assert_every_path_is_tifffile(read_tiff(path), want)
         check_array_source(read_tiff(path), want)
+
+
+#: name -> (shape, tifffile.imwrite keywords): an image axis of length 1 (one row, one
+#: column, one slice shallower than the volumetric tile's depth)
+LENGTH_ONE_CASES: dict[str, tuple[tuple[int, ...], dict[str, Any]]] = {
+    "one-row": ((1, 30), {"tile": (16, 16)}),
+    "one-column": ((30, 1), {"tile": (16, 16)}),
+    "one-pixel": ((1, 1), {"tile": (16, 16)}),
+    "pages-of-one-row": ((2, 20, 1, 30), {"tile": (16, 16)}),
+    "rgb-one-row": ((1, 30, 3), {"tile": (16, 16), "photometric": "rgb"}),
+    "planar-one-row": ((3, 1, 30), {"tile": (16, 16), "photometric": "rgb", "planarconfig": 2}),
+    "strips-one-row": ((1, 30), {"rowsperstrip": 4}),
+    "volume-one-slice": ((1, 32, 32), {"tile": (2, 16, 16), "volumetric": True}),
+    "volume-one-row": (
+        (3, 1, 32),
+        {"tile": (2, 16, 16), "volumetric": True, "photometric": "minisblack"},
+    ),
+    "volumes-one-slice": ((2, 1, 32, 32), {"tile": (2, 16, 16), "volumetric": True}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LENGTH_ONE_CASES))
+def test_image_axes_of_length_one_read_as_tifffile(tmp_path, case):
+    shape, options = LENGTH_ONE_CASES[case]
+    path = tmp_path / "one.tif"
+    tifffile.imwrite(path, _values(shape, "uint16"), compression="zlib", **options)
+    want = tifffile.imread(path)
+    with assert_unchanged(path):
+        assert_every_path_is_tifffile(read_tiff(path), want)
+        check_array_source(read_tiff(path), want)
+
+
+def test_one_row_tiles_are_whole_tile_chunks(tmp_path):
+    path = tmp_path / "row.tif"
+    tifffile.imwrite(path, np.arange(30, dtype=np.uint8).reshape(1, 30), tile=(16, 16))
+    assert read_tiff(path).chunks == (16, 16)  # one tile of 16 rows holds the one row
+    volume = tmp_path / "v.tif"
+    options = {"tile": (2, 16, 16), "volumetric": True, "compression": "zlib"}
+    tifffile.imwrite(volume, _values((2, 1, 32, 32), "uint8"), **options)
+    assert read_tiff(volume).chunks == (1, 1, 16, 16)  # the tile's second slice is padding
+
+
+@st.composite
+def tiff_layouts(draw: st.DrawFn) -> tuple[tuple[int, ...], dict[str, Any]]:
+    """A small shape (length-1 axes likely) and how tifffile tiles or strips it."""
+    edge = st.sampled_from([1, 1, 2, 15, 16, 17, 33])
+    lead = tuple(draw(st.lists(st.integers(1, 3), max_size=2)))
+    rows, cols = draw(edge), draw(edge)
+    kind = draw(st.sampled_from(["tiles", "volume", "strips", "rgb"]))
+    options: dict[str, Any] = {"photometric": "minisblack", "compression": "zlib"}
+    tile = (draw(st.sampled_from([16, 32])), draw(st.sampled_from([16, 32])))
+    if kind == "volume":
+        depth = draw(st.sampled_from([1, 1, 2, 3, 5]))
+        options.update(tile=(draw(st.integers(1, 4)), *tile), volumetric=True)
+        return (*lead, depth, rows, cols), options
+    if kind == "strips":
+        options.update(rowsperstrip=draw(st.integers(1, 40)))
+    else:
+        options.update(tile=tile)
+    if kind == "rgb":
+        options.update(photometric="rgb", planarconfig=draw(st.sampled_from([1, 2])))
+        samples = (*lead, 3, rows, cols) if options["planarconfig"] == 2 else None
+        return samples or (*lead, rows, cols, 3), options
+    return (*lead, rows, cols), options
+
+
+@settings(max_examples=40, deadline=None)
+@given(layout=tiff_layouts(), data=st.data())
+def test_random_small_layouts_read_as_tifffile(layout, data):
+    shape, options = layout
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "r.tif"
+        try:  # tifffile writes and reads back most, not all, of these
+            tifffile.imwrite(path, _values(shape, "uint16"), **options)
+            want = tifffile.imread(path)
+        except (ValueError, IndexError):  # e.g. a 1x1x1 volume in tiles 2 deep
+            reject()
+        src = read_tiff(path)
+        assert src.shape == want.shape
+        np.testing.assert_array_equal(src[...], want)
+        size = [data.draw(st.integers(1, n)) for n in want.shape]
+        starts = [[data.draw(st.integers(0, n - k)) for n, k in zip(want.shape, size)]]
+        np.testing.assert_array_equal(src.read_boxes(starts, size)[0], want[_box(starts[0], size)])
+        rows = data.draw(st.lists(st.integers(0, len(want) - 1), min_size=1, max_size=4))
+        np.testing.assert_array_equal(src.get_batch(rows), want[rows])
+        src.close()
 
 
 def test_tiles_are_the_chunks_and_contiguous_data_is_mapped(tmp_path):

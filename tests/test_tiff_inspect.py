@@ -113,3 +113,24 @@ def test_not_a_tiff_and_urls(tmp_path):
         inspect_tiff(str(other), None, None)
     with pytest.raises(UnsupportedStoreError, match="local paths only"):
         inspect_tiff("https://example.org/x.tif", None, None)
+
+
+def test_length_one_image_axes_report_whole_tiles(tmp_path):
+    row = tmp_path / "row.tif"
+    tifffile.imwrite(row, np.arange(30, dtype=np.uint8).reshape(1, 30), tile=(16, 16))
+    report = inspect_tiff(str(row), None, None)
+    assert isinstance(report, ArrayReport)
+    assert report.shape == (1, 30) and report.chunks == (16, 16)
+    assert report.chunks_in_grid == report.chunks_stored == 2
+    assert report.decoded_bytes == 2 * 16 * 16 and report.data_bytes == 30
+    volume = tmp_path / "v.tif"
+    data = np.zeros((2, 1, 32, 32), np.uint16)
+    tifffile.imwrite(volume, data, tile=(2, 16, 16), volumetric=True, compression="zlib")
+    report = inspect_tiff(str(volume), None, None)
+    assert isinstance(report, ArrayReport)
+    assert report.chunks == (1, 1, 16, 16)  # the tiles' second slice lies past the image
+    assert report.chunks_in_grid == report.chunks_stored == 2 * 4
+    assert report.chunk_nbytes == 16 * 16 * 2
+    assert report.decoded_bytes == 2 * 4 * (2 * 16 * 16 * 2)  # each tile decodes 2 slices
+    with tifffile.TiffFile(volume) as tif:
+        assert report.stored_bytes == sum(sum(p.databytecounts) for p in tif.pages)

@@ -136,7 +136,9 @@ def _level_report(level: Any, path: str, kind: str, patch: tuple[int, ...] | Non
                 )
             else:
                 stored_chunks, stored = counted
-                decoded = stored_chunks * chunk_nbytes
+                # a tile decodes whole: the slices of a volumetric tile past a one-slice
+                # image too, which its chunk leaves out
+                decoded = stored_chunks * segments.segment_size * itemsize
         notes.extend(_tile_findings(keyframe, shape, itemsize, patch))
     if mapped:
         notes.append(

@@ -91,23 +91,21 @@ class SegmentLayout:
     NotImplementedError
         When the series' shape is not the pages stacked on leading axes (a layout tifffile
         reshapes some other way).
+
+    Notes
+    -----
+    The page's own axes are the series' last axes when they are tifffile's page shape
+    (``keyframe.shape``, axes ``keyframe.axes``: ``YX``, ``ZYX``, ``SYX``, ``YXS``...), so
+    an axis of length 1 (a one-row image, one slice of a volumetric tile) is still the
+    row, column or slice axis its tiles cut. A chunk spans a whole segment on the page's
+    axes (a tile longer than a one-row image is a chunk of the tile's length, as zarr's
+    chunks may be longer than the array); a segment's slices on a normalised axis the
+    page lacks (the depth of a volumetric tile when the image is one slice deep) are cut
+    to the first.
     """
 
     def __init__(self, shape: tuple[int, ...], keyframe: Any, pages: int) -> None:
         norm = tuple(int(n) for n in keyframe.shaped)  # (S, D, L, W, C)
-        size = math.prod(norm)
-        split = _page_axes_start(shape, size)
-        if split is None or math.prod(shape[:split]) != pages:
-            raise NotImplementedError(
-                f"series shape {shape} is not {pages} pages of {keyframe.shape} stacked on "
-                "leading axes: mixle cannot map its chunks to the stored tiles"
-            )
-        mapping = _map_page_axes(shape[split:], norm)
-        if mapping is None:
-            raise NotImplementedError(
-                f"series shape {shape} does not end in the page shape {keyframe.shape}: "
-                "mixle cannot map its chunks to the stored tiles"
-            )
         s, d, length, width, c = norm
         if keyframe.is_tiled:
             seg = (int(keyframe.tiledepth), int(keyframe.tilelength), int(keyframe.tilewidth))
@@ -120,6 +118,15 @@ class SegmentLayout:
             self.stored = (1, rows, width, c)  # what tifffile's decode pads a strip to
         #: chunk extent per normalised axis (S, D, L, W, C)
         self.norm_chunk = (1, *seg, c)
+        found = _page_axes_by_letter(shape, keyframe, pages)
+        if found is None:
+            found = _page_axes_by_size(shape, norm, pages)
+        if found is None:
+            raise NotImplementedError(
+                f"series shape {shape} is not {pages} pages of {keyframe.shape} stacked on "
+                "leading axes: mixle cannot map its chunks to the stored tiles"
+            )
+        split, mapping = found
         #: segments per page along (S, D, L, W), in tifffile's segment order
         self.grid = (s, *(math.ceil(n / k) for n, k in zip((d, length, width), seg)))
         self.shape = shape
@@ -128,6 +135,12 @@ class SegmentLayout:
         self.chunks: tuple[int, ...] = (1,) * split + tuple(
             1 if m is None else self.norm_chunk[m] for m in mapping
         )
+        kept = set(mapping)
+        #: extent of a chunk on each axis of a decoded segment (D, L, W, C): the segment's
+        #: slices on an axis the array lacks are cut to the first
+        self._cut = tuple(slice(0, self.norm_chunk[m] if m in kept else 1) for m in range(1, 5))
+        #: elements one stored segment decodes to (padding included)
+        self.segment_size = math.prod(self.stored)
 
     def locate(self, coords: tuple[int, ...]) -> tuple[int, int]:
         """``(page index in the series, segment index in the page)`` of chunk ``coords``."""
@@ -146,7 +159,50 @@ class SegmentLayout:
         """
         if decoded.shape != self.stored:
             return None
-        return decoded[:, : self.norm_chunk[2]].reshape(self.chunks)
+        return decoded[self._cut].reshape(self.chunks)
+
+
+#: Normalised axis (S, D, L, W, C) of each letter of tifffile's page axes.
+_PAGE_LETTERS = {"Z": 1, "Y": 2, "X": 3}
+
+
+def _page_axes_by_letter(
+    shape: tuple[int, ...], keyframe: Any, pages: int
+) -> tuple[int, list[int | None]] | None:
+    """``(split, mapping)`` when ``shape`` ends in the key page's shape, else ``None``.
+
+    ``mapping`` names the normalised axis of each page axis from tifffile's letters.
+    """
+    page = tuple(int(n) for n in keyframe.shape)
+    letters = str(keyframe.axes)
+    n = len(page)
+    if n == 0 or len(letters) != n or len(shape) < n or tuple(shape[len(shape) - n :]) != page:
+        return None
+    split = len(shape) - n
+    if math.prod(shape[:split]) != pages:
+        return None
+    mapping: list[int | None] = []
+    for k, letter in enumerate(letters):
+        if letter == "S":  # samples before the rows are separate planes, after them contig
+            mapping.append(0 if "Y" in letters[k:] else 4)
+        elif letter in _PAGE_LETTERS:
+            mapping.append(_PAGE_LETTERS[letter])
+        else:
+            return None
+    if mapping != sorted(mapping) or len(set(mapping)) != n:
+        return None
+    return split, mapping
+
+
+def _page_axes_by_size(
+    shape: tuple[int, ...], norm: tuple[int, ...], pages: int
+) -> tuple[int, list[int | None]] | None:
+    """``(split, mapping)`` matching ``shape``'s last axes to ``norm`` by their lengths."""
+    split = _page_axes_start(shape, math.prod(norm))
+    if split is None or math.prod(shape[:split]) != pages:
+        return None
+    mapping = _map_page_axes(shape[split:], norm)
+    return None if mapping is None else (split, mapping)
 
 
 def _page_axes_start(shape: tuple[int, ...], size: int) -> int | None:

@@ -107,3 +107,19 @@ def test_inspecting_what_is_not_nifti_or_remote_is_refused(tmp_path: Path) -> No
         inspect_nifti(str(tmp_path / "x.nii"), None, None)
     with pytest.raises(UnsupportedStoreError, match=r"locally only"):
         inspect_nifti("https://example.invalid/x.nii", None, None)
+
+
+def test_an_oblique_2d_image_says_its_affine_is_in_plane(tmp_path: Path) -> None:
+    rot = np.linalg.qr(np.random.default_rng(1).standard_normal((3, 3)))[0]
+    affine = np.eye(4)
+    affine[:3, :3] = rot @ np.diag([0.7, 1.3, 2.1])
+    nib.save(nib.Nifti1Image(DATA[:, :, 0].copy(), affine), str(tmp_path / "o.nii"))
+    message = _codes(inspect_nifti(str(tmp_path / "o.nii"), None, None))["physical-space"]
+    zooms = nib.load(str(tmp_path / "o.nii")).header.get_zooms()
+    assert f"voxel spacing ({zooms[0]:.6g}, {zooms[1]:.6g})" in message
+    assert "oblique 2-D plane" in message and "src.nifti_affine" in message
+    nib.save(nib.Nifti1Image(DATA[:, :, 0].copy(), np.eye(4)), str(tmp_path / "a.nii"))
+    assert (
+        "oblique"
+        not in _codes(inspect_nifti(str(tmp_path / "a.nii"), None, None))["physical-space"]
+    )

@@ -10,6 +10,8 @@ import gzip
 import os
 from typing import Any
 
+import numpy as np
+
 from mixle.data.sources.arrays.nifti.files import GZIP_MAGIC, locate, read_head
 from mixle.data.sources.arrays.nifti.gz_cache import CACHE_FOLDER, find_cached
 from mixle.data.sources.arrays.nifti.header import NiftiHeader, physical_of
@@ -128,6 +130,15 @@ def _findings(
             )
         )
     else:
+        best = info.header.get_best_affine()
+        k = len(info.shape)
+        oblique = (
+            f"; the image is an oblique {k}-D plane of the 3-D world: src.affine gives its "
+            "in-plane coordinates (true distances), src.nifti_affine nibabel's 4x4 for "
+            "world positions"
+            if k < 3 and np.any(best[k:3, :k])
+            else ""
+        )
         spacing = ", ".join(f"{s:.6g}" for s in physical.spacing)
         units = sorted({u for u in physical.units or () if u is not None})
         unit = f" {'/'.join(units)}" if units else " (units unknown)"
@@ -138,7 +149,7 @@ def _findings(
                 f"voxel spacing ({spacing}){unit} along axes {', '.join(physical.axes or ())}; "
                 f"the affine comes from {_TRANSFORM[_transform(info.header)]} (as nibabel's "
                 "img.affine): src.spacing/src.affine give it, and patch sizes can be asked in "
-                "world units (patch_size_mm)",
+                f"world units (patch_size_mm){oblique}",
             )
         )
     return found

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from mixle.data.sources.arrays.b2nd.blocks import blocks_tile_chunks
+from mixle.data.sources.arrays.b2nd.blocks import blocks_tile_chunks, reads_by_block
 from mixle.inspection.findings import with_findings
 from mixle.inspection.formatting import format_bytes, shape_text
 from mixle.inspection.locations import is_remote
@@ -53,6 +53,18 @@ def _codec_names(cparams: Any) -> tuple[tuple[str, ...], bool]:
     return tuple(names), compressed
 
 
+def _why_whole_chunks(array: Any) -> str:
+    """Why blocks that tile the chunks are still not decoded alone (see reads_by_block)."""
+    itemsize = np.dtype(array.dtype).itemsize
+    if int(array.schunk.typesize) != itemsize:
+        return (
+            f"the frame stores items of {int(array.schunk.typesize)} bytes, not the "
+            f"dtype's {itemsize}"
+        )
+    names = [getattr(f, "name", str(f)) for f in array.schunk.cparams.filters]
+    return f"its filters {names} make a block's decoding depend on other blocks (DELTA)"
+
+
 def inspect_b2nd(
     location: str, storage_options: dict[str, Any] | None, patch: tuple[int, ...] | None
 ) -> ArrayReport:
@@ -90,7 +102,7 @@ def inspect_b2nd(
     itemsize = dtype.itemsize
     nchunks = int(array.schunk.nchunks)
     padded = math.prod(math.ceil(c / b) * b for c, b in zip(chunks, blocks))
-    by_block = bool(shape) and blocks_tile_chunks(chunks, blocks) and blocks != chunks
+    by_block = reads_by_block(array)
     notes: list[LayoutFinding] = []
     if by_block:
         notes.append(
@@ -101,6 +113,15 @@ def inspect_b2nd(
                 f"({format_bytes(math.prod(blocks) * itemsize)} decoded); mixle decodes only "
                 "the blocks a patch touches, so 'chunks' shows the blocks and 'shards' the "
                 "blosc2 chunks",
+            )
+        )
+    elif shape and blocks != chunks and blocks_tile_chunks(chunks, blocks):
+        notes.append(
+            LayoutFinding(
+                "whole-chunk-reads",
+                "info",
+                f"blocks {shape_text(blocks)} tile the chunks {shape_text(chunks)}, but "
+                f"{_why_whole_chunks(array)}, so every read decodes whole chunks",
             )
         )
     elif shape and blocks != chunks:

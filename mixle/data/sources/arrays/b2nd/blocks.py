@@ -7,11 +7,17 @@ blosc2 decodes any run of blocks of a chunk without the others
 blocks tile the chunks (every chunk extent a multiple of the block's) the read planner's
 unit is the block: a patch decodes only the blocks it touches, not every chunk it touches
 whole. Otherwise the unit is the chunk, decoded whole and rearranged from block order.
+A block decodes alone only when every filter of the array is local to the block
+(:data:`BLOCK_LOCAL_FILTERS`): blosc2's ``DELTA`` filter stores every block as its
+difference from block 0 of its chunk, so a block read alone would decode wrong values, and a
+filter mixle does not know is treated the same way (whole chunks, always right).
 
 python-blosc2 holds the GIL while it decodes and shares one decompression context per
 array, so reads of one array run one at a time (under a lock of the reader too,
-so that a build without a GIL stays correct); blosc2 itself decodes the blocks of a
-whole chunk on its own threads. Stored bytes blosc2 cannot decode raise
+so that a build without a GIL stays correct). The source opens arrays with one blosc2
+decoding thread (``dparams={"nthreads": 1}``): mixle decodes chunks in parallel on its own
+pool, and blosc2's thread pool does not survive ``fork`` (a child decoding a chunk through it
+waits forever). Stored bytes blosc2 cannot decode raise
 :class:`~mixle.reading.CorruptChunkError` naming the file, the chunk and the block.
 """
 
@@ -26,12 +32,50 @@ import numpy as np
 
 from mixle.reading import CorruptChunkError, new_token
 
-__all__ = ["B2ndChunkReader", "blocks_tile_chunks", "from_block_order"]
+__all__ = [
+    "BLOCK_LOCAL_FILTERS",
+    "B2ndChunkReader",
+    "blocks_decode_alone",
+    "blocks_tile_chunks",
+    "from_block_order",
+    "reads_by_block",
+]
+
+#: Codes of the blosc2 filters whose decoding of a block needs that block alone (checked
+#: against ``blosc2.open(path)[...]`` for every ``blosc2.Filter``): no filter, byte and bit
+#: shuffles, precision and integer truncation, the N-D cell and mean filters and BYTEDELTA
+#: (its deltas run within a block). ``DELTA`` (3) is missing on purpose: its blocks are
+#: differences from block 0 of their chunk.
+BLOCK_LOCAL_FILTERS = frozenset({0, 1, 2, 4, 32, 33, 35, 36})
 
 
 def blocks_tile_chunks(chunks: tuple[int, ...], blocks: tuple[int, ...]) -> bool:
     """Whether ``blocks`` tile ``chunks`` exactly (so blocks form one grid over the array)."""
     return all(b > 0 and c % b == 0 for c, b in zip(chunks, blocks))
+
+
+def blocks_decode_alone(filters: Any) -> bool:
+    """Whether every filter in ``filters`` (blosc2's ``cparams.filters``) is block-local."""
+    return all(int(getattr(f, "value", f)) in BLOCK_LOCAL_FILTERS for f in filters)
+
+
+def reads_by_block(array: Any) -> bool:
+    """Whether the read planner's unit for the blosc2 ``NDArray`` ``array`` is the block.
+
+    Blocks are read alone when they tile the chunks (and differ from them), the stored
+    item size is the dtype's (blosc2 counts items in ``typesize`` bytes) and every filter
+    is block-local (:func:`blocks_decode_alone`). :func:`mixle.inspect` says "block reads"
+    by the same rule.
+    """
+    chunks = tuple(int(c) for c in array.chunks)
+    blocks = tuple(int(b) for b in array.blocks)
+    return (
+        bool(array.shape)
+        and blocks_tile_chunks(chunks, blocks)
+        and blocks != chunks
+        and int(array.schunk.typesize) == np.dtype(array.dtype).itemsize
+        and blocks_decode_alone(array.schunk.cparams.filters)
+    )
 
 
 def from_block_order(
@@ -82,11 +126,7 @@ class B2ndChunkReader:
         padded = [math.ceil(c / b) * b for c, b in zip(self._stored, self._blocks)]
         self._chunk_items = math.prod(padded)
         self._block_items = math.prod(self._blocks)
-        self.by_block = (
-            blocks_tile_chunks(self._stored, self._blocks)
-            and self._blocks != self._stored
-            and int(self._schunk.typesize) == self._dtype.itemsize
-        )
+        self.by_block = reads_by_block(array)
         self.chunks: tuple[int, ...] = self._blocks if self.by_block else self._stored
         self._per_chunk = tuple(c // b for c, b in zip(self._stored, self._blocks))
         self.token = new_token()

@@ -16,7 +16,11 @@ from mixle.reading import ChunkReader
 from mixle.utils import optional_deps
 from mixle.utils.files import require_regular_file
 
-__all__ = ["B2ndArraySource", "read_b2nd"]
+__all__ = ["SPARSE_FRAME_INDEX", "B2ndArraySource", "read_b2nd"]
+
+#: The file blosc2 writes in the folder of a sparse (non-contiguous) frame, beside one
+#: ``NNNNNNNN.chunk`` file per chunk.
+SPARSE_FRAME_INDEX = "chunks.b2frame"
 
 
 def _blosc2() -> Any:
@@ -45,7 +49,8 @@ class B2ndArraySource(ArraySource):
         When ``path`` does not exist.
     ValueError
         When the file is not one blosc2 opens, or holds something other than an N-D array
-        (a bare super-chunk, a store, a lazy expression).
+        (a bare super-chunk, a store, a lazy expression), or ``path`` is the folder of a
+        sparse blosc2 frame (``contiguous=False``): only contiguous ``.b2nd`` files are read.
     ~mixle.reading.CorruptChunkError
         On a read, when blosc2 cannot decode a block or chunk it needs; the message names
         the file, the chunk and the block.
@@ -90,13 +95,21 @@ class B2ndArraySource(ArraySource):
         assert self._args is not None
         path = self._args["path"]
         blosc2 = _blosc2()
+        if os.path.isfile(os.path.join(path, SPARSE_FRAME_INDEX)):
+            raise ValueError(
+                f"path={path!r} is a sparse blosc2 frame folder (an array saved with "
+                "contiguous=False): read_b2nd reads contiguous .b2nd files only; save it as "
+                "one with blosc2.open(path).copy(urlpath='a.b2nd', contiguous=True)"
+            )
         try:
             st = require_regular_file(path, "path")
         except (FileNotFoundError, NotADirectoryError):
             raise FileNotFoundError(f"path={path!r}: no such file") from None
         identity = file_identity(path)
         try:
-            array = blosc2.open(path, mode="r", mmap_mode="r")
+            # one decoding thread: mixle's pool decodes chunks in parallel, and blosc2's
+            # thread pool hangs a forked child (each process, the child too, opens anew)
+            array = blosc2.open(path, mode="r", mmap_mode="r", dparams={"nthreads": 1})
         except (RuntimeError, ValueError, OSError, TypeError) as exc:
             raise ValueError(
                 f"path={path!r} is not a blosc2 file blosc2 can open ({type(exc).__name__}: "

@@ -8,9 +8,12 @@ always NumPy's own read of the same file, and the file is never changed.
 
 from __future__ import annotations
 
+import io
+import multiprocessing
 import os
 import pickle
 import shutil
+import warnings
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -21,6 +24,7 @@ from _fork_child import in_forked_child
 
 from mixle.data.sampling.patch_sampler import PatchSampler
 from mixle.data.sources.arrays.npz import NpzArraySource, read_npz
+from mixle.data.sources.arrays.npz import cache as npz_cache
 from mixle.data.sources.arrays.npz.cache import NPZ_CACHE_FOLDER
 from mixle.errors import (
     ArrayNotFoundError,
@@ -173,6 +177,118 @@ def test_name_selection(tmp_path):
     src = read_npz(single)
     assert src.member == "arr_0"
     np.testing.assert_array_equal(src[...], np.arange(5))
+
+
+def _npy(array: np.ndarray) -> bytes:
+    out = io.BytesIO()
+    np.save(out, array)
+    return out.getvalue()
+
+
+def _append(path: Path, name: str, payload: bytes, method: int = zipfile.ZIP_DEFLATED) -> None:
+    """Add ``name`` to the zip at ``path`` with zipfile's append mode (a name can repeat)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Duplicate name", UserWarning)
+        with zipfile.ZipFile(path, "a", method) as zf:
+            zf.writestr(name, payload)
+
+
+@pytest.mark.parametrize(
+    "method", [zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED], ids=["stored", "deflated"]
+)
+def test_a_name_written_twice_reads_the_entry_numpy_reads(tmp_path, method):
+    # a zip updated in place holds "x.npy" twice; np.load reads the newer entry, and the
+    # decompressed copy must be keyed by the entry read (else it poisons the cache)
+    old, new = np.arange(10.0), -np.arange(10.0)
+    updated, other = tmp_path / "updated.npz", tmp_path / "other.npz"
+    with zipfile.ZipFile(updated, "w", method) as zf:
+        zf.writestr("x.npy", _npy(old))
+    _append(updated, "x.npy", _npy(new), method)
+    with zipfile.ZipFile(other, "w", method) as zf:
+        zf.writestr("x.npy", _npy(old))
+    compressed = method != zipfile.ZIP_STORED
+    for path in (updated, other):
+        with np.load(path) as ref:
+            want = ref["x"]
+        for name in ("x", "x.npy", None):
+            got = read_npz(path, name, decompress=compressed)[...]
+            np.testing.assert_array_equal(got, want, err_msg=f"{path.name} {name}")
+    report = inspect_npz(str(updated), None, None)
+    assert [c.path for c in report.children] == ["/x"]
+
+
+def test_an_exact_name_wins_over_its_npy_name_as_in_numpy(tmp_path):
+    path = tmp_path / "both.npz"
+    np.savez(path, x=np.arange(3.0))  # "x.npy"
+    _append(path, "x", _npy(np.ones((2, 2))), zipfile.ZIP_STORED)  # a raw member "x"
+    _append(path, "y.npy", _npy(np.zeros(4)), zipfile.ZIP_STORED)
+    with np.load(path) as ref:
+        want_x, want_xnpy, want_y = ref["x"], ref["x.npy"], ref["y"]
+    np.testing.assert_array_equal(read_npz(path, "x")[...], want_x)
+    np.testing.assert_array_equal(read_npz(path, "x.npy")[...], want_xnpy)
+    np.testing.assert_array_equal(read_npz(path, "y")[...], want_y)
+    report = inspect_npz(str(path), None, None)
+    assert sorted(c.path for c in report.children) == ["/x.npy", "/y"]
+
+
+def test_a_cached_copy_with_another_header_is_not_used(tmp_path):
+    data = np.arange(24, dtype="<f8").reshape(4, 6)
+    path = tmp_path / "c.npz"
+    np.savez_compressed(path, x=data)
+    cached = Path(read_npz(path, decompress=True).mapped_path or "")
+    raw = cached.read_bytes()
+    assert b"'<f8'" in raw[:128]
+    cached.write_bytes(raw.replace(b"'<f8'", b"'>f8'", 1))  # same size, other header
+    np.testing.assert_array_equal(read_npz(path, decompress=True)[...], data)
+
+
+def test_a_copy_published_meanwhile_is_kept_not_replaced(tmp_path, monkeypatch):
+    # a second process that found no copy decompresses too; publishing must not replace
+    # the copy the first one mapped (its next read raised FileChangedError)
+    data = _values("<f4")
+    path = tmp_path / "c.npz"
+    np.savez_compressed(path, x=data)
+    first = read_npz(path, decompress=True)
+    np.testing.assert_array_equal(first[1], data[1])
+    monkeypatch.setattr(npz_cache.Path, "is_file", lambda self: False)  # "not there yet"
+    second = read_npz(path, decompress=True)
+    monkeypatch.undo()
+    assert second.mapped_path == first.mapped_path
+    np.testing.assert_array_equal(first[...], data)
+    np.testing.assert_array_equal(second[...], data)
+    assert [p.name for p in Path(first.mapped_path or "").parent.iterdir()] == [
+        Path(first.mapped_path or "").name
+    ]  # no temporary files left
+
+
+def _open_and_read(path: str, barrier: Any, results: Any) -> None:  # pragma: no cover - child
+    try:
+        barrier.wait(30)
+        src = read_npz(path, decompress=True)
+        barrier.wait(30)  # every process has mapped its copy before any reads
+        results.put(float(src[...].sum()))
+    except BaseException as exc:
+        results.put(f"{type(exc).__name__}: {exc}")
+
+
+def test_processes_decompressing_at_once_all_read_the_values(tmp_path):
+    data = _values("<f8", (64, 64, 32))
+    path = tmp_path / "c.npz"
+    np.savez_compressed(path, x=data)
+    ctx = multiprocessing.get_context("fork")
+    barrier, results = ctx.Barrier(4), ctx.Queue()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "This process .* is multi-threaded", DeprecationWarning)
+        procs = [
+            ctx.Process(target=_open_and_read, args=(str(path), barrier, results)) for _ in range(4)
+        ]
+        for proc in procs:
+            proc.start()
+    got = [results.get(timeout=60) for _ in procs]
+    for proc in procs:
+        proc.join(30)
+        assert not proc.is_alive()
+    assert got == [float(data.sum())] * 4
 
 
 def test_object_arrays_are_refused(tmp_path):

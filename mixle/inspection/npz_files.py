@@ -11,6 +11,8 @@ from mixle.data.sources.arrays.npz.members import (
     NpzMember,
     list_members,
     member_data_start,
+    readable_members,
+    zip_entry,
 )
 from mixle.inspection.findings import with_findings
 from mixle.inspection.formatting import format_bytes
@@ -68,6 +70,8 @@ def inspect_npz(
         members = list_members(location)
     except ValueError as exc:
         raise UnsupportedStoreError(str(exc)) from None
+    members = readable_members(members)  # of entries sharing a name, np.load's: the last
+    names = {m.name for m in members}
     children = []
     findings: list[LayoutFinding] = []
     with open_regular_file(location, "path") as fh, zipfile.ZipFile(fh) as zf:
@@ -82,7 +86,9 @@ def inspect_npz(
                     )
                 )
                 continue
-            children.append(_member_report(fh, zf, member, location, size, patch))
+            # np.load(path)["x"] reads a member named exactly "x" before "x.npy"
+            shown = member.name if member.shown in names else member.shown
+            children.append(_member_report(fh, zf, member, shown, location, size, patch))
     children.sort(key=lambda r: r.path)
     return GroupReport(
         path="/", format="npz", attributes=0, children=tuple(children), findings=tuple(findings)
@@ -93,12 +99,13 @@ def _member_report(
     fh: Any,
     zf: zipfile.ZipFile,
     member: NpzMember,
+    shown: str,
     location: str,
     size: int,
     patch: tuple[int, ...] | None,
 ) -> ArrayReport:
-    """One member's report: from its ``.npy`` header when stored, else from the zip entry."""
-    what = f"{display_path(location)}::{member.shown}"
+    """One member's report (named ``shown``): from its ``.npy`` header, else the zip entry."""
+    what = f"{display_path(location)}::{shown}"
     try:
         start = member_data_start(fh, member, location, size)
     except ValueError as exc:
@@ -106,7 +113,7 @@ def _member_report(
     compressed = member.compress_type != zipfile.ZIP_STORED
     notes: list[LayoutFinding] = []
     if compressed:
-        with zf.open(member.name) as raw:
+        with zf.open(zip_entry(zf, member)) as raw:
             header = _npy_header(raw, what)  # reads the header's few bytes only
         notes.append(
             LayoutFinding(
@@ -139,7 +146,7 @@ def _member_report(
             )
         )
     report = ArrayReport(
-        path="/" + member.shown,
+        path="/" + shown,
         format="npz",
         shape=shape,
         dtype=str(dtype),

@@ -36,7 +36,9 @@ __all__ = [
     "list_members",
     "member_data_start",
     "read_npy_layout",
+    "readable_members",
     "shown_name",
+    "zip_entry",
 ]
 
 _LOCAL_HEADER = struct.Struct("<4sHHHHHIIIHH")
@@ -125,8 +127,25 @@ def list_members(path: str) -> list[NpzMember]:
     ]
 
 
+def readable_members(members: list[NpzMember]) -> list[NpzMember]:
+    """The members ``np.load`` can read: of entries sharing a name, the last one.
+
+    A zip updated with ``zipfile.ZipFile(path, "a")`` can hold one name twice; zipfile (and
+    so ``np.load``) reads the entry written last. Order: where each name first appears.
+    """
+    last: dict[str, NpzMember] = {}
+    for member in members:
+        last[member.name] = member
+    return list(last.values())
+
+
 def find_member(members: list[NpzMember], name: str | None, path: str) -> NpzMember:
-    """The member ``name`` names (``"x"`` or ``"x.npy"``); the only one when ``None``.
+    """The member ``np.load(path)[name]`` reads (``"x"`` or ``"x.npy"``); the only one.
+
+    The lookup is NumPy's (``NpzFile.__getitem__``): a member whose stored name is exactly
+    ``name`` first, else the last member named ``name + ".npy"``; of entries sharing a
+    stored name, the last (zipfile's ``NameToInfo``). ``None`` reads the only array of a
+    file holding one.
 
     Raises
     ------
@@ -138,20 +157,37 @@ def find_member(members: list[NpzMember], name: str | None, path: str) -> NpzMem
     ArrayNotFoundError
         When no member has that name (the members are listed).
     """
-    shown = [m.shown for m in members]
+    readable = readable_members(members)
+    shown = [m.shown for m in readable]
     if name is None:
-        if len(members) == 1:
-            return members[0]
+        if len(readable) == 1:
+            return readable[0]
         raise ValueError(
-            f"path={path!r} holds {len(members)} arrays, so name= must say which to read; "
+            f"path={path!r} holds {len(readable)} arrays, so name= must say which to read; "
             f"{listing(shown, 'arrays')}"
         )
     if not isinstance(name, str):
         raise TypeError(f"name={name!r} must be a str (a member of the .npz file) or None")
-    for member in members:
-        if name in (member.name, member.shown):
-            return member
+    by_name = {m.name: m for m in readable}
+    if name in by_name:
+        return by_name[name]
+    if name + ".npy" in by_name:
+        return by_name[name + ".npy"]
     raise ArrayNotFoundError(f"name={name!r} is not in {path!r}; {listing(shown, 'arrays')}")
+
+
+def zip_entry(zf: zipfile.ZipFile, member: NpzMember) -> zipfile.ZipInfo:
+    """The directory entry of ``member`` itself in ``zf`` (found by offset: names can repeat).
+
+    Raises
+    ------
+    zipfile.BadZipFile
+        When ``zf`` has no such entry (the file changed since ``member`` was listed).
+    """
+    for info in zf.infolist():
+        if info.header_offset == member.header_offset and info.filename == member.name:
+            return info
+    raise zipfile.BadZipFile(f"no entry {member.name!r} at offset {member.header_offset}")
 
 
 def member_data_start(fh: BinaryIO, member: NpzMember, path: str, size: int) -> int:

@@ -27,7 +27,12 @@ from hypothesis import strategies as st
 import mixle
 from mixle.data.schema import Schema
 from mixle.data.sources.arrays.n5 import N5ArraySource, read_n5
-from mixle.data.sources.arrays.n5.attributes import N5_METADATA_LIMIT, find_datasets
+from mixle.data.sources.arrays.n5.attributes import (
+    N5_MAX_BLOCK_ELEMENTS,
+    N5_METADATA_LIMIT,
+    find_datasets,
+    parse_metadata,
+)
 from mixle.data.sources.arrays.n5.source import N5BlockReader
 from mixle.errors import (
     ArrayNotFoundError,
@@ -381,6 +386,33 @@ def test_damaged_attributes_name_the_key_and_value(tmp_path, changes, match):
     _rewrite_attributes(path, **changes)
     with pytest.raises(InvalidMetadataError, match=match):
         read_n5(path)
+
+
+def test_a_huge_block_size_is_refused_at_open_not_allocated_at_read(tmp_path):
+    # a tiny block file in a dataset whose blockSize is petabytes: a 2x2x2 read decoded it
+    # into np.zeros(blockSize) and asked for petabytes of memory
+    path = tmp_path / "hostile.n5"
+    (path / "0" / "0").mkdir(parents=True)
+    attrs = {
+        "dimensions": [2**20, 2**20, 2**20],
+        "blockSize": [2**20, 2**20, 2**14],
+        "dataType": "uint8",
+        "compression": {"type": "raw"},
+    }
+    (path / "attributes.json").write_text(json.dumps(attrs))
+    (path / "0" / "0" / "0").write_bytes(struct.pack(">HH3I", 0, 3, 1, 1, 1) + b"\x07")
+    with pytest.raises(
+        InvalidMetadataError, match=r"blockSize=\[1048576, 1048576, 16384\].*N5_MAX_BLOCK_ELEMENTS"
+    ):
+        read_n5(path)
+
+
+def test_the_block_limit_admits_the_largest_block_the_n5_libraries_write():
+    attrs = {"dimensions": [10, 10], "blockSize": [N5_MAX_BLOCK_ELEMENTS, 1], "dataType": "int8"}
+    assert parse_metadata(attrs, "'a'").blocks == (N5_MAX_BLOCK_ELEMENTS, 1)
+    attrs["blockSize"] = [N5_MAX_BLOCK_ELEMENTS + 1, 1]
+    with pytest.raises(InvalidMetadataError, match=f"{N5_MAX_BLOCK_ELEMENTS:,}"):
+        parse_metadata(attrs, "'a'")
 
 
 @pytest.mark.parametrize(

@@ -163,6 +163,29 @@ def test_is_n5_knows_containers_and_datasets_and_nothing_else(tmp_path):
     assert not is_n5(str(zarr_like))
 
 
+def test_a_container_tensorstore_wrote_with_a_dataset_path_is_n5(tmp_path):
+    # tensorstore writes no root attributes.json when it is given the dataset's path
+    import tensorstore as ts
+
+    root = tmp_path / "c.n5"
+    metadata = {"dimensions": [5, 9], "blockSize": [2, 4], "dataType": "uint16"}
+    spec = {"driver": "n5", "kvstore": {"driver": "file", "path": str(root)}, "path": "ds"}
+    store = ts.open({**spec, "metadata": metadata, "create": True}).result()
+    store[...] = np.arange(45, dtype="u2").reshape(5, 9)
+    assert not (root / "attributes.json").exists()
+    assert is_n5(str(root))
+    with assert_unchanged(root):
+        report = inspect_n5(str(root), None, None)
+    assert isinstance(report, GroupReport)
+    (dataset,) = report.children
+    assert isinstance(dataset, ArrayReport) and dataset.path == "/ds"
+    assert dataset.shape == (5, 9) and dataset.chunks == (2, 4) and dataset.dtype == "uint16"
+    assert dataset.chunks_stored == 9
+    empty = tmp_path / "empty"
+    (empty / "sub").mkdir(parents=True)
+    assert not is_n5(str(empty))
+
+
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
 def test_is_n5_does_not_block_on_a_fifo(tmp_path):
     folder = tmp_path / "f"

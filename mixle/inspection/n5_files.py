@@ -30,7 +30,7 @@ from mixle.inspection.patches import chunk_data_elements
 from mixle.inspection.report import ArrayReport, GroupReport, LayoutFinding, UnsupportedStoreError
 from mixle.utils.redact import display_path
 
-__all__ = ["inspect_n5", "is_n5"]
+__all__ = ["MAX_PROBED_FOLDERS", "inspect_n5", "is_n5"]
 
 #: A block's grid index as N5 names its folders and files (no sign, no leading zeros).
 _GRID_INDEX = re.compile(r"0|[1-9][0-9]*")
@@ -40,13 +40,20 @@ _N5_KEYS = frozenset(
 )
 
 
+#: Subfolders of a folder without ``attributes.json`` that :func:`is_n5` looks into.
+MAX_PROBED_FOLDERS = 32
+
+
 def is_n5(location: str) -> bool:
     """Whether ``location`` is a local N5 container, group or dataset folder.
 
     True for a folder whose ``attributes.json`` (read within the N5 metadata bound) holds
-    an ``"n5"`` version or a dataset's ``dimensions``, ``blockSize`` and ``dataType``. A
-    URL, a file, a folder without ``attributes.json`` or with one that cannot be read or
-    parsed (a FIFO, too large, not JSON) answers ``False``; nothing else is read.
+    an ``"n5"`` version or a dataset's ``dimensions``, ``blockSize`` and ``dataType``, and
+    for a folder without ``attributes.json`` one of whose first
+    :data:`MAX_PROBED_FOLDERS` subfolders (by name) is a dataset: tensorstore writes no root
+    ``attributes.json`` when it is given the dataset's ``path``. A URL, a file, a folder
+    whose ``attributes.json`` cannot be read or parsed (a FIFO, too large, not JSON)
+    answers ``False``; nothing else is read.
     """
     if is_remote(location) or not os.path.isdir(location):
         return False
@@ -54,7 +61,25 @@ def is_n5(location: str) -> bool:
         attrs = read_attributes(location)
     except (OSError, ValueError):
         return False
-    return attrs is not None and ("n5" in attrs or is_dataset_attributes(attrs))
+    if attrs is None:
+        return _holds_a_dataset(location)
+    return "n5" in attrs or is_dataset_attributes(attrs)
+
+
+def _holds_a_dataset(folder: str) -> bool:
+    """Whether one of the first :data:`MAX_PROBED_FOLDERS` subfolders is an N5 dataset."""
+    try:
+        with os.scandir(folder) as entries:
+            names = sorted(e.name for e in entries if e.is_dir(follow_symlinks=False))
+    except OSError:
+        return False
+    for name in names[:MAX_PROBED_FOLDERS]:
+        try:
+            if is_dataset_attributes(read_attributes(os.path.join(folder, name))):
+                return True
+        except (OSError, ValueError):
+            continue
+    return False
 
 
 def inspect_n5(
@@ -65,8 +90,10 @@ def inspect_n5(
     Raises
     ------
     UnsupportedStoreError
-        ``location`` is a URL (mixle reads N5 from local folders only) or holds no
-        ``attributes.json``.
+        ``location`` is a URL (mixle reads N5 from local folders only), or holds no
+        ``attributes.json`` and no dataset among its first :data:`MAX_PROBED_FOLDERS`
+        subfolders (a container tensorstore wrote with a dataset ``path`` has no root
+        ``attributes.json``: it is reported as a group).
     InvalidMetadataError, MetadataLimitError, SpecialFileError
         An ``attributes.json`` is damaged, too large or not a regular file (named).
     """
@@ -76,8 +103,11 @@ def inspect_n5(
             f"{shown!r}: mixle inspects N5 containers in local folders only (copy it locally)"
         )
     attrs = read_attributes(location)
-    if attrs is None:
-        raise UnsupportedStoreError(f"{shown!r} is not an N5 container: no attributes.json")
+    if attrs is None and not _holds_a_dataset(location):
+        raise UnsupportedStoreError(
+            f"{shown!r} is not an N5 container: no attributes.json, and none of its first "
+            f"{MAX_PROBED_FOLDERS} subfolders is an N5 dataset"
+        )
     report: GroupReport | ArrayReport
     if is_dataset_attributes(attrs):
         report = _dataset(location, "/", attrs, edges)

@@ -8,6 +8,7 @@ source; the answer is always tifffile's read of the same file.
 
 from __future__ import annotations
 
+import os
 import pickle
 import tempfile
 from pathlib import Path
@@ -473,8 +474,9 @@ def test_page_unlike_the_first_is_refused(tmp_path):
     path = _write(tmp_path / "t.tif", "tiled-zlib-u16")
     src = read_tiff(path)
     reader = src._reader_for(src._live())
-    offsets, counts, tables = reader._page(2)
-    reader._pages[2] = (offsets[:-1], counts[:-1], tables)  # as a page parsed differently
+    page = reader._page(2)
+    short = page._replace(offsets=page.offsets[:-1], counts=page.counts[:-1])
+    reader._pages[2] = short  # as a page parsed differently
     with pytest.raises(mixle.CorruptChunkError, match=r"page 2 lists 8 offsets.*need 9"):
         src[2]
     np.testing.assert_array_equal(src[1], tifffile.imread(path, key=1))
@@ -497,6 +499,165 @@ def test_mapped_file_truncated_after_open(tmp_path):
         fh.truncate(1000)
     with pytest.raises(mixle.FileChangedError):
         src[...]
+
+
+def _rewrite_in_place(path: Path, data: np.ndarray, **options: Any) -> None:
+    """Write a TIFF of ``data`` over ``path``'s bytes (same inode), as ``rsync --inplace``."""
+    other = path.with_name("other-" + path.name)
+    tifffile.imwrite(other, data, **options)
+    with open(path, "r+b") as fh:
+        fh.write(other.read_bytes())
+        fh.truncate()
+
+
+@pytest.mark.parametrize(
+    "options", [{"tile": (16, 16), "compression": "zlib"}, {}], ids=["tiled", "mapped"]
+)
+def test_file_rewritten_in_place_after_open_is_refused(tmp_path, options):
+    from mixle.reading import chunk_cache
+
+    path = tmp_path / "t.tif"
+    old = _values((3, 64, 64), "uint8")
+    tifffile.imwrite(path, old, photometric="minisblack", **options)
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns - 10**10))  # so a write moves it
+    src = read_tiff(path)
+    np.testing.assert_array_equal(src[0, :16, :16], old[0, :16, :16])  # a tile is cached
+    reader = src._reader_for(src._live())
+    if reader is not None:
+        assert chunk_cache().get((reader.token, (0, 0, 0))) is not None
+    _rewrite_in_place(path, 255 - old, photometric="minisblack", **options)
+    sampler = mixle.PatchSampler(src, (1, 8, 8), num_patches=4, seed=0)
+    for read in (
+        lambda: src[...],
+        lambda: src[0, :16, :16],
+        lambda: src[[2, 0]],
+        lambda: src.read_boxes([[0, 0, 0]], [1, 16, 16]),
+        lambda: src.get_batch([1]),
+        lambda: list(src.records()),
+        lambda: sampler.get_batch(np.arange(4)),
+    ):
+        with pytest.raises(mixle.FileChangedError, match=r"t.tif' was written in place"):
+            read()
+    if reader is not None:  # the old version's tiles are gone from the cache
+        assert chunk_cache().get((reader.token, (0, 0, 0))) is None
+    np.testing.assert_array_equal(read_tiff(path)[...], tifffile.imread(path))
+
+
+def test_file_replaced_or_deleted_after_open_is_refused(tmp_path):
+    path = _write(tmp_path / "t.tif", "tiled-zlib-u16")
+    src = read_tiff(path)
+    np.testing.assert_array_equal(src[0], tifffile.imread(path, key=0))
+    _write(tmp_path / "new.tif", "tiled-zlib-u16").replace(path)
+    with pytest.raises(mixle.FileChangedError, match="replaced by another file"):
+        src[1]
+    path.unlink()
+    with pytest.raises(mixle.FileChangedError, match="deleted"):
+        src.read_boxes([[0, 0, 0]], [1, 4, 4])
+
+
+def _ome_image(uuids: list[tuple[str, str]], planes: int, shape: tuple[int, int]) -> str:
+    """OME-XML of one ``ZYX`` image whose planes lie ``planes`` per file in ``uuids``."""
+    rows, cols = shape
+    tiffdata = "".join(
+        f'<TiffData FirstZ="{k * planes}" IFD="0" PlaneCount="{planes}">'
+        f'<UUID FileName="{name}">{uuid}</UUID></TiffData>'
+        for k, (name, uuid) in enumerate(uuids)
+    )
+    return (
+        '<?xml version="1.0" encoding="UTF-8"?>'
+        '<OME xmlns="http://www.openmicroscopy.org/Schemas/OME/2016-06" UUID="{own}">'
+        '<Image ID="Image:0" Name="mf"><Pixels ID="Pixels:0" DimensionOrder="XYZCT" '
+        f'Type="uint16" SizeX="{cols}" SizeY="{rows}" SizeZ="{planes * len(uuids)}" '
+        'SizeC="1" SizeT="1" PhysicalSizeX="0.5" PhysicalSizeY="0.5" PhysicalSizeZ="2">'
+        f'<Channel ID="Channel:0:0" SamplesPerPixel="1"/>{tiffdata}</Pixels></Image></OME>'
+    )
+
+
+def _multifile_ome(folder: Path, data: np.ndarray, files: int, **options: Any) -> list[Path]:
+    """``data`` (``ZYX``) as a multi-file OME-TIFF: ``len(data) // files`` planes a file."""
+    import uuid
+
+    planes = len(data) // files
+    names = [(f"part{k}.ome.tif", f"urn:uuid:{uuid.UUID(int=k + 1)}") for k in range(files)]
+    xml = _ome_image(names, planes, data.shape[1:])
+    paths = []
+    for k, (name, own) in enumerate(names):
+        paths.append(folder / name)
+        with tifffile.TiffWriter(paths[-1]) as w:
+            for z, plane in enumerate(data[k * planes : (k + 1) * planes]):
+                described = {"description": xml.replace("{own}", own)} if z == 0 else {}
+                w.write(plane, metadata=None, **described, **options)
+    return paths
+
+
+MULTIFILE_OPTIONS = {
+    "raw-strips": {},
+    "zlib-strips": {"compression": "zlib", "rowsperstrip": 7},
+    "zstd-tiles": {"compression": "zstd", "tile": (16, 16)},
+}
+
+
+@pytest.mark.parametrize("case", sorted(MULTIFILE_OPTIONS))
+def test_multifile_ome_planes_are_read_from_their_files(tmp_path, case):
+    data = _values((6, 37, 45), "uint16")
+    paths = _multifile_ome(tmp_path, data, 3, **MULTIFILE_OPTIONS[case])
+    want = tifffile.imread(paths[0])
+    np.testing.assert_array_equal(want, data)  # tifffile reads the planes of all 3 files
+    with assert_unchanged(tmp_path):
+        src = read_tiff(paths[0])
+        assert src.axes == "ZYX" and src.spacing == (2.0, 0.5, 0.5)
+        assert_every_path_is_tifffile(src, want)
+        check_array_source(read_tiff(paths[0]), want)
+
+
+def test_multifile_ome_errors_name_the_file_of_the_plane(tmp_path):
+    data = _values((4, 37, 45), "uint16")
+    paths = _multifile_ome(tmp_path, data, 2, compression="zlib", tile=(16, 16))
+    want = tifffile.imread(paths[0])
+    good = tmp_path / "good.ome.tif"
+    good.write_bytes(paths[1].read_bytes())
+    _flip_tile(good, paths[1], page=1, tile=2)  # the second file's second plane
+    st = paths[1].stat()
+    os.utime(paths[1], ns=(st.st_atime_ns, st.st_mtime_ns - 10**10))  # so a write moves it
+    src = read_tiff(paths[0])
+    match = r"tile 2 of page 3 of series 0 .*part0.ome.tif.*stored in '.*part1.ome.tif'"
+    with pytest.raises(mixle.CorruptChunkError, match=match):
+        src[3]
+    np.testing.assert_array_equal(src[:3], want[:3])
+    paths[1].write_bytes(good.read_bytes())  # the other file rewritten after open
+    with pytest.raises(mixle.FileChangedError, match=r"part1.ome.tif"):
+        src[0]
+
+
+def test_multifile_ome_is_never_memory_mapped(tmp_path):
+    import uuid
+
+    data = _values((2, 20, 24), "uint16")
+    names = [(f"{c}.ome.tif", f"urn:uuid:{uuid.UUID(int=k + 1)}") for k, c in enumerate("ab")]
+    xml = _ome_image(names, 1, (20, 24))
+
+    def write(pad: int) -> None:  # b's plane after ``pad`` more bytes of description
+        for k, (name, own) in enumerate(names):
+            text = xml.replace("{own}", own) + " " * (pad if k else 0)
+            with tifffile.TiffWriter(tmp_path / name) as w:
+                w.write(data[k], description=text, metadata=None)
+                if not k:  # a second page: a.ome.tif is long enough for both planes
+                    w.write(np.zeros_like(data[0]), metadata=None)
+
+    write(0)
+    with tifffile.TiffFile(tmp_path / "a.ome.tif") as tif:
+        first, second = tif.series[0][0], tif.series[0][1]
+        pad = first.dataoffsets[0] + first.nbytes - second.dataoffsets[0]
+    write(pad)  # b's plane starts where a's ends: tifffile takes the two for one run
+    with tifffile.TiffFile(tmp_path / "a.ome.tif") as tif:
+        assert tif.series[0].dataoffset is not None  # contiguous, says tifffile: two files
+    planes = [tifffile.imread(tmp_path / name, key=0, is_ome=False) for name, _ in names]
+    want = np.stack(planes)  # tifffile's read of each plane from its own file
+    np.testing.assert_array_equal(want, data)
+    src = read_tiff(tmp_path / "a.ome.tif")
+    assert src.chunks is not None  # read page by page, each from its file
+    assert_every_path_is_tifffile(src, want)
 
 
 def test_unknown_compression_is_named(tmp_path):

@@ -134,3 +134,38 @@ def test_length_one_image_axes_report_whole_tiles(tmp_path):
     assert report.decoded_bytes == 2 * 4 * (2 * 16 * 16 * 2)  # each tile decodes 2 slices
     with tifffile.TiffFile(volume) as tif:
         assert report.stored_bytes == sum(sum(p.databytecounts) for p in tif.pages)
+
+
+def test_multifile_ome_counts_the_pages_of_every_file(tmp_path):
+    import uuid
+
+    data = np.arange(2 * 20 * 24, dtype=np.uint16).reshape(2, 20, 24)
+    names = [(f"{c}.ome.tif", f"urn:uuid:{uuid.UUID(int=k + 1)}") for k, c in enumerate("ab")]
+    planes = "".join(
+        f'<TiffData FirstZ="{k}" IFD="0" PlaneCount="1"><UUID FileName="{n}">{u}</UUID></TiffData>'
+        for k, (n, u) in enumerate(names)
+    )
+    xml = (
+        '<?xml version="1.0" encoding="UTF-8"?>'
+        '<OME xmlns="http://www.openmicroscopy.org/Schemas/OME/2016-06" UUID="{own}">'
+        '<Image ID="Image:0"><Pixels ID="Pixels:0" DimensionOrder="XYZCT" Type="uint16" '
+        'SizeX="24" SizeY="20" SizeZ="2" SizeC="1" SizeT="1">'
+        f'<Channel ID="Channel:0:0" SamplesPerPixel="1"/>{planes}</Pixels></Image></OME>'
+    )
+    for k, (name, own) in enumerate(names):
+        with tifffile.TiffWriter(tmp_path / name) as w:
+            w.write(data[k], description=xml.replace("{own}", own), metadata=None)
+    np.testing.assert_array_equal(tifffile.imread(tmp_path / "a.ome.tif"), data)
+    with assert_unchanged(tmp_path):
+        report = inspect_tiff(str(tmp_path / "a.ome.tif"), None, None)
+    assert isinstance(report, ArrayReport)
+    assert report.shape == (2, 20, 24) and report.layout == "chunked"
+    assert report.chunks_in_grid == report.chunks_stored == 2
+    stored = 0
+    for name, _ in names:
+        with tifffile.TiffFile(tmp_path / name, is_ome=False) as tif:
+            stored += sum(tif.pages[0].databytecounts)
+    assert report.stored_bytes == stored
+    multi = next(f for f in report.findings if f.code == "multi-file")
+    assert "2 files ('a.ome.tif', 'b.ome.tif')" in multi.message
+    assert "memory-mapped" not in _codes(report)

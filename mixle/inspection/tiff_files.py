@@ -7,10 +7,11 @@ is read or decoded.
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
 
 from mixle.data.sources.arrays.tiff.chunks import SegmentLayout
-from mixle.data.sources.arrays.tiff.opening import open_tiff
+from mixle.data.sources.arrays.tiff.opening import level_files, open_tiff
 from mixle.inspection.findings import LARGE_CHUNK_BYTES, SMALL_CHUNK_BYTES, with_findings
 from mixle.inspection.formatting import format_bytes, plain_value, shape_text
 from mixle.inspection.locations import is_remote
@@ -72,11 +73,11 @@ def inspect_tiff(
             )
         kind = "ome-tiff" if tif.is_ome else "bigtiff" if tif.is_bigtiff else "tiff"
         if len(found) == 1 and len(found[0].levels) == 1:
-            return _level_report(found[0], "/", kind, patch)
+            return _level_report(tif, found[0], "/", kind, patch)
         groups = []
         for s, series in enumerate(found):
             arrays = tuple(
-                _level_report(level, f"/series{s}/level{k}", kind, patch)
+                _level_report(tif, level, f"/series{s}/level{k}", kind, patch)
                 for k, level in enumerate(series.levels)
             )
             groups.append(GroupReport(f"/series{s}", kind, 0, arrays))
@@ -101,14 +102,17 @@ def _enum_name(value: Any) -> str:
     return str(name).lower() if name else str(int(value))
 
 
-def _level_report(level: Any, path: str, kind: str, patch: tuple[int, ...] | None) -> ArrayReport:
+def _level_report(
+    tif: Any, level: Any, path: str, kind: str, patch: tuple[int, ...] | None
+) -> ArrayReport:
     keyframe = level.keyframe
     shape = tuple(int(n) for n in level.shape)
     dtype = level.dtype
     itemsize = int(dtype.itemsize)
     nbytes = math.prod(shape) * itemsize
     notes: list[LayoutFinding] = []
-    mapped = level.dataoffset is not None and level.transform is None
+    files = level_files(tif, level)
+    mapped = level.dataoffset is not None and level.transform is None and len(files) == 1
     chunks: tuple[int, ...] | None = None
     layout = "contiguous"
     chunk_nbytes = grid = stored_chunks = None
@@ -140,6 +144,17 @@ def _level_report(level: Any, path: str, kind: str, patch: tuple[int, ...] | Non
                 # image too, which its chunk leaves out
                 decoded = stored_chunks * segments.segment_size * itemsize
         notes.extend(_tile_findings(keyframe, shape, itemsize, patch))
+    if len(files) > 1:
+        names = ", ".join(repr(os.path.basename(f)) for f in files[:4])
+        more = f" and {len(files) - 4:,} more" if len(files) > 4 else ""
+        notes.append(
+            LayoutFinding(
+                "multi-file",
+                "info",
+                f"its pages are stored in {len(files):,} files ({names}{more}), which "
+                "must stay beside this one; stored sizes count them all",
+            )
+        )
     if mapped:
         notes.append(
             LayoutFinding(

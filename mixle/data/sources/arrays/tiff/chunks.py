@@ -5,8 +5,10 @@ last axes are one page. :class:`SegmentLayout` maps that array onto tifffile's n
 page shape ``(separate samples, depth, length, width, contig samples)``: one chunk is one
 stored segment (a tile or a strip) of one page, ``(1, ..., tile_y, tile_x[, samples])``
 like tifffile's own zarr store. :class:`TiffChunkReader` reads a segment's bytes at its
-offset and decodes them with tifffile's decode function of the series' key page, so
-compression, predictors, fill order and byte order are undone exactly as tifffile does.
+offset, in the file that holds its page (a multi-file OME-TIFF's planes lie in the other
+files its OME-XML names), and decodes them with tifffile's decode function of the series'
+key page, so compression, predictors, fill order and byte order are undone exactly as
+tifffile does.
 That is also the fastest decode at hand: tifffile's decode of a 64 KiB zlib tile took about
 8 µs against about 30 µs for ``imagecodecs.zlib_decode`` plus ``np.frombuffer`` (tifffile
 picks libdeflate).
@@ -25,10 +27,14 @@ import math
 import os
 import threading
 import weakref
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, NamedTuple
 
 import numpy as np
 
+from mixle.data.sources.arrays.memmap.check import FileSignature, file_signature
+from mixle.data.sources.arrays.tiff.opening import page_file
+from mixle.errors import FileChangedError
 from mixle.reading import CorruptChunkError, new_token
 from mixle.utils import optional_deps
 
@@ -236,26 +242,49 @@ def _map_page_axes(page: tuple[int, ...], norm: tuple[int, ...]) -> list[int | N
     return mapping
 
 
+class _Page(NamedTuple):
+    """Where one page's segments are stored."""
+
+    file: str
+    offsets: tuple[int, ...]
+    counts: tuple[int, ...]
+    tables: Any
+
+
 class TiffChunkReader:
     """Whole tiles or strips of one TIFF series, read with ``pread`` and decoded by tifffile.
 
     Parameters
     ----------
-    path
-        The TIFF file.
+    files
+        :func:`~mixle.data.sources.arrays.memmap.check.file_signature` of each file holding
+        the series' pages, by tifffile's absolute path (the file opened first): a multi-file
+        OME-TIFF's planes are read from the file tifffile found them in.
     series
         The tifffile ``TiffPageSeries`` (one pyramid level) to read.
     layout
         Its :class:`SegmentLayout`.
     name
         How errors name the series (file, series and level).
+
+    Notes
+    -----
+    Each file is opened (read-only) when a chunk is first read from it and closed when the
+    reader is collected. A file that is no longer the version ``files`` describes when it
+    is opened raises :class:`~mixle.errors.FileChangedError`; checking the files before a
+    read is the source's job (one ``stat`` per file per read, not per tile).
     """
 
-    def __init__(self, path: str, series: Any, layout: SegmentLayout, name: str) -> None:
+    def __init__(
+        self, files: Mapping[str, FileSignature], series: Any, layout: SegmentLayout, name: str
+    ) -> None:
         keyframe = series.keyframe
         keyframe.init_decode()  # tifffile's decode is a cached property: make it here, once
         self.chunks = layout.chunks
         self.token = new_token()
+        self._files = dict(files)
+        self._root = next(iter(self._files), "")
+        self._keyframe = keyframe
         self._decode = keyframe.decode
         self._jpegheader = keyframe.jpegheader
         self._layout = layout
@@ -264,14 +293,14 @@ class TiffChunkReader:
         self._name = name
         self._nodata = keyframe.nodata
         self._lock = threading.Lock()
-        self._pages: dict[int, tuple[tuple[int, ...], tuple[int, ...], Any] | None] = {}
-        # closed when the reader is garbage: reads still in flight keep it alive
-        self._fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
-        weakref.finalize(self, os.close, self._fd)
-        self._size = os.fstat(self._fd).st_size  # no read asks for bytes past the end
+        self._pages: dict[int, _Page | None] = {}
+        # path -> (descriptor, size): opened on first use, closed when the reader is
+        # garbage (reads still in flight keep it alive)
+        self._fds: dict[str, tuple[int, int]] = {}
+        weakref.finalize(self, _close_all, self._fds)
 
-    def _page(self, index: int) -> tuple[tuple[int, ...], tuple[int, ...], Any] | None:
-        """``(offsets, bytecounts, jpegtables)`` of page ``index``; ``None``: page missing."""
+    def _page(self, index: int) -> _Page | None:
+        """Where page ``index`` is stored; ``None``: a page the file lacks."""
         if index in self._pages:
             return self._pages[index]
         with self._lock:  # tifffile seeks its own file handle to parse the page's IFD
@@ -283,16 +312,45 @@ class TiffChunkReader:
                         f"page {index} of {self._name} cannot be parsed "
                         f"({type(exc).__name__}: {exc})"
                     ) from None
-                self._pages[index] = (
-                    None
-                    if page is None
-                    else (
-                        tuple(page.dataoffsets),
-                        tuple(page.databytecounts),
-                        getattr(page, "jpegtables", None),
-                    )
-                )
+                self._pages[index] = None if page is None else self._stored(index, page)
         return self._pages[index]
+
+    def _stored(self, index: int, page: Any) -> _Page:
+        file = page_file(page)
+        keyframe = getattr(page, "keyframe", None)
+        if keyframe is not self._keyframe and getattr(page, "hash", None) != self._keyframe.hash:
+            raise CorruptChunkError(
+                f"page {index} of {self._name} (in {file!r}) is stored unlike the series' "
+                "key page (another shape, tiling, sample format or compression), so the "
+                "series' decoding does not apply to it"
+            )
+        return _Page(
+            file,
+            tuple(page.dataoffsets),
+            tuple(page.databytecounts),
+            getattr(page, "jpegtables", None),
+        )
+
+    def _fd(self, file: str) -> tuple[int, int]:
+        """``(descriptor, size)`` of ``file``, opened on first use."""
+        found = self._fds.get(file)
+        if found is not None:
+            return found
+        with self._lock:
+            found = self._fds.get(file)
+            if found is None:
+                fd = os.open(file, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+                st = os.fstat(fd)
+                expected = self._files.get(file)
+                if expected is not None and file_signature(st) != expected:
+                    os.close(fd)
+                    raise FileChangedError(
+                        f"path={file!r} was replaced or written after {self._name} was "
+                        "opened; its tile offsets may no longer hold its tiles, so mixle "
+                        "refuses: open the source again"
+                    )
+                found = self._fds[file] = (fd, int(st.st_size))
+        return found
 
     def _fill(self, value: Any) -> np.ndarray:
         one = np.full((), value, dtype=self._dtype)
@@ -300,11 +358,12 @@ class TiffChunkReader:
 
     def read_chunk(self, coords: tuple[int, ...]) -> np.ndarray:
         page_index, segment = self._layout.locate(coords)
-        where = f"tile {segment} of page {page_index} of {self._name} (chunk {coords})"
         page = self._page(page_index)
         if page is None:  # a page the metadata names but the file lacks: tifffile reads 0
             return self._fill(0)
-        offsets, counts, tables = page
+        offsets, counts, tables = page.offsets, page.counts, page.tables
+        stored = "" if page.file == self._root else f", stored in {page.file!r}"
+        where = f"tile {segment} of page {page_index} of {self._name} (chunk {coords}{stored})"
         expected = math.prod(self._layout.grid)
         if len(offsets) != expected or len(counts) != expected:
             raise CorruptChunkError(
@@ -315,8 +374,9 @@ class TiffChunkReader:
         offset, count = int(offsets[segment]), int(counts[segment])
         if offset == 0 or count == 0:  # never written: tifffile reads the nodata value
             return self._fill(self._nodata)
+        fd, size = self._fd(page.file)
         # a byte count past the end of the file (cut short, or hostile) allocates nothing
-        raw = os.pread(self._fd, max(0, min(count, self._size - offset)), offset)
+        raw = os.pread(fd, max(0, min(count, size - offset)), offset)
         if len(raw) != count:
             raise CorruptChunkError(
                 f"{where} is truncated: the file holds {len(raw)} of its {count} bytes at "
@@ -347,3 +407,10 @@ class TiffChunkReader:
         if chunk.dtype != self._dtype:
             chunk = chunk.astype(self._dtype)
         return chunk
+
+
+def _close_all(fds: dict[str, tuple[int, int]]) -> None:
+    """Close every descriptor in ``fds`` (a collected reader's files)."""
+    for fd, _ in fds.values():
+        os.close(fd)
+    fds.clear()

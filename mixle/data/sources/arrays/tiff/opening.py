@@ -23,7 +23,15 @@ from mixle.reading import CorruptChunkError
 from mixle.utils.files import require_regular_file
 from mixle.utils.optional_deps import require
 
-__all__ = ["contiguous_memmap", "open_tiff", "pick_level", "tiff_args", "tifffile_module"]
+__all__ = [
+    "contiguous_memmap",
+    "level_files",
+    "open_tiff",
+    "page_file",
+    "pick_level",
+    "tiff_args",
+    "tifffile_module",
+]
 
 
 def tifffile_module() -> Any:
@@ -96,11 +104,37 @@ def pick_level(tif: Any, series: int, level: int, path: str) -> tuple[Any, Any]:
     return base, levels[level]
 
 
-def contiguous_memmap(path: str, level: Any, byteorder: str) -> np.memmap | None:
+def page_file(page: Any) -> str:
+    """Absolute path of the file holding ``page`` (a multi-file OME-TIFF's other files)."""
+    return str(page.parent.filehandle.path)
+
+
+def level_files(tif: Any, level: Any) -> tuple[str, ...]:
+    """Absolute paths of the files holding the pages of ``level``; ``tif``'s own first.
+
+    tifffile lists every page of a series it parsed from OME-XML, Micro-Manager or ImageJ
+    metadata, or by walking the IFDs (the only series whose pages can lie in other files);
+    a series it lists by its first page only has its pages in that page's file.
+    """
+    files = {str(tif.filehandle.path): None}
+    listed = getattr(level, "_pages", None)
+    if isinstance(listed, list) and (len(listed) > 1 or len(level) <= 1):
+        pages = [p for p in listed if p is not None]
+    else:  # described by the first page: the others follow it in the same file
+        pages = [level.keyframe]
+    for page in pages:
+        files.setdefault(page_file(page), None)
+    return tuple(files)
+
+
+def contiguous_memmap(
+    path: str, level: Any, byteorder: str, files: tuple[str, ...]
+) -> np.memmap | None:
     """A read-only memmap of a level stored uncompressed and contiguous, else ``None``.
 
     Uses tifffile's ``dataoffset`` (every page uncompressed, no predictor, fill order 1, one
-    after the other in the file). The array keeps the file's byte order.
+    after the other in the file). ``files`` are :func:`level_files`: a level with pages in
+    other files is never mapped. The array keeps the file's byte order.
 
     Raises
     ------
@@ -109,6 +143,8 @@ def contiguous_memmap(path: str, level: Any, byteorder: str) -> np.memmap | None
     """
     offset = level.dataoffset
     if offset is None or level.size == 0 or level.transform is not None:
+        return None
+    if len(files) > 1:  # pages in other files (tifffile's offset does not say which)
         return None
     dtype = np.dtype(level.dtype)
     if dtype.itemsize > 1:

@@ -11,7 +11,7 @@ import numpy as np
 
 from mixle.data.schema import Schema
 from mixle.data.sources.arrays.base import ArrayMeta, ArraySource
-from mixle.data.sources.arrays.memmap.check import check_mapped_file, file_identity
+from mixle.data.sources.arrays.memmap.check import FileSignature, file_signature
 from mixle.data.sources.arrays.tiff.chunks import (
     SegmentLayout,
     TiffChunkReader,
@@ -21,13 +21,16 @@ from mixle.data.sources.arrays.tiff.imagej import imagej_physical
 from mixle.data.sources.arrays.tiff.ome import ome_physical
 from mixle.data.sources.arrays.tiff.opening import (
     contiguous_memmap,
+    level_files,
     open_tiff,
     pick_level,
     tiff_args,
     tifffile_module,
 )
 from mixle.data.structure import EXCHANGEABLE, SampleStructure
-from mixle.reading import read_strided
+from mixle.errors import FileChangedError
+from mixle.reading import ChunkReader, read_strided
+from mixle.reading.process_cache import drop_cached_chunks
 from mixle.utils import optional_deps
 
 __all__ = ["TiffArraySource", "read_tiff"]
@@ -42,7 +45,8 @@ class TiffHandle:
     level: Any
     mapped: np.memmap | None
     layout: SegmentLayout | None
-    identity: tuple[int, int]
+    #: the version of each file holding the level's pages at open, by tifffile's path
+    files: dict[str, FileSignature]
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -84,6 +88,9 @@ class TiffArraySource(ArraySource):
         On a read, when a tile's or strip's stored bytes are cut short or do not decode to
         exactly one tile (naming the file, series, level, page and tile); at open, when
         uncompressed contiguous data runs past the end of the file.
+    ~mixle.errors.FileChangedError
+        On a read, when a file of the series was deleted, replaced, resized or written in
+        place since it was opened (its tiles cached from before are dropped).
 
     Notes
     -----
@@ -93,9 +100,12 @@ class TiffArraySource(ArraySource):
     ``"ZCYX"``) with tifffile's native-byte-order dtype. Tiles (or strips) of each page are
     the chunks, ``(1, ..., tile_y, tile_x[, samples])``, read with one ``pread`` each and
     decoded by tifffile's own decode of the series, on the read planner's pool.
-    Uncompressed contiguous data is memory-mapped instead (checked against the file size
-    before every read). OME-TIFF pixel sizes become :attr:`physical` (``spacing`` per axis,
-    1.0 on non-spatial axes).
+    Uncompressed contiguous data is memory-mapped instead. The planes of a multi-file
+    OME-TIFF are read from the files its OME-XML names (opened when first read; never
+    mapped). Every read first checks that each file is still the version opened (one
+    ``stat`` per file per read: device, inode, size, modification and change times).
+    OME-TIFF pixel sizes become :attr:`physical` (``spacing`` per axis, 1.0 on non-spatial
+    axes).
     """
 
     _library = "tifffile"
@@ -129,18 +139,22 @@ class TiffArraySource(ArraySource):
         path, index, level_index = self._args["path"], self._args["series"], self._args["level"]
         tif = open_tiff(path)
         try:
+            # the version opened, before its series are parsed
+            opened = file_signature(os.fstat(tif.filehandle.fileno()))
             series, level = pick_level(tif, index, level_index, path)
             if level.transform is not None:
                 raise NotImplementedError(
                     f"series {index} of {path!r} ({series.kind}) is transformed by tifffile "
                     "after decoding; mixle does not read such series"
                 )
-            mapped = contiguous_memmap(path, level, tif.byteorder)
+            paths = level_files(tif, level)
+            files = {p: opened if k == 0 else _signature(p) for k, p in enumerate(paths)}
+            mapped = contiguous_memmap(path, level, tif.byteorder, paths)
             layout = None
             if mapped is None and level.size:
                 require_decodable(tifffile_module(), level.keyframe, self._where())
                 layout = SegmentLayout(tuple(level.shape), level.keyframe, len(level))
-            handle = TiffHandle(tif, series, level, mapped, layout, file_identity(path))
+            handle = TiffHandle(tif, series, level, mapped, layout, files)
         except BaseException:
             tif.close()
             raise
@@ -180,17 +194,27 @@ class TiffArraySource(ArraySource):
     def _chunk_reader(self, handle: TiffHandle) -> TiffChunkReader | None:
         if handle.layout is None or self._args is None:
             return None
-        return TiffChunkReader(self._args["path"], handle.level, handle.layout, self._where())
+        return TiffChunkReader(handle.files, handle.level, handle.layout, self._where())
 
-    def _check_file(self, handle: TiffHandle, mapped: np.memmap) -> None:
-        """Refuse to touch the map if the file was cut short or replaced since opening."""
-        assert self._args is not None
-        check_mapped_file(self._args["path"], mapped.offset + mapped.nbytes, handle.identity)
+    def _reader_for(self, handle: TiffHandle) -> ChunkReader | None:
+        """The chunk reader, once the files are checked unchanged (once per read call)."""
+        reader = super()._reader_for(handle)
+        if reader is not None:
+            try:
+                _check_unchanged(handle.files, self._where())
+            except FileChangedError:  # tiles decoded from the old version never serve again
+                drop_cached_chunks(reader.token)
+                raise
+        return reader
+
+    def _check_file(self, handle: TiffHandle) -> None:
+        """Refuse to touch the map if the file was cut short, replaced or rewritten."""
+        _check_unchanged(handle.files, self._where())
 
     def _read(self, handle: TiffHandle, key: tuple[int | slice, ...]) -> np.ndarray:
         mapped = handle.mapped
         if mapped is not None:
-            self._check_file(handle, mapped)
+            self._check_file(handle)
             return np.array(mapped[key], dtype=self.dtype, copy=True, subok=False)
         reader = self._reader_for(handle)
         if reader is None:  # an empty array: nothing stored to read
@@ -204,11 +228,46 @@ class TiffArraySource(ArraySource):
         if mapped is None:
             super()._read_boxes_into(handle, starts, size, out)
         else:
-            self._check_file(handle, mapped)
+            self._check_file(handle)
             read_strided(mapped.view(np.ndarray), starts, size, out)
 
     def _release(self, handle: TiffHandle) -> None:
         handle.file.close()
+
+
+def _signature(path: str) -> FileSignature:
+    """The version of ``path`` now (a file a multi-file OME-TIFF names must exist)."""
+    return file_signature(os.stat(path))
+
+
+def _check_unchanged(files: dict[str, FileSignature], where: str) -> None:
+    """Raise :class:`FileChangedError` when a file in ``files`` is not that version now.
+
+    One ``stat`` per file: a file deleted, replaced, cut short, grown or written in place
+    (``rsync --inplace``, a writer appending pages) since the source opened it would give
+    tile offsets that no longer hold its tiles, or mix tiles decoded from the old version
+    with bytes of the new one.
+    """
+    for path, signature in files.items():
+        try:
+            now = file_signature(os.stat(path))
+        except FileNotFoundError:
+            raise FileChangedError(
+                f"path={path!r} was deleted after {where} was opened; open the source again"
+            ) from None
+        if now == signature:
+            continue
+        if now[:2] != signature[:2]:
+            change = "was replaced by another file"
+        elif now[2] != signature[2]:
+            change = f"changed size from {signature[2]} to {now[2]} bytes"
+        else:
+            change = "was written in place (or its permissions, owner or links changed)"
+        raise FileChangedError(
+            f"path={path!r} {change} after {where} was opened: its tags and tiles read "
+            "before the change may not match the file now, so mixle refuses to mix them; "
+            "open the source again to read the new file"
+        )
 
 
 def read_tiff(

@@ -37,7 +37,10 @@ class NpzArraySource(MemmapArraySource):
         ``.npy`` files).
     name
         The array to read, as ``np.load(path).files`` lists it (``"x"``; ``"x.npy"`` works
-        too). ``None`` reads the only array of a file that holds one.
+        too), found as ``np.load(path)[name]`` finds it: a member named exactly ``name``
+        first, else ``name + ".npy"``; of entries sharing a name (a zip updated with
+        ``zipfile``'s append mode), the last. ``None`` reads the only array of a file that
+        holds one.
     decompress
         A compressed member (``np.savez_compressed``) cannot be mapped: with ``True`` it is
         decompressed once into mixle's cache folder (``$MIXLE_CACHE_DIR``, else

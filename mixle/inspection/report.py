@@ -42,7 +42,8 @@ class LayoutFinding:
         ``"tile-size"``, ``"memory-mapped"``; NIfTI ``"gzip-whole-file"``,
         ``"scaled-values"``, ``"physical-space"``, ``"no-physical-space"``; N5
         ``"unsupported-compression"``, ``"stray-files"``, ``"unsupported-version"``;
-        blosc2 ``"block-reads"``, ``"blocks-untiled"``, ``"no-checksum"``; ``.npz``
+        blosc2 ``"block-reads"``, ``"blocks-untiled"``, ``"whole-chunk-reads"``,
+        ``"no-checksum"``; ``.npz``
         ``"compressed-member"``; zipped zarr ``"zip-deflated"``, ``"zip-compression"``;
         icechunk ``"icechunk"``.
     severity

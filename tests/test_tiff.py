@@ -325,6 +325,87 @@ def test_ome_axes_and_physical_sizes(tmp_path):
     assert_every_path_is_tifffile(src, tifffile.imread(path))
 
 
+def _ome_images(images: list[tuple[str, float, str]]) -> str:
+    """OME-XML of 2-plane ``ZYX`` images ``(tiffdata, pixel size, name)`` of 16 x 16 pixels."""
+    body = "".join(
+        f'<Image ID="Image:{k}" Name="{name}"><Pixels ID="Pixels:{k}" DimensionOrder="XYZCT" '
+        'Type="uint8" SizeX="16" SizeY="16" SizeZ="2" SizeC="1" SizeT="1" '
+        f'PhysicalSizeX="{size}" PhysicalSizeY="{size}" PhysicalSizeZ="{size}">'
+        f'<Channel ID="Channel:{k}:0" SamplesPerPixel="1"/>{tiffdata}</Pixels></Image>'
+        for k, (tiffdata, size, name) in enumerate(images)
+    )
+    return (
+        '<?xml version="1.0" encoding="UTF-8"?><OME '
+        'xmlns="http://www.openmicroscopy.org/Schemas/OME/2016-06" UUID="urn:uuid:root">'
+        f"{body}</OME>"
+    )
+
+
+def _write_ome_pages(path: Path, xml: str, pages: int) -> np.ndarray:
+    data = _values((pages, 16, 16), "uint8")
+    with tifffile.TiffWriter(path) as w:
+        for k, plane in enumerate(data):
+            w.write(plane, metadata=None, **({"description": xml} if k == 0 else {}))
+    return data
+
+
+def test_ome_spacing_is_the_image_tifffile_reads_the_series_from(tmp_path):
+    path = tmp_path / "o.ome.tif"
+    xml = _ome_images(
+        [
+            ('<TiffData IFD="9" PlaneCount="2"/>', 9.0, "default"),  # no such IFD: skipped
+            ('<TiffData IFD="2" PlaneCount="2"/>', 0.5, "default"),
+            ('<TiffData IFD="0" PlaneCount="2"/>', 0.25, "default"),
+        ]
+    )
+    data = _write_ome_pages(path, xml, 4)
+    with tifffile.TiffFile(path) as tif:  # tifffile: 2 series, from Image:1 and Image:2
+        assert [s.name for s in tif.series] == ["default", "default"]
+        assert [s.keyframe.index for s in tif.series] == [2, 0]
+    for index, (size, planes) in enumerate([(0.5, data[2:]), (0.25, data[:2])]):
+        src = read_tiff(path, series=index)
+        assert src.spacing == (size, size, size)
+        np.testing.assert_array_equal(tifffile.imread(path, series=index), planes)
+        np.testing.assert_array_equal(src[...], planes)
+
+
+def test_ome_image_in_another_file_gives_its_spacing(tmp_path):
+    own = _ome_images(
+        [
+            ('<TiffData IFD="0" PlaneCount="2"/>', 0.5, "here"),
+            (
+                '<TiffData IFD="0" PlaneCount="2">'
+                '<UUID FileName="b.ome.tif">urn:uuid:b</UUID></TiffData>',
+                3.0,
+                "there",
+            ),
+        ]
+    )
+    _write_ome_pages(tmp_path / "a.ome.tif", own, 2)
+    other = _write_ome_pages(tmp_path / "b.ome.tif", own.replace("urn:uuid:root", "urn:uuid:b"), 2)
+    np.testing.assert_array_equal(tifffile.imread(tmp_path / "a.ome.tif", series=1), other)
+    src = read_tiff(tmp_path / "a.ome.tif", series=1)
+    assert src.spacing == (3.0, 3.0, 3.0)
+    np.testing.assert_array_equal(src[...], other)
+
+
+def test_ome_images_sharing_pages_give_no_spacing(tmp_path):
+    from mixle.data.sources.arrays.tiff.ome import OmeTiffMetadataWarning
+
+    path = tmp_path / "o.ome.tif"
+    same = '<TiffData IFD="0" PlaneCount="2"/>'
+    _write_ome_pages(path, _ome_images([(same, 0.5, "a"), (same, 2.0, "b")]), 2)
+    with tifffile.TiffFile(path) as tif:
+        assert len(tif.series) == 2  # both read the same two pages
+    for index in (0, 1):
+        with pytest.warns(OmeTiffMetadataWarning, match=r"Image:0', 'Image:1'.*no spacing"):
+            src = read_tiff(path, series=index)
+        assert src.physical is None and src.spacing is None
+        np.testing.assert_array_equal(src[...], tifffile.imread(path, series=index))
+    _write_ome_pages(path, _ome_images([(same, 0.5, "a"), (same, 0.5, "b")]), 2)
+    assert read_tiff(path, series=1).spacing == (0.5, 0.5, 0.5)  # the same either way
+
+
 def test_plain_tiff_has_no_physical(tmp_path):
     src = read_tiff(_write(tmp_path / "t.tif", "tiled-zlib-u16"))
     assert src.physical is None and src.spacing is None

@@ -163,10 +163,9 @@ class TiffArraySource(ArraySource):
         return handle
 
     def _describe(self, handle: TiffHandle) -> ArrayMeta:
-        index = self._args["series"] if self._args is not None else 0
         tif = handle.file
         if tif.is_ome:
-            physical = ome_physical(tif.ome_metadata, handle.series, handle.level, index)
+            physical = ome_physical(tif.ome_metadata, handle.series, handle.level, self._where())
         else:
             physical = imagej_physical(tif.imagej_metadata, handle.level)
         return ArrayMeta(

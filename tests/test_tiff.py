@@ -822,3 +822,18 @@ def test_forked_child_reads_the_same_values(tmp_path, case):
 
     assert in_forked_child(body) == []
     np.testing.assert_array_equal(src[...], want)  # the parent's handle still works
+
+
+def test_forked_child_reads_multifile_ome(tmp_path):
+    from tests._fork_child import in_forked_child
+
+    paths = _multifile_ome(tmp_path, _values((4, 20, 24), "uint16"), 2, compression="zlib")
+    want = tifffile.imread(paths[0])
+    src = read_tiff(paths[0])
+    np.testing.assert_array_equal(src[1], want[1])  # the parent opened the first file only
+
+    def body() -> list[str]:
+        return [] if np.array_equal(src[...], want) else ["src[...] differs"]
+
+    assert in_forked_child(body) == []
+    np.testing.assert_array_equal(src[...], want)

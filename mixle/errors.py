@@ -24,6 +24,7 @@ __all__ = [
     "MetadataLimitError",
     "NiftiScalingWarning",
     "NotAnArrayError",
+    "OmeTiffMetadataWarning",
     "OmeZarrMetadataWarning",
     "PackedVariableWarning",
     "NothingToSampleError",
@@ -159,6 +160,10 @@ class NiftiScalingWarning(UserWarning):
     Its values are the stored integers; ``read_nifti(path, scale=True)`` applies the scaling
     as nibabel does.
     """
+
+
+class OmeTiffMetadataWarning(UserWarning):
+    """OME-XML of an OME-TIFF that mixle cannot tie to the series read; it has no spacing."""
 
 
 class OmeZarrMetadataWarning(UserWarning):

@@ -390,7 +390,7 @@ def test_ome_image_in_another_file_gives_its_spacing(tmp_path):
 
 
 def test_ome_images_sharing_pages_give_no_spacing(tmp_path):
-    from mixle.data.sources.arrays.tiff.ome import OmeTiffMetadataWarning
+    from mixle.errors import OmeTiffMetadataWarning
 
     path = tmp_path / "o.ome.tif"
     same = '<TiffData IFD="0" PlaneCount="2"/>'

@@ -18,6 +18,7 @@ from typing import Any
 
 from mixle.data.sources.arrays.physical import Physical, physical_from_spacing
 from mixle.data.sources.arrays.tiff.opening import page_file
+from mixle.errors import OmeTiffMetadataWarning
 
 __all__ = ["OME_DEFAULT_UNIT", "OmeTiffMetadataWarning", "ome_physical", "ome_pixel_sizes"]
 
@@ -29,10 +30,6 @@ MAX_OME_XML_CHARS = 64 * 1024 * 1024
 
 def _local(tag: str) -> str:
     return tag.rsplit("}", 1)[-1]
-
-
-class OmeTiffMetadataWarning(UserWarning):
-    """OME-XML of an OME-TIFF that mixle cannot tie to the series read; it has no spacing."""
 
 
 def _same_path(a: str, b: str) -> bool:

@@ -8,7 +8,9 @@ the repository folder.
 from __future__ import annotations
 
 import pickle
+import subprocess
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -214,6 +216,73 @@ def test_a_forked_child_is_refused_instead_of_hanging(repo):
 
     assert in_forked_child(child) == []
     np.testing.assert_array_equal(src[...], want)
+
+
+#: Run in a fresh interpreter: the parent does ``PARENT`` with icechunk itself (mixle never
+#: opens a repository there), forks, and the child (and a grandchild it forks) reads the
+#: repository through mixle. A SIGALRM kills a child that hangs.
+_FORK_SCRIPT = """
+import os, signal, sys
+import icechunk, numpy as np, zarr
+from mixle.data.sources.array_source import read_zarr
+path = sys.argv[1]
+if sys.argv[2] == "used":
+    repo = icechunk.Repository.open(icechunk.local_filesystem_storage(path))
+    zarr.open_array(repo.readonly_session(branch="main").store, path="small", mode="r")[...]
+
+def child():
+    signal.alarm(20)
+    try:
+        print("read", read_zarr(path, "small")[...].sum(), flush=True)
+    except RuntimeError as exc:
+        print("refused", exc, flush=True)
+    grandchild = os.fork()
+    if grandchild == 0:
+        signal.alarm(20)
+        try:
+            print("grandchild read", read_zarr(path, "small")[...].sum(), flush=True)
+        except RuntimeError as exc:
+            print("grandchild refused", exc, flush=True)
+        os._exit(0)
+    os._exit(os.waitpid(grandchild, 0)[1])
+
+pid = os.fork()
+if pid == 0:
+    child()
+print("child status", os.waitpid(pid, 0)[1], flush=True)
+"""
+
+
+def _fork_after(repo: dict[str, Any], parent: str) -> list[str]:
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(_FORK_SCRIPT), str(repo["path"]), parent],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    ours = ("read", "refused", "grandchild", "child status")  # not icechunk's log lines
+    return [line for line in done.stdout.splitlines() if line.startswith(ours)]
+
+
+def test_a_child_forked_after_the_parent_used_icechunk_itself_is_refused(repo):
+    lines = _fork_after(repo, "used")
+    assert lines[-1] == "child status 0", lines  # 14: the child hung in read_zarr (SIGALRM)
+    refusals = [line for line in lines if line.startswith(("refused", "grandchild refused"))]
+    assert len(refusals) == 2, lines
+    for line in refusals:
+        assert "forked after the parent used icechunk" in line
+        assert "'spawn' or 'forkserver'" in line
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="threads listed in /proc")
+def test_a_child_forked_after_icechunk_was_only_imported_reads(repo):
+    want = str(_zarrs_read(repo["path"], "small", branch="main").sum())
+    lines = _fork_after(repo, "imported")
+    assert lines[0] == f"read {want}", lines  # import alone starts no runtime: no refusal
+    assert lines[1].startswith("grandchild refused"), lines  # the child's read started it
+    assert "forked after the parent used icechunk" in lines[1]
+    assert lines[2:] == ["child status 0"], lines
 
 
 def test_without_icechunk_the_error_names_the_extra(repo, monkeypatch):

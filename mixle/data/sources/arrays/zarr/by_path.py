@@ -61,14 +61,57 @@ _NIFTI2_MAGICS = (b"n+2\x00", b"ni2\x00")
 _icechunk_pid: int | None = None
 #: Whether this process was forked from one that had imported icechunk (its stores exist).
 _forked_with_icechunk = False
+#: Whether this process was forked (here or in an ancestor) while icechunk's runtime ran.
+_forked_after_icechunk_ran = False
+#: Set just before each fork: whether icechunk's runtime runs (or may run) in the forking
+#: process; the child takes it over in :func:`_note_fork`.
+_runtime_at_fork = False
+#: Names (``/proc/self/task/*/comm``, 15 characters at most) of the threads of icechunk's
+#: tokio runtime; icechunk starts them on first use (a storage object), not on import.
+_RUNTIME_THREAD_PREFIXES = ("tokio-runtime", "icechunk")
+
+
+def icechunk_runtime_threads() -> bool | None:
+    """Whether a thread of icechunk's tokio runtime runs in this process.
+
+    Returns
+    -------
+    bool or None
+        ``True`` when a thread named like a tokio runtime worker (``tokio-runtime-w``) is
+        alive, ``False`` when none is, ``None`` where the threads cannot be listed (no
+        ``/proc/self/task``, as on macOS).
+    """
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/comm", encoding="utf-8", errors="replace") as f:
+                name = f.read().strip()
+        except OSError:  # the thread ended meanwhile
+            continue
+        if name.startswith(_RUNTIME_THREAD_PREFIXES):
+            return True
+    return False
+
+
+def _before_fork() -> None:
+    # Runs in the forking process. icechunk imported but never used starts no runtime and
+    # is safe in the child; a runtime that ran (its threads alive) leaves the child an
+    # icechunk that blocks for ever on every call. Where threads cannot be listed, an
+    # imported icechunk counts as having run: a clear refusal is better than a hang.
+    global _runtime_at_fork
+    _runtime_at_fork = imported("icechunk") is not None and icechunk_runtime_threads() is not False
 
 
 def _note_fork() -> None:
-    global _forked_with_icechunk
+    global _forked_with_icechunk, _forked_after_icechunk_ran
     _forked_with_icechunk = _forked_with_icechunk or imported("icechunk") is not None
+    _forked_after_icechunk_ran = _forked_after_icechunk_ran or _runtime_at_fork
 
 
-os.register_at_fork(after_in_child=_note_fork)
+os.register_at_fork(before=_before_fork, after_in_child=_note_fork)
 
 
 @dataclass(frozen=True)
@@ -337,10 +380,12 @@ def _refuse_forked_icechunk(shown: str, inherited: bool = False) -> None:
 
     icechunk runs on a tokio runtime whose threads do not survive ``fork``: any icechunk
     call in such a child blocks for ever (opening a new repository too), so it is refused.
-    Known to have run: mixle opened a repository there, or (``inherited``) the store
-    object given was made there.
+    Known to have run: mixle opened a repository there, the parent's icechunk runtime
+    threads were alive at the fork (however the parent used icechunk, see
+    :func:`_before_fork`), or (``inherited``) the store object given was made there.
     """
-    if inherited or (_icechunk_pid is not None and _icechunk_pid != os.getpid()):
+    forked_after_mixle = _icechunk_pid is not None and _icechunk_pid != os.getpid()
+    if inherited or forked_after_mixle or _forked_after_icechunk_ran:
         raise RuntimeError(
             f"icechunk repository {shown!r} cannot be opened in a process forked after the "
             "parent used icechunk: icechunk's runtime does not survive fork and would hang; "

@@ -660,3 +660,105 @@ def test_read_volumes_opens_n5_containers_by_suffix(tmp_path):
         record = sampler[k]
         truth = wants[int(record["volume"])]
         np.testing.assert_array_equal(record["patch"], truth[_box(record["coords"], PATCH)])
+
+
+# -- gzip and zlib payloads: libdeflate (imagecodecs) and the streamed zlib decoder ----------
+
+
+@pytest.fixture(params=["libdeflate", "zlib"])
+def inflater(request, monkeypatch):
+    """Which decoder inflates gzip/zlib blocks; yields the calls made to libdeflate."""
+    from mixle.utils import optional_deps
+
+    calls: list[str] = []
+    if request.param == "libdeflate":
+        imagecodecs = pytest.importorskip("imagecodecs")
+        for name in ("gzip_decode", "deflate_decode"):
+            real = getattr(imagecodecs, name)
+
+            def spy(*args: Any, _real: Any = real, _name: str = name, **kwargs: Any) -> Any:
+                calls.append(_name)
+                return _real(*args, **kwargs)
+
+            monkeypatch.setattr(imagecodecs, name, spy)
+    else:
+        monkeypatch.setattr(optional_deps, "HAS_IMAGECODECS", False)
+    return request.param, calls
+
+
+@pytest.mark.parametrize("name", ["gzip", "zlib"])
+@pytest.mark.parametrize("dtype", ["uint16", "float32", "int64"])
+def test_gzip_and_zlib_blocks_read_as_tensorstore_with_either_inflater(
+    tmp_path, inflater, name, dtype
+):
+    kind, calls = inflater
+    path = write_n5(tmp_path / "a.n5", values(SHAPE, dtype), compression=COMPRESSIONS[name])
+    assert_every_path_is_tensorstore(path)
+    want = {"gzip": "gzip_decode", "zlib": "deflate_decode"}[name]
+    assert calls if kind == "libdeflate" else not calls
+    assert set(calls) <= {want}
+
+
+def _gzip_block(path: Path, name: str, block: str = "0/1/0") -> tuple[Path, bytes, bytes]:
+    """``(block file, header, payload)`` of a block of a fresh uint16 dataset."""
+    path = write_n5(path, values(SHAPE, "uint16"), compression=COMPRESSIONS[name])
+    target = path.joinpath(*block.split("/"))
+    stored = target.read_bytes()
+    header = 4 + 4 * len(SHAPE)
+    return target, stored[:header], stored[header:]
+
+
+@pytest.mark.parametrize("name", ["gzip", "zlib"])
+def test_damaged_gzip_and_zlib_payloads_raise_corrupt_chunk_with_either_inflater(
+    tmp_path, inflater, name
+):
+    target, header, payload = _gzip_block(tmp_path / "a.n5", name)
+    flipped = bytearray(payload)
+    flipped[len(payload) // 2] ^= 0xFF
+    checksum = bytearray(payload)
+    checksum[-5 if name == "gzip" else -1] ^= 0x01  # gzip: CRC-32; zlib: Adler-32
+    for broken, match in [
+        (payload[: len(payload) // 2], "block '0/1/0'"),
+        (payload[:-1], "block '0/1/0'"),
+        (b"junk" * 9, "block '0/1/0'"),
+        (bytes(flipped), "block '0/1/0'"),
+        (bytes(checksum), "block '0/1/0'"),
+    ]:
+        target.write_bytes(header + broken)
+        chunk_cache().clear()
+        with pytest.raises(CorruptChunkError, match=match) as info:
+            read_n5(target.parents[2])[...]
+        assert str(target) in str(info.value)
+
+
+@pytest.mark.parametrize("name", ["gzip", "zlib"])
+def test_a_gzip_or_zlib_payload_of_another_size_than_its_header_is_refused(
+    tmp_path, inflater, name
+):
+    import gzip
+    import zlib
+
+    compress = gzip.compress if name == "gzip" else zlib.compress
+    target, _, _ = _gzip_block(tmp_path / "a.n5", name)
+    dims = (3, 4, 4)  # the block's extents: 48 uint16, 96 bytes
+    for count in (47, 49, 1):  # one element short, one over, far short
+        target.write_bytes(_block_file(dims, compress(b"\x01\x02" * count)))
+        chunk_cache().clear()
+        with pytest.raises(CorruptChunkError, match="block '0/1/0'"):
+            read_n5(target.parents[2])[...]
+
+
+def test_a_gzip_payload_of_several_members_reads_whole_with_either_inflater(tmp_path, inflater):
+    import gzip
+
+    kind, calls = inflater
+    path = tmp_path / "a.n5"
+    ts_create(path, (3, 4, 4), (3, 4, 4), "uint16", {"type": "gzip"})
+    data = values((3, 4, 4), "uint16", seed=5)
+    stored = _fortran_bytes(data)
+    members = gzip.compress(stored[:30]) + gzip.compress(stored[30:]) + b"\0" * 3
+    (path / "0" / "0").mkdir(parents=True, exist_ok=True)
+    (path / "0" / "0" / "0").write_bytes(_block_file((3, 4, 4), members))
+    assert gzip.decompress(members) == stored  # tensorstore refuses a second member
+    np.testing.assert_array_equal(read_n5(path)[...], data)
+    assert calls == (["gzip_decode"] if kind == "libdeflate" else [])

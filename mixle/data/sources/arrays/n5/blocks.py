@@ -10,7 +10,11 @@ origin and the rest reads as 0, as tensorstore reads it.
 :func:`decompressor` turns a ``compression`` object into a function that decodes a payload
 to exactly the bytes the header says, never more (``zlib``/``gzip``, ``bz2`` and ``lzma``
 streamed with a cap; ``blosc`` and ``zstd`` through numcodecs after their headers'
-recorded size is checked).
+recorded size is checked). Where imagecodecs is installed, ``gzip`` and ``zlib`` payloads
+are inflated by its libdeflate decoder into a buffer of exactly the header's size (about
+twice as fast as zlib's; a stream that does not fit raises) and fall back to the streamed
+decoder, which names the fault, when libdeflate refuses them or decodes fewer bytes (a
+gzip payload of several members: libdeflate decodes the first).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from mixle.data.sources.arrays.n5.attributes import COMPRESSIONS, N5Metadata
 from mixle.data.sources.arrays.zarr.decompress import bounded_decompress
 from mixle.errors import UnsupportedStoreError
 from mixle.reading import CorruptChunkError
+from mixle.utils import optional_deps
 from mixle.utils.optional_deps import require
 
 __all__ = [
@@ -87,10 +92,7 @@ def decompressor(compression: dict[str, Any], where: str) -> Decompressor:
     if kind == "raw":
         return _raw
     if kind == "gzip":
-        gzip, zlib = _Codec("gzip"), _Codec("zlib")
-        return lambda raw, n: bounded_decompress(
-            gzip if bytes(raw[:2]) == _GZIP_MAGIC else zlib, raw, n, exact=True
-        )
+        return _inflater()
     if kind == "bzip2":
         bz2 = _Codec("bz2")
         return lambda raw, n: bounded_decompress(bz2, raw, n, exact=True)
@@ -114,6 +116,43 @@ def decompressor(compression: dict[str, Any], where: str) -> Decompressor:
         f"N5 dataset {where}: compression type {kind!r} is not one mixle decodes{note}; it "
         f"decodes {known}"
     )
+
+
+def _inflater() -> Decompressor:
+    """The decoder of N5 ``gzip`` payloads (gzip streams, or zlib streams: ``useZlib``)."""
+    gzip, zlib = _Codec("gzip"), _Codec("zlib")
+
+    def streamed(raw: memoryview, n: int) -> Any:
+        codec = gzip if bytes(raw[:2]) == _GZIP_MAGIC else zlib
+        return bounded_decompress(codec, raw, n, exact=True)
+
+    libdeflate = _libdeflate()
+    if libdeflate is None:
+        return streamed
+    gzip_decode, zlib_decode = libdeflate.gzip_decode, libdeflate.deflate_decode
+
+    def inflate(raw: memoryview, n: int) -> Any:
+        decode = gzip_decode if bytes(raw[:2]) == _GZIP_MAGIC else zlib_decode
+        try:
+            out = decode(raw, out=n)  # never writes past n bytes: a longer stream raises
+        except (RuntimeError, ValueError):  # corrupt, truncated or too long
+            return streamed(raw, n)  # raises, naming what is wrong
+        # fewer bytes: a gzip payload of several members (libdeflate inflates the first)
+        return out if len(out) == n else streamed(raw, n)
+
+    return inflate
+
+
+def _libdeflate() -> Any:
+    """imagecodecs where it is installed with its libdeflate codec, else ``None``."""
+    if not optional_deps.HAS_IMAGECODECS:
+        return None
+    try:
+        imagecodecs = require("imagecodecs")
+        available = bool(imagecodecs.DEFLATE.available)
+    except (ImportError, AttributeError):  # a broken or stripped-down build: zlib then
+        return None
+    return imagecodecs if available else None
 
 
 def _whole_blosc(raw: memoryview) -> memoryview:
@@ -177,7 +216,10 @@ def decode_block(
     extent: tuple[int, ...],
     what: str,
 ) -> np.ndarray:
-    """Block file ``raw`` as a native-endian C-order array of shape ``extent``.
+    """Block file ``raw`` as a native-endian array of shape ``extent``.
+
+    A whole block keeps its stored element order (Fortran order: a view ``.T`` of a
+    C-ordered array), so decoding it is one byte-swapping copy.
 
     ``extent`` is the block's part of the array (``blockSize`` clipped at the edges). A
     stored block larger than that (tensorstore writes edge blocks whole) is cut to it; a
@@ -210,7 +252,9 @@ def decode_block(
         ) from None
     block = stored.reshape(dims[::-1]).T  # fastest axis first: Fortran order
     if dims == extent:
-        out = block.astype(meta.dtype, order="C")  # the one copy: byte swap and transpose
+        # the one copy: the byte swap, in stored order (the scatter reorders only the
+        # part a read needs; measured faster end to end than a C-order copy per block)
+        out = block.astype(meta.dtype, order="K")
     else:
         out = np.zeros(extent, dtype=meta.dtype)
         part = tuple(slice(0, min(d, e)) for d, e in zip(dims, extent))

@@ -301,18 +301,98 @@ def test_a_zip_that_is_no_zarr_store_lists_what_it_holds(tmp_path):
     assert "and 20 more" in message  # bounded
 
 
+def _zip_with_folder(folder: Path, path: Path, litter: bool = False) -> None:
+    """Zip ``folder`` as ``zip -r path folder`` does: members named ``folder/...``."""
+    with zipfile.ZipFile(path, "w") as zf:
+        for file in sorted([folder, *folder.rglob("*")]):
+            zf.write(file, file.relative_to(folder.parent).as_posix())
+        if litter:  # what macOS's Finder adds
+            zf.writestr(f"__MACOSX/{folder.name}/._zarr.json", b"\x00\x05\x16\x07")
+
+
 def test_a_zip_of_the_store_folder_says_which_component_to_pass(tmp_path):
     folder = tmp_path / "inner.zarr"
     zarr.create_array(folder, shape=(4,), chunks=(2,), dtype="i4")[...] = np.arange(4)
     path = tmp_path / "wrapped.zip"
-    with zipfile.ZipFile(path, "w") as zf:
-        for file in sorted(folder.rglob("*")):
-            zf.write(file, file.relative_to(tmp_path).as_posix())
+    _zip_with_folder(folder, path)
     with pytest.raises(
         UnsupportedStoreError, match=r"folder 'inner\.zarr'.*component='inner\.zarr'"
     ):
         read_zarr(path)
     np.testing.assert_array_equal(read_zarr(path, "inner.zarr")[...], np.arange(4))
+
+
+def test_a_zipped_store_folder_error_names_the_exact_component(tmp_path):
+    folder = tmp_path / "x.zarr"
+    root = zarr.open_group(folder, mode="w")
+    root.create_array("a", shape=(4, 4), chunks=(2, 2), dtype=">i2")[...] = 1
+    root.create_group("sub").create_array("b", shape=(3,), dtype="f8")[...] = 2.0
+    v2 = zarr.open_group(folder / "old", mode="w", zarr_format=2)
+    v2.create_array("c", shape=(2,), dtype="u1")[...] = 3
+    path = tmp_path / "x.zip"
+    _zip_with_folder(folder, path)
+    with pytest.raises(UnsupportedStoreError) as info:
+        read_zarr(path)
+    message = str(info.value)
+    assert "pass component= one of its arrays: x.zarr/a, x.zarr/old/c, x.zarr/sub/b," in message
+    with pytest.raises(UnsupportedStoreError, match=r"pass component='x\.zarr/sub/b',"):
+        read_zarr(path, "sub/b")  # the path below the folder: the whole component is named
+    theirs = zarr.open_array(ZipStore(path, mode="r"), path="x.zarr/sub/b", mode="r")[...]
+    np.testing.assert_array_equal(read_zarr(path, "x.zarr/sub/b")[...], theirs)
+
+
+@pytest.mark.parametrize("litter", [False, True], ids=["zip -r", "macOS Finder"])
+def test_inspect_reports_a_store_zipped_with_its_folder_from_that_folder(tmp_path, litter):
+    from mixle.inspection.store import inspect_store
+
+    folder = tmp_path / "x.zarr"
+    root = zarr.open_group(folder, mode="w")
+    root.create_array("a", shape=(5, 4), chunks=(2, 4), dtype=">u2", fill_value=9)[:4] = 1
+    root.create_group("sub").create_array("b", shape=(7,), chunks=(3,), dtype="f4")[...] = 2
+    path = tmp_path / "x.zip"
+    _zip_with_folder(folder, path, litter)
+    with zipfile.ZipFile(path) as zf:
+        sizes = {i.filename: i.file_size for i in zf.infolist() if "/c/" in i.filename}
+    with assert_unchanged(path):
+        report = inspect_store(str(path), patch=(2, 2))
+    assert report.kind == "zarr-zip"
+    assert report.root.path == "/x.zarr"  # the folder is the store's root
+    (note,) = [f for f in report.root.findings if f.code == "zip-folder"]
+    assert "'x.zarr'" in note.message and "component='x.zarr/<array>'" in note.message
+    arrays = {a.path: a for a in report.arrays()}
+    assert sorted(arrays) == ["/x.zarr/a", "/x.zarr/sub/b"]
+    store = ZipStore(path, mode="r")
+    for name, array in arrays.items():
+        theirs = zarr.open_array(store=store, path=name.strip("/"), mode="r")
+        assert (array.shape, array.chunks, array.dtype) == (
+            theirs.shape,
+            theirs.chunks,
+            str(theirs.dtype),
+        )
+        assert array.chunks_stored == theirs.nchunks_initialized
+        members = {k: v for k, v in sizes.items() if k.startswith(f"{name.strip('/')}/c/")}
+        assert array.stored_bytes == sum(members.values())
+        # the reported path is the component read_zarr takes
+        np.testing.assert_array_equal(read_zarr(path, name.strip("/"))[...], theirs[...])
+    store.close()
+
+
+def test_inspect_of_a_zip_with_stores_in_two_folders_names_the_read_zarr_call(tmp_path):
+    from mixle.inspection.zip_stores import inspect_zarr_zip
+
+    path = tmp_path / "two.zip"
+    for name in ("one.zarr", "two.zarr"):
+        zarr.create_array(tmp_path / name, shape=(3,), dtype="i4")[...] = 1
+    with zipfile.ZipFile(path, "w") as zf:
+        for name in ("one.zarr", "two.zarr"):
+            for file in sorted((tmp_path / name).rglob("*")):
+                zf.write(file, file.relative_to(tmp_path).as_posix())
+    with assert_unchanged(path), pytest.raises(UnsupportedStoreError) as info:
+        inspect_zarr_zip(str(path), None, None)
+    message = str(info.value)
+    assert "pass component=" not in message  # inspect takes no such argument
+    assert "top-level entries: one.zarr, two.zarr" in message
+    assert f"mixle.read_zarr({str(path)!r}, component='one.zarr/<array>')" in message
 
 
 def test_npz_and_damaged_zips_are_named(tmp_path):

@@ -14,7 +14,7 @@ import zipfile
 from collections import Counter
 from typing import Any
 
-from mixle.data.sources.arrays.zarr.by_path import check_zip_holds_zarr
+from mixle.data.sources.arrays.zarr.by_path import check_zip_holds_zarr, zip_store_folder
 from mixle.data.sources.arrays.zarr.zip_members import zip_file_of
 from mixle.inspection.limits import (
     MAX_METADATA_BYTES,
@@ -33,6 +33,8 @@ __all__ = ["inspect_zarr_zip", "is_zarr_zip", "map_arrays"]
 
 #: Zip compressions mixle reads by position from many threads at once (others: zipfile's).
 _READ_BY_POSITION = frozenset({zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED})
+#: Metadata members that make a folder a zarr node (``.zattrs`` alone does not).
+_NODE_FILES = frozenset({"zarr.json", ".zarray", ".zgroup"})
 _ZIP_MAGICS = (b"PK\x03\x04", b"PK\x05\x06")
 _COMPRESSION_NAMES = {
     zipfile.ZIP_STORED: "stored",
@@ -67,6 +69,9 @@ def inspect_zarr_zip(
 ) -> GroupReport | ArrayReport:
     """The root node (group or array) of the zarr store zipped at ``location``, read-only.
 
+    A store zipped with its folder is reported from that folder: its root node's path is
+    ``/<folder>`` and every path below is the ``component=`` :func:`~mixle.read_zarr` takes.
+
     Parameters
     ----------
     location
@@ -79,9 +84,10 @@ def inspect_zarr_zip(
     Raises
     ------
     UnsupportedStoreError
-        The zip holds no zarr store at its root (the message lists members and, when the
-        store was zipped with its folder, the ``component=`` to read it with), or zarr
-        cannot open it.
+        The zip holds no zarr store at its root nor in the one folder all its members sit
+        in (a store zipped with its folder, ``zip -r x.zip x.zarr``: reported from that
+        folder, with a ``zip-folder`` finding), or zarr cannot open it. The message lists
+        members and, where a store sits deeper, the ``read_zarr`` call that reads it.
     MetadataLimitError
         A metadata member is larger than :data:`MAX_METADATA_BYTES` or nests deeper than
         :data:`MAX_METADATA_DEPTH` (refused from its size in the central directory, or
@@ -98,10 +104,13 @@ def inspect_zarr_zip(
     store = _sized_zip_store_type()(location, mode="r")
     try:
         zf = zip_file_of(store)
-        check_zip_holds_zarr(zf.namelist(), shown, None)
+        names = zf.namelist()
+        folder = None if _root_metadata_in(names) else zip_store_folder(names)
+        if folder is None:
+            check_zip_holds_zarr(names, shown, None, zf, for_inspect=True)
         _check_metadata_members(zf, shown)
         try:
-            node = zarr.open(store=store, mode="r")
+            node = zarr.open(store=store, path=folder or "", mode="r")
         except RecursionError:
             raise MetadataLimitError(
                 f"{shown!r} holds zarr metadata nested too deep to parse "
@@ -112,11 +121,27 @@ def inspect_zarr_zip(
                 f"{shown!r} holds zarr metadata but zarr cannot open it: "
                 f"{type(exc).__name__}: {exc}"
             ) from None
-        root = _zarr_node(zarr, node, "/", patch, False, shown, None, False)
+        root = _zarr_node(zarr, node, f"/{folder or ''}", patch, False, shown, None, False)
         infos = zf.infolist()
-        return map_arrays(root, lambda array: _with_zip_findings(array, infos))
+        root = map_arrays(root, lambda array: _with_zip_findings(array, infos))
+        if folder is None:
+            return root
+        note = LayoutFinding(
+            "zip-folder",
+            "info",
+            f"the store was zipped with its folder: every member sits in {folder!r}, which "
+            f"holds the store's root, so paths here start with /{folder} and read_zarr "
+            f"takes component='{folder}/<array>'; zipping the folder's contents instead "
+            f"(cd {folder} && zip -0 -r ../store.zip .) puts the store at the zip's root",
+        )
+        return dataclasses.replace(root, findings=(note, *root.findings))
     finally:
         store.close()
+
+
+def _root_metadata_in(names: list[str]) -> bool:
+    """Whether a zip's members include zarr metadata at the zip's root."""
+    return any(name in _NODE_FILES for name in names)
 
 
 def map_arrays(node: GroupReport | ArrayReport, change: Any) -> GroupReport | ArrayReport:

@@ -33,6 +33,7 @@ __all__ = [
     "ByPathStore",
     "Version",
     "check_zip_holds_zarr",
+    "zip_store_folder",
     "is_icechunk_repository",
     "open_by_path",
     "open_icechunk_session",
@@ -266,14 +267,20 @@ def _zip_store(path: str, component: str | None) -> Any:
             f"path={shown!r} is a damaged zip file ({type(exc).__name__}: {exc})"
         ) from None
     try:
-        check_zip_holds_zarr(names, shown, component)
+        check_zip_holds_zarr(names, shown, component, zip_file_of(store))
     except BaseException:
         store.close()
         raise
     return store
 
 
-def check_zip_holds_zarr(names: list[str], shown: str, component: str | None) -> None:
+def check_zip_holds_zarr(
+    names: list[str],
+    shown: str,
+    component: str | None,
+    zf: zipfile.ZipFile | None = None,
+    for_inspect: bool = False,
+) -> None:
     """Refuse a zip file with no zarr metadata at its root (or at ``component``).
 
     Parameters
@@ -284,12 +291,17 @@ def check_zip_holds_zarr(names: list[str], shown: str, component: str | None) ->
         How messages name the zip file.
     component
         The path inside the store that will be opened, if any.
+    zf
+        The open zip, to tell arrays from groups (their ``zarr.json``) when the store was
+        zipped with its folder, so the message names whole ``component=`` values.
+    for_inspect
+        Word the message for ``mixle inspect`` (which takes no ``component=``).
 
     Raises
     ------
     UnsupportedStoreError
-        Naming ``read_npz`` for a ``.npz`` archive, the folder to pass as ``component=``
-        when the store was zipped with its folder, and some of the zip's members.
+        Naming ``read_npz`` for a ``.npz`` archive, the exact ``component=`` to pass when
+        the store was zipped with its folder, and some of the zip's members.
     """
     members = set(names)
     prefixes = [""] + ([f"{component.strip('/')}/"] if component else [])
@@ -308,15 +320,81 @@ def check_zip_holds_zarr(names: list[str], shown: str, component: str | None) ->
     hint = ""
     if nested:
         top = nested[0][1]
-        hint = (
-            f"; its zarr store sits in folder {top!r} inside the zip: pass "
-            f"component={top!r} (and the array's path below it), or zip the store's "
-            "contents rather than its folder"
-        )
+        where = f"its zarr store sits in folder {top!r} inside the zip"
+        if for_inspect:
+            tops = sorted({n.split("/", 1)[0] for n in names if not _is_zip_litter(n)})
+            hint = (
+                f"; {where}, and mixle inspect reads a store at the zip's root or in the one "
+                f"top folder all members sit in ({listing(tops, 'top-level entries')}): "
+                f"read it with mixle.read_zarr({shown!r}, component={top + '/<array>'!r}), "
+                "or zip the store's contents rather than its folder"
+            )
+        else:
+            hint = f"; {where}: " + _component_hint(names, top, component, zf)
     raise UnsupportedStoreError(
         f"path={shown!r} is a zip file but not a zipped zarr store: no zarr.json, .zarray or "
         f".zgroup at its root{hint} (its {listing(sorted(names), 'members')})"
     )
+
+
+def zip_store_folder(names: list[str]) -> str | None:
+    """The one folder a zip's members all sit in when it holds the zarr store's root.
+
+    A store zipped with its folder (``zip -r x.zip x.zarr``) has every member under
+    ``x.zarr/`` and its root metadata at ``x.zarr/zarr.json`` (or ``.zgroup``/``.zarray``);
+    macOS's ``__MACOSX/`` entries are ignored. ``None`` for any other zip.
+    """
+    kept = [n for n in names if not _is_zip_litter(n)]
+    tops = {n.split("/", 1)[0] for n in kept}
+    if len(tops) != 1 or not all("/" in n for n in kept):
+        return None
+    (top,) = tops
+    members = set(kept)
+    return top if any(f"{top}/{m}" in members for m in _ZARR_NODE_FILES) else None
+
+
+def _is_zip_litter(name: str) -> bool:
+    return name.startswith("__MACOSX/") or name == "__MACOSX"
+
+
+#: How many ``zarr.json`` members of a store zipped with its folder a message reads (to
+#: tell arrays from groups) before it lists folders instead.
+_HINT_METADATA_READS = 64
+
+
+def _component_hint(
+    names: list[str], top: str, component: str | None, zf: zipfile.ZipFile | None
+) -> str:
+    """``pass component='top/...'``: the exact value to pass for a store zipped in ``top``."""
+    tail = "or zip the store's contents rather than its folder"
+    if component:
+        inside = f"{top}/{component.strip('/')}"
+        if any(f"{inside}/{m}" in set(names) for m in _ZARR_NODE_FILES):
+            return f"pass component={inside!r}, {tail}"
+    arrays = [
+        n.rsplit("/", 1)[0] for n in names if n.startswith(f"{top}/") and n.endswith("/.zarray")
+    ]
+    v3 = sorted(n for n in names if n.startswith(f"{top}/") and n.endswith("/zarr.json"))
+    if zf is not None:  # a zarr.json says whether its folder is an array; read a few
+        reads = v3[:_HINT_METADATA_READS]
+        arrays += [n.rsplit("/", 1)[0] for n in reads if _is_v3_array(zf, n)]
+    if len(set(arrays)) == 1:
+        return f"pass component={arrays[0]!r}, {tail}"
+    if arrays:
+        return f"pass component= one of {listing(sorted(set(arrays)), 'its arrays')}, {tail}"
+    return f"pass component={top!r} followed by the array's path below it, {tail}"
+
+
+def _is_v3_array(zf: zipfile.ZipFile, key: str) -> bool:
+    """Whether the ``zarr.json`` member ``key`` says ``"node_type": "array"`` (small ones only)."""
+    try:
+        if zf.getinfo(key).file_size > ZARR_METADATA_LIMIT:
+            return False
+        with zf.open(key) as member:
+            doc = json.loads(member.read(ZARR_METADATA_LIMIT + 1))
+    except (OSError, ValueError, zipfile.BadZipFile, RecursionError, KeyError):
+        return False
+    return isinstance(doc, dict) and doc.get("node_type") == "array"
 
 
 # -- icechunk ------------------------------------------------------------------------------

@@ -47,8 +47,8 @@ Rounds interleave the library, mixle with a 256 MiB cache and mixle with the cac
 (``.nii``: one mixle row, a memory map; ``.nii.gz``: mixle's inflated on-disk copy deleted
 before every pass, or kept). Every pass opens a fresh handle (timed) and mixle's
 decoded-chunk cache is emptied first, so each pass decodes what it reads; mixle's on-disk
-cache (``MIXLE_CACHE_DIR``) is set inside the data folder. ``x library`` is mixle's best
-pass over the library's best.
+cache (``MIXLE_CACHE_DIR``) is set inside the data folder. Each format runs in a fresh
+process. ``x library`` is mixle's best pass over the library's best.
 ``--quick`` runs every row of both tables at a tiny size (a smoke test).
 """
 
@@ -693,6 +693,18 @@ def format_rows(fmt: Format, size: int, patches: int, rounds: int) -> list[dict[
     return rows
 
 
+def format_isolated(
+    folder: Path, name: str, size: int, patches: int, rounds: int
+) -> list[dict[str, Any]]:
+    """:func:`format_rows` of one written format, run in a fresh process."""
+    cmd = [sys.executable, __file__, "--format-worker", str(folder), name, str(size),
+           str(patches), str(rounds)]  # fmt: skip
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    if out.returncode:
+        raise RuntimeError(f"format {name} failed:\n{out.stderr}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def print_formats(
     rows: list[dict[str, Any]], stored: list[Format], size: int, patches: int, rounds: int
 ) -> None:
@@ -703,7 +715,8 @@ def print_formats(
     print(
         f"formats: {size}^3 float32 ({size**3 * 4 / MIB:.0f} MiB), random {PATCH}^3 patches, "
         f"{patches} a pass in batches of {BATCH}, {rounds} interleaved rounds (best pass "
-        f"shown, [range] of the rounds' ratios), {decode_threads()} decode threads"
+        f"shown, [range] of the rounds' ratios), {decode_threads()} decode threads, each "
+        "format in a fresh process"
     )
     print(
         "  cached: the OS page cache is warm (every file read once first). Every pass opens "
@@ -868,10 +881,16 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="also print rows as JSON lines")
     parser.add_argument("--data-dir", help="keep the data files in this folder and reuse them")
     parser.add_argument("--worker", nargs=5, help=argparse.SUPPRESS)
+    parser.add_argument("--format-worker", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         folder, size, backend, method, batches = args.worker
         print(json.dumps(measure(Path(folder), int(size), backend, method, int(batches))))
+        return
+    if args.format_worker:
+        folder, name, size, patches, rounds = args.format_worker
+        (fmt,) = write_formats(Path(folder), int(size), [name])  # written: opens only
+        print(json.dumps(format_rows(fmt, int(size), int(patches), int(rounds))))
         return
     if args.quick:
         for name, value in QUICK.items():
@@ -900,8 +919,10 @@ def main() -> None:
             warm_page_cache(where)
             print(f"\nformats written in {time.perf_counter() - t0:.1f} s", flush=True)
             found = []
-            for fmt in stored:
-                found += format_rows(fmt, args.format_size, args.format_patches, args.rounds)
+            for fmt in stored:  # each in a fresh process: no format's reads shape another's
+                found += format_isolated(
+                    where, fmt.name, args.format_size, args.format_patches, args.rounds
+                )
             rows += found
             print_formats(found, stored, args.format_size, args.format_patches, args.rounds)
     if args.json:

@@ -72,7 +72,7 @@ _runtime_at_fork = False
 _RUNTIME_THREAD_PREFIXES = ("tokio-runtime", "icechunk")
 
 
-def icechunk_runtime_threads() -> bool | None:
+def _icechunk_runtime_threads() -> bool | None:
     """Whether a thread of icechunk's tokio runtime runs in this process.
 
     Returns
@@ -103,7 +103,7 @@ def _before_fork() -> None:
     # icechunk that blocks for ever on every call. Where threads cannot be listed, an
     # imported icechunk counts as having run: a clear refusal is better than a hang.
     global _runtime_at_fork
-    _runtime_at_fork = imported("icechunk") is not None and icechunk_runtime_threads() is not False
+    _runtime_at_fork = imported("icechunk") is not None and _icechunk_runtime_threads() is not False
 
 
 def _note_fork() -> None:

@@ -24,6 +24,8 @@ from _fork_child import in_forked_child
 
 from mixle.data.sampling.patch_sampler import PatchSampler
 from mixle.data.sources.arrays.b2nd import B2ndArraySource, read_b2nd
+from mixle.data.sources.arrays.b2nd import blocks as b2nd_blocks
+from mixle.data.sources.arrays.b2nd import source as b2nd_source
 from mixle.data.sources.arrays.b2nd.blocks import (
     B2ndChunkReader,
     blocks_tile_chunks,
@@ -59,6 +61,20 @@ KEYS: list[Any] = [
 ]
 PATCH = (3, 5, 4)
 STARTS = [[0, 0, 0], [2, 3, 3], [8, 9, 5], [5, 6, 0], [3, 4, 4], [7, 0, 5]]
+
+
+#: The default of the rule reading small blocks as part of their whole chunk.
+DEFAULT_MIN_BLOCK_BYTES = b2nd_blocks.MIN_BLOCK_BYTES
+
+
+@pytest.fixture(autouse=True)
+def small_blocks_read_alone(monkeypatch):
+    """Blocks of the small test arrays are read alone, as large blocks are by default.
+
+    The arrays here are small, so their blocks are far under ``MIN_BLOCK_BYTES``; the tests
+    of the default rule set it back.
+    """
+    monkeypatch.setattr(b2nd_blocks, "MIN_BLOCK_BYTES", 0)
 
 
 def _values(dtype: str, shape: tuple[int, ...] = SHAPE, seed: int = 0) -> np.ndarray:
@@ -391,7 +407,7 @@ def test_reads_by_block_needs_the_dtypes_item_size(tmp_path):
 
     odd = OtherTypesize(array)
     assert not reads_by_block(odd)
-    assert not B2ndChunkReader(odd, "x", lambda: None).by_block
+    assert not B2ndChunkReader(odd, "x").by_block
 
 
 def test_inspect_b2nd_says_block_reads_only_where_the_reader_reads_blocks(tmp_path):
@@ -552,3 +568,83 @@ def test_inspect_b2nd_refuses_what_is_not_a_b2nd_array(tmp_path):
         inspect_b2nd(str(junk), None, None)
     with pytest.raises(UnsupportedStoreError, match=r"local \.b2nd files only"):
         inspect_b2nd("s3://bucket/a.b2nd", None, None)
+
+
+# -- whole chunks or blocks; the file checked once per read call -----------------------------
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_small_blocks_of_small_chunks_are_read_as_whole_chunks_equal_to_blosc2(
+    tmp_path, monkeypatch, layout
+):
+    monkeypatch.setattr(b2nd_blocks, "MIN_BLOCK_BYTES", DEFAULT_MIN_BLOCK_BYTES)
+    path = _write(tmp_path / "a.b2nd", _values("<f4", seed=4), layout)
+    src = read_b2nd(path)
+    reader = src._reader_for(src.array)
+    assert reader is not None and not reader.by_block and reader.chunks == src.chunks
+    assert_every_path_is_blosc2(path)
+
+
+def test_blocks_are_read_alone_when_large_or_their_chunk_is(tmp_path, monkeypatch):
+    monkeypatch.setattr(b2nd_blocks, "MIN_BLOCK_BYTES", DEFAULT_MIN_BLOCK_BYTES)
+    data = _values("<f4", (16, 16, 64), seed=5)
+    path = tmp_path / "a.b2nd"  # one 64 KiB chunk of two 32 KiB blocks
+    blosc2.asarray(data, chunks=(16, 16, 64), blocks=(8, 16, 64), urlpath=str(path), mode="w")
+    array = blosc2.open(str(path))
+    want = array[...]
+    assert not reads_by_block(array)  # small blocks of a small chunk: the chunk whole
+    monkeypatch.setattr(b2nd_blocks, "MIN_BLOCK_BYTES", 32 * 1024)
+    assert reads_by_block(array)  # blocks as large as the minimum
+    monkeypatch.setattr(b2nd_blocks, "MIN_BLOCK_BYTES", DEFAULT_MIN_BLOCK_BYTES)
+    monkeypatch.setattr(b2nd_blocks, "WHOLE_CHUNK_BYTES", 32 * 1024)
+    assert reads_by_block(array)  # a chunk over the whole-chunk size: by block
+    src = read_b2nd(path)
+    assert src._reader_for(src.array).chunks == (8, 16, 64)
+    np.testing.assert_array_equal(src[...], want)
+    boxes = src.read_boxes([[5, 3, 7], [0, 7, 40]], (6, 9, 20))
+    np.testing.assert_array_equal(boxes[0], want[5:11, 3:12, 7:27])
+    np.testing.assert_array_equal(boxes[1], want[0:6, 7:16, 40:60])
+
+
+def _count_checks(monkeypatch) -> list[str]:
+    calls: list[str] = []
+    real = b2nd_source.check_mapped_file
+
+    def counted(*args: Any, **kwargs: Any) -> None:
+        calls.append(str(args[0]))
+        real(*args, **kwargs)
+
+    monkeypatch.setattr(b2nd_source, "check_mapped_file", counted)
+    return calls
+
+
+@pytest.mark.parametrize("unit", ["blocks", "chunks"])
+def test_the_mapped_file_is_checked_once_per_read_call(tmp_path, monkeypatch, unit):
+    if unit == "chunks":
+        monkeypatch.setattr(b2nd_blocks, "MIN_BLOCK_BYTES", DEFAULT_MIN_BLOCK_BYTES)
+    path = _write(tmp_path / "a.b2nd", _values("<f4"))
+    want = blosc2.open(str(path))[...]
+    src = read_b2nd(path)
+    assert src._reader_for(src.array).by_block == (unit == "blocks")
+    calls = _count_checks(monkeypatch)
+    np.testing.assert_array_equal(src[...], want)  # every block or chunk of the array
+    assert calls == [str(path)]
+    boxes = src.read_boxes(STARTS, PATCH)
+    assert len(calls) == 2
+    for got, corner in zip(boxes, STARTS):
+        np.testing.assert_array_equal(got, want[_box(corner, PATCH)])
+    np.testing.assert_array_equal(src.get_batch([3, 0, 3]), want[[3, 0, 3]])
+    assert len(calls) == 3
+
+
+def test_a_file_replaced_after_its_chunks_are_cached_raises_on_the_next_read(tmp_path):
+    path = _write(tmp_path / "a.b2nd", _values("<f4"))
+    src = read_b2nd(path)
+    first = src[...]  # every block decoded and cached
+    np.testing.assert_array_equal(first, blosc2.open(str(path))[...])
+    other = _write(tmp_path / "b.b2nd", _values("<f4", seed=9))
+    os.replace(other, path)
+    with pytest.raises(FileChangedError):
+        src.read_boxes([[0, 0, 0]], (2, 2, 2))  # the cached blocks are not served
+    with pytest.raises(FileChangedError):
+        src[0]

@@ -12,7 +12,9 @@ from mixle.data.sources.arrays.b2nd.blocks import B2ndChunkReader
 from mixle.data.sources.arrays.base import ArrayMeta, ArraySource
 from mixle.data.sources.arrays.memmap.check import check_mapped_file, file_identity
 from mixle.data.structure import EXCHANGEABLE, SampleStructure
+from mixle.errors import FileChangedError
 from mixle.reading import ChunkReader
+from mixle.reading.process_cache import drop_cached_chunks
 from mixle.utils import optional_deps
 from mixle.utils.files import require_regular_file
 
@@ -63,7 +65,8 @@ class B2ndArraySource(ArraySource):
     makes a block's decoding depend on other blocks (``DELTA``), the whole chunk. Each
     decode uses one blosc2 thread (mixle's pool runs decodes in parallel; blosc2's own
     threads would hang a forked child); blosc2's global settings are left alone.
-    The file is mapped read-only (``mmap_mode="r"``) and checked before each read: a file
+    The file is mapped read-only (``mmap_mode="r"``) and checked once per read call (before
+    any of its chunks is decoded, or served from the chunk cache): a file
     cut short or replaced raises :class:`~mixle.errors.FileChangedError` instead of
     crashing the process. blosc2 frames carry no checksum: a damaged block whose bytes
     still decode reads as what they decode to.
@@ -142,7 +145,18 @@ class B2ndArraySource(ArraySource):
     def _chunk_reader(self, handle: Any) -> ChunkReader | None:
         if 0 in handle.shape:
             return None
-        return B2ndChunkReader(handle, self._location(), self._check)
+        return B2ndChunkReader(handle, self._location())
+
+    def _reader_for(self, handle: Any) -> ChunkReader | None:
+        """The chunk reader, once the mapped file is checked (once per read call)."""
+        reader = super()._reader_for(handle)
+        if reader is not None:
+            try:
+                self._check()
+            except FileChangedError:  # chunks decoded from the old file never serve again
+                drop_cached_chunks(reader.token)
+                raise
+        return reader
 
     def _read(self, handle: Any, key: tuple[int | slice, ...]) -> np.ndarray:
         reader = self._reader_for(handle)

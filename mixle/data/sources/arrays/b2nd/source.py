@@ -61,8 +61,10 @@ class B2ndArraySource(ArraySource):
     -----
     Opening reads the frame's metadata only. Reads go through the read planner: when the
     blocks tile the chunks (``chunks`` a multiple of ``blocks`` on every axis) its unit is
-    the block, so a patch decodes only the blocks it touches; otherwise, and when a filter
-    makes a block's decoding depend on other blocks (``DELTA``), the whole chunk. Each
+    the block, so a patch decodes only the blocks it touches; otherwise, when a filter
+    makes a block's decoding depend on other blocks (``DELTA``), and when blocks are small
+    (under 64 KiB) in chunks small enough to decode whole faster (at most 4 MiB; see
+    :mod:`mixle.data.sources.arrays.b2nd.blocks`), the whole chunk. Each
     decode uses one blosc2 thread (mixle's pool runs decodes in parallel; blosc2's own
     threads would hang a forked child); blosc2's global settings are left alone.
     The file is mapped read-only (``mmap_mode="r"``) and checked once per read call (before

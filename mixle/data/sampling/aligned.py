@@ -20,10 +20,12 @@ from mixle.data.sampling.patch_args import fingerprint_digest, per_axis, source_
 from mixle.data.sources.arrays.adopt import as_array_source
 from mixle.data.sources.arrays.base import ArraySource, listing
 from mixle.data.sources.arrays.hdf5.source import HDF5ArraySource
+from mixle.data.sources.arrays.zarr.by_path import open_by_path, parse_version, release_store
 from mixle.data.sources.arrays.zarr.source import ZarrArraySource
 from mixle.data.spec import ArraySpec
 from mixle.errors import ArrayNotFoundError
 from mixle.utils.optional_deps import require
+from mixle.utils.redact import display_path
 
 __all__ = [
     "COORDS_KEY",
@@ -266,25 +268,57 @@ def _pick(
 
 
 def read_zarr_arrays(
-    path: str | os.PathLike[str],
+    path: str | os.PathLike[str] | Any,
     names: Sequence[str] | Mapping[str, str] | None = None,
     *,
     storage_options: dict[str, Any] | None = None,
+    branch: str | None = None,
+    tag: str | None = None,
+    snapshot: str | None = None,
     mask_and_scale: bool = False,
 ) -> dict[str, ZarrArraySource]:
     """``{name: source}`` for arrays of a zarr group, ready for aligned sampling.
 
-    ``names`` is a list of components, a ``{name: component}`` dict, or ``None`` (every
-    array in the group, keyed by its component path). ``mask_and_scale`` unpacks CF-packed
-    variables as in :func:`~mixle.read_zarr`. Raises
-    :class:`~mixle.errors.ArrayNotFoundError` (a ``KeyError``) listing what exists.
+    ``path`` is what :func:`~mixle.read_zarr` takes: a zarr folder, a URL, a store object,
+    a zipped zarr store (``.zip``, read-only) or a local icechunk repository folder, with
+    ``branch=``, ``tag=`` or ``snapshot=`` choosing the icechunk version (default: the
+    head of ``"main"``); every array reads the snapshot the listing saw (their reprs name
+    it), so a commit made meanwhile never mixes versions. ``names`` is a list of
+    components, a ``{name: component}`` dict, or ``None`` (every array in the group, keyed
+    by its component path). ``mask_and_scale`` unpacks CF-packed variables as in
+    :func:`~mixle.read_zarr`.
+
+    Raises
+    ------
+    ~mixle.errors.ArrayNotFoundError
+        (a ``KeyError``) A name that is not an array of the group, listing what exists.
+    ValueError
+        ``branch=``/``tag=``/``snapshot=`` for something other than an icechunk repository,
+        more than one of them, or a version the repository lacks (listing its branches and
+        tags).
+    ~mixle.errors.UnsupportedStoreError
+        A zip file holding no zarr store, or a file of another format (naming its reader).
     """
     zarr = require("zarr", "zarr", feature="read_zarr_arrays")
-    group = zarr.open_group(os.fspath(path), mode="r", storage_options=storage_options)
-    available = [n for n, node in group.members(max_depth=None) if isinstance(node, zarr.Array)]
-    picked = _pick(sorted(available), names, f"the zarr group {os.fspath(path)!r}")
+    by_path = open_by_path(path, None, parse_version(branch, tag, snapshot))
+    try:
+        if by_path is None:
+            where = os.fspath(path) if isinstance(path, os.PathLike) else path
+            group = zarr.open_group(where, mode="r", storage_options=storage_options)
+        else:
+            group = zarr.open_group(store=by_path.store, mode="r")
+        available = [n for n, node in group.members(max_depth=None) if isinstance(node, zarr.Array)]
+    finally:
+        if by_path is not None:
+            release_store(by_path.store)
+    picked = _pick(sorted(available), names, f"the zarr group {display_path(path)!r}")
+    version: dict[str, Any] = {"branch": branch, "tag": tag, "snapshot": snapshot}
+    if by_path is not None and by_path.version is not None:
+        version = {"snapshot": by_path.version["snapshot"]}  # the listing's snapshot, for all
     return {
-        k: ZarrArraySource(path, c, storage_options=storage_options, mask_and_scale=mask_and_scale)
+        k: ZarrArraySource(
+            path, c, storage_options=storage_options, mask_and_scale=mask_and_scale, **version
+        )
         for k, c in picked.items()
     }
 

@@ -124,20 +124,31 @@ class PatchSampler:
         Show a progress bar while a ``weights``/``labels`` map is indexed: ``True``,
         ``False`` or ``None`` (automatic; see :mod:`mixle.utils.progress`).
     patch_size_mm
-        The patch size in millimetres instead of ``patch_size``: a number (every axis) or
-        one per spatial axis, each ``> 0``. It becomes ``round(mm / spacing)`` voxels
-        (halves up, at least 1) on each spatial axis with the array's own spacing
+        The patch size in millimetres instead of ``patch_size``: a number or one per
+        spatial axis (the trailing axes), each ``> 0``. One number covers the spatial
+        axes the array's recorded axis names give (``z, y, x`` of a ``c, z, y, x``
+        OME-Zarr: every channel in each patch; see
+        :func:`~mixle.data.sampling.physical_patches.spatial_axes`), or every axis where it
+        records no names. It becomes ``round(mm / spacing)`` voxels (halves up, at least 1;
+        quotients within a relative ``1e-6`` below a half count as one, for float32
+        spacings) on each spatial axis with the array's own spacing
         (:attr:`~mixle.ArraySource.spacing`, converted from its recorded unit; no unit:
         millimetres); :attr:`patch_size` is the result. An array without a recorded
-        spacing raises ``ValueError``. For a dict: the spacing of the finest array.
+        spacing raises ``ValueError``, as do entries that are not its spatial axes (a
+        NIfTI ``i, j, k, t`` keeps time last, which a patch cannot hold whole). For a
+        dict: the spacing of the finest array.
     world
         ``True`` adds each patch's world position: records ``(patch, coords, world)``
         (dicts: a ``"world"`` entry), ``world`` being ``affine @ [*coords, 1]`` (the
         spatial axes) as float64, from the array's :attr:`~mixle.ArraySource.affine`
-        (for a dict, the finest array's), in the units the format records. An array
-        without a recorded affine raises ``ValueError``: mixle does not assume an identity
-        geometry. On JAX with x64 off a float64 leaf needs ``dtype_policy="cast"``
-        (float32 on the device) or x64 on (:mod:`mixle.jax`).
+        (for a dict, the finest array's), in the units the format records. The patched
+        axes must be the spatial ones where the array records axis names (``patch_size``
+        of 3 entries for ``c, z, y, x``; a NIfTI ``i, j, k, t`` or an RGB ``z, y, x, s``
+        OME-TIFF, whose spatial axes are not last, raises ``ValueError`` naming them);
+        without names the trailing axes are taken as spatial. An array without a recorded
+        affine raises ``ValueError``: mixle does not assume an identity geometry. On JAX
+        with x64 off a float64 leaf needs ``dtype_policy="cast"`` (float32 on the device)
+        or x64 on (:mod:`mixle.jax`).
 
     Raises
     ------
@@ -545,12 +556,15 @@ def _mm_patch_size(
     """``(array as a source or dict of sources, voxel patch size)`` of ``patch_size_mm=mm``."""
     if isinstance(array, Mapping):
         spatial = None if isinstance(mm, float) else len(mm)
-        arrays = AlignedArrays(array, spatial_ndim=spatial, scales=scales)
-        nd = len(arrays.shape)
-        name = next(k for k, f in arrays.factors.items() if all(x == 1 for x in f))
-        src = arrays.sources[name]
-        per_axis_mm = (mm,) * nd if isinstance(mm, float) else mm
-        return arrays.sources, patch_size_from_mm(per_axis_mm, src.physical, src.ndim, repr(src))
+        while True:  # one number: the finest array's spatial axes, which may set how many
+            arrays = AlignedArrays(array, spatial_ndim=spatial, scales=scales)
+            nd = len(arrays.shape)
+            name = next(k for k, f in arrays.factors.items() if all(x == 1 for x in f))
+            src = arrays.sources[name]
+            size = patch_size_from_mm(mm, src.physical, src.ndim, repr(src), default_nd=nd)
+            if len(size) == nd or spatial is not None:
+                return arrays.sources, size
+            spatial = len(size)
     source = as_array_source(array, name="array")
     if not source.shape:
         raise ValueError("array is 0-dimensional; patches need at least one axis")

@@ -6,6 +6,14 @@ size in millimetres becomes ``round(mm / spacing)`` voxels (at least 1) on each 
 axis (:func:`patch_size_from_mm`), and a patch's corner voxel its world position
 ``affine @ [*corner, 1]`` (:func:`world_positions`, over the spatial part of the affine that
 :func:`spatial_affine` takes).
+
+Which axes are spatial comes from the axis names the format records
+(:func:`spatial_axes`): NIfTI keeps time last (``i, j, k, t``), an RGB OME-TIFF its samples
+(``z, y, x, s``), an OME-Zarr image its channels first (``c, z, y, x``). A sampler patches
+its trailing axes and holds the leading ones whole, so both need the spatial axes to be
+exactly the patched, trailing ones: anything else raises ``ValueError`` naming the axes,
+never a world position of the wrong axes. Arrays that record no axis names keep the
+trailing-axes rule.
 """
 
 from __future__ import annotations
@@ -21,13 +29,17 @@ from mixle.data.sources.arrays.physical import Physical
 
 __all__ = [
     "MM_PER_UNIT",
+    "ROUND_TOLERANCE",
     "WORLD_KEY",
     "SizeMm",
+    "check_spatial_axes",
     "describe_sizes",
     "finest_array",
     "parse_patch_size_mm",
     "patch_size_from_mm",
+    "round_voxels",
     "spatial_affine",
+    "spatial_axes",
     "world_positions",
 ]
 
@@ -64,6 +76,101 @@ MM_PER_UNIT: dict[str, float] = {
 #: A patch size in millimetres as given: one number for every axis, or one per spatial axis.
 SizeMm = float | tuple[float, ...]
 
+#: Axis names that are spatial wherever they appear (OME-TIFF, OME-Zarr, ImageJ, N5 writers).
+SPATIAL_NAMES = frozenset({"x", "y", "z"})
+#: NIfTI's voxel axes: spatial when no axis is named x, y or z (tifffile's ``I`` axis is a
+#: sequence of images, not space).
+VOXEL_NAMES = frozenset({"i", "j", "k"})
+#: Relative tolerance of :func:`round_voxels`: a quotient this close below a half rounds up.
+ROUND_TOLERANCE = 1e-6
+
+
+def spatial_axes(physical: Physical | None) -> tuple[int, ...] | None:
+    """The spatial axes of ``physical`` by their recorded names and units; ``None``: unknown.
+
+    An axis is spatial when it is named ``x``, ``y`` or ``z`` (any case), when its unit is
+    a length (:data:`MM_PER_UNIT`: an OME-Zarr ``"space"`` axis of another name), or, when
+    no axis is named ``x``, ``y`` or ``z``, when it is named ``i``, ``j`` or ``k`` (NIfTI's
+    voxel axes). Channels (``c``), samples (``s``), time (``t``, a time unit) and other
+    names are not. ``None`` when ``physical`` is ``None``, records no axis names, or names
+    no axis spatial (the callers then take the trailing axes as the spatial ones).
+    """
+    if physical is None or physical.axes is None:
+        return None
+    names = [n.strip().lower() for n in physical.axes]
+    units = physical.units or (None,) * len(names)
+    spatial = SPATIAL_NAMES if SPATIAL_NAMES & set(names) else SPATIAL_NAMES | VOXEL_NAMES
+    found = tuple(
+        a
+        for a, (name, unit) in enumerate(zip(names, units))
+        if name in spatial or (unit is not None and unit.strip().lower() in MM_PER_UNIT)
+    )
+    return found or None
+
+
+def _span(axes: Sequence[int]) -> str:
+    """``"axis 2"``, ``"axes 0-2"`` or ``"axes 0, 2"``."""
+    if len(axes) == 1:
+        return f"axis {axes[0]}"
+    if list(axes) == list(range(axes[0], axes[0] + len(axes))):
+        return f"axes {axes[0]}-{axes[-1]}"
+    return f"axes {', '.join(str(a) for a in axes)}"
+
+
+def check_spatial_axes(
+    physical: Physical | None, ndim: int, nd: int, argument: str, what: str, covers: str
+) -> None:
+    """Raise ``ValueError`` unless the trailing ``nd`` of ``ndim`` axes are the spatial ones.
+
+    The spatial axes are :func:`spatial_axes`'s; nothing is checked when they are unknown.
+    ``argument`` (``"world=True"``, ``"patch_size_mm=..."``) leads the message, ``what``
+    names the array, ``covers`` the argument that sets the patched axes (``"patch_size"``).
+    """
+    found = spatial_axes(physical)
+    patched = tuple(range(ndim - nd, ndim))
+    if found is None or found == patched or physical is None or physical.axes is None:
+        return
+    names = physical.axes
+
+    def named(axes: Sequence[int]) -> str:
+        return ", ".join(names[a] for a in axes)
+
+    head = (
+        f"{argument}: the spatial axes of {what} are {named(found)} ({_span(found)} of "
+        f"{ndim}) but {covers} covers {_span(patched)} ({named(patched)}); world= and "
+        "patch_size_mm= need the patch to cover exactly the spatial axes, and those last "
+        "(a patch holds its leading axes whole)"
+    )
+    if found == tuple(range(ndim - len(found), ndim)):
+        advice = f"give {covers} {len(found)} entries, one per spatial axis ({named(found)})"
+        if covers == "patch_size_mm":
+            advice += ", or one number"
+    else:
+        after = [a for a in range(found[0], ndim) if a not in found]
+        where = "comes after" if after[0] > found[-1] else "lies between"
+        advice = (
+            f"here {named(after)} ({_span(after)}) {where} them, which a patch "
+            "cannot hold whole: store the data with the spatial axes last (time, channels "
+            "or samples first), or pass patch_size= in voxels and leave world= off (corners "
+            "are then voxel indices of the patched axes)"
+        )
+    raise ValueError(f"{head}: {advice}")
+
+
+def round_voxels(quotient: float) -> int:
+    """``quotient`` rounded to the nearest int, halves up, at least 1.
+
+    A quotient within a relative :data:`ROUND_TOLERANCE` (``1e-6``, at most a quarter
+    voxel) of a half rounds up as the half does: a spacing recorded in float32 (NIfTI's
+    ``pixdim``) is off by up to a relative ``6e-8``, so ``1.0 / float32(0.4)`` is
+    ``2.49999996`` where ``2.5`` was meant, and gives 3 voxels.
+    """
+    whole = math.floor(quotient)
+    near = min(0.25, ROUND_TOLERANCE * max(1.0, abs(quotient)))
+    if abs(quotient - (whole + 0.5)) <= near:
+        return max(1, whole + 1)
+    return max(1, math.floor(quotient + 0.5))
+
 
 def parse_patch_size_mm(patch_size_mm: object) -> SizeMm:
     """``patch_size_mm`` as a float or a tuple of floats, each finite and ``> 0``.
@@ -99,22 +206,36 @@ def parse_patch_size_mm(patch_size_mm: object) -> SizeMm:
 
 
 def patch_size_from_mm(
-    patch_size_mm: SizeMm, physical: Physical | None, ndim: int, what: str
+    patch_size_mm: SizeMm,
+    physical: Physical | None,
+    ndim: int,
+    what: str,
+    *,
+    default_nd: int | None = None,
 ) -> tuple[int, ...]:
     """The voxel patch size of ``patch_size_mm`` on an array of ``ndim`` axes and ``physical``.
 
-    A tuple names the trailing axes (the spatial ones; leading axes are channels); one
-    number covers every axis, as an int ``patch_size`` does. Each extent is
-    ``round(mm / spacing)`` (halves up), at least 1, with the spacing converted to
-    millimetres by its unit (:data:`MM_PER_UNIT`; no unit recorded: millimetres).
+    A tuple names the trailing axes, which must be the spatial ones (leading axes are
+    channels, held whole). One number covers the spatial axes (:func:`spatial_axes`),
+    which must be the trailing ones; where the array records no axis names (or none
+    mixle knows as spatial), every axis, as an int ``patch_size`` does (or the trailing
+    ``default_nd``, for a dict of arrays). Each extent is :func:`round_voxels` of
+    ``mm / spacing`` (halves up, at least 1), with the spacing converted to millimetres by
+    its unit (:data:`MM_PER_UNIT`; no unit recorded: millimetres).
 
     Raises
     ------
     ValueError
-        ``physical`` is ``None`` (the array records no spacing), more entries than axes, or
-        a spatial axis whose unit is not a length (naming ``what``).
+        ``physical`` is ``None`` (the array records no spacing), more entries than axes,
+        entries that are not the spatial axes (by the recorded names), or a spatial axis
+        whose unit is not a length (naming ``what``).
     """
-    nd = ndim if isinstance(patch_size_mm, float) else len(patch_size_mm)
+    one = isinstance(patch_size_mm, float)
+    known = spatial_axes(physical)
+    if one:
+        nd = len(known) if known is not None else ndim if default_nd is None else default_nd
+    else:
+        nd = len(patch_size_mm)  # type: ignore[arg-type]
     if not 1 <= nd <= ndim:
         raise ValueError(
             f"patch_size_mm={patch_size_mm!r} has {nd} entries; {what} has {ndim} axes "
@@ -125,11 +246,19 @@ def patch_size_from_mm(
             f"patch_size_mm={patch_size_mm!r}: {what} records no voxel spacing (its format "
             "stores none, or mixle does not read it); pass patch_size= in voxels instead"
         )
-    mm = (patch_size_mm,) * nd if isinstance(patch_size_mm, float) else patch_size_mm
+    check_spatial_axes(
+        physical,
+        ndim,
+        nd,
+        f"patch_size_mm={patch_size_mm!r}",
+        what,
+        "patch_size_mm",
+    )
+    mm = (patch_size_mm,) * nd if one else patch_size_mm
     spacing = physical.spacing[ndim - nd :]
     units = (None,) * nd if physical.units is None else physical.units[ndim - nd :]
     out = []
-    for a, (size, step, unit) in enumerate(zip(mm, spacing, units)):
+    for a, (size, step, unit) in enumerate(zip(mm, spacing, units)):  # type: ignore[arg-type]
         factor = 1.0 if unit is None else MM_PER_UNIT.get(unit.strip().lower())
         if factor is None:
             raise ValueError(
@@ -137,18 +266,23 @@ def patch_size_from_mm(
                 f"{ndim - nd + a}, not a length mixle converts to millimetres (it knows "
                 f"{', '.join(sorted(MM_PER_UNIT))}); pass patch_size= in voxels instead"
             )
-        out.append(max(1, math.floor(size / (step * factor) + 0.5)))
+        out.append(round_voxels(size / (step * factor)))
     return tuple(out)
 
 
 def spatial_affine(physical: Physical | None, nd: int, what: str) -> NDArray[np.float64]:
     """The ``(nd + 1, nd + 1)`` voxel-to-world affine of the trailing ``nd`` axes.
 
+    Those must be the spatial axes where the array records axis names
+    (:func:`spatial_axes`: ``i, j, k`` of a NIfTI ``i, j, k, t``, not ``j, k, t``); arrays
+    without names take the trailing ``nd`` axes as the spatial ones.
+
     Raises
     ------
     ValueError
-        ``physical`` is ``None``, or its affine mixes a leading (channel) axis into the
-        world position of a spatial one (naming ``what``).
+        ``physical`` is ``None``; the patched axes are not the spatial ones; or the affine
+        mixes a leading (channel) axis into the world position of a spatial one (naming
+        ``what``).
     """
     if physical is None:
         raise ValueError(
@@ -157,6 +291,7 @@ def spatial_affine(physical: Physical | None, nd: int, what: str) -> NDArray[np.
             "from a format that records its affine (NIfTI, OME-Zarr, OME-TIFF)"
         )
     n = physical.ndim
+    check_spatial_axes(physical, n, nd, "world=True", what, "patch_size")
     a = physical.affine
     lead = n - nd
     if lead and np.any(a[lead:n, :lead]):

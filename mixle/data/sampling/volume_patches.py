@@ -109,7 +109,8 @@ class VolumePatchSampler(PatchSampler, collections=VolumeCollection):
     world
         ``True`` adds ``"world"``: the float64 world position of each patch's corner,
         ``affine @ [*coords, 1]`` with that volume's own affine (dict volumes: the finest
-        array's). A volume that records no affine raises ``ValueError`` naming it, the
+        array's). A volume that records no affine, or whose recorded spatial axes are
+        not the patched ones (as for one volume), raises ``ValueError`` naming it, the
         first time it is drawn.
 
     Notes
@@ -321,10 +322,10 @@ class VolumePatchSampler(PatchSampler, collections=VolumeCollection):
                 nd = None if isinstance(mm, float) else len(mm)
                 src, array = self._reference_array(volume, nd)
                 where = f"volume {v} ({vols.keys[v]!r}{array})"
+                default = None
                 if isinstance(volume, Mapping) and isinstance(mm, float):
-                    nd = min(s.ndim for s in volume.values())
-                per_axis: SizeMm = (mm,) * nd if nd is not None and isinstance(mm, float) else mm
-                size = patch_size_from_mm(per_axis, src.physical, src.ndim, where)
+                    default = min(s.ndim for s in volume.values())
+                size = patch_size_from_mm(mm, src.physical, src.ndim, where, default_nd=default)
                 rows.append((where, src.spacing, size))
         sizes = {size for _, _, size in rows}
         if len(sizes) > 1:

@@ -20,14 +20,17 @@ from mixle.data.sources.arrays.hdf5.source import HDF5ArraySource
 from mixle.data.sources.arrays.memmap.source import MemmapArraySource, NpyArraySource
 from mixle.data.sources.arrays.zarr.source import ZarrArraySource
 from mixle.errors import UnsupportedStoreError
+from mixle.utils.files import open_regular_file
 from mixle.utils.redact import display_path
 
 __all__ = [
     "HDF5_SUFFIXES",
+    "NETCDF_SUFFIXES",
     "NIFTI_SUFFIXES",
     "RAW_SUFFIXES",
     "TIFF_SUFFIXES",
     "VOLUME_SUFFIXES",
+    "ZARR_SUFFIXES",
     "Format",
     "OpenOptions",
     "is_url",
@@ -40,6 +43,11 @@ Format = Literal["zarr", "hdf5", "npy", "raw", "tiff", "nifti", "n5", "b2nd", "n
 
 #: Suffixes read as HDF5 files (``dataset=`` names the array inside).
 HDF5_SUFFIXES = (".h5", ".hdf5", ".hdf", ".he5")
+#: Suffixes of netCDF-4 files, read as the HDF5 files they are (``dataset=`` names the
+#: variable); a netCDF-3 (classic) file of that name is refused when opened.
+NETCDF_SUFFIXES = (".nc", ".nc4")
+#: Suffixes read as zarr stores: folders (or URLs), and local zipped stores.
+ZARR_SUFFIXES = (".zarr.zip", ".zarr")
 #: Suffixes read as raw binary volumes (``raw_dtype=`` and ``raw_shape=`` describe them).
 RAW_SUFFIXES = (".raw", ".bin", ".dat")
 #: Suffixes read as TIFF files, OME-TIFF too (:func:`mixle.data.sources.arrays.tiff.read_tiff`).
@@ -48,20 +56,23 @@ TIFF_SUFFIXES = (".ome.tiff", ".ome.tif", ".tiff", ".tif")
 NIFTI_SUFFIXES = (".nii.gz", ".nii")
 #: Every suffix a volume's format is told by (names ending so are volumes, not metadata).
 VOLUME_SUFFIXES = (
-    ".zarr",
+    *ZARR_SUFFIXES,
     ".npy",
     ".npz",
     ".n5",
     ".b2nd",
     *HDF5_SUFFIXES,
+    *NETCDF_SUFFIXES,
     *RAW_SUFFIXES,
     *TIFF_SUFFIXES,
     *NIFTI_SUFFIXES,
 )
 #: What an "unknown format" error lists as accepted.
 _ACCEPTED = (
-    "a zarr store (a folder, a path or URL ending in .zarr, or a URL without a suffix), "
+    "a zarr store (a folder, a path or URL ending in .zarr, a local zipped store ending "
+    "in .zarr.zip, or a URL without a suffix), "
     f"an HDF5 file ({', '.join(HDF5_SUFFIXES)}, with dataset=), "
+    f"a netCDF-4 file ({', '.join(NETCDF_SUFFIXES)}, with dataset= naming the variable), "
     f"a TIFF file ({', '.join(TIFF_SUFFIXES)}), a NIfTI file ({', '.join(NIFTI_SUFFIXES)}), "
     "an N5 container (.n5, local or a URL, with dataset= for a dataset inside it), "
     "a blosc2 file (.b2nd), "
@@ -74,11 +85,12 @@ _BY_SUFFIX: tuple[tuple[str, Format], ...] = (
     *((x, "tiff") for x in TIFF_SUFFIXES),
     *((x, "nifti") for x in NIFTI_SUFFIXES),
     *((x, "hdf5") for x in HDF5_SUFFIXES),
+    *((x, "hdf5") for x in NETCDF_SUFFIXES),
     (".npy", "npy"),
     (".npz", "npz"),
     (".b2nd", "b2nd"),
     (".n5", "n5"),
-    (".zarr", "zarr"),
+    *((x, "zarr") for x in ZARR_SUFFIXES),
 )
 
 
@@ -112,6 +124,8 @@ class OpenOptions:
     raw_shape: tuple[int, ...] | None = None
     raw_offset: int = 0
     storage_options: Mapping[str, Any] | None = None
+    #: CF unpacking of zarr and HDF5 (netCDF-4) volumes, as ``read_zarr(mask_and_scale=)``.
+    mask_and_scale: bool = False
 
     def dataset_for(self, name: str | None) -> str | None:
         """The HDF5 dataset of the array ``name`` (``None``: single-array volumes)."""
@@ -170,9 +184,15 @@ def volume_format(path: str, options: OpenOptions, what: str) -> Format:
             f"{what}: path={shown!r} is a {fmt} file: those are read from local paths only; "
             "copy it locally, or convert it to zarr"
         )
+    if url and "::" not in path and suffix_format(path) == "zarr" and suffix == ".zip":
+        raise UnsupportedStoreError(
+            f"{what}: path={shown!r} is a zipped zarr store: those are read from local paths "
+            "only; copy it locally, or unzip it into a zarr store (a folder or bucket prefix)"
+        )
     if fmt == "hdf5" and options.dataset is None:
+        kind = "a netCDF-4 file" if path.lower().endswith(NETCDF_SUFFIXES) else "an HDF5 file"
         raise ValueError(
-            f"{what}: path={shown!r} is an HDF5 file: pass dataset= (the path of "
+            f"{what}: path={shown!r} is {kind}: pass dataset= (the path of "
             "the array inside it, e.g. dataset='volume')"
         )
     if fmt == "raw" and (options.raw_dtype is None or options.raw_shape is None):
@@ -191,8 +211,10 @@ def open_volume(path: str, fmt: Format, name: str | None, options: OpenOptions) 
     fsspec_options: dict[str, Any] = {}
     if options.storage_options is not None and is_url(path):
         fsspec_options["storage_options"] = dict(options.storage_options)
+    unpack = options.mask_and_scale
     if fmt == "zarr":
-        return ZarrArraySource(path, options.component_for(name), **fsspec_options)
+        component = options.component_for(name)
+        return ZarrArraySource(path, component, mask_and_scale=unpack, **fsspec_options)
     if fmt == "hdf5":
         dataset = options.dataset_for(name)
         if dataset is None:
@@ -200,13 +222,35 @@ def open_volume(path: str, fmt: Format, name: str | None, options: OpenOptions) 
                 f"dataset={options.dataset!r} names no dataset for the array {name!r} of "
                 f"{display_path(path)!r}: give one for every array name"
             )
-        return HDF5ArraySource(path, dataset, **fsspec_options)
+        _refuse_netcdf3(path)
+        return HDF5ArraySource(path, dataset, mask_and_scale=unpack, **fsspec_options)
     if fmt == "npy":
         return NpyArraySource(path)
     if fmt in _READERS:
         return _open_new_format(path, fmt, name, options, fsspec_options)
     assert options.raw_dtype is not None and options.raw_shape is not None
     return MemmapArraySource(path, options.raw_dtype, options.raw_shape, offset=options.raw_offset)
+
+
+#: The first bytes of a netCDF-3 file (classic, 64-bit offset, 64-bit data).
+_NETCDF3_MAGICS = (b"CDF\x01", b"CDF\x02", b"CDF\x05")
+
+
+def _refuse_netcdf3(path: str) -> None:
+    """Refuse a local ``.nc`` file that is netCDF-3 (not HDF5), naming the conversion."""
+    if is_url(path) or not path.lower().endswith(NETCDF_SUFFIXES):
+        return
+    try:
+        with open_regular_file(path, "path") as fh:
+            head = fh.read(4)
+    except OSError:
+        return  # the HDF5 reader says what is wrong with it (SpecialFileError too)
+    if head in _NETCDF3_MAGICS:
+        raise UnsupportedStoreError(
+            f"path={display_path(path)!r} is a netCDF-3 (classic) file, not netCDF-4 (HDF5): "
+            "mixle reads netCDF-4; convert it (nccopy -k nc4 in.nc out.nc, or xarray's "
+            "to_netcdf(..., engine='h5netcdf')) or to zarr"
+        )
 
 
 #: ``(module, function)`` of the formats whose readers are imported when first used.

@@ -573,6 +573,8 @@ class VolumeCollection:
             ],
             "given": [_given_identity(entry) for entry in self._parsed.entries],
         }
+        if options.mask_and_scale:  # only when on: digests made before it existed still match
+            described["mask_and_scale"] = True
         text = json.dumps(described, sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()[:32]
 
@@ -687,6 +689,7 @@ def _parse_options(
     raw_shape: int | Sequence[int] | None,
     raw_offset: int,
     storage_options: Mapping[str, Any] | None,
+    mask_and_scale: bool = False,
 ) -> OpenOptions:
     for argument, value in (("dataset", dataset), ("component", component)):
         ok = value is None or isinstance(value, str)
@@ -708,6 +711,8 @@ def _parse_options(
         raise ValueError(f"raw_offset={raw_offset!r} must be a non-negative int")
     if storage_options is not None and not isinstance(storage_options, Mapping):
         raise TypeError("storage_options= must be a dict of fsspec options")
+    if not isinstance(mask_and_scale, (bool, np.bool_)):
+        raise TypeError(f"mask_and_scale={mask_and_scale!r} must be True or False")
     return OpenOptions(
         dataset=dict(dataset) if isinstance(dataset, Mapping) else dataset,
         component=dict(component) if isinstance(component, Mapping) else component,
@@ -715,6 +720,7 @@ def _parse_options(
         raw_shape=shape,
         raw_offset=int(raw_offset),
         storage_options=None if storage_options is None else dict(storage_options),
+        mask_and_scale=bool(mask_and_scale),
     )
 
 
@@ -731,6 +737,7 @@ def read_volumes(
     dtype: DTypeLike | None = None,
     storage_options: Mapping[str, Any] | None = None,
     max_open: int = DEFAULT_MAX_OPEN,
+    mask_and_scale: bool = False,
 ) -> VolumeCollection:
     """Open many N-D volumes as one lazy :class:`VolumeCollection`; no volume is read.
 
@@ -739,8 +746,11 @@ def read_volumes(
     volumes
         One of:
 
-        - a list of paths or URLs: zarr stores (folders, ``*.zarr``, OME-Zarr too), HDF5
-          files (``.h5``/``.hdf5``/``.hdf``/``.he5`` with ``dataset=``), ``.npy`` files, raw
+        - a list of paths or URLs: zarr stores (folders, ``*.zarr``, OME-Zarr too; local
+          zipped stores ``*.zarr.zip``, read-only, with ``component=`` for the array inside
+          them, as :func:`~mixle.read_zarr`), HDF5 files (``.h5``/``.hdf5``/``.hdf``/``.he5``
+          with ``dataset=``) and netCDF-4 files (``.nc``/``.nc4``: HDF5 files, ``dataset=``
+          naming the variable; netCDF-3 files are refused), ``.npy`` files, raw
           files (``.raw``/``.bin``/``.dat``, or any name with ``raw_dtype=``), N5
           containers (``.n5``, ``dataset=`` for a dataset inside); and local TIFF files
           (``.tif``/``.tiff``, OME-TIFF too), NIfTI files (``.nii``/``.nii.gz``), blosc2
@@ -776,6 +786,11 @@ def read_volumes(
         :data:`DEFAULT_MAX_OPEN`, is a quarter of the process's descriptor limit at two
         descriptors a volume (an HDF5 volume holds two, others one, a local zarr store none
         between reads), at least 64 and at most 256.
+    mask_and_scale
+        ``True``: zarr and HDF5/netCDF-4 volumes decode CF packing (``scale_factor``,
+        ``add_offset``, fill values as NaN), as ``read_zarr(..., mask_and_scale=True)``;
+        ``False`` (default): the stored values. Other formats are read as their readers
+        read them. Kept when the collection is pickled.
 
     Raises
     ------
@@ -797,7 +812,9 @@ def read_volumes(
     >>> with vols.lease(3) as src:  # doctest: +SKIP
     ...     patch = src.read_box([0, 0, 0], [32, 32, 32])
     """
-    options = _parse_options(dataset, component, raw_dtype, raw_shape, raw_offset, storage_options)
+    options = _parse_options(
+        dataset, component, raw_dtype, raw_shape, raw_offset, storage_options, mask_and_scale
+    )
     max_open = _check_max_open(max_open)
     cast = None if dtype is None else np.dtype(dtype)
     parsed = parse_volumes(volumes, table_columns=table_columns, key=key, options=options)

@@ -123,3 +123,20 @@ def test_an_oblique_2d_image_says_its_affine_is_in_plane(tmp_path: Path) -> None
         "oblique"
         not in _codes(inspect_nifti(str(tmp_path / "a.nii"), None, None))["physical-space"]
     )
+
+
+def test_the_advice_on_axes_after_i_j_k(tmp_path: Path) -> None:
+    single = DATA.reshape(8, 6, 5, 1)
+    nib.save(nib.Nifti1Image(single, np.diag([0.5, 0.75, 2.0, 1.0])), str(tmp_path / "one.nii"))
+    message = _codes(inspect_nifti(str(tmp_path / "one.nii"), None, None))["physical-space"]
+    assert "axis t has length 1" in message and "(patch_size_mm=)" in message
+    assert "world=True" in message and "refused" not in message
+    timed = np.stack([DATA, DATA], axis=-1)
+    nib.save(nib.Nifti1Image(timed, np.diag([0.5, 0.75, 2.0, 1.0])), str(tmp_path / "two.nii"))
+    message = _codes(inspect_nifti(str(tmp_path / "two.nii"), None, None))["physical-space"]
+    assert "world=True and patch_size_mm= are refused for this image" in message
+    assert "axis t (2 values) after i, j, k" in message and "spatial axes last" in message
+    assert "patch sizes can be asked" not in message
+    plain = _codes(inspect_nifti(str(_save(tmp_path / "a.nii")), None, None))["physical-space"]
+    assert "patch sizes can be asked in world units (patch_size_mm)" in plain
+    assert "refused" not in plain and "length 1" not in plain

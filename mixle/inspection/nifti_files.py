@@ -139,6 +139,30 @@ def _findings(
             if k < 3 and np.any(best[k:3, :k])
             else ""
         )
+        names = physical.axes or ()
+        extra = [names[a] if a < len(names) else str(a) for a in range(3, len(info.shape))]
+        long = [
+            f"{n} ({info.shape[3 + i]} values)"
+            for i, n in enumerate(extra)
+            if info.shape[3 + i] != 1
+        ]
+        axes = f"axis {extra[0]} has" if len(extra) == 1 else f"axes {', '.join(extra)} have"
+        if long:
+            world = (
+                f"; world=True and patch_size_mm= are refused for this image: its "
+                f"ax{'is' if len(long) == 1 else 'es'} {', '.join(long)} after i, j, k "
+                f"hold{'s' if len(long) == 1 else ''} more than one value, and they need "
+                "the spatial axes last (a patch holds leading axes whole); pass patch_size= "
+                "in voxels, or store it with those axes first"
+            )
+        elif extra:
+            world = (
+                f", and patch sizes can be asked in world units (patch_size_mm=) with world "
+                f"positions (world=True) of i, j, k: {axes} length 1, which patches cover "
+                "with extent 1"
+            )
+        else:
+            world = ", and patch sizes can be asked in world units (patch_size_mm)"
         spacing = ", ".join(f"{s:.6g}" for s in physical.spacing)
         units = sorted({u for u in physical.units or () if u is not None})
         unit = f" {'/'.join(units)}" if units else " (units unknown)"
@@ -148,8 +172,7 @@ def _findings(
                 "info",
                 f"voxel spacing ({spacing}){unit} along axes {', '.join(physical.axes or ())}; "
                 f"the affine comes from {_TRANSFORM[_transform(info.header)]} (as nibabel's "
-                "img.affine): src.spacing/src.affine give it, and patch sizes can be asked in "
-                f"world units (patch_size_mm){oblique}",
+                f"img.affine): src.spacing/src.affine give it{world}{oblique}",
             )
         )
     return found

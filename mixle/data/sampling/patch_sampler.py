@@ -135,17 +135,24 @@ class PatchSampler:
         (:attr:`~mixle.ArraySource.spacing`, converted from its recorded unit; no unit:
         millimetres); :attr:`patch_size` is the result. An array without a recorded
         spacing raises ``ValueError``, as do entries that are not its spatial axes (a
-        NIfTI ``i, j, k, t`` keeps time last, which a patch cannot hold whole). For a
-        dict: the spacing of the finest array.
+        NIfTI ``i, j, k, t`` with several time points keeps time last, which a patch
+        cannot hold whole). Axes that are not spatial but have length 1, among or after
+        the spatial ones, get extent 1: a single-volume NIfTI ``(X, Y, Z, 1)`` with
+        ``patch_size_mm=(16, 16, 16)`` gets ``patch_size=(px, py, pz, 1)``. For a dict:
+        the spacing of the finest array.
     world
         ``True`` adds each patch's world position: records ``(patch, coords, world)``
         (dicts: a ``"world"`` entry), ``world`` being ``affine @ [*coords, 1]`` (the
         spatial axes) as float64, from the array's :attr:`~mixle.ArraySource.affine`
         (for a dict, the finest array's), in the units the format records. The patched
         axes must be the spatial ones where the array records axis names (``patch_size``
-        of 3 entries for ``c, z, y, x``; a NIfTI ``i, j, k, t`` or an RGB ``z, y, x, s``
-        OME-TIFF, whose spatial axes are not last, raises ``ValueError`` naming them);
-        without names the trailing axes are taken as spatial. An array without a recorded
+        of 3 entries for ``c, z, y, x``; a NIfTI ``i, j, k, t`` with several time points
+        or an RGB ``z, y, x, s`` OME-TIFF, whose spatial axes are not last, raises
+        ``ValueError`` naming them). Axes that are not spatial but have length 1 among or
+        after the spatial ones may be patched with extent 1 (``patch_size=(32, 32, 32,
+        1)`` on a NIfTI ``(X, Y, Z, 1)``): ``coords`` keeps one entry per patched axis,
+        ``world`` one per spatial axis. Without names the trailing axes are taken as
+        spatial. An array without a recorded
         affine raises ``ValueError``: mixle does not assume an identity geometry. On JAX
         with x64 off a float64 leaf needs ``dtype_policy="cast"`` (float32 on the device)
         or x64 on (:mod:`mixle.jax`).
@@ -341,11 +348,19 @@ class PatchSampler:
 
     @property
     def world_affine(self) -> NDArray[np.float64] | None:
-        """The ``(nd + 1, nd + 1)`` voxel-to-world affine of the spatial axes (``world=True``)."""
+        """The voxel-to-world affine of the patched axes (``world=True``), else ``None``.
+
+        ``(ns + 1, nd + 1)``: a row per spatial axis, a column per patched axis (a column
+        of zeros for a non-spatial axis of length 1, such as a NIfTI's single time point);
+        square when the patched axes are the spatial ones. ``affine @ [*coords, 1]`` is a
+        corner's world position.
+        """
         return self._world
 
     def world_array(self, indices: ArrayLike | None = None) -> NDArray[np.float64]:
-        """World positions ``(N, nd)`` float64 of the corners of patches ``indices`` (no I/O).
+        """World positions ``(N, ns)`` float64 of the corners of patches ``indices`` (no I/O).
+
+        One value per spatial axis (``ns``), from :attr:`world_affine`.
 
         Raises
         ------
@@ -439,7 +454,10 @@ class PatchSampler:
         lay = self._layout
         nd = len(lay.patch_size)
         coords = ArraySpec((nd,), np.dtype(np.int64))
-        world = {} if self._world is None else {WORLD_KEY: ArraySpec((nd,), np.dtype(np.float64))}
+        world = {}
+        if self._world is not None:
+            ns = self._world.shape[0] - 1
+            world = {WORLD_KEY: ArraySpec((ns,), np.dtype(np.float64))}
         if lay.arrays is not None:
             return {**lay.arrays.element_specs(lay.patch_size), COORDS_KEY: coords, **world}
         return (ArraySpec((*lay.lead, *lay.patch_size), lay.source.dtype), coords, *world.values())
@@ -532,7 +550,8 @@ class PatchSampler:
 
         ``ndim`` is ``len(patch_size)`` (the spatial axes). For a dict:
         ``{name: patches[B, *channels, *patch_size // factor], "coords": ...}``. With
-        ``world=True`` a third entry ``world[B, ndim]`` float64 (a dict: ``"world"``).
+        ``world=True`` a third entry ``world[B, ns]`` float64, one value per spatial axis
+        (a dict: ``"world"``).
         """
         corners = self.coords_array(indices)
         patches = self._read(corners)
@@ -561,21 +580,26 @@ def _mm_patch_size(
             nd = len(arrays.shape)
             name = next(k for k, f in arrays.factors.items() if all(x == 1 for x in f))
             src = arrays.sources[name]
-            size = patch_size_from_mm(mm, src.physical, src.ndim, repr(src), default_nd=nd)
+            size = patch_size_from_mm(
+                mm, src.physical, src.ndim, repr(src), default_nd=nd, shape=src.shape
+            )
             if len(size) == nd or spatial is not None:
                 return arrays.sources, size
             spatial = len(size)
     source = as_array_source(array, name="array")
     if not source.shape:
         raise ValueError("array is 0-dimensional; patches need at least one axis")
-    return source, patch_size_from_mm(mm, source.physical, source.ndim, repr(source))
+    return source, patch_size_from_mm(
+        mm, source.physical, source.ndim, repr(source), shape=source.shape
+    )
 
 
 def _world_affine(lay: PatchLayout) -> NDArray[np.float64]:
     """The spatial voxel-to-world affine of a layout's array (a dict: its finest array)."""
     nd = len(lay.patch_size)
     if lay.arrays is None:
-        return spatial_affine(lay.source.physical, nd, repr(lay.source))
+        src = lay.source
+        return spatial_affine(src.physical, nd, repr(src), shape=src.shape, size=lay.patch_size)
     if WORLD_KEY in lay.arrays.names:
         raise ValueError(
             f"world=True adds a {WORLD_KEY!r} entry to every record, but one of the arrays "
@@ -583,7 +607,8 @@ def _world_affine(lay: PatchLayout) -> NDArray[np.float64]:
         )
     name = next(k for k, f in lay.arrays.factors.items() if all(x == 1 for x in f))
     src = lay.arrays.sources[name]
-    return spatial_affine(src.physical, nd, f"array {name!r} ({src!r})")
+    what = f"array {name!r} ({src!r})"
+    return spatial_affine(src.physical, nd, what, shape=src.shape, size=lay.patch_size)
 
 
 # ``inspect.signature(PatchSampler)`` (help(), the docs) shows the constructor, not ``__new__``

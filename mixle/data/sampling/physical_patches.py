@@ -117,18 +117,54 @@ def _span(axes: Sequence[int]) -> str:
     return f"axes {', '.join(str(a) for a in axes)}"
 
 
+def _singletons(
+    found: Sequence[int],
+    patched: Sequence[int],
+    shape: Sequence[int] | None,
+    size: Sequence[int] | None,
+) -> tuple[int, ...] | None:
+    """The patched axes that are not spatial, when each has length 1 (and extent 1); else ``None``.
+
+    ``None`` too when a spatial axis is not patched, or ``shape`` is unknown and a patched
+    axis is not spatial.
+    """
+    if not set(found) <= set(patched):
+        return None
+    extra = tuple(a for a in patched if a not in found)
+    if extra and shape is None:
+        return None
+    start = patched[0] if patched else 0
+    for a in extra:
+        if shape is None or shape[a] != 1 or (size is not None and size[a - start] != 1):
+            return None
+    return extra
+
+
 def check_spatial_axes(
-    physical: Physical | None, ndim: int, nd: int, argument: str, what: str, covers: str
+    physical: Physical | None,
+    ndim: int,
+    nd: int,
+    argument: str,
+    what: str,
+    covers: str,
+    *,
+    shape: Sequence[int] | None = None,
+    size: Sequence[int] | None = None,
 ) -> None:
     """Raise ``ValueError`` unless the trailing ``nd`` of ``ndim`` axes are the spatial ones.
 
     The spatial axes are :func:`spatial_axes`'s; nothing is checked when they are unknown.
+    The patched axes may also hold axes that are not spatial where each has length 1 in
+    ``shape`` (the array's shape) and extent 1 in ``size`` (the patch size of the ``nd``
+    patched axes, when known): the ``t`` of a single-volume NIfTI ``(X, Y, Z, 1)``.
     ``argument`` (``"world=True"``, ``"patch_size_mm=..."``) leads the message, ``what``
     names the array, ``covers`` the argument that sets the patched axes (``"patch_size"``).
     """
     found = spatial_axes(physical)
     patched = tuple(range(ndim - nd, ndim))
-    if found is None or found == patched or physical is None or physical.axes is None:
+    if found is None or physical is None or physical.axes is None:
+        return
+    if _singletons(found, patched, shape, size) is not None:
         return
     names = physical.axes
 
@@ -139,14 +175,27 @@ def check_spatial_axes(
         f"{argument}: the spatial axes of {what} are {named(found)} ({_span(found)} of "
         f"{ndim}) but {covers} covers {_span(patched)} ({named(patched)}); world= and "
         "patch_size_mm= need the patch to cover exactly the spatial axes, and those last "
-        "(a patch holds its leading axes whole)"
+        "(a patch holds its leading axes whole; other axes of length 1 among or after them "
+        "are patched with extent 1)"
     )
-    if found == tuple(range(ndim - len(found), ndim)):
-        advice = f"give {covers} {len(found)} entries, one per spatial axis ({named(found)})"
+    tail = tuple(range(found[0], ndim))
+    ones = _singletons(found, tail, shape, None)
+    if ones is not None:
         if covers == "patch_size_mm":
-            advice += ", or one number"
+            advice = (
+                f"give {covers} {len(found)} entries, one per spatial axis ({named(found)}), "
+                "or one number"
+            )
+        else:
+            advice = f"give {covers} {len(tail)} entries, one per spatial axis ({named(found)})"
+        if ones:
+            advice += f" and 1 on each axis of length 1 ({named(ones)})"
+            if size is not None:
+                wrong = [a for a in ones if a in patched and size[a - patched[0]] != 1]
+                if wrong:
+                    advice = f"{covers} must be 1 on {named(wrong)} (length 1): {advice}"
     else:
-        after = [a for a in range(found[0], ndim) if a not in found]
+        after = [a for a in tail if a not in found and (shape is None or shape[a] != 1)]
         where = "comes after" if after[0] > found[-1] else "lies between"
         advice = (
             f"here {named(after)} ({_span(after)}) {where} them, which a patch "
@@ -212,33 +261,38 @@ def patch_size_from_mm(
     what: str,
     *,
     default_nd: int | None = None,
+    shape: Sequence[int] | None = None,
 ) -> tuple[int, ...]:
     """The voxel patch size of ``patch_size_mm`` on an array of ``ndim`` axes and ``physical``.
 
-    A tuple names the trailing axes, which must be the spatial ones (leading axes are
-    channels, held whole). One number covers the spatial axes (:func:`spatial_axes`),
-    which must be the trailing ones; where the array records no axis names (or none
-    mixle knows as spatial), every axis, as an int ``patch_size`` does (or the trailing
-    ``default_nd``, for a dict of arrays). Each extent is :func:`round_voxels` of
-    ``mm / spacing`` (halves up, at least 1), with the spacing converted to millimetres by
-    its unit (:data:`MM_PER_UNIT`; no unit recorded: millimetres).
+    A tuple names the spatial axes (:func:`spatial_axes`), which must be the trailing ones
+    (leading axes are channels, held whole), except that axes of length 1 in ``shape``
+    (the array's shape, when given) may lie among or after them: those get extent 1, so a
+    NIfTI ``(X, Y, Z, 1)`` (``i, j, k, t``) gives 4 extents, the last 1. One number covers
+    the spatial axes the same way; where the array records no axis names (or none mixle
+    knows as spatial), a tuple names the trailing axes and one number covers every axis,
+    as an int ``patch_size`` does (or the trailing ``default_nd``, for a dict of arrays).
+    Each spatial extent is :func:`round_voxels` of ``mm / spacing`` (halves up, at least
+    1), with the spacing converted to millimetres by its unit (:data:`MM_PER_UNIT`; no unit
+    recorded: millimetres).
 
     Raises
     ------
     ValueError
         ``physical`` is ``None`` (the array records no spacing), more entries than axes,
-        entries that are not the spatial axes (by the recorded names), or a spatial axis
-        whose unit is not a length (naming ``what``).
+        entries that are not the spatial axes (by the recorded names; an axis that is not
+        spatial and longer than 1 among or after them), or a spatial axis whose unit is not
+        a length (naming ``what``).
     """
     one = isinstance(patch_size_mm, float)
     known = spatial_axes(physical)
     if one:
-        nd = len(known) if known is not None else ndim if default_nd is None else default_nd
+        m = len(known) if known is not None else ndim if default_nd is None else default_nd
     else:
-        nd = len(patch_size_mm)  # type: ignore[arg-type]
-    if not 1 <= nd <= ndim:
+        m = len(patch_size_mm)  # type: ignore[arg-type]
+    if not 1 <= m <= ndim:
         raise ValueError(
-            f"patch_size_mm={patch_size_mm!r} has {nd} entries; {what} has {ndim} axes "
+            f"patch_size_mm={patch_size_mm!r} has {m} entries; {what} has {ndim} axes "
             f"(give 1 to {ndim}: the trailing, spatial axes)"
         )
     if physical is None:
@@ -246,36 +300,53 @@ def patch_size_from_mm(
             f"patch_size_mm={patch_size_mm!r}: {what} records no voxel spacing (its format "
             "stores none, or mixle does not read it); pass patch_size= in voxels instead"
         )
-    check_spatial_axes(
-        physical,
-        ndim,
-        nd,
-        f"patch_size_mm={patch_size_mm!r}",
-        what,
-        "patch_size_mm",
-    )
-    mm = (patch_size_mm,) * nd if one else patch_size_mm
-    spacing = physical.spacing[ndim - nd :]
-    units = (None,) * nd if physical.units is None else physical.units[ndim - nd :]
+    argument = f"patch_size_mm={patch_size_mm!r}"
+    nd = m if known is None or m != len(known) else ndim - known[0]
+    check_spatial_axes(physical, ndim, nd, argument, what, "patch_size_mm", shape=shape)
+    if known is not None and m != len(known):  # spatial axes and length-1 axes, by count
+        names = physical.axes or ()
+        raise ValueError(
+            f"{argument}: {what} has {len(known)} spatial axes "
+            f"({', '.join(names[a] for a in known)}); give patch_size_mm one entry per "
+            "spatial axis, or one number (axes of length 1 among or after them get 1 voxel)"
+        )
+    spatial = set(range(ndim - nd, ndim)) if known is None else set(known)
+    mm = iter((patch_size_mm,) * m if one else patch_size_mm)  # type: ignore[arg-type]
+    units = (None,) * ndim if physical.units is None else physical.units
     out = []
-    for a, (size, step, unit) in enumerate(zip(mm, spacing, units)):  # type: ignore[arg-type]
+    for a in range(ndim - nd, ndim):
+        if a not in spatial:
+            out.append(1)
+            continue
+        size, step, unit = next(mm), physical.spacing[a], units[a]
         factor = 1.0 if unit is None else MM_PER_UNIT.get(unit.strip().lower())
         if factor is None:
             raise ValueError(
-                f"patch_size_mm={patch_size_mm!r}: {what} has unit {unit!r} on spatial axis "
-                f"{ndim - nd + a}, not a length mixle converts to millimetres (it knows "
-                f"{', '.join(sorted(MM_PER_UNIT))}); pass patch_size= in voxels instead"
+                f"{argument}: {what} has unit {unit!r} on spatial axis {a}, not a length "
+                f"mixle converts to millimetres (it knows {', '.join(sorted(MM_PER_UNIT))}); "
+                "pass patch_size= in voxels instead"
             )
         out.append(round_voxels(size / (step * factor)))
     return tuple(out)
 
 
-def spatial_affine(physical: Physical | None, nd: int, what: str) -> NDArray[np.float64]:
-    """The ``(nd + 1, nd + 1)`` voxel-to-world affine of the trailing ``nd`` axes.
+def spatial_affine(
+    physical: Physical | None,
+    nd: int,
+    what: str,
+    *,
+    shape: Sequence[int] | None = None,
+    size: Sequence[int] | None = None,
+) -> NDArray[np.float64]:
+    """The ``(ns + 1, nd + 1)`` voxel-to-world affine of the trailing ``nd`` (patched) axes.
 
-    Those must be the spatial axes where the array records axis names
-    (:func:`spatial_axes`: ``i, j, k`` of a NIfTI ``i, j, k, t``, not ``j, k, t``); arrays
-    without names take the trailing ``nd`` axes as the spatial ones.
+    Rows are the ``ns`` spatial axes, columns the patched ones: ``affine @ [*corner, 1]``
+    is a corner's world position. The patched axes must be the spatial ones where the
+    array records axis names (:func:`spatial_axes`: ``i, j, k`` of a NIfTI ``i, j, k, t``,
+    not ``j, k, t``), except for axes of length 1 in ``shape`` with extent 1 in ``size``
+    among or after them (the ``t`` of a NIfTI ``(X, Y, Z, 1)``): those have no row and a
+    column of zeros (their corner is always 0). Arrays without names take the trailing
+    ``nd`` axes as the spatial ones (a square affine).
 
     Raises
     ------
@@ -291,32 +362,38 @@ def spatial_affine(physical: Physical | None, nd: int, what: str) -> NDArray[np.
             "from a format that records its affine (NIfTI, OME-Zarr, OME-TIFF)"
         )
     n = physical.ndim
-    check_spatial_axes(physical, n, nd, "world=True", what, "patch_size")
+    check_spatial_axes(physical, n, nd, "world=True", what, "patch_size", shape=shape, size=size)
     a = physical.affine
     lead = n - nd
-    if lead and np.any(a[lead:n, :lead]):
+    known = spatial_axes(physical)
+    rows = [r for r in range(lead, n) if known is None or r in known]
+    if lead and np.any(a[rows, :lead]):
         raise ValueError(
             f"world=True: the affine of {what} moves spatial world coordinates along its "
             f"leading (channel) axes {tuple(range(lead))}; a patch's world position would "
             "depend on the channel"
         )
-    out = np.eye(nd + 1)
-    out[:nd, :nd] = a[lead:n, lead:n]
-    out[:nd, nd] = a[lead:n, n]
+    out = np.zeros((len(rows) + 1, nd + 1))
+    out[-1, -1] = 1.0
+    for i, r in enumerate(rows):
+        for c in rows:
+            out[i, c - lead] = a[r, c]
+        out[i, nd] = a[r, n]
     out.flags.writeable = False
     return out
 
 
 def world_positions(affine: NDArray[np.float64], corners: NDArray[np.int64]) -> NDArray[np.float64]:
-    """World coordinates ``(B, nd)`` float64 of voxel corners ``(B, nd)`` under ``affine``.
+    """World coordinates ``(B, ns)`` float64 of voxel corners ``(B, nd)`` under ``affine``.
 
-    Element by element in a fixed order (no matrix product, whose rounding depends on the
-    batch's size): a corner has the same world position in every batch it is read in.
+    ``affine`` is ``(ns + 1, nd + 1)`` (:func:`spatial_affine`). Element by element in a
+    fixed order (no matrix product, whose rounding depends on the batch's size): a corner
+    has the same world position in every batch it is read in.
     """
     v = np.asarray(corners, dtype=np.float64)
-    nd = affine.shape[0] - 1
-    out = np.empty((v.shape[0], nd), dtype=np.float64)
-    for i in range(nd):
+    ns, nd = affine.shape[0] - 1, affine.shape[1] - 1
+    out = np.empty((v.shape[0], ns), dtype=np.float64)
+    for i in range(ns):
         acc = v[:, 0] * affine[i, 0] if nd else np.zeros(v.shape[0])
         for j in range(1, nd):
             acc = acc + v[:, j] * affine[i, j]

@@ -110,8 +110,9 @@ class VolumePatchSampler(PatchSampler, collections=VolumeCollection):
         ``True`` adds ``"world"``: the float64 world position of each patch's corner,
         ``affine @ [*coords, 1]`` with that volume's own affine (dict volumes: the finest
         array's). A volume that records no affine, or whose recorded spatial axes are
-        not the patched ones (as for one volume), raises ``ValueError`` naming it, the
-        first time it is drawn.
+        not the patched ones (as for one volume; axes of length 1 among or after them
+        are fine), raises ``ValueError`` naming it, the first time it is drawn. Every
+        volume must give world positions of one length (volume 0's spatial axes).
 
     Notes
     -----
@@ -325,7 +326,9 @@ class VolumePatchSampler(PatchSampler, collections=VolumeCollection):
                 default = None
                 if isinstance(volume, Mapping) and isinstance(mm, float):
                     default = min(s.ndim for s in volume.values())
-                size = patch_size_from_mm(mm, src.physical, src.ndim, where, default_nd=default)
+                size = patch_size_from_mm(
+                    mm, src.physical, src.ndim, where, default_nd=default, shape=src.shape
+                )
                 rows.append((where, src.spacing, size))
         sizes = {size for _, _, size in rows}
         if len(sizes) > 1:
@@ -347,7 +350,8 @@ class VolumePatchSampler(PatchSampler, collections=VolumeCollection):
         with self._volumes.lease(v) as volume:
             src, array = self._reference_array(volume, nd)
             where = f"volume {v} ({self._volumes.keys[v]!r}{array})"
-            affine = spatial_affine(src.physical, nd, where)
+            size = self.patch_size
+            affine = spatial_affine(src.physical, nd, where, shape=src.shape, size=size)
         self._own()
         with self._lock:
             self._affines[v] = affine
@@ -355,10 +359,23 @@ class VolumePatchSampler(PatchSampler, collections=VolumeCollection):
 
     def _world_of(self, vols: NDArray[np.int64], corners: NDArray[np.int64]) -> NDArray[np.float64]:
         """World positions of ``corners``, each under its volume's affine."""
-        out = np.empty(corners.shape, dtype=np.float64)
+        width = self._world_width()
+        out = np.empty((corners.shape[0], width), dtype=np.float64)
         for sel in group_by_volume(vols):
-            out[sel] = world_positions(self._world_affine(int(vols[sel[0]])), corners[sel])
+            v = int(vols[sel[0]])
+            affine = self._world_affine(v)
+            if affine.shape[0] - 1 != width:
+                raise ValueError(
+                    f"world=True: volume {v} ({self._volumes.keys[v]!r}) has "
+                    f"{affine.shape[0] - 1} spatial axes but volume 0 has {width}; a batch "
+                    "stacks world positions of one length (its axis names differ)"
+                )
+            out[sel] = world_positions(affine, corners[sel])
         return out
+
+    def _world_width(self) -> int:
+        """Values per world position: volume 0's spatial axes (metadata)."""
+        return int(self._world_affine(0).shape[0]) - 1
 
     def _reference_specs(self) -> dict[str, ArraySpec]:
         """The patch spec every volume must give, from volume 0's metadata."""
@@ -612,22 +629,26 @@ class VolumePatchSampler(PatchSampler, collections=VolumeCollection):
         return None
 
     def world_affine_of(self, v: int) -> NDArray[np.float64]:
-        """Volume ``v``'s ``(nd + 1, nd + 1)`` spatial voxel-to-world affine (metadata only).
+        """Volume ``v``'s ``(ns + 1, nd + 1)`` voxel-to-world affine (metadata only).
+
+        A row per spatial axis, a column per patched axis
+        (:func:`~mixle.data.sampling.physical_patches.spatial_affine`).
 
         Raises
         ------
         ValueError
-            The volume records no affine.
+            The volume records no affine, or its spatial axes are not the patched ones.
         """
         return self._world_affine(parse_index(v, len(self._volumes), "the collection"))
 
     def world_array(self, indices: ArrayLike | None = None) -> NDArray[np.float64]:
-        """World positions ``(N, nd)`` float64 of patches ``indices``, each in its volume.
+        """World positions ``(N, ns)`` float64 of patches ``indices``, each in its volume.
 
         Raises
         ------
         ValueError
-            The sampler was made without ``world=True``, or a volume records no affine.
+            The sampler was made without ``world=True``, a volume records no affine, or
+            volumes have different numbers of spatial axes.
         """
         if not self._world_on:
             raise ValueError("world_array() needs a sampler made with world=True")
@@ -664,7 +685,7 @@ class VolumePatchSampler(PatchSampler, collections=VolumeCollection):
         spec[COORDS_KEY] = ArraySpec((nd,), np.dtype(np.int64))
         spec[VOLUME_KEY] = ArraySpec((), np.dtype(np.int64))
         if self._world_on:
-            spec[WORLD_KEY] = ArraySpec((nd,), np.dtype(np.float64))
+            spec[WORLD_KEY] = ArraySpec((self._world_width(),), np.dtype(np.float64))
         for c in self._columns:
             first = self._column(c, np.zeros(1, dtype=np.int64))
             spec[c] = ArraySpec(first.shape[1:], first.dtype)

@@ -319,6 +319,24 @@ def test_patch_size_mm_on_a_single_volume_4d_nifti(tmp_path: Path) -> None:
         PatchSampler(src, num_patches=1, patch_size_mm=(4, 6, 4, 1))
 
 
+def test_a_dict_with_a_single_volume_4d_nifti(tmp_path: Path) -> None:
+    path = tmp_path / "x_1t.nii.gz"
+    ref = _rotated_single_volume_nifti(path)
+    truth = np.asarray(ref.dataobj)
+    label = (truth > 0).astype(np.uint8)
+    arrays = {"image": read_nifti(path), "label": label}
+    sampler = PatchSampler(arrays, num_patches=4, patch_size_mm=4.0, world=True, seed=1)
+    assert sampler.patch_size == (2, 3, 8, 1)
+    batch = sampler.get_batch(np.arange(4))
+    assert batch["coords"].shape == (4, 4) and batch["world"].shape == (4, 3)
+    np.testing.assert_allclose(
+        batch["world"], _world_by_nibabel(ref.affine, batch["coords"]), atol=1e-9
+    )
+    i, j, k, _ = batch["coords"][2].tolist()
+    np.testing.assert_array_equal(batch["image"][2], truth[i : i + 2, j : j + 3, k : k + 8])
+    np.testing.assert_array_equal(batch["label"][2], label[i : i + 2, j : j + 3, k : k + 8])
+
+
 def test_a_length_1_axis_must_have_extent_1(tmp_path: Path) -> None:
     path = tmp_path / "x_1t.nii.gz"
     _rotated_single_volume_nifti(path)

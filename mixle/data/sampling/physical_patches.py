@@ -12,8 +12,12 @@ Which axes are spatial comes from the axis names the format records
 (``z, y, x, s``), an OME-Zarr image its channels first (``c, z, y, x``). A sampler patches
 its trailing axes and holds the leading ones whole, so both need the spatial axes to be
 exactly the patched, trailing ones: anything else raises ``ValueError`` naming the axes,
-never a world position of the wrong axes. Arrays that record no axis names keep the
-trailing-axes rule.
+never a world position of the wrong axes. The one exception is an axis that is not spatial
+and has length 1, among or after the spatial ones (the single time point of a NIfTI
+``(X, Y, Z, 1)``, the one sample of a ``z, y, x, s`` image): it is patched with extent 1,
+``patch_size_mm=`` gives it 1 voxel, and ``world`` keeps one value per spatial axis (the
+affine of :func:`spatial_affine` has a row per spatial axis, a column per patched one).
+Arrays that record no axis names keep the trailing-axes rule.
 """
 
 from __future__ import annotations

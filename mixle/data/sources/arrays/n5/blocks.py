@@ -13,8 +13,9 @@ streamed with a cap; ``blosc`` and ``zstd`` through numcodecs after their header
 recorded size is checked). Where imagecodecs is installed, ``gzip`` and ``zlib`` payloads
 are inflated by its libdeflate decoder into a buffer of exactly the header's size (about
 twice as fast as zlib's; a stream that does not fit raises) and fall back to the streamed
-decoder, which names the fault, when libdeflate refuses them or decodes fewer bytes (a
-gzip payload of several members: libdeflate decodes the first).
+decoder, which names the fault, when libdeflate refuses them or decodes fewer bytes, and
+for a gzip payload that does not end in the size trailer of its first member (more members
+or padding after it: libdeflate decodes the first member and ignores the rest).
 """
 
 from __future__ import annotations
@@ -132,7 +133,15 @@ def _inflater() -> Decompressor:
     gzip_decode, zlib_decode = libdeflate.gzip_decode, libdeflate.deflate_decode
 
     def inflate(raw: memoryview, n: int) -> Any:
-        decode = gzip_decode if bytes(raw[:2]) == _GZIP_MAGIC else zlib_decode
+        if bytes(raw[:2]) == _GZIP_MAGIC:
+            # libdeflate ignores bytes after the first member: unless the payload ends in
+            # that member's size trailer, the streamed decoder reads the rest (more
+            # members, zero padding) or refuses it, as without imagecodecs
+            if int.from_bytes(raw[-4:], "little") != n & 0xFFFFFFFF:
+                return streamed(raw, n)
+            decode = gzip_decode
+        else:
+            decode = zlib_decode  # bytes after a zlib stream are ignored either way
         try:
             out = decode(raw, out=n)  # never writes past n bytes: a longer stream raises
         except (RuntimeError, ValueError):  # corrupt, truncated or too long

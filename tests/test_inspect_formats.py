@@ -97,3 +97,13 @@ def test_a_plain_zip_or_gzip_is_no_format_and_says_what_is_read(tmp_path: Path) 
     for name in ("notes.zip", "notes.gz"):
         with pytest.raises(ValueError, match=r"a TIFF, a NIfTI, a \.b2nd, a \.npz or a \.npy"):
             inspect_store(tmp_path / name)
+
+
+def test_b2nd_small_blocks_say_why_whole_chunks_are_read(tmp_path: Path) -> None:
+    path = tmp_path / "small.b2nd"
+    blosc2.asarray(
+        np.zeros((64, 64, 64), "f4"), chunks=(32,) * 3, blocks=(8,) * 3, urlpath=str(path)
+    )
+    messages = [f.message for f in inspect_store(path).root.findings]
+    assert any("under 64 KiB" in m and "decodes faster whole" in m for m in messages)
+    assert not any("DELTA" in m for m in messages)

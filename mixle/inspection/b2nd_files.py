@@ -7,7 +7,13 @@ from typing import Any
 
 import numpy as np
 
-from mixle.data.sources.arrays.b2nd.blocks import blocks_tile_chunks, reads_by_block
+from mixle.data.sources.arrays.b2nd.blocks import (
+    MIN_BLOCK_BYTES,
+    WHOLE_CHUNK_BYTES,
+    blocks_decode_alone,
+    blocks_tile_chunks,
+    reads_by_block,
+)
 from mixle.inspection.findings import with_findings
 from mixle.inspection.formatting import format_bytes, shape_text
 from mixle.inspection.locations import is_remote
@@ -61,8 +67,14 @@ def _why_whole_chunks(array: Any) -> str:
             f"the frame stores items of {int(array.schunk.typesize)} bytes, not the "
             f"dtype's {itemsize}"
         )
-    names = [getattr(f, "name", str(f)) for f in array.schunk.cparams.filters]
-    return f"its filters {names} make a block's decoding depend on other blocks (DELTA)"
+    if not blocks_decode_alone(array.schunk.cparams.filters):
+        names = [getattr(f, "name", str(f)) for f in array.schunk.cparams.filters]
+        return f"its filters {names} make a block's decoding depend on other blocks (DELTA)"
+    block = math.prod(int(b) for b in array.blocks) * itemsize
+    return (
+        f"its blocks decode to {format_bytes(block)}, under {format_bytes(MIN_BLOCK_BYTES)}, "
+        f"and a chunk of at most {format_bytes(WHOLE_CHUNK_BYTES)} decodes faster whole"
+    )
 
 
 def inspect_b2nd(

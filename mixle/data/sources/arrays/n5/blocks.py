@@ -86,8 +86,8 @@ def decompressor(compression: dict[str, Any], where: str) -> Decompressor:
         A ``ValueError``: the compression ``type`` is one mixle does not decode (named, with
         those it does).
     ImportError
-        numcodecs is needed (``blosc``, ``zstd``) but not installed: ``pip install -e
-        ".[n5]"``.
+        numcodecs is needed (``blosc``, ``zstd``) but not installed:
+        ``pip install -e ".[n5]"`` in the mixle checkout.
     """
     kind = compression["type"]
     if kind == "raw":

@@ -75,8 +75,8 @@ def require_decodable(tifffile: Any, keyframe: Any, where: str) -> None:
                 ) from None
             raise ValueError(
                 f"{where} is stored with TIFF {what} {spelled}, which neither tifffile nor "
-                "the installed imagecodecs decodes; a newer imagecodecs may "
-                '(pip install -U imagecodecs, or pip install -e ".[tiff]")'
+                "the installed imagecodecs decodes; a newer imagecodecs may (upgrade it, "
+                'or pip install -e ".[tiff]" in a clone of the mixle repository)'
             ) from None
 
 

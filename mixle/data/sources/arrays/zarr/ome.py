@@ -265,6 +265,8 @@ def _group_document(array: Any) -> tuple[bytes, str, str] | None:
             return None  # the file system's root has no parent
         name = os.path.basename(folder)
         file = os.path.join(os.path.dirname(folder), filename)
+        if not os.path.lexists(file):
+            return None  # a stat, not an open: most stores have no group above them
         try:
             raw = read_local_object(file, "OME-Zarr metadata file", ZARR_METADATA_LIMIT)
         except (CorruptChunkError, OSError) as exc:

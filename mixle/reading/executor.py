@@ -22,6 +22,7 @@ __all__ = [
     "new_token",
     "read_chunked",
     "read_strided",
+    "reader_threads",
 ]
 
 #: Copies from a memory map are split across decode threads only in runs of at least this
@@ -48,6 +49,9 @@ class ChunkReader(Protocol):
         Chunk extent per axis.
     token
         Distinguishes this open store in the shared cache (see :func:`new_token`).
+
+    A reader may also set ``max_decode_threads`` (an int) to cap how many decode threads
+    read from it at once (see :func:`reader_threads`).
     """
 
     chunks: tuple[int, ...]
@@ -138,7 +142,19 @@ def execute_plan(
             for box, region, inner in pieces:
                 out[(box, *region)] = chunk[inner]
 
-    _run_abandonable([drain] * min(decode_threads(), len(jobs)), abandoned)
+    _run_abandonable([drain] * min(reader_threads(reader), len(jobs)), abandoned)
+
+
+def reader_threads(reader: object) -> int:
+    """How many decode threads may read from ``reader`` at once.
+
+    :func:`~mixle.reading.pool.decode_threads`, or fewer when the reader says so with a
+    ``max_decode_threads`` attribute: a decoder that holds the GIL throughout (python-blosc2)
+    gains nothing from a second thread and loses to the threads taking turns.
+    """
+    limit = getattr(reader, "max_decode_threads", None)
+    threads = decode_threads()
+    return threads if limit is None else max(1, min(int(limit), threads))
 
 
 def _run_abandonable(tasks: list[Callable[[], None]], abandoned: list[bool]) -> None:

@@ -470,8 +470,31 @@ def test_a_file_cut_short_after_opening_raises_instead_of_crashing(tmp_path):
     src = read_b2nd(copy)
     np.testing.assert_array_equal(src[0], blosc2.open(str(path))[0])
     os.truncate(copy, 100)
-    with pytest.raises(FileChangedError, match="truncated"):
+    with pytest.raises(FileChangedError, match="changed size from"):
         src.read_boxes([[5, 5, 5]], (2, 2, 2))
+
+
+@pytest.mark.parametrize("grow", [0, 4096], ids=["same-size", "larger"])
+def test_a_file_rewritten_in_place_raises_and_drops_its_cached_chunks(tmp_path, grow):
+    # ``cp new.b2nd old.b2nd``: same inode, same (or larger) size; without the full file
+    # signature, cached chunks came from the old file and the others decoded the new bytes
+    # with the old frame's metadata
+    kw: dict[str, Any] = {"chunks": (32, 64), "blocks": (32, 64), "cparams": {"clevel": 0}}
+    path, fresh = tmp_path / "old.b2nd", tmp_path / "new.b2nd"
+    blosc2.asarray(np.zeros((64, 64), "<f4"), urlpath=str(path), mode="w", **kw)
+    blosc2.asarray(np.ones((64, 64), "<f4"), urlpath=str(fresh), mode="w", **kw)
+    os.utime(path, ns=(10**18, 10**18))  # an old modification time, as a copy would not keep
+    inode = os.stat(path).st_ino
+    src = read_b2nd(path)
+    np.testing.assert_array_equal(src[:32], np.zeros((32, 64), "<f4"))  # chunk 0 cached
+    with open(path, "r+b") as f:  # in place, as cp writes it
+        f.write(fresh.read_bytes() + b"\0" * grow)
+    assert os.stat(path).st_ino == inode
+    with pytest.raises(FileChangedError, match=r"old\.b2nd"):
+        src[...]
+    with pytest.raises(FileChangedError):
+        src.read_boxes([[0, 0]], (2, 2))  # the cached chunk is not served either
+    np.testing.assert_array_equal(read_b2nd(path)[...], blosc2.open(str(path))[...])
 
 
 def test_bad_paths_and_files(tmp_path):
@@ -608,13 +631,13 @@ def test_blocks_are_read_alone_when_large_or_their_chunk_is(tmp_path, monkeypatc
 
 def _count_checks(monkeypatch) -> list[str]:
     calls: list[str] = []
-    real = b2nd_source.check_mapped_file
+    real = b2nd_source.check_file_unchanged
 
     def counted(*args: Any, **kwargs: Any) -> None:
         calls.append(str(args[0]))
         real(*args, **kwargs)
 
-    monkeypatch.setattr(b2nd_source, "check_mapped_file", counted)
+    monkeypatch.setattr(b2nd_source, "check_file_unchanged", counted)
     return calls
 
 

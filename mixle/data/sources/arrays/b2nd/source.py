@@ -10,7 +10,11 @@ import numpy as np
 from mixle.data.schema import Schema
 from mixle.data.sources.arrays.b2nd.blocks import B2ndChunkReader
 from mixle.data.sources.arrays.base import ArrayMeta, ArraySource
-from mixle.data.sources.arrays.memmap.check import check_mapped_file, file_identity
+from mixle.data.sources.arrays.memmap.check import (
+    FileSignature,
+    check_file_unchanged,
+    file_signature,
+)
 from mixle.data.structure import EXCHANGEABLE, SampleStructure
 from mixle.errors import FileChangedError
 from mixle.reading import ChunkReader
@@ -69,13 +73,14 @@ class B2ndArraySource(ArraySource):
     threads would hang a forked child); blosc2's global settings are left alone.
     The file is mapped read-only (``mmap_mode="r"``) and checked once per read call (before
     any of its chunks is decoded, or served from the chunk cache): a file
-    cut short or replaced raises :class:`~mixle.errors.FileChangedError` instead of
-    crashing the process. blosc2 frames carry no checksum: a damaged block whose bytes
-    still decode reads as what they decode to.
+    cut short, replaced or rewritten in place (its size, modification or status-change time
+    moved) raises :class:`~mixle.errors.FileChangedError` instead of crashing the process
+    or mixing chunks of two files, and its cached chunks are dropped. blosc2 frames carry
+    no checksum: a damaged block whose bytes still decode reads as what they decode to.
     """
 
     _library = "blosc2"
-    _mapped: tuple[tuple[int, int], int] | None = None
+    _signature: FileSignature | None = None
 
     def __init__(
         self,
@@ -113,7 +118,6 @@ class B2ndArraySource(ArraySource):
             st = require_regular_file(path, "path")
         except (FileNotFoundError, NotADirectoryError):
             raise FileNotFoundError(f"path={path!r}: no such file") from None
-        identity = file_identity(path)
         try:
             # one decoding thread: mixle's pool decodes chunks in parallel, and blosc2's
             # thread pool hangs a forked child (each process, the child too, opens anew)
@@ -128,7 +132,7 @@ class B2ndArraySource(ArraySource):
                 f"path={path!r} holds a blosc2 {type(array).__name__}, not an N-D array "
                 "(.b2nd): read it with blosc2.open"
             )
-        self._mapped = (identity, int(st.st_size))
+        self._signature = file_signature(st)
         return array
 
     def _describe(self, handle: Any) -> ArrayMeta:
@@ -139,10 +143,16 @@ class B2ndArraySource(ArraySource):
         )
 
     def _check(self) -> None:
-        """Refuse to read a map whose file was truncated or replaced (SIGBUS otherwise)."""
-        mapped, args = self._mapped, self._args
-        if mapped is not None and args is not None:
-            check_mapped_file(args["path"], mapped[1], mapped[0])
+        """Refuse a file changed since it was opened (truncated: SIGBUS; rewritten: torn).
+
+        The whole :func:`~mixle.data.sources.arrays.memmap.check.file_signature` is compared
+        (device, inode, size, modification and status-change times): a file rewritten in
+        place (``cp new.b2nd old.b2nd``: same inode, same or larger size) would otherwise
+        decode its new bytes with the old frame's metadata.
+        """
+        signature, args = self._signature, self._args
+        if signature is not None and args is not None:
+            check_file_unchanged(args["path"], signature)
 
     def _chunk_reader(self, handle: Any) -> ChunkReader | None:
         if 0 in handle.shape:

@@ -368,8 +368,16 @@ def test_trailing_bytes_before_the_image_is_complete_raise_naming_them(
 
 
 def _maps_of(path: Path) -> bool:
-    """Whether this process maps ``path`` (Linux's /proc/self/maps)."""
-    return str(path) in Path("/proc/self/maps").read_text()
+    """Whether this process maps the file ``path`` names (its inode, in /proc/self/maps).
+
+    By inode, not name: a new cache copy is mapped from the temporary file it was checked
+    in before it was published under its entry name.
+    """
+    inode = str(path.stat().st_ino)
+    return any(
+        len(fields) > 4 and fields[4] == inode
+        for fields in (line.split() for line in Path("/proc/self/maps").read_text().splitlines())
+    )
 
 
 @pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs /proc/self/maps")
@@ -455,3 +463,111 @@ def test_a_bad_cache_budget_names_the_variable(
     with pytest.raises(ValueError, match=r"MIXLE_NIFTI_CACHE_BYTES='lots'.*whole number"):
         read_nifti(_gz(tmp_path, "a", 0))
     assert gz_cache.NIFTI_CACHE_BYTES == 32 * 2**30
+
+
+def _open_many(args: tuple[list[str], int, str]) -> list[str]:
+    """Open each path ``rounds`` times (in a spawned process); the errors met, and wrong values."""
+    paths, rounds, cache = args
+    os.environ["MIXLE_CACHE_DIR"] = cache
+    os.environ[gz_cache.CACHE_BYTES_ENV] = "1"  # every new copy evicts the others
+    problems: list[str] = []
+    for r in range(rounds):
+        for i, path in enumerate(paths[r % len(paths) :] + paths[: r % len(paths)]):
+            try:
+                src = read_nifti(path)
+                value = int(src[:1, :1, :1][0, 0, 0])
+                src.close()
+            except Exception as exc:  # every failure is reported, none is expected
+                problems.append(f"{type(exc).__name__}: {exc}")
+                continue
+            want = int(Path(path).name[1])
+            if value != want:
+                problems.append(f"{path}: read {value}, not {want} ({i})")
+    return problems
+
+
+def test_processes_opening_gz_files_at_once_with_a_tiny_cache_all_read_right(
+    tmp_path: Path, cache: Path
+) -> None:
+    # every process's new copy evicts the others' copies: a copy unlinked between its
+    # publication (or lookup) and its map must never be taken for a changed file
+    import multiprocessing as mp
+
+    paths = []
+    for i in range(4):
+        paths.append(str(_save(tmp_path / f"v{i}.nii.gz", np.full((32, 32, 16), i, np.int16))))
+    with mp.get_context("spawn").Pool(6) as pool:
+        results = pool.map(_open_many, [(paths, 30, str(cache))] * 6)
+    assert [p for r in results for p in r] == []
+
+
+def test_eviction_deletes_temporary_files_left_by_a_killed_process(
+    tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = _save(tmp_path / "m.nii.gz")
+    folder = cache / gz_cache.CACHE_FOLDER
+    folder.mkdir(parents=True)
+    old = folder / ".0123-left.tmp"
+    young = folder / ".4567-writing.tmp"
+    old.write_bytes(b"x" * 100)
+    young.write_bytes(b"x" * 100)
+    hours_ago = os.stat(old).st_mtime - 2 * gz_cache.STALE_TEMP_SECONDS
+    os.utime(old, (hours_ago, hours_ago))
+    monkeypatch.setenv(gz_cache.CACHE_BYTES_ENV, "1")
+    src = read_nifti(path)
+    np.testing.assert_array_equal(src[...], DATA)
+    assert not old.exists()  # stale: deleted
+    assert young.exists()  # may be another process's copy being written
+
+
+def test_a_copy_unlike_its_header_says_changed_only_when_the_file_changed(
+    tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = _save(tmp_path / "m.nii.gz")
+    real = gz_cache._inflate
+
+    def garbled(source: str, expected: int, out: Any, folder: Path) -> int:
+        out.write(b"\0" * expected)  # not the header: as if the stream decoded otherwise
+        return expected
+
+    monkeypatch.setattr(gz_cache, "_inflate", garbled)
+    with assert_unchanged(path), pytest.raises(CorruptChunkError, match="is corrupt") as info:
+        read_nifti(path)
+    assert "changed" not in str(info.value)
+
+    def rewritten(source: str, expected: int, out: Any, folder: Path) -> int:
+        _save(path, DATA + 1)  # the file is rewritten while it is decompressed
+        out.write(b"\0" * expected)
+        return expected
+
+    monkeypatch.setattr(gz_cache, "_inflate", rewritten)
+    with pytest.raises(CorruptChunkError, match="the file changed while it was read"):
+        read_nifti(path)
+    monkeypatch.setattr(gz_cache, "_inflate", real)
+    assert not list((cache / gz_cache.CACHE_FOLDER).glob("*"))  # nothing published
+    np.testing.assert_array_equal(read_nifti(path)[...], DATA + 1)
+
+
+def test_a_copy_another_process_published_first_is_kept_and_used(
+    tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = _save(tmp_path / "m.nii.gz")
+    first = read_nifti(path)
+    entry = first.cache_path
+    assert entry is not None
+    inode = entry.stat().st_ino
+    # the lookup misses (as when it ran just before the other process published)
+    monkeypatch.setattr(gz_cache, "_touch", lambda entry: None)
+    real = gz_cache._open_valid
+    calls: list[Path] = []
+
+    def miss_once(entry: Path, expected: int, prefix: bytes) -> Any:
+        calls.append(entry)
+        return None if len(calls) == 1 else real(entry, expected, prefix)
+
+    monkeypatch.setattr(gz_cache, "_open_valid", miss_once)
+    second = read_nifti(path)
+    assert entry.stat().st_ino == inode  # not replaced under the first source's map
+    np.testing.assert_array_equal(second[...], DATA)
+    np.testing.assert_array_equal(first[...], DATA)
+    assert not list(entry.parent.glob(".*.tmp"))

@@ -27,10 +27,15 @@ changed in any way gets a new entry and the old entries of that path are deleted
 
 An entry is served only when its size is exactly the data size the header gives and its
 first bytes equal the header read from the compressed file; any other entry is rebuilt,
-never read. Entries are written to a temporary file in the cache folder and renamed into
-place (``os.replace``), so processes decompressing the same file at once each publish a
-complete, identical copy and a reader never sees a partial one; a failed or interrupted
-decompression (a corrupt stream, a full disk) deletes its temporary file.
+never read. Entries are written to a temporary file in the cache folder, checked there
+(size and first bytes) and then published with ``os.link``, which never replaces a file:
+of processes decompressing the same file at once, the first to publish wins and the
+others open its copy, so a copy another process has mapped is never replaced, and a
+reader never sees a partial one. A failed or interrupted decompression (a corrupt stream,
+a full disk) deletes its temporary file; one left by a killed process is deleted by
+eviction once it is an hour old. A copy is mapped from the descriptor on which it was
+checked, never reopened by name, so eviction by another process between the check and the
+map cannot make a valid file look changed.
 
 Size bound. The folder keeps at most :data:`NIFTI_CACHE_BYTES` (32 GiB) of copies, or
 ``$MIXLE_NIFTI_CACHE_BYTES`` bytes when set. Every open that finds its copy marks it used
@@ -49,6 +54,7 @@ import hashlib
 import os
 import tempfile
 import threading
+import time
 import zlib
 from collections import Counter
 from pathlib import Path
@@ -65,11 +71,13 @@ __all__ = [
     "NIFTI_CACHE_BYTES",
     "DECOMPRESS_BLOCK_BYTES",
     "INPUT_BLOCK_BYTES",
+    "STALE_TEMP_SECONDS",
     "cached_copy",
     "cache_budget",
     "entry_path",
     "find_cached",
     "mapped",
+    "open_copy",
     "unmapped",
 ]
 
@@ -87,6 +95,8 @@ INPUT_BLOCK_BYTES = 2**20
 _GZIP_WBITS = 16 + zlib.MAX_WBITS
 #: The first two bytes of every gzip member.
 _GZIP_MAGIC = b"\x1f\x8b"
+#: Temporary files in the cache folder older than this (seconds) are deleted by eviction.
+STALE_TEMP_SECONDS = 3600
 #: Bumped when the entry format changes: older entries are then never served.
 _FORMAT = "v1"
 
@@ -142,6 +152,8 @@ def _touch(entry: Path) -> None:
 def _evict(folder: Path, keep: Path, budget: int) -> None:
     """Delete the least recently used copies until the folder holds at most ``budget`` bytes.
 
+    Temporary files older than :data:`STALE_TEMP_SECONDS` (left by a process killed while
+    decompressing) are deleted; younger ones (being written) count toward the budget.
     ``keep`` (the copy just made) and copies mapped by this process are never deleted. A
     copy another process has mapped may be: on POSIX systems unlinking a mapped file
     leaves the mapping valid (the data stays until it is unmapped) and that process's
@@ -149,6 +161,17 @@ def _evict(folder: Path, keep: Path, budget: int) -> None:
     """
     entries: list[tuple[int, int, Path]] = []
     total = 0
+    stale = time.time_ns() - STALE_TEMP_SECONDS * 10**9
+    for tmp in folder.glob(".*.tmp"):  # copies being written, or left by a killed process
+        try:
+            st = tmp.stat()
+        except OSError:  # published or deleted meanwhile
+            continue
+        if st.st_mtime_ns < stale:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+                continue
+        total += st.st_size
     for entry in folder.glob("*.raw"):
         try:
             st = entry.stat()
@@ -211,8 +234,40 @@ def find_cached(path: str, expected: int, prefix: bytes) -> Path | None:
     return entry if _valid(entry, expected, prefix) else None
 
 
+def _open_valid(entry: Path, expected: int, prefix: bytes) -> BinaryIO | None:
+    """``entry`` opened for reading when it is a complete copy, else ``None``.
+
+    The checks are made on the opened descriptor, so a map made from it is of the file
+    that was checked even when another process unlinks ``entry`` a moment later.
+    """
+    try:
+        fh = open_regular_file(entry, "cache file")
+    except OSError:  # absent, or evicted between the lookup and the open
+        return None
+    try:
+        if os.fstat(fh.fileno()).st_size == expected and fh.read(len(prefix)) == prefix:
+            fh.seek(0)
+            return fh
+    except OSError:
+        pass
+    fh.close()
+    return None
+
+
 def cached_copy(path: str, expected: int, prefix: bytes) -> tuple[Path, FileSignature]:
     """The decompressed copy of ``path``'s first ``expected`` bytes, made if not cached.
+
+    :func:`open_copy` without keeping the copy open; see it for the parameters and errors.
+    A copy named by the returned path may be evicted by another process at any time: to
+    map it, use :func:`open_copy`.
+    """
+    entry, signature, fh = open_copy(path, expected, prefix)
+    fh.close()
+    return entry, signature
+
+
+def open_copy(path: str, expected: int, prefix: bytes) -> tuple[Path, FileSignature, BinaryIO]:
+    """The decompressed copy of ``path``'s first ``expected`` bytes, opened; made if not cached.
 
     Parameters
     ----------
@@ -230,13 +285,17 @@ def cached_copy(path: str, expected: int, prefix: bytes) -> tuple[Path, FileSign
     Returns
     -------
     tuple
-        The cache file, and ``path``'s :func:`file_signature` when it was keyed.
+        The cache entry, ``path``'s :func:`file_signature` when it was keyed, and the copy
+        opened for reading (the caller closes it). The open file was checked (size and
+        first bytes) on its own descriptor: map it, not the path, which another process's
+        eviction may unlink at any moment (the open file and a map of it stay valid).
 
     Raises
     ------
     CorruptChunkError
         When the gzip stream does not decompress (bad data, bad CRC, cut short inside a
-        block), naming the file; no cache entry is left behind.
+        block), naming the file, or when ``path`` changed while it was read; no cache
+        entry is left behind.
     ValueError
         When the stream decompresses to fewer bytes than the header needs (a truncated
         image), naming the file and both sizes.
@@ -245,9 +304,10 @@ def cached_copy(path: str, expected: int, prefix: bytes) -> tuple[Path, FileSign
         ``MIXLE_CACHE_DIR``).
     """
     entry, signature = entry_path(path, expected)
-    if _valid(entry, expected, prefix):
+    fh = _open_valid(entry, expected, prefix)
+    if fh is not None:
         _touch(entry)
-        return entry, signature
+        return entry, signature, fh
     budget = cache_budget()  # a bad $MIXLE_NIFTI_CACHE_BYTES fails before any work
     folder = entry.parent
     file_key = entry.name.split("-", 1)[0]
@@ -269,26 +329,67 @@ def cached_copy(path: str, expected: int, prefix: bytes) -> tuple[Path, FileSign
                 os.fsync(out.fileno())
             except OSError as exc:  # a full disk may only show here
                 raise _cache_error(path, folder, exc) from None
+        fh = _open_valid(Path(tmp), expected, prefix)  # checked before it is published
+        if fh is None:
+            raise _mismatch(path, expected, entry)
         try:
             os.chmod(tmp, 0o444)
-            os.replace(tmp, entry)
+            fh = _publish(tmp, entry, expected, prefix, fh)
         except OSError as exc:
+            fh.close()
             raise _cache_error(path, folder, exc) from None
-    except BaseException:
+    finally:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
-        raise
-    if not _valid(entry, expected, prefix):  # the compressed file changed meanwhile
-        raise CorruptChunkError(
-            f"path={path!r} decompressed to data that does not start with the header read "
-            "from it a moment before: the file changed while it was read; open it again"
-        )
     for old in folder.glob(f"{file_key}-*.raw"):  # copies of earlier versions of this file
         if old != entry:
             with contextlib.suppress(OSError):
                 old.unlink()
     _evict(folder, entry, budget)
-    return entry, signature
+    return entry, signature, fh
+
+
+def _publish(tmp: str, entry: Path, expected: int, prefix: bytes, fh: BinaryIO) -> BinaryIO:
+    """Put the checked copy ``tmp`` (open as ``fh``) at ``entry``; the open copy to map.
+
+    ``os.link`` never replaces a file: when another process published the same copy
+    first, its copy is kept (it may have mapped it) and opened instead. Only an entry that
+    is not a complete copy is replaced. Where the file system has no hard links,
+    ``os.replace`` is used.
+    """
+    try:
+        os.link(tmp, entry)
+        return fh
+    except FileExistsError:
+        theirs = _open_valid(entry, expected, prefix)
+        if theirs is not None:
+            fh.close()
+            return theirs
+    except OSError:  # no hard links here (some network and FAT file systems)
+        pass
+    os.replace(tmp, entry)
+    return fh
+
+
+def _mismatch(path: str, expected: int, entry: Path) -> CorruptChunkError:
+    """The error for a decompressed copy that does not start with the header read before.
+
+    "Changed" only when ``path``'s version key (signature and content fingerprint) is no
+    longer the one ``entry`` was named by.
+    """
+    try:
+        now: Path | None = entry_path(path, expected)[0]
+    except OSError:
+        now = None
+    if now != entry:
+        return CorruptChunkError(
+            f"path={path!r} decompressed to data that does not start with the header read "
+            "from it a moment before: the file changed while it was read; open it again"
+        )
+    return CorruptChunkError(
+        f"path={path!r} decompressed to data that does not start with the NIfTI header "
+        "read from the same gzip stream: the file is corrupt; no cached copy was kept"
+    )
 
 
 def _inflate(path: str, expected: int, out: BinaryIO, folder: Path) -> int:

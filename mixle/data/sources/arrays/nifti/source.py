@@ -10,7 +10,7 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -24,7 +24,7 @@ from mixle.data.sources.arrays.memmap.check import (
 )
 from mixle.data.sources.arrays.nifti import gz_cache
 from mixle.data.sources.arrays.nifti.files import NiftiFiles, locate, read_head
-from mixle.data.sources.arrays.nifti.gz_cache import cached_copy
+from mixle.data.sources.arrays.nifti.gz_cache import open_copy
 from mixle.data.sources.arrays.nifti.header import NiftiHeader, physical_of
 from mixle.data.sources.arrays.nifti.scaling import Scaling, scaling_of, warn_unscaled
 from mixle.data.structure import EXCHANGEABLE, SampleStructure
@@ -66,18 +66,23 @@ class _Mapped:
 def _map_data(path: str, info: NiftiHeader, what: str) -> tuple[np.ndarray, mmap.mmap | None]:
     """Map the data block of ``info`` from ``path`` read-only, after checking its length."""
     with open_regular_file(path, "path") as fh:
-        size = os.fstat(fh.fileno()).st_size
-        if size < info.end:
-            raise ValueError(
-                f"{what} holds {size} bytes, but its NIfTI header needs {info.end}: a data "
-                f"block of {info.nbytes} bytes ({info.shape} x {info.dtype}) at offset "
-                f"{info.offset}; the file is truncated"
-            )
-        if info.nbytes == 0:
-            empty = np.empty(info.shape, dtype=info.dtype, order="F")
-            empty.flags.writeable = False
-            return empty, None
-        mapped = mmap.mmap(fh.fileno(), info.end, access=mmap.ACCESS_READ)
+        return _map_open(fh, info, what)
+
+
+def _map_open(fh: BinaryIO, info: NiftiHeader, what: str) -> tuple[np.ndarray, mmap.mmap | None]:
+    """Map the data block of ``info`` from the open file ``fh``, after checking its length."""
+    size = os.fstat(fh.fileno()).st_size
+    if size < info.end:
+        raise ValueError(
+            f"{what} holds {size} bytes, but its NIfTI header needs {info.end}: a data "
+            f"block of {info.nbytes} bytes ({info.shape} x {info.dtype}) at offset "
+            f"{info.offset}; the file is truncated"
+        )
+    if info.nbytes == 0:
+        empty = np.empty(info.shape, dtype=info.dtype, order="F")
+        empty.flags.writeable = False
+        return empty, None
+    mapped = mmap.mmap(fh.fileno(), info.end, access=mmap.ACCESS_READ)
     count = math.prod(info.shape)
     flat = np.frombuffer(mapped, dtype=info.dtype, count=count, offset=info.offset)
     return flat.reshape(info.shape, order="F"), mapped
@@ -169,13 +174,12 @@ class NiftiArraySource(ArraySource):
         scaling = scaling_of(info.header, info.dtype, f"path={files.header!r}")
         if files.data_gz:
             prefix = info.head if files.data == files.header else b""
-            cache, signature = cached_copy(files.data, info.end, prefix)
-            what = f"the cached copy {str(cache)!r} of {files.data!r}"
-            try:
-                array, mapped = _map_data(str(cache), info, what)
-            except FileNotFoundError:  # evicted by another process a moment ago: once more
-                cache, signature = cached_copy(files.data, info.end, prefix)
-                array, mapped = _map_data(str(cache), info, what)
+            # mapped from the descriptor the copy was checked on: another process's
+            # eviction may unlink the entry at any moment without changing this map
+            cache, signature, fh = open_copy(files.data, info.end, prefix)
+            with fh:
+                what = f"the cached copy {str(cache)!r} of {files.data!r}"
+                array, mapped = _map_open(fh, info, what)
             handle = _Mapped(array, mapped, info, scaling, files, cache, signature, None)
             gz_cache.mapped(cache)  # not evicted from the cache while this map is open
             handle.done = weakref.finalize(handle, gz_cache.unmapped, cache)

@@ -423,6 +423,45 @@ def test_imagej_hyperstack_spacing(tmp_path):
     assert_every_path_is_tifffile(src, tifffile.imread(path))
 
 
+def test_imagej_zunit_and_yunit_give_those_axes_their_own_units(tmp_path):
+    # ImageJ writes yunit=/zunit= when an axis's unit differs from unit= (x's)
+    path = tmp_path / "iju.tif"
+    meta = {"axes": "ZYX", "unit": "micron", "spacing": 500.0, "zunit": "nm", "yunit": "mm"}
+    tifffile.imwrite(path, np.zeros((10, 32, 32), np.uint8), imagej=True, resolution=(2.0, 4.0),
+                     metadata=meta)  # fmt: skip
+    with tifffile.TiffFile(path) as tif:
+        assert tif.imagej_metadata["zunit"] == "nm"  # as tifffile reads it back
+    src = read_tiff(path)
+    assert src.spacing == (500.0, 0.25, 0.5)
+    assert src.physical is not None and src.physical.units == ("nm", "mm", "µm")
+    # in millimetres: z 500 nm = 0.0005 mm, y 0.25 mm, x 0.5 um = 0.0005 mm
+    from mixle.data.sampling.physical_patches import patch_size_from_mm
+
+    assert patch_size_from_mm((0.005, 0.5, 0.005), src.physical, 3, "src") == (10, 2, 10)
+
+
+def test_imagej_unknown_or_pixel_axis_unit_is_never_taken_for_another(tmp_path):
+    from mixle.data.sampling.physical_patches import patch_size_from_mm
+
+    path = tmp_path / "odd.tif"
+    meta = {"axes": "ZYX", "unit": "micron", "spacing": 3.0, "zunit": "furlong"}
+    tifffile.imwrite(path, np.zeros((4, 8, 8), np.uint8), imagej=True, resolution=(2.0, 2.0),
+                     metadata=meta)  # fmt: skip
+    src = read_tiff(path)
+    assert src.physical is not None and src.physical.units == ("furlong", "µm", "µm")
+    with pytest.raises(ValueError, match="furlong"):  # refused, not a wrong voxel count
+        patch_size_from_mm(1.0, src.physical, 3, "src")
+    path = tmp_path / "pix.tif"
+    meta = {"axes": "ZYX", "unit": "micron", "spacing": 3.0, "zunit": "pixel"}
+    tifffile.imwrite(path, np.zeros((4, 8, 8), np.uint8), imagej=True, resolution=(2.0, 2.0),
+                     metadata=meta)  # fmt: skip
+    src = read_tiff(path)
+    assert src.spacing == (3.0, 0.5, 0.5)
+    assert src.physical is not None and src.physical.units == ("pixel", "µm", "µm")
+    with pytest.raises(ValueError, match="pixel"):  # z in pixels is not a length
+        patch_size_from_mm(1.0, src.physical, 3, "src")
+
+
 def _flip_tile(src: Path, dst: Path, page: int, tile: int) -> None:
     dst.write_bytes(src.read_bytes())
     with tifffile.TiffFile(dst) as tif:

@@ -773,3 +773,48 @@ def test_bytes_after_a_gzip_payload_are_refused_with_either_inflater(tmp_path, i
     target.write_bytes(header + payload + b"\0" * 5)  # zero padding after a member
     chunk_cache().clear()
     np.testing.assert_array_equal(read_n5(target.parents[2])[...], want)
+
+
+@pytest.mark.parametrize(
+    ("case", "reads"),
+    [
+        ("one member", True),
+        ("zero padding", True),
+        ("long zero padding", True),
+        ("a second member", False),
+        ("the same member twice", False),
+        ("padding ending in the size", False),
+        ("padding ending in the trailer", False),
+        ("cut short", False),
+    ],
+)
+def test_either_inflater_accepts_and_refuses_the_same_gzip_payloads(
+    tmp_path, inflater, case, reads
+):
+    # libdeflate decodes a payload's first member and ignores what follows: a first member
+    # of exactly the block's bytes followed by more bytes read with imagecodecs installed
+    # and failed without it (and in tensorstore)
+    import gzip
+
+    kind, calls = inflater
+    target, header, payload = _gzip_block(tmp_path / "a.n5", "gzip")
+    want = ts_read(target.parents[2])
+    size = payload[-4:]  # the member's size trailer: the block's 96 bytes
+    stored = {
+        "one member": payload,
+        "zero padding": payload + b"\0" * 6,
+        "long zero padding": payload + b"\0" * 100,
+        "a second member": payload + gzip.compress(b"\x07" * 96),
+        "the same member twice": payload + payload,
+        "padding ending in the size": payload + b"\0" * 4 + size,
+        "padding ending in the trailer": payload + b"\0" * 3 + payload[-8:],
+        "cut short": payload[:-2],
+    }[case]
+    target.write_bytes(header + stored)
+    chunk_cache().clear()
+    if reads:
+        np.testing.assert_array_equal(read_n5(target.parents[2])[...], want)
+        assert calls if kind == "libdeflate" else not calls  # libdeflate's fast path kept
+    else:
+        with pytest.raises(CorruptChunkError, match="block '0/1/0'"):
+            read_n5(target.parents[2])[...]

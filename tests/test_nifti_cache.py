@@ -327,14 +327,45 @@ def test_a_same_size_rewrite_that_keeps_the_mtime_is_not_served_stale(tmp_path: 
     np.testing.assert_array_equal(read_nifti(path)[...], -DATA)  # a new open reads it
 
 
-def test_a_nii_rewritten_in_place_reads_the_new_bytes_not_a_stale_copy(tmp_path: Path) -> None:
+def _rewrite_in_place(path: Path, new: bytes) -> None:
+    """Write ``new`` over ``path`` (same inode), until its status-change time has moved."""
+    before = os.stat(path)
+    with open(path, "r+b") as fh:
+        fh.write(new)
+    while os.stat(path).st_ctime_ns == before.st_ctime_ns:  # a coarse clock: until it ticks
+        os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert os.stat(path).st_ino == before.st_ino
+
+
+def test_a_nii_rewritten_in_place_raises_and_a_new_open_reads_it(tmp_path: Path) -> None:
     path = _save(tmp_path / "v.nii")
     src = read_nifti(path)
     np.testing.assert_array_equal(src[...], DATA)
-    _save(tmp_path / "w.nii", -DATA)
-    with open(path, "r+b") as fh:  # the map shows the file itself: no copy to go stale
-        fh.write((tmp_path / "w.nii").read_bytes())
-    np.testing.assert_array_equal(src[...], np.asanyarray(nib.load(str(path)).dataobj))
+    _rewrite_in_place(path, _save(tmp_path / "w.nii", -DATA).read_bytes())
+    with pytest.raises(FileChangedError, match=r"v\.nii.*rewritten"):
+        src[...]
+    np.testing.assert_array_equal(read_nifti(path)[...], np.asanyarray(nib.load(str(path)).dataobj))
+
+
+@pytest.mark.parametrize("name", ["v.nii", "v.hdr"])
+def test_a_same_size_rewrite_with_another_dtype_is_not_read_with_the_old_header(
+    tmp_path: Path, name: str
+) -> None:
+    # int16 -> uint16: the same size, the same layout; only the header's datatype differs
+    path = _save(tmp_path / name)
+    src = read_nifti(path)
+    np.testing.assert_array_equal(src[...], DATA)
+    header = tmp_path / name  # the .hdr of a pair, or the .nii itself
+    other = _save(tmp_path / ("w" + name[1:]), DATA.astype(np.uint16))
+    assert other.stat().st_size == header.stat().st_size
+    _rewrite_in_place(header, other.read_bytes())
+    assert np.asanyarray(nib.load(str(path)).dataobj).dtype == np.uint16
+    with pytest.raises(FileChangedError, match="rewritten"):
+        src[...]
+    with pytest.raises(FileChangedError, match="rewritten"):
+        src.read_boxes([[0, 0, 0]], (2, 2, 2))
+    again = read_nifti(path)
+    np.testing.assert_array_equal(again[...], np.asanyarray(nib.load(str(path)).dataobj))
 
 
 @pytest.mark.parametrize(

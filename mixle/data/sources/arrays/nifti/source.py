@@ -18,8 +18,6 @@ from mixle.data.schema import Schema
 from mixle.data.sources.arrays.base import ArrayMeta, ArraySource
 from mixle.data.sources.arrays.memmap.check import (
     FileSignature,
-    check_mapped_file,
-    file_identity,
     file_signature,
 )
 from mixle.data.sources.arrays.nifti import gz_cache
@@ -53,20 +51,16 @@ class _Mapped:
     cache: Path | None
     #: the gzipped data file's (device, inode, size, mtime, ctime) when its copy was keyed
     watched: FileSignature | None
-    #: (device, inode) of a mapped uncompressed data file
-    identity: tuple[int, int] | None
+    #: the uncompressed data file's (device, inode, size, mtime, ctime), from the mapped descriptor
+    identity: FileSignature | None
+    #: the header file's signature taken before its header was read
+    header_signature: FileSignature | None = None
     #: unregisters the mapped cache copy from eviction's watch, once (close or collection)
     done: Callable[[], Any] | None = None
 
     @property
     def shape(self) -> tuple[int, ...]:
         return self.array.shape
-
-
-def _map_data(path: str, info: NiftiHeader, what: str) -> tuple[np.ndarray, mmap.mmap | None]:
-    """Map the data block of ``info`` from ``path`` read-only, after checking its length."""
-    with open_regular_file(path, "path") as fh:
-        return _map_open(fh, info, what)
 
 
 def _map_open(fh: BinaryIO, info: NiftiHeader, what: str) -> tuple[np.ndarray, mmap.mmap | None]:
@@ -137,9 +131,11 @@ class NiftiArraySource(ArraySource):
       not world positions), and :attr:`nifti_affine` gives nibabel's 4x4 for its 3-D world
       positions (see :func:`~mixle.data.sources.arrays.nifti.header.physical_of`).
     - :meth:`close` unmaps the data (once no view of :attr:`array` is held).
-    - Every read first checks (one ``stat``) that the mapped file still holds the data and
-      that the user's file was not replaced, truncated or (gzipped) rewritten:
-      :class:`~mixle.errors.FileChangedError` rather than a crash or stale values.
+    - Every read first checks (one ``stat`` per user file) that the user's files were not
+      replaced, truncated or rewritten since they were opened (device, inode, size,
+      modification and status-change times): :class:`~mixle.errors.FileChangedError`
+      rather than a crash, stale values or values read with an outdated header. A
+      ``.nii`` rewritten in place, even with the same size, must be opened again.
     - Nothing is ever written to the user's files.
     """
 
@@ -170,6 +166,8 @@ class NiftiArraySource(ArraySource):
         assert self._args is not None
         path = self._args["path"]
         files = locate(path)
+        # taken before the header is read: a rewrite from then on fails the first read
+        header_signature = file_signature(os.stat(files.header))
         info = read_head(files)
         scaling = scaling_of(info.header, info.dtype, f"path={files.header!r}")
         if files.data_gz:
@@ -184,9 +182,11 @@ class NiftiArraySource(ArraySource):
             gz_cache.mapped(cache)  # not evicted from the cache while this map is open
             handle.done = weakref.finalize(handle, gz_cache.unmapped, cache)
         else:
-            array, mapped = _map_data(files.data, info, f"path={files.data!r}")
-            identity = file_identity(files.data)
+            with open_regular_file(files.data, "path") as fh:
+                identity = file_signature(os.fstat(fh.fileno()))
+                array, mapped = _map_open(fh, info, f"path={files.data!r}")
             handle = _Mapped(array, mapped, info, scaling, files, None, None, identity)
+        handle.header_signature = header_signature
         if not self._args["scale"] and not scaling.trivial:
             warn_unscaled(path, scaling)
         return handle
@@ -265,17 +265,31 @@ class NiftiArraySource(ArraySource):
 
     # -- reading ------------------------------------------------------------------------
     def _check(self, handle: _Mapped) -> None:
-        """Refuse to read a map whose file was cut short, or a changed user file."""
-        data = handle.files.data
+        """Refuse to read a map whose file was cut short, or a changed user file.
+
+        One ``stat`` per file (two for a ``.hdr``/``.img`` pair), once per read call: the
+        signature (device, inode, size, modification and status-change times) of each
+        user file must be the one taken when it was opened, so a file rewritten in place,
+        even at the same size and with a header that now says another dtype, raises
+        :class:`~mixle.errors.FileChangedError` instead of being read with the old header.
+        """
+        files = handle.files
+        if files.header != files.data:
+            _check_signature(files.header, handle.header_signature, None)
         if handle.cache is None:
             if handle.map is not None:
-                check_mapped_file(data, handle.info.end, handle.identity)
+                _check_signature(files.data, handle.identity, handle.info.end)
+            if files.header == files.data and handle.identity != handle.header_signature:
+                raise FileChangedError(
+                    f"path={files.data!r} was rewritten while it was opened (between reading "
+                    "its header and mapping its data); open the source again"
+                )
             return
-        _check_gz_unchanged(data, handle.watched)
+        _check_gz_unchanged(files.data, handle.watched)
         if handle.map is not None and handle.map.size() < handle.info.end:
             raise FileChangedError(
-                f"the cached copy {str(handle.cache)!r} of path={data!r} was truncated to "
-                f"{handle.map.size()} bytes after it was opened, but the image needs "
+                f"the cached copy {str(handle.cache)!r} of path={files.data!r} was truncated "
+                f"to {handle.map.size()} bytes after it was opened, but the image needs "
                 f"{handle.info.end}; open the source again (it rebuilds the copy)"
             )
 
@@ -308,6 +322,39 @@ class NiftiArraySource(ArraySource):
         raw = np.empty(out.shape, dtype=handle.info.dtype)
         read_strided(handle.array, starts, size, raw)
         out[...] = handle.scaling.apply(raw)
+
+
+def _check_signature(path: str, opened: FileSignature | None, needed: int | None) -> None:
+    """Raise :class:`FileChangedError` unless ``path`` still has the signature ``opened``.
+
+    ``needed`` (bytes the map covers) names a truncation as such: reading past the end of
+    a mapped file would kill the process (``SIGBUS``).
+    """
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise FileChangedError(
+            f"path={path!r} was deleted after it was opened; open the source again"
+        ) from None
+    now = file_signature(st)
+    if opened is None or now == opened:
+        return
+    if needed is not None and st.st_size < needed:
+        raise FileChangedError(
+            f"path={path!r} was truncated to {st.st_size} bytes after it was opened, but the "
+            f"array needs {needed}; reading it would crash the process (SIGBUS), so mixle "
+            "refuses: restore the file or open the source again"
+        )
+    if now[:2] != opened[:2]:
+        raise FileChangedError(
+            f"path={path!r} was replaced by another file after it was opened; open the "
+            "source again to read the new file"
+        )
+    raise FileChangedError(
+        f"path={path!r} was rewritten after it was opened (its size or modification or "
+        "status-change time moved), so the header read at open may no longer describe "
+        "its data; open the source again to read the new file"
+    )
 
 
 def _check_gz_unchanged(path: str, watched: FileSignature | None) -> None:

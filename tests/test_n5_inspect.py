@@ -186,6 +186,57 @@ def test_a_container_tensorstore_wrote_with_a_dataset_path_is_n5(tmp_path):
     assert not is_n5(str(empty))
 
 
+def _nested_container(root: Path) -> np.ndarray:
+    """A container tensorstore wrote with ``path="volumes/raw"``: no attributes.json above."""
+    import tensorstore as ts
+
+    metadata = {"dimensions": [5, 9], "blockSize": [2, 4], "dataType": "uint16"}
+    spec = {
+        "driver": "n5",
+        "kvstore": {"driver": "file", "path": str(root)},
+        "path": "volumes/raw",
+    }
+    store = ts.open({**spec, "metadata": metadata, "create": True}).result()
+    store[...] = np.arange(45, dtype="u2").reshape(5, 9)
+    assert not (root / "attributes.json").exists()
+    assert not (root / "volumes" / "attributes.json").exists()
+    return store.read().result()
+
+
+def test_a_dataset_nested_below_folders_without_attributes_is_found(tmp_path):
+    from mixle.data.sources.arrays.n5 import read_n5
+    from mixle.inspection.store import inspect_store
+
+    root = tmp_path / "c.n5"
+    want = _nested_container(root)
+    np.testing.assert_array_equal(read_n5(root, "volumes/raw")[...], want)
+    assert is_n5(str(root))
+    with assert_unchanged(root):
+        report = inspect_store(root)
+    assert report.kind == "n5"
+    (volumes,) = report.root.children
+    assert isinstance(volumes, GroupReport) and volumes.path == "/volumes"
+    (raw,) = volumes.children
+    assert isinstance(raw, ArrayReport) and raw.path == "/volumes/raw"
+    assert raw.shape == (5, 9) and raw.chunks == (2, 4) and raw.chunks_stored == 9
+
+
+def test_the_probe_below_a_folder_without_attributes_is_bounded(tmp_path, monkeypatch):
+    root = tmp_path / "c.n5"
+    _nested_container(root)
+    (root / "a").mkdir()  # looked into before "volumes"
+    assert is_n5(str(root))
+    monkeypatch.setattr(n5_files, "MAX_PROBED_DEPTH", 1)  # the dataset is two levels down
+    assert not is_n5(str(root))
+    with pytest.raises(UnsupportedStoreError, match="MAX_PROBED_DEPTH=1"):
+        inspect_n5(str(root), None, None)
+    monkeypatch.setattr(n5_files, "MAX_PROBED_DEPTH", 4)
+    monkeypatch.setattr(n5_files, "MAX_PROBED_FOLDERS", 2)  # a, volumes: not volumes/raw
+    assert not is_n5(str(root))
+    monkeypatch.setattr(n5_files, "MAX_PROBED_FOLDERS", 3)
+    assert is_n5(str(root))
+
+
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
 def test_is_n5_does_not_block_on_a_fifo(tmp_path):
     folder = tmp_path / "f"

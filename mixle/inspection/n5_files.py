@@ -30,7 +30,7 @@ from mixle.inspection.patches import chunk_data_elements
 from mixle.inspection.report import ArrayReport, GroupReport, LayoutFinding, UnsupportedStoreError
 from mixle.utils.redact import display_path
 
-__all__ = ["MAX_PROBED_FOLDERS", "inspect_n5", "is_n5"]
+__all__ = ["MAX_PROBED_DEPTH", "MAX_PROBED_FOLDERS", "inspect_n5", "is_n5"]
 
 #: A block's grid index as N5 names its folders and files (no sign, no leading zeros).
 _GRID_INDEX = re.compile(r"0|[1-9][0-9]*")
@@ -40,8 +40,10 @@ _N5_KEYS = frozenset(
 )
 
 
-#: Subfolders of a folder without ``attributes.json`` that :func:`is_n5` looks into.
+#: Folders below one without ``attributes.json`` that :func:`is_n5` looks into, in all.
 MAX_PROBED_FOLDERS = 32
+#: How many levels below such a folder :func:`is_n5` looks for a dataset.
+MAX_PROBED_DEPTH = 4
 
 
 def is_n5(location: str) -> bool:
@@ -49,9 +51,11 @@ def is_n5(location: str) -> bool:
 
     True for a folder whose ``attributes.json`` (read within the N5 metadata bound) holds
     an ``"n5"`` version or a dataset's ``dimensions``, ``blockSize`` and ``dataType``, and
-    for a folder without ``attributes.json`` one of whose first
-    :data:`MAX_PROBED_FOLDERS` subfolders (by name) is a dataset: tensorstore writes no root
-    ``attributes.json`` when it is given the dataset's ``path``. A URL, a file, a folder
+    for a folder without ``attributes.json`` with a dataset below it, within
+    :data:`MAX_PROBED_DEPTH` levels and the first :data:`MAX_PROBED_FOLDERS` folders
+    (level by level, by name): tensorstore writes no ``attributes.json`` at the root or in
+    the folders above a dataset when it is given the dataset's ``path``
+    (``volumes/raw``). A URL, a file, a folder
     whose ``attributes.json`` cannot be read or parsed (a FIFO, too large, not JSON)
     answers ``False``; nothing else is read.
     """
@@ -67,18 +71,33 @@ def is_n5(location: str) -> bool:
 
 
 def _holds_a_dataset(folder: str) -> bool:
-    """Whether one of the first :data:`MAX_PROBED_FOLDERS` subfolders is an N5 dataset."""
-    try:
-        with os.scandir(folder) as entries:
-            names = sorted(e.name for e in entries if e.is_dir(follow_symlinks=False))
-    except OSError:
-        return False
-    for name in names[:MAX_PROBED_FOLDERS]:
-        try:
-            if is_dataset_attributes(read_attributes(os.path.join(folder, name))):
-                return True
-        except (OSError, ValueError):
-            continue
+    """Whether an N5 dataset lies below ``folder``, within the probe's bounds.
+
+    Breadth first, by name, down to :data:`MAX_PROBED_DEPTH` levels, reading at most
+    :data:`MAX_PROBED_FOLDERS` folders' ``attributes.json``; a dataset's own folders (its
+    blocks) are not entered.
+    """
+    level, probed = [folder], 0
+    for _ in range(MAX_PROBED_DEPTH):
+        below: list[str] = []
+        for parent in level:
+            try:
+                with os.scandir(parent) as entries:
+                    names = sorted(e.name for e in entries if e.is_dir(follow_symlinks=False))
+            except OSError:
+                continue
+            for name in names:
+                if probed == MAX_PROBED_FOLDERS:
+                    return False
+                probed += 1
+                sub = os.path.join(parent, name)
+                try:
+                    if is_dataset_attributes(read_attributes(sub)):
+                        return True
+                except (OSError, ValueError):
+                    continue
+                below.append(sub)
+        level = below
     return False
 
 
@@ -91,9 +110,10 @@ def inspect_n5(
     ------
     UnsupportedStoreError
         ``location`` is a URL (mixle reads N5 from local folders only), or holds no
-        ``attributes.json`` and no dataset among its first :data:`MAX_PROBED_FOLDERS`
-        subfolders (a container tensorstore wrote with a dataset ``path`` has no root
-        ``attributes.json``: it is reported as a group).
+        ``attributes.json`` and no dataset below it within :data:`MAX_PROBED_DEPTH`
+        levels and :data:`MAX_PROBED_FOLDERS` folders (a container tensorstore wrote with
+        a dataset ``path`` has no ``attributes.json`` above the dataset: it is reported as
+        a group).
     InvalidMetadataError, MetadataLimitError, SpecialFileError
         An ``attributes.json`` is damaged, too large or not a regular file (named).
     """
@@ -105,8 +125,9 @@ def inspect_n5(
     attrs = read_attributes(location)
     if attrs is None and not _holds_a_dataset(location):
         raise UnsupportedStoreError(
-            f"{shown!r} is not an N5 container: no attributes.json, and none of its first "
-            f"{MAX_PROBED_FOLDERS} subfolders is an N5 dataset"
+            f"{shown!r} is not an N5 container: no attributes.json, and no N5 dataset "
+            f"below it (MAX_PROBED_DEPTH={MAX_PROBED_DEPTH} levels, "
+            f"MAX_PROBED_FOLDERS={MAX_PROBED_FOLDERS} folders looked into)"
         )
     report: GroupReport | ArrayReport
     if is_dataset_attributes(attrs):

@@ -750,6 +750,31 @@ def test_multifile_ome_errors_name_the_file_of_the_plane(tmp_path):
         src[0]
 
 
+@pytest.mark.parametrize("case", ["raw-strips", "zlib-strips"])
+def test_multifile_ome_with_a_missing_file_warns_naming_it_and_reads_zeros_as_tifffile(
+    tmp_path, case
+):
+    from mixle.data.sources.arrays.tiff.ome import OmeTiffMissingFilesWarning
+
+    data = _values((6, 37, 45), "uint16")
+    paths = _multifile_ome(tmp_path, data, 3, **MULTIFILE_OPTIONS[case])
+    paths[1].unlink()
+    want = tifffile.imread(paths[0])  # tifffile only logs, and zeroes the missing planes
+    assert not want[2:4].any() and np.array_equal(want[[0, 1, 4, 5]], data[[0, 1, 4, 5]])
+    with pytest.warns(OmeTiffMissingFilesWarning, match=r"2 of its 6 planes.*'.*part1\.ome\.tif'"):
+        src = read_tiff(paths[0])
+    assert_every_path_is_tifffile(src, want)
+
+
+def test_multifile_ome_with_every_file_present_does_not_warn(tmp_path):
+    import warnings
+
+    paths = _multifile_ome(tmp_path, _values((4, 9, 7), "uint16"), 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        read_tiff(paths[0])
+
+
 def test_multifile_ome_is_never_memory_mapped(tmp_path):
     import uuid
 

@@ -20,7 +20,24 @@ from mixle.data.sources.arrays.physical import Physical, physical_from_spacing
 from mixle.data.sources.arrays.tiff.opening import page_file
 from mixle.errors import OmeTiffMetadataWarning
 
-__all__ = ["OME_DEFAULT_UNIT", "OmeTiffMetadataWarning", "ome_physical", "ome_pixel_sizes"]
+__all__ = [
+    "OME_DEFAULT_UNIT",
+    "OmeTiffMetadataWarning",
+    "OmeTiffMissingFilesWarning",
+    "ome_missing_files",
+    "ome_physical",
+    "ome_pixel_sizes",
+    "warn_missing_planes",
+]
+
+
+class OmeTiffMissingFilesWarning(UserWarning):
+    """A multi-file OME-TIFF whose OME-XML names files that do not exist.
+
+    tifffile opens such a series anyway and reads the planes of the missing files as
+    zeros (it only logs that it did); mixle reads them the same way and warns at open.
+    """
+
 
 #: The unit OME-XML's schema gives ``PhysicalSize*`` when ``PhysicalSize*Unit`` is absent.
 OME_DEFAULT_UNIT = "µm"
@@ -152,6 +169,51 @@ def ome_pixel_sizes(
         stacklevel=2,
     )
     return {}
+
+
+def ome_missing_files(xml: str | None, root: str) -> tuple[str, ...]:
+    """The files the OME-XML in ``root`` names (``TiffData`` ``UUID FileName``) that are absent.
+
+    Paths are resolved as tifffile resolves them (beside ``root``); each is named once,
+    in document order. ``()`` when there is no (parsable) OME-XML.
+    """
+    if not xml or len(xml) > MAX_OME_XML_CHARS:
+        return ()
+    try:
+        doc = ET.fromstring(xml)
+    except ET.ParseError:
+        return ()
+    root_uuid = doc.get("UUID")
+    missing: dict[str, None] = {}
+    for data in doc.iter():
+        if _local(data.tag) != "TiffData":
+            continue
+        named = _tiffdata_file(data, root_uuid, root)
+        if named is not None and named not in missing and not os.path.isfile(named):
+            missing[named] = None
+    return tuple(missing)
+
+
+def warn_missing_planes(xml: str | None, level: Any, root: str, where: str) -> None:
+    """Warn (:class:`OmeTiffMissingFilesWarning`) when planes of ``level`` are absent.
+
+    tifffile leaves a plane of a multi-file series it could not open as ``None`` and
+    reads it as zeros; mixle does the same, so a missing file is named here, at open,
+    rather than shown only as zeros later.
+    """
+    pages = getattr(level, "_pages", None) or ()
+    absent = sum(1 for page in pages if page is None)
+    if not absent:
+        return
+    missing = ome_missing_files(xml, root)
+    named = ", ".join(repr(m) for m in missing) if missing else "(none named is absent)"
+    warnings.warn(
+        f"{where}: {absent} of its {len(pages)} planes are stored in files that could not "
+        f"be opened; missing files: {named}. Those planes read as zeros (as tifffile reads "
+        "them); restore the files and open the source again to read them",
+        OmeTiffMissingFilesWarning,
+        stacklevel=3,
+    )
 
 
 def ome_physical(xml: str | None, series: Any, level: Any, where: str) -> Physical | None:

@@ -18,7 +18,7 @@ from mixle.data.sources.arrays.tiff.chunks import (
     require_decodable,
 )
 from mixle.data.sources.arrays.tiff.imagej import imagej_physical
-from mixle.data.sources.arrays.tiff.ome import ome_physical
+from mixle.data.sources.arrays.tiff.ome import ome_physical, warn_missing_planes
 from mixle.data.sources.arrays.tiff.opening import (
     contiguous_memmap,
     level_files,
@@ -102,8 +102,11 @@ class TiffArraySource(ArraySource):
     decoded by tifffile's own decode of the series, on the read planner's pool.
     Uncompressed contiguous data is memory-mapped instead. The planes of a multi-file
     OME-TIFF are read from the files its OME-XML names (opened when first read; never
-    mapped). Every read first checks that each file is still the version opened (one
-    ``stat`` per file per read: device, inode, size, modification and change times).
+    mapped); planes of files it names that are missing read as zeros, as tifffile reads
+    them, with an :class:`~mixle.data.sources.arrays.tiff.ome.OmeTiffMissingFilesWarning`
+    at open naming those files. Every read first checks that each file is still the
+    version opened (one ``stat`` per file per read: device, inode, size, modification and
+    change times).
     OME-TIFF pixel sizes become :attr:`physical` (``spacing`` per axis, 1.0 on non-spatial
     axes).
     """
@@ -155,6 +158,8 @@ class TiffArraySource(ArraySource):
                 require_decodable(tifffile_module(), level.keyframe, self._where())
                 layout = SegmentLayout(tuple(level.shape), level.keyframe, len(level))
             handle = TiffHandle(tif, series, level, mapped, layout, files)
+            if tif.is_ome:
+                warn_missing_planes(tif.ome_metadata, level, path, self._where())
         except BaseException:
             tif.close()
             raise

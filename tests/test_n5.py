@@ -28,7 +28,7 @@ import mixle
 from mixle.data.schema import Schema
 from mixle.data.sources.arrays.n5 import N5ArraySource, read_n5
 from mixle.data.sources.arrays.n5.attributes import (
-    N5_MAX_BLOCK_ELEMENTS,
+    N5_MAX_BLOCK_BYTES,
     N5_METADATA_LIMIT,
     find_datasets,
     parse_metadata,
@@ -402,17 +402,43 @@ def test_a_huge_block_size_is_refused_at_open_not_allocated_at_read(tmp_path):
     (path / "attributes.json").write_text(json.dumps(attrs))
     (path / "0" / "0" / "0").write_bytes(struct.pack(">HH3I", 0, 3, 1, 1, 1) + b"\x07")
     with pytest.raises(
-        InvalidMetadataError, match=r"blockSize=\[1048576, 1048576, 16384\].*N5_MAX_BLOCK_ELEMENTS"
+        InvalidMetadataError, match=r"blockSize=\[1048576, 1048576, 16384\].*N5_MAX_BLOCK_BYTES"
     ):
         read_n5(path)
 
 
-def test_the_block_limit_admits_the_largest_block_the_n5_libraries_write():
-    attrs = {"dimensions": [10, 10], "blockSize": [N5_MAX_BLOCK_ELEMENTS, 1], "dataType": "int8"}
-    assert parse_metadata(attrs, "'a'").blocks == (N5_MAX_BLOCK_ELEMENTS, 1)
-    attrs["blockSize"] = [N5_MAX_BLOCK_ELEMENTS + 1, 1]
-    with pytest.raises(InvalidMetadataError, match=f"{N5_MAX_BLOCK_ELEMENTS:,}"):
-        parse_metadata(attrs, "'a'")
+@pytest.mark.parametrize(
+    ("block", "dtype", "opens"),
+    [
+        (2**31, "int8", True),  # 2**31 elements (past a Java array) in 2 GiB
+        (2**31 + 1, "uint8", False),
+        (2**28, "uint64", True),  # 2 GiB
+        (2**28 + 1, "uint64", False),  # fewer elements than a Java array, past 2 GiB
+        (2**31 - 1, "uint64", False),
+        (2**30, "uint16", True),
+    ],
+)
+def test_the_block_limit_is_tensorstores_bytes_per_block(tmp_path, block, dtype, opens):
+    import tensorstore as ts
+
+    attrs = {
+        "dimensions": [10, 10],
+        "blockSize": [block, 1],
+        "dataType": dtype,
+        "compression": {"type": "raw"},
+    }
+    (tmp_path / "attributes.json").write_text(json.dumps(attrs))
+    spec = {"driver": "n5", "kvstore": {"driver": "file", "path": str(tmp_path)}}
+    if opens:
+        ts.open(spec).result()
+        assert parse_metadata(attrs, "'a'").blocks == (block, 1)
+    else:
+        with pytest.raises(ValueError, match="maximum chunk size"):
+            ts.open(spec).result()
+        with pytest.raises(
+            InvalidMetadataError, match=f"N5_MAX_BLOCK_BYTES={N5_MAX_BLOCK_BYTES:,}"
+        ):
+            parse_metadata(attrs, "'a'")
 
 
 @pytest.mark.parametrize(

@@ -26,7 +26,7 @@ __all__ = [
     "ATTRIBUTES_FILE",
     "COMPRESSIONS",
     "MAX_WALKED_FOLDERS",
-    "N5_MAX_BLOCK_ELEMENTS",
+    "N5_MAX_BLOCK_BYTES",
     "N5_DTYPES",
     "N5_METADATA_LIMIT",
     "N5_VERSION_MAJOR",
@@ -65,12 +65,14 @@ N5_DTYPES = {
 }
 #: Compression ``type`` names of the N5 specification and its common extensions.
 COMPRESSIONS = ("raw", "gzip", "bzip2", "xz", "blosc", "zstd", "lz4")
-#: Elements one block may hold: the N5 libraries keep a block in one Java array, whose
-#: length is an ``int`` (so no N5 writer makes larger blocks). A block is decoded whole
-#: (a block file smaller than its place fills a corner of zeros), so ``blockSize`` bounds
-#: the memory of a read however small the files are; zarr's reader bounds a chunk only by
-#: what NumPy can address, which lets a 2x2x2 read of a hostile dataset ask for petabytes.
-N5_MAX_BLOCK_ELEMENTS = 2**31 - 1
+#: Bytes one decoded block may hold: 2 GiB, tensorstore's limit ("exceeds maximum chunk
+#: size of 2GB"; measured: a block of exactly 2**31 bytes opens, one element more does
+#: not, whatever the dtype), so mixle opens the datasets tensorstore opens. A block is
+#: decoded whole (a block file smaller than its place fills a corner of zeros), so
+#: ``blockSize`` bounds the memory of a read however small the files are; zarr's reader
+#: bounds a chunk only by what NumPy can address, which lets a 2x2x2 read of a hostile
+#: dataset ask for petabytes.
+N5_MAX_BLOCK_BYTES = 2**31
 #: The largest extent (and bytes of one block) NumPy's ``intp`` indexing can address.
 _MAX_EXTENT = 2**63 - 1
 
@@ -239,7 +241,7 @@ def parse_metadata(attrs: dict[str, Any], where: str) -> N5Metadata:
     ------
     InvalidMetadataError
         When an extent is not an int (or out of range), ``blockSize`` has not one entry per
-        dimension or more than :data:`N5_MAX_BLOCK_ELEMENTS` elements, ``dataType`` is not
+        dimension or blocks of more than :data:`N5_MAX_BLOCK_BYTES` bytes, ``dataType`` is not
         an N5 numeric type, or ``compression`` is malformed; the message names the
         dataset, the key and the value.
     """
@@ -262,11 +264,11 @@ def parse_metadata(attrs: dict[str, Any], where: str) -> N5Metadata:
             f"N5 dataset {where}: dimensions={list(shape)}, blockSize={list(blocks)} hold "
             "more elements than NumPy can address (damaged attributes.json)"
         )
-    if math.prod(blocks) > N5_MAX_BLOCK_ELEMENTS:
+    if math.prod(blocks) * stored.itemsize > N5_MAX_BLOCK_BYTES:
         raise InvalidMetadataError(
-            f"N5 dataset {where}: blockSize={list(blocks)} makes blocks of "
-            f"{math.prod(blocks):,} elements, more than N5_MAX_BLOCK_ELEMENTS="
-            f"{N5_MAX_BLOCK_ELEMENTS:,} (the N5 libraries hold a block in one Java array); "
+            f"N5 dataset {where}: blockSize={list(blocks)} of dataType={name!r} makes "
+            f"blocks of {math.prod(blocks) * stored.itemsize:,} bytes, more than "
+            f"N5_MAX_BLOCK_BYTES={N5_MAX_BLOCK_BYTES:,} (2 GiB, tensorstore's limit too); "
             "every read decodes whole blocks, so it is not opened (damaged attributes.json?)"
         )
     return N5Metadata(shape, blocks, stored, _compression(attrs, where), attrs)

@@ -527,8 +527,8 @@ def test_processes_opening_gz_files_at_once_with_a_tiny_cache_all_read_right(
     paths = []
     for i in range(4):
         paths.append(str(_save(tmp_path / f"v{i}.nii.gz", np.full((32, 32, 16), i, np.int16))))
-    with mp.get_context("spawn").Pool(6) as pool:
-        results = pool.map(_open_many, [(paths, 30, str(cache))] * 6)
+    with mp.get_context("spawn").Pool(4) as pool:
+        results = pool.map(_open_many, [(paths, 25, str(cache))] * 4)
     assert [p for r in results for p in r] == []
 
 

@@ -490,7 +490,7 @@ def test_a_file_rewritten_in_place_raises_and_drops_its_cached_chunks(tmp_path, 
     with open(path, "r+b") as f:  # in place, as cp writes it
         f.write(fresh.read_bytes() + b"\0" * grow)
     assert os.stat(path).st_ino == inode
-    with pytest.raises(FileChangedError, match=r"old\.b2nd"):
+    with pytest.raises(FileChangedError, match=r"old\.b2nd.* after it was opened"):
         src[...]
     with pytest.raises(FileChangedError):
         src.read_boxes([[0, 0]], (2, 2))  # the cached chunk is not served either
@@ -629,15 +629,16 @@ def test_blocks_are_read_alone_when_large_or_their_chunk_is(tmp_path, monkeypatc
     np.testing.assert_array_equal(boxes[1], want[0:6, 7:16, 40:60])
 
 
-def _count_checks(monkeypatch) -> list[str]:
-    calls: list[str] = []
-    real = b2nd_source.check_file_unchanged
+def _count_checks(monkeypatch) -> list[int]:
+    """The inodes of the files checked (one ``file_signature`` per check), in order."""
+    calls: list[int] = []
+    real = b2nd_source.file_signature
 
-    def counted(*args: Any, **kwargs: Any) -> None:
-        calls.append(str(args[0]))
-        real(*args, **kwargs)
+    def counted(st: os.stat_result) -> Any:
+        calls.append(st.st_ino)
+        return real(st)
 
-    monkeypatch.setattr(b2nd_source, "check_file_unchanged", counted)
+    monkeypatch.setattr(b2nd_source, "file_signature", counted)
     return calls
 
 
@@ -651,7 +652,7 @@ def test_the_mapped_file_is_checked_once_per_read_call(tmp_path, monkeypatch, un
     assert src._reader_for(src.array).by_block == (unit == "blocks")
     calls = _count_checks(monkeypatch)
     np.testing.assert_array_equal(src[...], want)  # every block or chunk of the array
-    assert calls == [str(path)]
+    assert calls == [os.stat(path).st_ino]
     boxes = src.read_boxes(STARTS, PATCH)
     assert len(calls) == 2
     for got, corner in zip(boxes, STARTS):

@@ -10,11 +10,7 @@ import numpy as np
 from mixle.data.schema import Schema
 from mixle.data.sources.arrays.b2nd.blocks import B2ndChunkReader
 from mixle.data.sources.arrays.base import ArrayMeta, ArraySource
-from mixle.data.sources.arrays.memmap.check import (
-    FileSignature,
-    check_file_unchanged,
-    file_signature,
-)
+from mixle.data.sources.arrays.memmap.check import FileSignature, file_signature
 from mixle.data.structure import EXCHANGEABLE, SampleStructure
 from mixle.errors import FileChangedError
 from mixle.reading import ChunkReader
@@ -151,8 +147,27 @@ class B2ndArraySource(ArraySource):
         decode its new bytes with the old frame's metadata.
         """
         signature, args = self._signature, self._args
-        if signature is not None and args is not None:
-            check_file_unchanged(args["path"], signature)
+        if signature is None or args is None:
+            return
+        path = args["path"]
+        try:
+            now = file_signature(os.stat(path))
+        except FileNotFoundError:
+            raise FileChangedError(
+                f"path={path!r} was deleted after it was opened; open the source again"
+            ) from None
+        if now == signature:
+            return
+        if now[:2] != signature[:2]:
+            change = "was replaced by another file"
+        elif now[2] != signature[2]:
+            change = f"changed size from {signature[2]:,} to {now[2]:,} bytes"
+        else:
+            change = "was written (or its permissions, owner or links changed)"
+        raise FileChangedError(
+            f"path={path!r} {change} after it was opened; its blocks would be decoded with "
+            "the frame metadata read then, so mixle refuses: open the source again"
+        )
 
     def _chunk_reader(self, handle: Any) -> ChunkReader | None:
         if 0 in handle.shape:

@@ -25,6 +25,7 @@ __all__ = [
     "NiftiScalingWarning",
     "NotAnArrayError",
     "OmeTiffMetadataWarning",
+    "OmeTiffMissingFilesWarning",
     "OmeZarrMetadataWarning",
     "PackedVariableWarning",
     "NothingToSampleError",
@@ -164,6 +165,14 @@ class NiftiScalingWarning(UserWarning):
 
 class OmeTiffMetadataWarning(UserWarning):
     """OME-XML of an OME-TIFF that mixle cannot tie to the series read; it has no spacing."""
+
+
+class OmeTiffMissingFilesWarning(UserWarning):
+    """A multi-file OME-TIFF whose OME-XML names files that do not exist.
+
+    tifffile opens such a series anyway and reads the planes of the missing files as
+    zeros (it only logs that it did); mixle reads them the same way and warns at open.
+    """
 
 
 class OmeZarrMetadataWarning(UserWarning):

@@ -423,6 +423,17 @@ def test_imagej_hyperstack_spacing(tmp_path):
     assert_every_path_is_tifffile(src, tifffile.imread(path))
 
 
+def test_imagej_stack_without_spacing_has_imagejs_voxel_depth_in_its_unit(tmp_path):
+    # ImageJ's default voxel depth is 1 of the stack's unit; an unknown unit on z would
+    # make patch_size_mm take it for millimetres (1000x off for a micrometre stack)
+    path = tmp_path / "nospacing.tif"
+    tifffile.imwrite(path, np.zeros((6, 16, 16), np.uint8), imagej=True, resolution=(2.0, 2.0),
+                     metadata={"axes": "ZYX", "unit": "um"})  # fmt: skip
+    src = read_tiff(path)
+    assert src.spacing == (1.0, 0.5, 0.5)
+    assert src.physical is not None and src.physical.units == ("µm",) * 3
+
+
 def test_imagej_zunit_and_yunit_give_those_axes_their_own_units(tmp_path):
     # ImageJ writes yunit=/zunit= when an axis's unit differs from unit= (x's)
     path = tmp_path / "iju.tif"
@@ -754,7 +765,7 @@ def test_multifile_ome_errors_name_the_file_of_the_plane(tmp_path):
 def test_multifile_ome_with_a_missing_file_warns_naming_it_and_reads_zeros_as_tifffile(
     tmp_path, case
 ):
-    from mixle.data.sources.arrays.tiff.ome import OmeTiffMissingFilesWarning
+    from mixle.errors import OmeTiffMissingFilesWarning
 
     data = _values((6, 37, 45), "uint16")
     paths = _multifile_ome(tmp_path, data, 3, **MULTIFILE_OPTIONS[case])

@@ -77,6 +77,8 @@ def imagej_physical(metadata: dict[str, Any] | None, level: Any) -> Physical | N
     spacing_z = metadata.get("spacing")
     if isinstance(spacing_z, (int, float)) and math.isfinite(spacing_z) and spacing_z > 0:
         sizes["z"] = float(spacing_z)
+    else:  # ImageJ's default voxel depth: 1 of the stack's unit (not 1 of an unknown unit)
+        sizes["z"] = 1.0
     axes = level.axes.lower()
     spacing: list[float] = []
     units: list[str | None] = []

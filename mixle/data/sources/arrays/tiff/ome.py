@@ -18,7 +18,7 @@ from typing import Any
 
 from mixle.data.sources.arrays.physical import Physical, physical_from_spacing
 from mixle.data.sources.arrays.tiff.opening import page_file
-from mixle.errors import OmeTiffMetadataWarning
+from mixle.errors import OmeTiffMetadataWarning, OmeTiffMissingFilesWarning
 
 __all__ = [
     "OME_DEFAULT_UNIT",
@@ -29,14 +29,6 @@ __all__ = [
     "ome_pixel_sizes",
     "warn_missing_planes",
 ]
-
-
-class OmeTiffMissingFilesWarning(UserWarning):
-    """A multi-file OME-TIFF whose OME-XML names files that do not exist.
-
-    tifffile opens such a series anyway and reads the planes of the missing files as
-    zeros (it only logs that it did); mixle reads them the same way and warns at open.
-    """
 
 
 #: The unit OME-XML's schema gives ``PhysicalSize*`` when ``PhysicalSize*Unit`` is absent.

@@ -103,7 +103,7 @@ class TiffArraySource(ArraySource):
     Uncompressed contiguous data is memory-mapped instead. The planes of a multi-file
     OME-TIFF are read from the files its OME-XML names (opened when first read; never
     mapped); planes of files it names that are missing read as zeros, as tifffile reads
-    them, with an :class:`~mixle.data.sources.arrays.tiff.ome.OmeTiffMissingFilesWarning`
+    them, with an :class:`~mixle.errors.OmeTiffMissingFilesWarning`
     at open naming those files. Every read first checks that each file is still the
     version opened (one ``stat`` per file per read: device, inode, size, modification and
     change times).

@@ -138,8 +138,13 @@ class B2ndChunkReader:
     Notes
     -----
     The reader does not check the memory-mapped file: its source checks it once per read
-    call, before the planner asks for any chunk.
+    call, before the planner asks for any chunk. python-blosc2 holds the GIL while it
+    decodes, so one decode thread reads from it at a time (``max_decode_threads``): two
+    only take turns, and lose to it (measured in ``benchmarks/patch_read.py``).
     """
+
+    #: Decode threads the read planner runs on this reader at once (see above).
+    max_decode_threads = 1
 
     def __init__(self, array: Any, where: str) -> None:
         # the NDArray owns the C super-chunk: its wrapper alone would let it be freed

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 import tifffile
 import zarr
+from _ome_zarr_writer import write_ome_zarr
 
 from mixle.data.sampling import physical_patches
 from mixle.data.sampling.aligned import read_zarr_arrays
@@ -70,12 +71,10 @@ def _czyx_ome_tiff(path: Path) -> np.ndarray:
 
 def _czyx_ome_zarr(path: Path) -> np.ndarray:
     """A c, z, y, x OME-Zarr image written by ome-zarr-py (0.5, um), as zarr reads it."""
-    writer = pytest.importorskip("ome_zarr.writer")
-    group = zarr.open_group(str(path), mode="w")
     data = np.random.default_rng(3).integers(0, 900, (2, 6, 16, 20)).astype(np.uint16)
     units = dict.fromkeys("zyx", "micrometer")
     scale = {"c": 1.0, "z": 2.0, "y": 0.5, "x": 0.25}
-    writer.write_image(data, group, scale_factors=[], axes="czyx", scale=scale, axes_units=units)
+    write_ome_zarr(path, data, version="0.5", axes="czyx", scale=scale, axes_units=units)
     return np.asarray(zarr.open_array(str(path / "s0"), mode="r")[...])
 
 

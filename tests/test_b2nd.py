@@ -630,15 +630,15 @@ def test_blocks_are_read_alone_when_large_or_their_chunk_is(tmp_path, monkeypatc
 
 
 def _count_checks(monkeypatch) -> list[int]:
-    """The inodes of the files checked (one ``file_signature`` per check), in order."""
+    """The inodes of the files checked (one ``check_file_unchanged`` per check), in order."""
     calls: list[int] = []
-    real = b2nd_source.file_signature
+    real = b2nd_source.check_file_unchanged
 
-    def counted(st: os.stat_result) -> Any:
-        calls.append(st.st_ino)
-        return real(st)
+    def counted(path: str, *args: Any, **kwargs: Any) -> None:
+        calls.append(os.stat(path).st_ino)
+        real(path, *args, **kwargs)
 
-    monkeypatch.setattr(b2nd_source, "file_signature", counted)
+    monkeypatch.setattr(b2nd_source, "check_file_unchanged", counted)
     return calls
 
 

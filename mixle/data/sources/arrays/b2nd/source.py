@@ -10,7 +10,11 @@ import numpy as np
 from mixle.data.schema import Schema
 from mixle.data.sources.arrays.b2nd.blocks import B2ndChunkReader
 from mixle.data.sources.arrays.base import ArrayMeta, ArraySource
-from mixle.data.sources.arrays.memmap.check import FileSignature, file_signature
+from mixle.data.sources.arrays.memmap.check import (
+    FileSignature,
+    check_file_unchanged,
+    file_signature,
+)
 from mixle.data.structure import EXCHANGEABLE, SampleStructure
 from mixle.errors import FileChangedError
 from mixle.reading import ChunkReader
@@ -149,24 +153,10 @@ class B2ndArraySource(ArraySource):
         signature, args = self._signature, self._args
         if signature is None or args is None:
             return
-        path = args["path"]
-        try:
-            now = file_signature(os.stat(path))
-        except FileNotFoundError:
-            raise FileChangedError(
-                f"path={path!r} was deleted after it was opened; open the source again"
-            ) from None
-        if now == signature:
-            return
-        if now[:2] != signature[:2]:
-            change = "was replaced by another file"
-        elif now[2] != signature[2]:
-            change = f"changed size from {signature[2]:,} to {now[2]:,} bytes"
-        else:
-            change = "was written (or its permissions, owner or links changed)"
-        raise FileChangedError(
-            f"path={path!r} {change} after it was opened; its blocks would be decoded with "
-            "the frame metadata read then, so mixle refuses: open the source again"
+        check_file_unchanged(
+            args["path"],
+            signature,
+            risk="its blocks would be decoded with the frame metadata read then",
         )
 
     def _chunk_reader(self, handle: Any) -> ChunkReader | None:

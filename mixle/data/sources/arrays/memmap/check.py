@@ -18,6 +18,7 @@ from mixle.errors import FileChangedError
 __all__ = [
     "FileChangedError",
     "FileSignature",
+    "ROW_OFFSETS_RISK",
     "check_file_unchanged",
     "check_mapped_file",
     "file_identity",
@@ -80,8 +81,17 @@ def file_signature(st: os.stat_result) -> FileSignature:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
+#: What a changed file would cost a row index (the text sources' reason to refuse).
+ROW_OFFSETS_RISK = "row offsets read before the change would return wrong rows"
+
+
 def check_file_unchanged(
-    path: str, signature: FileSignature, now: FileSignature | None = None
+    path: str,
+    signature: FileSignature | None,
+    now: FileSignature | None = None,
+    *,
+    needed: int | None = None,
+    risk: str = ROW_OFFSETS_RISK,
 ) -> None:
     """Raise :class:`FileChangedError` unless ``path`` still has ``signature``.
 
@@ -90,11 +100,17 @@ def check_file_unchanged(
     path
         The file, named in the error.
     signature
-        :func:`file_signature` when the file was opened.
+        :func:`file_signature` when the file was opened; ``None`` checks only that the
+        file still exists.
     now
         The signature of the open file now, if the caller has it (``os.fstat`` of a
         descriptor): when it equals ``signature`` nothing else is done; by default (or when
         it differs, to say what changed) ``path`` is stat-ed.
+    needed
+        Bytes a memory map of the file covers: a file cut below it is named as truncated
+        (reading the map past the end would kill the process with ``SIGBUS``).
+    risk
+        What reading the changed file would do, for the message.
 
     Notes
     -----
@@ -113,8 +129,14 @@ def check_file_unchanged(
         ) from None
     if now is None:
         now = named
-        if now == signature:
-            return
+    if signature is None or now == signature:
+        return
+    if needed is not None and now[2] < needed:
+        raise FileChangedError(
+            f"path={path!r} was truncated to {now[2]} bytes after it was opened, but the "
+            f"array needs {needed}; reading it would crash the process (SIGBUS), so mixle "
+            "refuses: restore the file or open the source again"
+        )
     if named[:2] != signature[:2]:
         raise FileChangedError(
             f"path={path!r} was replaced by another file after it was opened; open the "
@@ -123,8 +145,8 @@ def check_file_unchanged(
     if now[2] != signature[2]:
         change = f"changed size from {signature[2]} to {now[2]} bytes"
     else:
-        change = "was written (or its permissions, owner or links changed)"
+        change = "was written in place (or its permissions, owner or links changed)"
     raise FileChangedError(
-        f"path={path!r} {change} after it was opened; row offsets read before the change "
-        "would return wrong rows, so mixle refuses: open the source again"
+        f"path={path!r} {change} after it was opened; {risk}, so mixle refuses: open the "
+        "source again"
     )

@@ -18,6 +18,7 @@ from mixle.data.schema import Schema
 from mixle.data.sources.arrays.base import ArrayMeta, ArraySource
 from mixle.data.sources.arrays.memmap.check import (
     FileSignature,
+    check_file_unchanged,
     file_signature,
 )
 from mixle.data.sources.arrays.nifti import gz_cache
@@ -32,6 +33,11 @@ from mixle.utils import optional_deps
 from mixle.utils.files import open_regular_file
 
 __all__ = ["NiftiArraySource", "read_nifti"]
+
+#: Why a ``.nii`` (or ``.hdr``) changed since it was opened is refused.
+_HEADER_RISK = "the header read at open may not describe the rewritten file"
+#: Why a ``.nii.gz`` changed since its inflated copy was made is refused.
+_COPY_RISK = "its inflated copy may not match the rewritten file"
 
 
 @dataclass(eq=False)
@@ -275,17 +281,19 @@ class NiftiArraySource(ArraySource):
         """
         files = handle.files
         if files.header != files.data:
-            _check_signature(files.header, handle.header_signature, None)
+            check_file_unchanged(files.header, handle.header_signature, risk=_HEADER_RISK)
         if handle.cache is None:
             if handle.map is not None:
-                _check_signature(files.data, handle.identity, handle.info.end)
+                check_file_unchanged(
+                    files.data, handle.identity, needed=handle.info.end, risk=_HEADER_RISK
+                )
             if files.header == files.data and handle.identity != handle.header_signature:
                 raise FileChangedError(
                     f"path={files.data!r} was rewritten while it was opened (between reading "
                     "its header and mapping its data); open the source again"
                 )
             return
-        _check_gz_unchanged(files.data, handle.watched)
+        check_file_unchanged(files.data, handle.watched, risk=_COPY_RISK)
         if handle.map is not None and handle.map.size() < handle.info.end:
             raise FileChangedError(
                 f"the cached copy {str(handle.cache)!r} of path={files.data!r} was truncated "
@@ -322,59 +330,6 @@ class NiftiArraySource(ArraySource):
         raw = np.empty(out.shape, dtype=handle.info.dtype)
         read_strided(handle.array, starts, size, raw)
         out[...] = handle.scaling.apply(raw)
-
-
-def _check_signature(path: str, opened: FileSignature | None, needed: int | None) -> None:
-    """Raise :class:`FileChangedError` unless ``path`` still has the signature ``opened``.
-
-    ``needed`` (bytes the map covers) names a truncation as such: reading past the end of
-    a mapped file would kill the process (``SIGBUS``).
-    """
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        raise FileChangedError(
-            f"path={path!r} was deleted after it was opened; open the source again"
-        ) from None
-    now = file_signature(st)
-    if opened is None or now == opened:
-        return
-    if needed is not None and st.st_size < needed:
-        raise FileChangedError(
-            f"path={path!r} was truncated to {st.st_size} bytes after it was opened, but the "
-            f"array needs {needed}; reading it would crash the process (SIGBUS), so mixle "
-            "refuses: restore the file or open the source again"
-        )
-    if now[:2] != opened[:2]:
-        raise FileChangedError(
-            f"path={path!r} was replaced by another file after it was opened; open the "
-            "source again to read the new file"
-        )
-    raise FileChangedError(
-        f"path={path!r} was rewritten after it was opened (its size or modification or "
-        "status-change time moved), so the header read at open may no longer describe "
-        "its data; open the source again to read the new file"
-    )
-
-
-def _check_gz_unchanged(path: str, watched: FileSignature | None) -> None:
-    """Raise :class:`FileChangedError` unless ``path`` has the signature its copy was made from.
-
-    The status-change time is compared too: a same-size rewrite that restores the
-    modification time (``cp -p``, ``rsync --inplace -t``) still moves it.
-    """
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        raise FileChangedError(
-            f"path={path!r} was deleted after it was opened; open the source again"
-        ) from None
-    if watched is not None and file_signature(st) != watched:
-        raise FileChangedError(
-            f"path={path!r} was replaced or rewritten after it was opened, so its "
-            "decompressed copy may no longer match it; open the source again to read the "
-            "new file"
-        )
 
 
 def read_nifti(

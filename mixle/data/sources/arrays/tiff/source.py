@@ -11,7 +11,11 @@ import numpy as np
 
 from mixle.data.schema import Schema
 from mixle.data.sources.arrays.base import ArrayMeta, ArraySource
-from mixle.data.sources.arrays.memmap.check import FileSignature, file_signature
+from mixle.data.sources.arrays.memmap.check import (
+    FileSignature,
+    check_file_unchanged,
+    file_signature,
+)
 from mixle.data.sources.arrays.tiff.chunks import (
     SegmentLayout,
     TiffChunkReader,
@@ -253,24 +257,10 @@ def _check_unchanged(files: dict[str, FileSignature], where: str) -> None:
     with bytes of the new one.
     """
     for path, signature in files.items():
-        try:
-            now = file_signature(os.stat(path))
-        except FileNotFoundError:
-            raise FileChangedError(
-                f"path={path!r} was deleted after {where} was opened; open the source again"
-            ) from None
-        if now == signature:
-            continue
-        if now[:2] != signature[:2]:
-            change = "was replaced by another file"
-        elif now[2] != signature[2]:
-            change = f"changed size from {signature[2]} to {now[2]} bytes"
-        else:
-            change = "was written in place (or its permissions, owner or links changed)"
-        raise FileChangedError(
-            f"path={path!r} {change} after {where} was opened: its tags and tiles read "
-            "before the change may not match the file now, so mixle refuses to mix them; "
-            "open the source again to read the new file"
+        check_file_unchanged(
+            path,
+            signature,
+            risk=f"{where}'s tags and tiles read before the change may not match the file now",
         )
 
 

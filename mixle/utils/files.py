@@ -11,11 +11,18 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Callable
 from typing import BinaryIO
 
 from mixle.errors import SpecialFileError
 
-__all__ = ["file_kind", "open_regular_file", "read_regular_file", "require_regular_file"]
+__all__ = [
+    "file_kind",
+    "open_regular_file",
+    "publish_file",
+    "read_regular_file",
+    "require_regular_file",
+]
 
 _KINDS = (
     (stat.S_ISDIR, "a directory"),
@@ -104,3 +111,29 @@ def read_regular_file(
             "reads for it: it is not what it claims to be"
         )
     return data
+
+
+def publish_file(
+    temp: str | os.PathLike[str],
+    target: str | os.PathLike[str],
+    keep_existing: Callable[[], bool],
+) -> bool:
+    """Put the finished file ``temp`` at ``target`` without replacing a good file there.
+
+    ``os.link`` fails when ``target`` exists: another process published it first (and may
+    have it mapped), and it is kept when ``keep_existing()`` says it is good. Only a bad
+    ``target`` is replaced. Where the file system has no hard links, ``os.replace`` is used
+    unless a good ``target`` exists. Returns whether ``target`` is now ``temp``'s file; the
+    caller removes ``temp`` (linked or not).
+    """
+    try:
+        os.link(temp, target)
+        return True
+    except FileExistsError:
+        if keep_existing():
+            return False
+    except OSError:  # no hard links here (some network and FAT file systems)
+        if os.path.exists(target) and keep_existing():
+            return False
+    os.replace(temp, target)
+    return True

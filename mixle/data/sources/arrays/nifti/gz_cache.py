@@ -63,7 +63,7 @@ from typing import Any, BinaryIO
 from mixle.data.sources.arrays.memmap.check import FileSignature, file_signature
 from mixle.data.sources.records.text.row_index import cache_dir, content_fingerprint
 from mixle.errors import CorruptChunkError
-from mixle.utils.files import open_regular_file
+from mixle.utils.files import open_regular_file, publish_file
 
 __all__ = [
     "CACHE_BYTES_ENV",
@@ -334,7 +334,16 @@ def open_copy(path: str, expected: int, prefix: bytes) -> tuple[Path, FileSignat
             raise _mismatch(path, expected, entry)
         try:
             os.chmod(tmp, 0o444)
-            fh = _publish(tmp, entry, expected, prefix, fh)
+            theirs: list[BinaryIO] = []
+
+            def keep_theirs() -> bool:  # another process published a good copy first
+                found = _open_valid(entry, expected, prefix)
+                theirs.extend([] if found is None else [found])
+                return found is not None
+
+            if not publish_file(tmp, entry, keep_theirs):
+                fh.close()
+                fh = theirs[0]
         except OSError as exc:
             fh.close()
             raise _cache_error(path, folder, exc) from None
@@ -347,28 +356,6 @@ def open_copy(path: str, expected: int, prefix: bytes) -> tuple[Path, FileSignat
                 old.unlink()
     _evict(folder, entry, budget)
     return entry, signature, fh
-
-
-def _publish(tmp: str, entry: Path, expected: int, prefix: bytes, fh: BinaryIO) -> BinaryIO:
-    """Put the checked copy ``tmp`` (open as ``fh``) at ``entry``; the open copy to map.
-
-    ``os.link`` never replaces a file: when another process published the same copy
-    first, its copy is kept (it may have mapped it) and opened instead. Only an entry that
-    is not a complete copy is replaced. Where the file system has no hard links,
-    ``os.replace`` is used.
-    """
-    try:
-        os.link(tmp, entry)
-        return fh
-    except FileExistsError:
-        theirs = _open_valid(entry, expected, prefix)
-        if theirs is not None:
-            fh.close()
-            return theirs
-    except OSError:  # no hard links here (some network and FAT file systems)
-        pass
-    os.replace(tmp, entry)
-    return fh
 
 
 def _mismatch(path: str, expected: int, entry: Path) -> CorruptChunkError:

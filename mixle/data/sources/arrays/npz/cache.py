@@ -30,6 +30,7 @@ from mixle.data.sources.arrays.memmap.source import NPY_HEADER_LIMIT
 from mixle.data.sources.arrays.npz.members import NpzMember, zip_entry
 from mixle.data.sources.records.text.row_index import cache_dir
 from mixle.errors import CorruptChunkError
+from mixle.utils.files import publish_file
 
 __all__ = ["NPZ_CACHE_FOLDER", "decompressed_member", "member_digest"]
 
@@ -125,7 +126,7 @@ def decompressed_member(path: str, fh: BinaryIO, member: NpzMember, start: int) 
             raise zipfile.BadZipFile(
                 f"the decompressed bytes have CRC-32 {crc:08x}, the entry says {member.crc:08x}"
             )
-        _publish(temp, target, fh, member)
+        publish_file(temp, target, lambda: _cached_copy_is_the_members(target, fh, member))
     except (
         zipfile.BadZipFile,
         EOFError,
@@ -142,26 +143,6 @@ def decompressed_member(path: str, fh: BinaryIO, member: NpzMember, start: int) 
     finally:
         _remove(temp)
     return target
-
-
-def _publish(temp: str, target: Path, fh: BinaryIO, member: NpzMember) -> None:
-    """Put the checked copy ``temp`` at ``target``, never replacing a good copy there.
-
-    ``os.link`` fails when ``target`` exists: another process published the same member
-    first, and its copy (possibly mapped by it already) is used. Only a copy that is not
-    the member's (damaged, cut short) is replaced. Where the file system has no hard links,
-    ``os.replace`` is used when ``target`` does not exist.
-    """
-    try:
-        os.link(temp, target)
-        return
-    except FileExistsError:
-        if _cached_copy_is_the_members(target, fh, member):
-            return
-    except OSError:  # no hard links here (some network and FAT file systems)
-        if target.exists() and _cached_copy_is_the_members(target, fh, member):
-            return
-    os.replace(temp, target)
 
 
 def _remove(path: str) -> None:

@@ -9,11 +9,9 @@ unit is the block: a patch decodes only the blocks it touches, not every chunk i
 whole. Otherwise the unit is the chunk, decoded whole and rearranged from block order.
 Small blocks (under :data:`MIN_BLOCK_BYTES`) of chunks that decode to at most
 :data:`WHOLE_CHUNK_BYTES` are not read alone: a block read alone costs a Python call, a
-cache entry and a scatter of its own, which a small block does not repay (measured on
-random 32^3 float32 patches of 64^3 chunks: with 32 KiB blocks whole chunks read 1.5x as
-fast with the chunk cache on and 0.9x with it off; with 128 KiB blocks, blocks read 1.25x
-as fast with the cache off and 0.85x with it on; with 128^3 chunks, blocks read as fast with
-the cache on and 2x as fast with it off).
+cache entry and a scatter of its own, which a small block does not repay. The two
+thresholds were chosen from a few layouts tried while building this reader; the committed
+measurement is ``benchmarks/patch_read.py --only b2nd`` (128 KiB blocks, read alone).
 A block decodes alone only when every filter of the array is local to the block
 (:data:`BLOCK_LOCAL_FILTERS`): blosc2's ``DELTA`` filter stores every block as its
 difference from block 0 of its chunk, so a block read alone would decode wrong values, and a

@@ -6,23 +6,21 @@ cache directory (``$MIXLE_CACHE_DIR``, else ``$XDG_CACHE_HOME/mixle``, else
 ``~/.cache/mixle``; folder ``nifti/``); later opens, in any process, find it with a
 ``stat`` and a few small reads and memory-map it. The user's file is only ever read.
 
-Cost (a 128^3 int16 volume, 4 MiB, 2.2 MiB gzipped, on a shared core): the first open
-inflates and writes the whole volume, 25-35 ms (nibabel's own full read of the same file:
-25-80 ms; nibabel cutting one 32^3 patch out of it streams through the gzip up to the
-patch: 15-50 ms, on every read); later opens cost about 1.2 ms (a ``stat``, the fingerprint
-reads below, the header and a map), and a patch read then costs what it costs in a
-``.nii``. The copy takes the volume's size on disk.
+Cost: the first open inflates and writes the whole volume once (nibabel instead streams
+through the gzip up to every patch it cuts, on every read); later opens cost a ``stat``,
+the fingerprint reads below, the header and a map, and a patch read then costs what it
+costs in a ``.nii``. The copy takes the volume's size on disk. ``benchmarks/patch_read.py
+--only nii.gz`` measures both against nibabel.
 
 Cache key. An entry is named by the file's real path and a version key: its device,
 inode, size, modification and status-change times, the size of the data expected from
 the header, and a content fingerprint of the compressed file (eight evenly spaced 64 KiB
 blocks, the first and the last included:
-:func:`~mixle.data.sources.records.text.row_index.content_fingerprint`, 0.6 ms). The last
+:func:`~mixle.data.sources.records.text.row_index.content_fingerprint`). The last
 block holds the gzip trailer, the CRC-32 and length of the whole decompressed stream, so
 the key follows the content, not just the file's dates. A SHA-256 of every compressed byte
-was measured too: 1.7 ms for this file (5-10% of decompressing it), paid on every open and
-growing with the file (about 0.75 ms per MiB: most of a second for a 1 GiB image) where the
-fingerprint costs the same few reads whatever the size; the fingerprint was chosen. A file
+would be paid on every open and grow with the file, where the fingerprint costs the same
+few reads whatever the size; the fingerprint was chosen. A file
 changed in any way gets a new entry and the old entries of that path are deleted.
 
 An entry is served only when its size is exactly the data size the header gives and its

@@ -9,9 +9,8 @@ offset, in the file that holds its page (a multi-file OME-TIFF's planes lie in t
 files its OME-XML names), and decodes them with tifffile's decode function of the series'
 key page, so compression, predictors, fill order and byte order are undone exactly as
 tifffile does.
-That is also the fastest decode at hand: tifffile's decode of a 64 KiB zlib tile took about
-8 µs against about 30 µs for ``imagecodecs.zlib_decode`` plus ``np.frombuffer`` (tifffile
-picks libdeflate).
+It is also the fast path (tifffile picks libdeflate for zlib); ``benchmarks/patch_read.py
+--only tiff`` measures the reads against tifffile's own zarr store.
 
 Decoding is bounded by the segment's size: zlib, deflate, zstd and packbits refuse output
 past one segment; LZW and LZMA stop there (a longer stream is cut at one segment, the values

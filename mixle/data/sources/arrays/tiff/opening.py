@@ -1,15 +1,13 @@
 """Opening a TIFF file with tifffile: arguments, the series and pyramid level, the memmap.
 
 Opening parses the TIFF header, the first page's IFD and the series metadata only; no
-image data is read. How many IFDs tifffile parses to find the series depends on the file
-(measured with tifffile 2026.3 on 2,000 pages of 16x16 pixels, page cache warm):
+image data is read. How many IFDs tifffile parses to find the series depends on the file:
 
 - files tifffile wrote (``shaped``) and ImageJ hyperstacks are described from the first
-  page (2,000 pages: about 3 ms and 5 ms to open); a further page's IFD is parsed when a
-  chunk of that page is first read (one IFD, about 0.1 ms);
+  page; a further page's IFD is parsed when a chunk of that page is first read;
 - OME-TIFF and other multi-page files (tifffile's ``uniform`` and ``generic`` series) make
-  tifffile walk every IFD of the file at open: about 15-35 µs per page (2,000 pages:
-  35-70 ms), still without reading any image data.
+  tifffile walk every IFD of the file at open (a cost that grows with the page count),
+  still without reading any image data.
 """
 
 from __future__ import annotations

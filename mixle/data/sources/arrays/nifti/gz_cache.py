@@ -70,7 +70,6 @@ __all__ = [
     "DECOMPRESS_BLOCK_BYTES",
     "INPUT_BLOCK_BYTES",
     "STALE_TEMP_SECONDS",
-    "cached_copy",
     "cache_budget",
     "entry_path",
     "find_cached",
@@ -250,18 +249,6 @@ def _open_valid(entry: Path, expected: int, prefix: bytes) -> BinaryIO | None:
         pass
     fh.close()
     return None
-
-
-def cached_copy(path: str, expected: int, prefix: bytes) -> tuple[Path, FileSignature]:
-    """The decompressed copy of ``path``'s first ``expected`` bytes, made if not cached.
-
-    :func:`open_copy` without keeping the copy open; see it for the parameters and errors.
-    A copy named by the returned path may be evicted by another process at any time: to
-    map it, use :func:`open_copy`.
-    """
-    entry, signature, fh = open_copy(path, expected, prefix)
-    fh.close()
-    return entry, signature
 
 
 def open_copy(path: str, expected: int, prefix: bytes) -> tuple[Path, FileSignature, BinaryIO]:

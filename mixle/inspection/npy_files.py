@@ -40,36 +40,56 @@ def inspect_npy(
         with open_regular_file(location, "path") as fh:
             size = os.fstat(fh.fileno()).st_size
             header = _npy_header(fh, location)
-    shape, fortran, dtype, offset = header
+    report, notes = npy_report(header, size - header[3], holder="the file")
+    return with_findings(report, patch, is_remote(location), notes)
+
+
+def npy_report(
+    header: tuple[tuple[int, ...], bool, np.dtype, int],
+    data: int,
+    *,
+    holder: str,
+    path: str = "/",
+    format: str = "npy",
+    stored: int | None = None,
+    codecs: tuple[str, ...] = (),
+) -> tuple[ArrayReport, list[LayoutFinding]]:
+    """The report of one ``.npy`` array (a file, or a ``.npz`` member) and its findings.
+
+    ``header`` is :func:`_npy_header`'s; ``data`` the bytes after the header (decoded);
+    ``stored`` the bytes it takes in storage (default ``data``); ``codecs`` what compresses
+    it; ``holder`` names it in messages (``"the file"``, ``"the member"``).
+    """
+    shape, fortran, dtype, _ = header
     itemsize = None if dtype.hasobject else dtype.itemsize
     nbytes = None if itemsize is None else math.prod(shape) * itemsize
-    stored = size - offset
     notes: list[LayoutFinding] = []
     if nbytes is None:
         notes.append(
             LayoutFinding("sizes-unknown", "info", "holds pickled Python objects: not mappable")
         )
-    elif stored < nbytes:
+    elif data < nbytes:
         notes.append(
             LayoutFinding(
                 "truncated",
                 "warning",
-                f"the file holds {format_bytes(stored)} of data, the header promises "
+                f"{holder} holds {format_bytes(data)} of data, its header promises "
                 f"{format_bytes(nbytes)}: it is truncated and cannot be read whole",
             )
         )
+    held = None if nbytes is None else min(data, nbytes)
     report = ArrayReport(
-        path="/",
-        format="npy",
+        path=path,
+        format=format,
         shape=shape,
         dtype=str(dtype),
         itemsize=itemsize,
         layout="contiguous",
         chunks=None,
         shards=None,
-        codecs=(),
+        codecs=codecs,
         inner_codecs=(),
-        compressed=False,
+        compressed=bool(codecs),
         fill_value=None,
         order="F" if fortran else "C",
         attributes=0,
@@ -79,11 +99,11 @@ def inspect_npy(
         chunks_stored=None,
         shards_in_grid=None,
         shards_stored=None,
-        stored_bytes=stored,
-        decoded_bytes=None if nbytes is None else min(stored, nbytes),
-        data_bytes=None if nbytes is None else min(stored, nbytes),
+        stored_bytes=data if stored is None else stored,
+        decoded_bytes=held,
+        data_bytes=held,
     )
-    return with_findings(report, patch, is_remote(location), notes)
+    return report, notes
 
 
 def _npy_header(fh: Any, location: str) -> tuple[tuple[int, ...], bool, np.dtype, int]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 import zipfile
 from typing import Any
@@ -17,7 +16,7 @@ from mixle.data.sources.arrays.npz.members import (
 from mixle.inspection.findings import with_findings
 from mixle.inspection.formatting import format_bytes
 from mixle.inspection.locations import is_remote
-from mixle.inspection.npy_files import _npy_header
+from mixle.inspection.npy_files import _npy_header, npy_report
 from mixle.inspection.report import (
     ArrayReport,
     GroupReport,
@@ -128,46 +127,14 @@ def _member_report(
     else:
         fh.seek(start)
         header = _npy_header(fh, what)
-    shape, fortran, dtype, offset = header
-    itemsize = None if dtype.hasobject else dtype.itemsize
-    nbytes = None if itemsize is None else math.prod(shape) * itemsize
-    data = member.file_size - offset
-    if nbytes is None:
-        notes.append(
-            LayoutFinding("sizes-unknown", "info", "holds pickled Python objects: not mappable")
-        )
-    elif data < nbytes:
-        notes.append(
-            LayoutFinding(
-                "truncated",
-                "warning",
-                f"the member holds {format_bytes(data)} of data, its header promises "
-                f"{format_bytes(nbytes)}: it is truncated and cannot be read whole",
-            )
-        )
-    report = ArrayReport(
+    report, found = npy_report(
+        header,
+        member.file_size - header[3],
+        holder="the member",
         path="/" + shown,
         format="npz",
-        shape=shape,
-        dtype=str(dtype),
-        itemsize=itemsize,
-        layout="contiguous",
-        chunks=None,
-        shards=None,
+        stored=member.compress_size,
         codecs=(member.method,) if compressed else (),
-        inner_codecs=(),
-        compressed=compressed,
-        fill_value=None,
-        order="F" if fortran else "C",
-        attributes=0,
-        nbytes=nbytes,
-        chunk_nbytes=None,
-        chunks_in_grid=None,
-        chunks_stored=None,
-        shards_in_grid=None,
-        shards_stored=None,
-        stored_bytes=member.compress_size,
-        decoded_bytes=None if nbytes is None else min(data, nbytes),
-        data_bytes=None if nbytes is None else min(data, nbytes),
     )
+    notes.extend(found)
     return with_findings(report, patch, False, notes)

@@ -24,7 +24,13 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 import mixle  # noqa: E402
-from mixle.data.sources.records.hf import HFSource, HFStreamSource, map_source, read_hf  # noqa: E402
+from mixle.data.sources.records.hf import (  # noqa: E402
+    HFSource,
+    HFStreamSource,
+    map_source,
+    read_hf,
+    stream_source,
+)
 from mixle.errors import ColumnNotFoundError, SourceClosedError  # noqa: E402
 from mixle.testing import check_record_source  # noqa: E402
 
@@ -583,6 +589,24 @@ def test_a_loader_over_a_stream_reshuffles_each_epoch_as_datasets_does(memory_ds
         shuffled.set_epoch(epoch)
         want.append([int(r["i"]) for r in shuffled])
     assert epochs == want and epochs[0] != epochs[1]
+
+
+def test_a_stream_source_reads_each_epoch_from_a_copy_that_does_not_share_it(
+    memory_ds: Any,
+) -> None:
+    """set_epoch changed the given dataset's epoch in place (with torch installed, a tensor
+    in shared memory that processes forked from this one see); read_hf's source and
+    at_epoch now read a copy, and the dataset keeps its epoch."""
+    shuffled = memory_ds.select_columns(["i"]).to_iterable_dataset(num_shards=4)
+    shuffled = shuffled.shuffle(seed=1, buffer_size=5)
+    src = read_hf(shuffled)
+    before = src._dataset  # the with_format(None) copy read_hf made
+    src.set_epoch(3)
+    assert src._dataset is not before and src._dataset.epoch == 3 and before.epoch == 0
+    shuffled.set_epoch(3)
+    assert [int(r["i"]) for r in src] == [int(r["i"]) for r in shuffled]
+    copy = stream_source.at_epoch(shuffled, 7)
+    assert copy.epoch == 7 and shuffled.epoch == 3 and vars(copy) is not vars(shuffled)
 
 
 def test_a_streams_format_is_ignored_like_the_map_style_sources() -> None:

@@ -69,6 +69,34 @@ def test_fork_workers_resume_an_hf_stream() -> None:
     assert got == whole and len(whole) == 12
 
 
+def test_fork_workers_read_each_epoch_of_an_hf_shuffle_in_datasets_order() -> None:
+    """With torch installed, datasets keeps an IterableDataset's epoch in shared memory, so
+    fork workers that each called set_epoch on it for different epochs changed each other's
+    epoch mid-pass (CI saw a negative epoch fail in numpy). Each pass now reads a copy at its
+    epoch, and the caller's dataset keeps its own epoch."""
+
+    def shuffled() -> Any:
+        ids = datasets.Dataset.from_dict({"i": list(range(40))}).to_iterable_dataset(8)
+        return ids.shuffle(seed=3, buffer_size=6)
+
+    want = []
+    for epoch in range(3):
+        reference = shuffled()  # datasets' own read of each epoch
+        reference.set_epoch(epoch)
+        order = [int(r["i"]) for r in reference]
+        want += [order[k : k + 5] for k in range(0, 40, 5)]
+    stream = shuffled().with_format("numpy")
+    stream.set_epoch(5)
+    loader = mixle.Loader(
+        stream, 5, num_epochs=3, num_workers=3, num_threads=0, worker_start_method="fork"
+    )
+    got = [b["i"].tolist() for b in loader]
+    assert got == want and want[:8] != want[8:16]
+    assert stream.epoch == 5  # the Loader read copies; the caller's dataset is not changed
+    in_process = [b["i"].tolist() for b in mixle.Loader(stream, 5, num_epochs=3)]
+    assert in_process == want and stream.epoch == 5
+
+
 def test_a_stream_error_in_a_worker_reaches_the_loop() -> None:
     loader = mixle.Loader(
         Counting(10), 2, num_workers=2, worker_start_method="fork", transform=_fails_on_six

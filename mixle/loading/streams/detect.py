@@ -13,6 +13,9 @@ import inspect
 from collections.abc import Iterator
 from typing import Any, Literal
 
+from mixle.data.sources.records.hf.stream_source import at_epoch
+from mixle.utils.optional_deps import imported
+
 __all__ = ["ONE_SHOT_FIX", "PassLog", "StreamKind", "is_stream", "open_pass", "stream_kind"]
 
 StreamKind = Literal["iterable", "factory", "one-shot"]
@@ -91,16 +94,23 @@ def open_pass(source: Any, kind: StreamKind, epoch: int) -> Iterator[Any]:
     """A new iterator over ``source`` for ``epoch`` (a one-shot iterator: itself).
 
     A source with a ``set_epoch(epoch)`` method (a ``datasets.IterableDataset``, whose own
-    ``shuffle()`` reshuffles by epoch) is told the epoch first.
+    ``shuffle()`` reshuffles by epoch) is told the epoch first; a ``datasets.IterableDataset``
+    itself is read through a copy at that epoch
+    (:func:`~mixle.data.sources.records.hf.stream_source.at_epoch`), whose epoch no other
+    process shares.
 
     Raises
     ------
     TypeError
         A factory returned something that is not iterable, or ``iter(source)`` failed.
     """
-    set_epoch = getattr(source, "set_epoch", None)
-    if callable(set_epoch):
-        set_epoch(epoch)
+    datasets = imported("datasets")
+    if datasets is not None and isinstance(source, datasets.IterableDataset):
+        source = at_epoch(source, epoch)  # not set_epoch: its epoch is shared across forks
+    else:
+        set_epoch = getattr(source, "set_epoch", None)
+        if callable(set_epoch):
+            set_epoch(epoch)
     if kind == "factory":
         made = source()
         try:

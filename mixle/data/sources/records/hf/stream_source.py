@@ -8,6 +8,7 @@ by its own rules) and converts every example to NumPy with the column rules of
 
 from __future__ import annotations
 
+import copy
 import datetime
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -20,7 +21,7 @@ from mixle.data.sources.records.hf.columns import column_spec
 from mixle.data.spec import ArraySpec
 from mixle.errors import ColumnNotFoundError, SourceClosedError
 
-__all__ = ["HFStreamSource"]
+__all__ = ["HFStreamSource", "at_epoch"]
 
 
 def _infer(value: Any) -> Any:
@@ -32,6 +33,27 @@ def _infer(value: Any) -> Any:
     if isinstance(value, float):
         return np.float64(value)
     return value
+
+
+def at_epoch(dataset: Any, epoch: int) -> Any:
+    """A shallow copy of the ``IterableDataset`` ``dataset`` at ``epoch``, the epoch its own.
+
+    With torch installed, ``datasets`` keeps an ``IterableDataset``'s epoch in a torch tensor
+    in shared memory (for torch's persistent DataLoader workers) that ``set_epoch`` changes
+    in place: every process forked from the one that made the dataset sees the change, so
+    worker processes reading different epochs at once changed each other's epoch between
+    ``set_epoch`` and the pass (a pass in another epoch's order, or a negative epoch that
+    failed). The copy holds a plain int; the caller's dataset is not changed.
+    """
+    clone = copy.copy(dataset)
+    # copy.copy shares the dataset's __dict__ (its __getstate__ returns it): give the copy
+    # its own, whose epoch (read by epoch and by set_epoch) is an int
+    clone.__dict__ = dict(vars(dataset))
+    if "_epoch" in vars(clone):
+        clone.__dict__["_epoch"] = int(epoch)
+    else:
+        clone.set_epoch(epoch)
+    return clone
 
 
 class HFStreamSource:
@@ -97,8 +119,12 @@ class HFStreamSource:
 
     def set_epoch(self, epoch: int) -> None:
         """Tell the dataset the epoch (the Loader does, before each pass), so that its own
-        ``shuffle()`` gives a new order each epoch."""
-        self._dataset.set_epoch(epoch)
+        ``shuffle()`` gives a new order each epoch.
+
+        This source then reads a copy of the dataset at that epoch (:func:`at_epoch`): the
+        dataset it was given is not changed, and processes forked from this one each keep
+        their own epoch."""
+        self._dataset = at_epoch(self._dataset, epoch)
 
     def __iter__(self) -> Iterator[Record]:
         """A fresh pass over the dataset: one record (dict of NumPy values) per example."""

@@ -9,6 +9,7 @@ import random
 import shutil
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -603,6 +604,11 @@ def hammer(folder: str, budget: int, seed: int, ops: int) -> tuple[int, int, lis
     cache = ChunkDiskCache(folder, budget)
     if _start is not None:
         _start.wait(timeout=60)  # type: ignore[attr-defined]
+    return hammer_with(cache, seed, ops)
+
+
+def hammer_with(cache: ChunkDiskCache, seed: int, ops: int) -> tuple[int, int, list[str]]:
+    """:func:`hammer` on one cache object."""
     rng = random.Random(seed)
     hits = misses = 0
     wrong: list[str] = []
@@ -643,3 +649,36 @@ def test_processes_sharing_a_folder_never_get_wrong_bytes(tmp_path: Path) -> Non
     for i in range(KEYS):
         got = cache.get(ContentKey("s3://bucket/v.zarr", f"c/{i}", "etag"))
         assert got is None or got == payload_of(i)
+
+
+def test_threads_sharing_one_cache_object_never_get_wrong_bytes(tmp_path: Path) -> None:
+    folder = tmp_path / "threads"
+    budget = sum(len(payload_of(i)) for i in range(KEYS)) // 3
+    cache = ChunkDiskCache(folder, budget)
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda seed: hammer_with(cache, seed, 300), range(8)))
+    assert [w for _, _, w in results] == [[]] * 8
+    assert sum(h for h, _, _ in results) > 0
+
+
+_inherited: ChunkDiskCache | None = None
+
+
+def _use_inherited() -> None:
+    assert _inherited is not None
+    k = ContentKey("s3://bucket/v.zarr", "child", "etag")
+    _inherited.put(k, b"from the child")
+    if _inherited.get(k) != b"from the child" or _inherited.get(key("parent")) != b"parent":
+        raise SystemExit(3)
+
+
+def test_a_forked_child_uses_the_parent_s_cache_object(tmp_path: Path) -> None:
+    global _inherited
+    _inherited = ChunkDiskCache(tmp_path / "c", 2**20)
+    _inherited.put(key("parent"), b"parent")
+    child = multiprocessing.get_context("fork").Process(target=_use_inherited)
+    child.start()
+    child.join(60)
+    assert child.exitcode == 0
+    assert _inherited.get(ContentKey("s3://bucket/v.zarr", "child", "etag")) == b"from the child"
+    _inherited = None

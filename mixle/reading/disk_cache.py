@@ -316,7 +316,8 @@ class ChunkDiskCache:
         self._budget = _parse_budget(budget_bytes)
         self._dir = folder
         self._make_folder(default)
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the estimate and the recency stamp
+        self._scanning = threading.Lock()  # held by the one thread rescanning the folder
         self._pid = os.getpid()
         self._estimate: int | None = None  # bytes in the folder as this object last knew
         self._last_stamp = 0  # the last recency time set by this object (ns)
@@ -366,7 +367,7 @@ class ChunkDiskCache:
     def _guard(self) -> threading.Lock:
         """This object's lock, new in a forked child (a parent's thread may have held it)."""
         if self._pid != os.getpid():
-            self._lock = threading.Lock()
+            self._lock, self._scanning = threading.Lock(), threading.Lock()
             self._pid = os.getpid()
             self._estimate = None
         return self._lock
@@ -473,16 +474,24 @@ class ChunkDiskCache:
 
     def _account(self, size: int, keep: str) -> None:
         """Add a published entry to the estimate; rescan and evict when past the budget."""
-        with self._guard():
+        lock = self._guard()
+        with lock:
             if self._estimate is not None:
                 self._estimate += size
                 if self._estimate <= self._budget:
                     return
-            # one scan at a time in this process; the lock also orders the estimate
+        # one rescan at a time: a thread that finds another one rescanning leaves it to it,
+        # and puts and hits of other threads never wait for a scan
+        if not self._scanning.acquire(blocking=False):
+            return
+        try:
             entries, total = self._scan(delete_stale=True)
             if total > self._budget:
                 total = self._evict(entries, total, keep)
-            self._estimate = total
+            with lock:
+                self._estimate = total
+        finally:
+            self._scanning.release()
 
     def _scan(self, *, delete_stale: bool) -> tuple[list[tuple[int, str, int]], int]:
         """``([(mtime_ns, name, size)] of entries, bytes of entries and young temp files)``."""

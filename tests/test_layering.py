@@ -47,6 +47,7 @@ ADAPTERS: dict[str, tuple[str, ...]] = {
     "fsspec": ("mixle.reading",),
     "aiohttp": ("mixle.reading",),
     "s3fs": ("mixle.reading",),
+    "obstore": ("mixle.reading",),
     "matplotlib": ("mixle.plot",),
     "torch": (),
     "tensorstore": (),

@@ -19,7 +19,7 @@ def test_import_mixle_does_not_import_heavy_dependencies():
         "import sys, json, mixle; "
         "heavy = ('zarr', 'h5py', 'fsspec', 'jax', 'numcodecs', 'dask', 'pyarrow', "
         "'sqlalchemy', 'pandas', 'torch', 'asyncio', 'matplotlib', 'tifffile', "
-        "'imagecodecs', 'nibabel', 'blosc2', 'icechunk', 'xarray', 'tensorstore'); "
+        "'imagecodecs', 'nibabel', 'blosc2', 'icechunk', 'xarray', 'tensorstore', 'obstore'); "
         "print(json.dumps([m for m in heavy if m in sys.modules]))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

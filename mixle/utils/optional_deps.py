@@ -28,6 +28,7 @@ __all__ = [
     "HAS_MATPLOTLIB",
     "HAS_NIBABEL",
     "HAS_NUMCODECS",
+    "HAS_OBSTORE",
     "HAS_PYARROW",
     "HAS_SQLALCHEMY",
     "HAS_TIFFFILE",
@@ -78,6 +79,7 @@ HAS_H5PY = has("h5py")
 HAS_HDF5PLUGIN = has("hdf5plugin")
 HAS_FSSPEC = has("fsspec")
 HAS_AIOHTTP = has("aiohttp")
+HAS_OBSTORE = has("obstore")
 HAS_JAX = has("jax")
 HAS_DASK = has("dask")
 HAS_PYARROW = has("pyarrow")

@@ -11,7 +11,9 @@ _USERINFO = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.\-]*://)[^/@]*@")
 _QUERY = re.compile(r"\?.*$")
 #: Top-level packages of network clients: their errors keep the request they failed (URL,
 #: headers), so none of them is left in a chain mixle raises.
-_NETWORK_CLIENTS = frozenset({"aiohttp", "aiobotocore", "botocore", "urllib3", "requests", "httpx"})
+_NETWORK_CLIENTS = frozenset(
+    {"aiohttp", "aiobotocore", "botocore", "urllib3", "requests", "httpx", "obstore"}
+)
 #: Attributes of an error that hold the request or response it came from.
 _REQUEST_ATTRS = ("request_info", "request", "response", "headers", "url", "real_url")
 #: A URL anywhere in free text (up to whitespace or a quote).

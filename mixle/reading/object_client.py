@@ -1,0 +1,767 @@
+"""Remote objects fetched through obstore (Rust ``object_store``), checked, capped, retried.
+
+The fsspec path (:mod:`mixle.reading.fetch`) spends about 2 ms of Python per request on
+aiobotocore's hooks, signing and date parsing, under the GIL. obstore builds, signs and
+sends every request in Rust: a batch's requests are all in flight from one call, with no
+per-request Python beyond the awaitable. :func:`choose_client` picks it for a URL when
+obstore is installed (``pip install -e ".[obstore]"`` in the mixle checkout), the scheme is
+``s3://``, ``gs://``, ``az://`` or ``http(s)://`` and every ``storage_options`` entry maps
+to obstore's configuration; otherwise the fsspec path reads, as before.
+
+:class:`ObjectClient` keeps the fsspec path's contract: every answer is checked before its
+bytes are used (the range obstore reports against the one asked, the body's length
+against that range, a server that ignores ``Range`` against a ``HEAD``'s size), a download
+never passes its ``limit``, requests carry the retry policy's timeouts, and mixle retries
+(obstore's own retries are off, so one policy counts the tries). Errors name the URL and
+key, never credentials.
+
+obstore runs on a tokio runtime whose threads do not survive ``fork``: a process forked
+after the runtime ran would hang on its first request. There :func:`choose_client` gives
+``None`` (the fsspec path reads the same bytes) with ``backend="auto"``, and raises with
+``backend="obstore"``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import errno
+import os
+import re
+import threading
+import urllib.parse
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from mixle.reading.faults import CorruptChunkError, RangeMismatchError, retry_call
+from mixle.reading.policy import retry_policy
+from mixle.reading.ranges import (
+    ByteSpan,
+    range_header,
+    remember_size,
+    remembered_size,
+    resolve_span,
+)
+from mixle.utils.optional_deps import imported
+from mixle.utils.redact import display_path, redact_text
+
+__all__ = [
+    "BACKENDS",
+    "OBJECT_STORE_SCHEMES",
+    "ObjectClient",
+    "ObstoreUnsupported",
+    "check_backend",
+    "choose_client",
+    "obstore_usable",
+]
+
+#: The values of ``backend=``: ``"auto"`` (obstore where it can read the URL, else fsspec),
+#: ``"obstore"`` (obstore or an error saying why not), ``"fsspec"`` (today's path).
+BACKENDS = ("auto", "obstore", "fsspec")
+#: URL schemes obstore reads, by the store class that reads them.
+OBJECT_STORE_SCHEMES = {
+    "s3": "S3Store",
+    "s3a": "S3Store",
+    "gs": "GCSStore",
+    "gcs": "GCSStore",
+    "az": "AzureStore",
+    "abfs": "AzureStore",
+    "abfss": "AzureStore",
+    "http": "HTTPStore",
+    "https": "HTTPStore",
+}
+#: Bytes of a whole-object answer (a server that ignores ``Range``) read at a time.
+_STREAM_BLOCK_BYTES = 1024 * 1024
+#: fsspec options that change nothing obstore does (caches, listings, block sizes).
+_HARMLESS = frozenset(
+    {
+        "skip_instance_cache",
+        "use_listings_cache",
+        "listings_expiry_time",
+        "max_paths",
+        "default_block_size",
+        "default_fill_cache",
+        "default_cache_type",
+        "cache_regions",
+        "asynchronous",
+        "block_size",
+        "simple_links",
+        "same_scheme",
+        "size_policy",
+        "cache_type",
+        "use_ssl",
+    }
+)
+#: botocore ``config_kwargs`` obstore has no use for: the pool (reqwest's grows as needed),
+#: botocore's own retries (mixle retries), the signature version (obstore signs with v4).
+_S3_CONFIG_HARMLESS = frozenset({"max_pool_connections", "retries", "signature_version"})
+
+
+class ObstoreUnsupported(ValueError):
+    """``backend="obstore"`` for a URL or ``storage_options`` obstore cannot read."""
+
+
+def check_backend(backend: object) -> str:
+    """``backend`` checked: one of :data:`BACKENDS`.
+
+    Raises
+    ------
+    ValueError
+        Naming the value and the accepted ones.
+    """
+    if not isinstance(backend, str) or backend not in BACKENDS:
+        raise ValueError(
+            f"backend={backend!r} is not one of {', '.join(map(repr, BACKENDS))}: 'auto' "
+            "reads through obstore where it can, 'obstore' insists, 'fsspec' keeps fsspec"
+        )
+    return backend
+
+
+# -- fork safety ----------------------------------------------------------------------------
+
+#: Names (``/proc/self/task/*/comm``) of the threads of obstore's tokio runtime.
+_RUNTIME_THREAD_PREFIXES = ("tokio-rt", "tokio-runtime")
+#: Whether this process was forked (here or in an ancestor) while obstore's runtime ran.
+_forked_after_runtime = False
+#: Set just before each fork: whether the forking process has obstore's runtime running.
+_runtime_at_fork = False
+#: The pid of the process that started obstore's runtime through mixle, if any.
+_runtime_pid: int | None = None
+
+
+def _runtime_threads() -> bool | None:
+    """Whether a tokio runtime thread runs here (``None``: threads cannot be listed)."""
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/comm", encoding="utf-8", errors="replace") as f:
+                if f.read().strip().startswith(_RUNTIME_THREAD_PREFIXES):
+                    return True
+        except OSError:  # the thread ended meanwhile
+            continue
+    return False
+
+
+def _before_fork() -> None:
+    # obstore imported but never used has no runtime, and works in the child. Where the
+    # threads cannot be listed, a runtime mixle started counts as running.
+    global _runtime_at_fork
+    if imported("obstore") is None:
+        _runtime_at_fork = False
+        return
+    threads = _runtime_threads()
+    _runtime_at_fork = threads is True or (threads is None and _runtime_pid is not None)
+
+
+def _after_fork_in_child() -> None:
+    global _forked_after_runtime
+    _forked_after_runtime = _forked_after_runtime or _runtime_at_fork
+    _CLIENT_STORES.clear()  # the parent's stores belong to the parent's runtime
+
+
+os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
+
+
+def obstore_usable() -> str | None:
+    """``None`` when obstore can read here, else why not (not installed, forked)."""
+    if _forked_after_runtime:
+        return (
+            "this process was forked from one where obstore's tokio runtime ran, and that "
+            "runtime's threads do not survive fork (a request would hang); start worker "
+            "processes with 'spawn' or 'forkserver'"
+        )
+    try:
+        import obstore  # noqa: F401
+    except ImportError:
+        return 'obstore is not installed (pip install -e ".[obstore]" in the mixle checkout)'
+    return None
+
+
+# -- storage_options -> obstore configuration ----------------------------------------------
+
+
+def _timedelta(seconds: float) -> datetime.timedelta:
+    return datetime.timedelta(seconds=float(seconds))
+
+
+def _map_s3(options: dict[str, Any], config: dict[str, Any], client: dict[str, Any]) -> None:
+    for name, value in options.items():
+        if name in _HARMLESS:
+            continue
+        if name == "key":
+            config["access_key_id"] = value
+        elif name == "secret":
+            config["secret_access_key"] = value
+        elif name == "token":
+            config["session_token"] = value
+        elif name == "anon":
+            if value:
+                config["skip_signature"] = True
+        elif name == "endpoint_url":
+            config["endpoint"] = value
+        elif name == "requester_pays":
+            if value:
+                config["request_payer"] = True
+        elif name == "client_kwargs" and isinstance(value, dict):
+            for inner, got in value.items():
+                if inner == "endpoint_url":
+                    config["endpoint"] = got
+                elif inner == "region_name":
+                    config["region"] = got
+                else:
+                    raise ObstoreUnsupported(f"client_kwargs={{{inner!r}: ...}}")
+        elif name == "config_kwargs" and isinstance(value, dict):
+            for inner, got in value.items():
+                if inner in ("connect_timeout", "read_timeout"):
+                    client[inner] = _timedelta(got)
+                elif inner == "s3" and isinstance(got, dict) and set(got) <= {"addressing_style"}:
+                    style = got.get("addressing_style")
+                    if style not in ("path", "virtual", "auto", None):
+                        raise ObstoreUnsupported(f"config_kwargs={{'s3': {got!r}}}")
+                    config["virtual_hosted_style_request"] = style == "virtual"
+                elif inner not in _S3_CONFIG_HARMLESS:
+                    raise ObstoreUnsupported(f"config_kwargs={{{inner!r}: ...}}")
+        else:
+            raise ObstoreUnsupported(f"{name}=")
+    endpoint = config.get("endpoint")
+    if isinstance(endpoint, str) and endpoint.startswith("http://"):
+        client["allow_http"] = True
+
+
+def _map_gcs(options: dict[str, Any], config: dict[str, Any], client: dict[str, Any]) -> None:
+    for name, value in options.items():
+        if name in _HARMLESS or name == "project":
+            continue
+        if name == "token" and value == "anon":
+            config["skip_signature"] = True
+        elif name == "token" and isinstance(value, (str, os.PathLike)) and value != "cloud":
+            config["google_service_account"] = os.fspath(value)
+        elif name == "endpoint_url":
+            config["base_url"] = value
+            if str(value).startswith("http://"):
+                client["allow_http"] = True
+        else:
+            raise ObstoreUnsupported(f"{name}=")
+
+
+def _map_azure(options: dict[str, Any], config: dict[str, Any], client: dict[str, Any]) -> None:
+    names = {
+        "account_name": "account_name",
+        "account_key": "account_key",
+        "sas_token": "sas_key",
+        "client_id": "client_id",
+        "client_secret": "client_secret",
+        "tenant_id": "tenant_id",
+    }
+    for name, value in options.items():
+        if name in _HARMLESS:
+            continue
+        if name in names:
+            config[names[name]] = value
+        elif name == "anon":
+            if value:
+                config["skip_signature"] = True
+        else:
+            raise ObstoreUnsupported(f"{name}=")
+
+
+def _map_http(options: dict[str, Any], config: dict[str, Any], client: dict[str, Any]) -> None:
+    del config  # HTTPStore has no configuration beyond its client options
+    headers: dict[str, str] = {}
+    for name, value in options.items():
+        if name in _HARMLESS or name == "encoded":
+            continue
+        if name == "headers" and isinstance(value, dict):
+            headers.update({str(k): str(v) for k, v in value.items()})
+        elif name == "client_kwargs" and isinstance(value, dict) and set(value) <= {"headers"}:
+            headers.update({str(k): str(v) for k, v in (value.get("headers") or {}).items()})
+        else:
+            raise ObstoreUnsupported(f"{name}=")
+    if headers:
+        client["default_headers"] = headers
+
+
+_MAPPERS = {
+    "S3Store": _map_s3,
+    "GCSStore": _map_gcs,
+    "AzureStore": _map_azure,
+    "HTTPStore": _map_http,
+}
+
+
+def _split_root(url: str, kind: str) -> tuple[str, str]:
+    """``(bucket or container or base URL, prefix)`` of the store root ``url``."""
+    parts = urllib.parse.urlsplit(url)
+    if kind == "HTTPStore":
+        return urllib.parse.urlunsplit(parts._replace(path=parts.path.rstrip("/"))), ""
+    return parts.netloc, parts.path.strip("/")
+
+
+# -- the client ------------------------------------------------------------------------------
+
+#: ``(pid, client identity) -> obstore store``: one store (one connection pool) per process.
+_CLIENT_STORES: dict[tuple[Any, ...], Any] = {}
+_STORES_LOCK = threading.Lock()
+
+
+@dataclass(frozen=True, eq=False)
+class ObjectClient:
+    """Checked, capped reads of the objects under one store root URL through obstore.
+
+    Made by :func:`choose_client`. Pickles by its URL and options; each process builds its
+    own obstore store on first use. ``secrets`` (the ``storage_options``) are masked in
+    every message.
+
+    Attributes
+    ----------
+    url
+        The store root (``s3://bucket/prefix``, ``https://host/path``), no query string.
+    kind
+        The obstore store class that reads it (``"S3Store"``...).
+    config, client_options
+        obstore's configuration, mapped from the ``storage_options``.
+    secrets
+        The ``storage_options`` as given (masked in messages).
+    """
+
+    url: str
+    kind: str
+    config: Mapping[str, Any] = field(repr=False)
+    client_options: Mapping[str, Any] = field(repr=False)
+    secrets: Any = field(default=None, repr=False)
+
+    @property
+    def display(self) -> str:
+        """The root URL, safe to show."""
+        return display_path(self.url)
+
+    def __repr__(self) -> str:
+        return f"ObjectClient({self.display!r}, {self.kind})"
+
+    def _timeouts(self) -> dict[str, Any]:
+        policy = retry_policy()
+        chosen = dict(self.client_options)
+        chosen.setdefault("connect_timeout", _timedelta(policy.timeout))
+        chosen.setdefault("read_timeout", _timedelta(policy.timeout))
+        # obstore's whole-request timeout (30 s by default) would cut a slow large
+        # download that still moves; the batch deadline bounds it instead
+        total = policy.deadline if policy.deadline != float("inf") else 7 * 86400
+        chosen.setdefault("timeout", _timedelta(total))
+        return chosen
+
+    def store(self) -> Any:
+        """This process's obstore store for :attr:`url` (built on first use).
+
+        Raises
+        ------
+        RuntimeError
+            In a process forked after obstore's runtime ran (see :func:`obstore_usable`).
+        """
+        why = obstore_usable()
+        if why is not None:
+            raise RuntimeError(f"{self.display}: cannot read through obstore: {why}")
+        client = self._timeouts()
+        ident = (
+            os.getpid(),
+            self.url,
+            self.kind,
+            repr(sorted(self.config.items())),
+            repr(sorted(client.items())),
+        )
+        with _STORES_LOCK:
+            made = _CLIENT_STORES.get(ident)
+            if made is None:
+                made = self._build(client)
+                _CLIENT_STORES[ident] = made
+                while len(_CLIENT_STORES) > 256:  # clients of sources long gone
+                    _CLIENT_STORES.pop(next(iter(_CLIENT_STORES)))
+        return made
+
+    def _build(self, client: dict[str, Any]) -> Any:
+        global _runtime_pid
+        from obstore import store as stores
+
+        retry = {  # mixle retries: one try per call here
+            "max_retries": 0,
+            "backoff": {"init_backoff": _timedelta(0.01)},
+            "retry_timeout": _timedelta(1),
+        }
+        base, prefix = _split_root(self.url, self.kind)
+        cls = getattr(stores, self.kind)
+        config = dict(self.config)
+        try:
+            if self.kind == "HTTPStore":
+                made = cls.from_url(base, client_options=client, retry_config=retry)
+            else:
+                made = cls(
+                    base,
+                    prefix=prefix or None,
+                    config=config,
+                    client_options=client,
+                    retry_config=retry,
+                )
+        except Exception as exc:
+            raise ValueError(
+                f"{self.display}: obstore refused the storage_options: "
+                + redact_text(f"{type(exc).__name__}: {exc}", self.secrets)
+            ) from None
+        _runtime_pid = os.getpid()
+        return made
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (
+            ObjectClient,
+            (self.url, self.kind, dict(self.config), dict(self.client_options), self.secrets),
+        )
+
+    # -- one request -----------------------------------------------------------------------
+    async def fetch(
+        self, key: str, span: ByteSpan, *, size: int | None = None, limit: int | None = None
+    ) -> bytes:
+        """Bytes ``span`` of object ``key`` (relative to :attr:`url`), checked; one try.
+
+        A range is asked as such (``(0, None)``, a whole object, as ``bytes=0-``, so no
+        ``HEAD`` is sent); the answer's range must be the one asked (its end cut at the
+        object's end) and its body that long. A server that ignores ``Range`` is asked the
+        object's size once (a ``HEAD``, remembered) and its whole answer must be that long;
+        only the bytes up to the range's end are read. ``limit`` caps one download: a
+        longer answer raises :class:`CorruptChunkError` before its body is read.
+
+        Raises
+        ------
+        RangeMismatchError
+            The answer is not the range asked (retried by the caller).
+        CorruptChunkError
+            The answer is longer than ``limit``.
+        FileNotFoundError
+            No such object.
+        OSError
+            Any other failure, with ``status`` (HTTP) or ``errno`` set so that
+            :func:`~mixle.reading.faults.is_transient` can tell a transient one.
+        """
+        import obstore
+
+        if _empty(span):
+            return b""
+        try:
+            result = await obstore.get_async(self.store(), key, options=_options(span))
+        except Exception as exc:
+            problem = self._translate(exc, key, span)
+            if problem == "not-partial":
+                result = await obstore.get_async(self.store(), key)
+                declared = int(result.meta["size"])
+                known = self._known_size(key, size, declared)
+                if known is None:
+                    known = await self._size(key)
+                    remember_size(self, self._where(key), known)
+                want = self._whole_range(key, span, declared, known, limit)
+                parts: list[bytes] = []
+                async for part in result.stream(min_chunk_size=_STREAM_BLOCK_BYTES):
+                    parts.append(part)
+                    if sum(map(len, parts)) >= want[1]:
+                        break  # the rest is dropped with the stream
+                return self._cut(key, parts, want, declared)
+            if problem == "unsatisfiable" and await self._size(key) == 0:
+                return b""  # bytes=0- of an empty object
+            raise self._error(problem, key, span) from None
+        length = self._check_answer(key, span, result, limit)
+        return self._check_body(key, span, length, await result.bytes_async())
+
+    def fetch_sync(
+        self, key: str, span: ByteSpan, *, size: int | None = None, limit: int | None = None
+    ) -> bytes:
+        """:meth:`fetch` from blocking code, in the calling thread (no event loop); one try.
+
+        obstore's blocking calls wait in Rust with the GIL released; no Python thread of
+        another kind runs (a cycle collection there could finalise h5py objects while the
+        caller holds h5py's lock).
+        """
+        import obstore
+
+        if _empty(span):
+            return b""
+        try:
+            result = obstore.get(self.store(), key, options=_options(span))
+        except Exception as exc:
+            problem = self._translate(exc, key, span)
+            if problem == "not-partial":
+                result = obstore.get(self.store(), key)
+                declared = int(result.meta["size"])
+                known = self._known_size(key, size, declared)
+                if known is None:
+                    known = self.size_sync(key)
+                    remember_size(self, self._where(key), known)
+                want = self._whole_range(key, span, declared, known, limit)
+                parts: list[bytes] = []
+                for part in result.stream(min_chunk_size=_STREAM_BLOCK_BYTES):
+                    parts.append(part)
+                    if sum(map(len, parts)) >= want[1]:
+                        break
+                return self._cut(key, parts, want, declared)
+            if problem == "unsatisfiable" and self.size_sync(key) == 0:
+                return b""
+            raise self._error(problem, key, span) from None
+        length = self._check_answer(key, span, result, limit)
+        return self._check_body(key, span, length, result.bytes())
+
+    async def _size(self, key: str) -> int:
+        import obstore
+
+        try:
+            meta = await obstore.head_async(self.store(), key)
+        except Exception as exc:
+            raise self._error(self._translate(exc, key, (0, None)), key, (0, None)) from None
+        return int(meta["size"])
+
+    def size_sync(self, key: str) -> int:
+        """The size of object ``key`` (one ``HEAD``); one try."""
+        import obstore
+
+        try:
+            meta = obstore.head(self.store(), key)
+        except Exception as exc:
+            raise self._error(self._translate(exc, key, (0, None)), key, (0, None)) from None
+        return int(meta["size"])
+
+    def read(
+        self,
+        key: str,
+        span: ByteSpan,
+        *,
+        url: str,
+        name: str,
+        size: int | None = None,
+        limit: int | None = None,
+    ) -> bytes:
+        """:meth:`fetch_sync`, retried by the retry policy.
+
+        ``url`` and ``name`` (the chunk or range) are what a
+        :class:`~mixle.reading.faults.RemoteReadError` names.
+        """
+        return retry_call(
+            lambda: self.fetch_sync(key, span, size=size, limit=limit),
+            url=url,
+            key=name,
+            secrets=self.secrets,
+        )
+
+    # -- checks ------------------------------------------------------------------------------
+    def _check_answer(self, key: str, span: ByteSpan, result: Any, limit: int | None) -> int:
+        """The length the answer's range says, after checking it is the range asked."""
+        got = tuple(result.range)
+        total = int(result.meta["size"])
+        want = resolve_span(span, total)
+        if want is None or got != want:
+            raise RangeMismatchError(
+                f"{self._where(key)}: asked {range_header(span)}, the answer holds bytes "
+                f"{got[0]}-{got[1] - 1} of {total}"
+            )
+        self._check_limit(got[1] - got[0], limit, key, span)
+        return int(got[1] - got[0])
+
+    def _check_body(self, key: str, span: ByteSpan, length: int, body: Any) -> bytes:
+        if len(body) != length:
+            raise RangeMismatchError(
+                f"{self._where(key)}: asked {range_header(span)}, the answer claims "
+                f"{length} bytes but brought {len(body)}"
+            )
+        return bytes(body)
+
+    def _known_size(self, key: str, size: int | None, declared: int) -> int | None:
+        if size is not None:
+            return size
+        return remembered_size(self, self._where(key), b"", declared)
+
+    def _whole_range(
+        self, key: str, span: ByteSpan, declared: int, known: int, limit: int | None
+    ) -> tuple[int, int]:
+        """The part of a whole-object answer to keep (its server ignores ``Range``)."""
+        if declared != known:
+            raise RangeMismatchError(
+                f"{self._where(key)}: asked {range_header(span)}, the server ignored Range "
+                f"and sent {declared} bytes, but the object has {known}"
+            )
+        want = resolve_span(span, known)
+        if want is None:
+            raise RangeMismatchError(
+                f"{self._where(key)}: {range_header(span)} is past the end of the "
+                f"{known}-byte object"
+            )
+        self._check_limit(want[1] - want[0], limit, key, span)
+        return want
+
+    def _cut(self, key: str, parts: list[bytes], want: tuple[int, int], declared: int) -> bytes:
+        body = b"".join(parts)
+        if len(body) < want[1]:
+            raise RangeMismatchError(
+                f"{self._where(key)}: the server ignored Range and its {declared}-byte "
+                f"answer ended after {len(body)} bytes"
+            )
+        return body[want[0] : want[1]]
+
+    # -- errors ----------------------------------------------------------------------------
+    def _where(self, key: str) -> str:
+        return f"{self.display.rstrip('/')}/{key}" if key else self.display
+
+    def _check_limit(self, nbytes: int, limit: int | None, key: str, span: ByteSpan) -> None:
+        if limit is None or nbytes <= limit:
+            return
+        raise CorruptChunkError(
+            f"{self._where(key)}: the answer to {range_header(span)} holds {nbytes} bytes, "
+            f"more than the {limit} bytes this stored object may have: refused without "
+            "reading it (the object is damaged or not what its metadata says)"
+        )
+
+    def _error(self, problem: BaseException | str, key: str, span: ByteSpan) -> BaseException:
+        """``problem`` from :meth:`_translate` as the error to raise."""
+        if isinstance(problem, BaseException):
+            return problem
+        return _with_status(
+            OSError(f"{self._where(key)}: {range_header(span)} is not satisfiable"), 416
+        )
+
+    def _translate(self, exc: BaseException, key: str, span: ByteSpan) -> BaseException | str:
+        """mixle's error for obstore's ``exc``, or ``"not-partial"``/``"unsatisfiable"``."""
+        text = str(exc)
+        where = self._where(key)
+        told = redact_text(
+            f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}", self.secrets
+        )
+        if isinstance(exc, FileNotFoundError):
+            return FileNotFoundError(f"{where}: no such object ({told})")
+        if "NotPartial" in text or "RangeNotSupported" in text or "non-partial" in text:
+            return "not-partial"
+        if "UnexpectedRange" in text or ("Requested " in text and ", got " in text):
+            return RangeMismatchError(f"{where}: asked {range_header(span)}: {told}")
+        status = _status(text)
+        if status == 416:
+            if span == (0, None):
+                return "unsatisfiable"
+            return _with_status(
+                OSError(f"{where}: {range_header(span)} is not satisfiable ({told})"), 416
+            )
+        if status is not None:
+            hint = ""
+            if status == 301:
+                hint = (
+                    "; the bucket is in another region: set storage_options="
+                    "{'client_kwargs': {'region_name': ...}} or AWS_REGION"
+                )
+            return _with_status(OSError(f"{where}: {told}{hint}"), status)
+        if isinstance(exc, PermissionError) or type(exc).__name__ in (
+            "PermissionDeniedError",
+            "UnauthenticatedError",
+        ):
+            return PermissionError(f"{where}: {told}")
+        lowered = text.lower()
+        if _TIMED_OUT.search(text):
+            return TimeoutError(errno.ETIMEDOUT, f"{where}: no answer in time ({told})")
+        if any(word in lowered for word in _DROPPED):
+            return ConnectionResetError(errno.ECONNRESET, f"{where}: connection failed ({told})")
+        return OSError(f"{where}: {told}")
+
+
+#: Words of obstore's (reqwest's, hyper's) messages for a dropped or refused connection.
+_DROPPED = (
+    "error sending request",
+    "connection",
+    "body error",
+    "incompletemessage",
+    "broken pipe",
+    "reset by peer",
+    "unexpected eof",
+    "decoding response body",
+)
+_STATUS = re.compile(r"status code: (\d{3})")
+#: How reqwest says a request timed out (obstore's message holds its debug form).
+_TIMED_OUT = re.compile(r"kind: Timeout|TimedOut|timed out|deadline has elapsed")
+
+
+def _empty(span: ByteSpan) -> bool:
+    start, end = span
+    return start >= 0 and end is not None and end <= start
+
+
+def _options(span: ByteSpan) -> dict[str, Any]:
+    """obstore's ``GetOptions`` asking ``span`` (``bytes=start-``, ``bytes=-n``, a range)."""
+    start, end = span
+    if start < 0:
+        return {"range": {"suffix": -start}}
+    if end is None:
+        return {"range": {"offset": start}}
+    return {"range": (start, end)}
+
+
+def _status(text: str) -> int | None:
+    found = _STATUS.search(text)
+    return None if found is None else int(found.group(1))
+
+
+def _with_status(error: OSError, status: int) -> OSError:
+    error.status = status  # type: ignore[attr-defined]  # read by faults.is_transient
+    return error
+
+
+def choose_client(
+    url: str, storage_options: Mapping[str, Any] | None, backend: str = "auto"
+) -> ObjectClient | None:
+    """The :class:`ObjectClient` that reads the store root ``url``, or ``None`` for fsspec.
+
+    ``backend="auto"`` gives a client when obstore is installed and usable here, the
+    scheme is one of :data:`OBJECT_STORE_SCHEMES`, the URL has no query string (presigned
+    URLs keep fsspec, which sends the query with every key) and every ``storage_options``
+    entry maps to obstore's configuration; ``"fsspec"`` always gives ``None``.
+
+    Raises
+    ------
+    ValueError
+        ``backend`` is not one of :data:`BACKENDS`.
+    ObstoreUnsupported
+        ``backend="obstore"`` where obstore cannot read ``url``; says why.
+    """
+    check_backend(backend)
+    if backend == "fsspec":
+        return None
+    try:
+        return _client_for(url, dict(storage_options or {}))
+    except ObstoreUnsupported as exc:
+        if backend == "auto":
+            return None
+        raise ObstoreUnsupported(
+            f"backend='obstore' cannot read {display_path(url)!r}: {exc}; use "
+            "backend='auto' or 'fsspec'"
+        ) from None
+
+
+def _client_for(url: str, options: dict[str, Any]) -> ObjectClient:
+    if not isinstance(url, str) or "://" not in url or "::" in url:
+        raise ObstoreUnsupported("not a URL obstore reads (a local path, a store or a chain)")
+    parts = urllib.parse.urlsplit(url)
+    kind = OBJECT_STORE_SCHEMES.get(parts.scheme.lower())
+    if kind is None:
+        raise ObstoreUnsupported(
+            f"the scheme {parts.scheme!r} is not one obstore reads "
+            f"({', '.join(sorted(OBJECT_STORE_SCHEMES))})"
+        )
+    if parts.query or "params" in options:
+        raise ObstoreUnsupported("a query string (presigned URLs are read through fsspec)")
+    if parts.username or parts.password:
+        raise ObstoreUnsupported("user info in the URL")
+    why = obstore_usable()
+    if why is not None:
+        raise ObstoreUnsupported(why)
+    config: dict[str, Any] = {}
+    client: dict[str, Any] = {}
+    try:
+        _MAPPERS[kind](options, config, client)
+    except ObstoreUnsupported as exc:
+        raise ObstoreUnsupported(
+            f"storage_options {exc} has no obstore equivalent mixle knows"
+        ) from None
+    if kind == "HTTPStore" and parts.scheme.lower() == "http":
+        client["allow_http"] = True
+    root = urllib.parse.urlunsplit(parts._replace(path=parts.path.rstrip("/")))
+    return ObjectClient(root, kind, config, client, options or None)

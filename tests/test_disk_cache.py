@@ -245,6 +245,20 @@ def test_another_process_s_entries_count_at_the_next_rescan(tmp_path: Path) -> N
     assert one.get(key("c/11")) == b"1" * 50
 
 
+def test_writers_that_started_on_an_empty_folder_stay_near_the_budget(tmp_path: Path) -> None:
+    """Each object scans at its first put (an empty folder) and then counts only its own
+    puts; rescanning every tenth of the budget keeps four of them near the budget (without
+    it, each would fill a whole budget before looking: 4x)."""
+    size = entry_size(tmp_path, key("c/000"), b"w" * 200)
+    budget = 20 * size
+    writers = [ChunkDiskCache(tmp_path / "c", budget) for _ in range(4)]
+    bound = budget + 4 * (budget - int(budget * EVICTION_LOW_WATER) + size)
+    for i in range(200):
+        writers[i % 4].put(key(f"c/{i:03d}"), b"w" * 200)
+        assert writers[0].used_bytes <= bound
+    assert writers[0].used_bytes <= budget + 4 * size
+
+
 # -- damaged entries --------------------------------------------------------------------------
 def _flip(offset: int) -> object:
     def damage(path: Path) -> None:

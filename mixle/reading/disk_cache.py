@@ -20,7 +20,8 @@ and the payload. :meth:`ChunkDiskCache.get` serves an entry only when its size, 
 CRC-32 all match, so a hash collision, a torn write (a crash before the data reached the
 disk: entries are not ``fsync``-ed) or a truncated or damaged file is a miss, and the bad
 file is removed. CRC-32 guards against accidents (torn writes, truncation, flipped bits),
-not against someone who can write to the folder; it costs a third of a SHA-256 per byte.
+not against someone who can write to the folder (who could write a matching SHA-256 as
+easily), and it is the cheaper of the two per byte.
 
 Publication. A put writes a temporary file in the cache folder and publishes it with
 :func:`~mixle.utils.files.publish_file` (``os.link``, which never replaces a file; a bad
@@ -33,11 +34,13 @@ Size bound and eviction. The folder holds about ``budget_bytes`` of entries (def
 :data:`CHUNK_CACHE_BYTES`, or ``$MIXLE_CHUNK_CACHE_BYTES``). Recency is the entry file's
 modification time, set on every put and every hit (``os.utime``; access times are not used,
 as ``noatime``/``relatime`` mounts do not keep them). Each cache object keeps a running
-estimate of the folder's size (one scan at its first put, then its own puts added); when the
-estimate passes the budget it rescans the folder, which counts every process's entries, and
-deletes the least recently used entries down to :data:`EVICTION_LOW_WATER` of the budget.
-With several writing processes the folder may pass the budget for a moment, by at most
-what each process put since its last scan (under a tenth of the budget and one entry each).
+estimate of the folder's size (one scan at its first put, then its own puts added). When
+the estimate passes the budget, or its own puts since its last scan pass a tenth of the
+budget (other processes put too), it rescans the folder, which counts every process's
+entries, and if the folder is past the budget deletes the least recently used entries down
+to :data:`EVICTION_LOW_WATER` of the budget. With N writing processes the folder may pass
+the budget for a moment by what they put since their last scans: at most about N times (a
+tenth of the budget and one entry). Sizes are file sizes (not disk blocks).
 An entry larger than the budget is not stored. A file that vanishes between the listing
 and its deletion or open (another process evicted it) is skipped, or a miss.
 
@@ -320,6 +323,7 @@ class ChunkDiskCache:
         self._scanning = threading.Lock()  # held by the one thread rescanning the folder
         self._pid = os.getpid()
         self._estimate: int | None = None  # bytes in the folder as this object last knew
+        self._since_scan = 0  # bytes this object put since its last scan
         self._last_stamp = 0  # the last recency time set by this object (ns)
 
     def _make_folder(self, default: bool) -> None:
@@ -369,7 +373,7 @@ class ChunkDiskCache:
         if self._pid != os.getpid():
             self._lock, self._scanning = threading.Lock(), threading.Lock()
             self._pid = os.getpid()
-            self._estimate = None
+            self._estimate, self._since_scan = None, 0
         return self._lock
 
     def _stamp(self) -> int:
@@ -476,9 +480,10 @@ class ChunkDiskCache:
         """Add a published entry to the estimate; rescan and evict when past the budget."""
         lock = self._guard()
         with lock:
+            self._since_scan += size
             if self._estimate is not None:
                 self._estimate += size
-                if self._estimate <= self._budget:
+                if self._estimate <= self._budget and self._since_scan <= self._rescan_bytes():
                     return
         # one rescan at a time: a thread that finds another one rescanning leaves it to it,
         # and puts and hits of other threads never wait for a scan
@@ -489,9 +494,13 @@ class ChunkDiskCache:
             if total > self._budget:
                 total = self._evict(entries, total, keep)
             with lock:
-                self._estimate = total
+                self._estimate, self._since_scan = total, 0
         finally:
             self._scanning.release()
+
+    def _rescan_bytes(self) -> int:
+        """Bytes put after which this object rescans even under its estimate (others put too)."""
+        return self._budget - int(self._budget * EVICTION_LOW_WATER)
 
     def _scan(self, *, delete_stale: bool) -> tuple[list[tuple[int, str, int]], int]:
         """``([(mtime_ns, name, size)] of entries, bytes of entries and young temp files)``."""
@@ -545,7 +554,7 @@ class ChunkDiskCache:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self._dir / name)
         with self._guard():
-            self._estimate = None
+            self._estimate, self._since_scan = None, 0
 
 
 def _check_key(key: object) -> ContentKey:

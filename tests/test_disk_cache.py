@@ -363,6 +363,12 @@ def test_default_folder_is_under_the_cache_root_and_private(
     assert (cache.directory / entry_name(key("a"))).stat().st_mode & 0o077 == 0
 
 
+def test_a_folder_the_cache_creates_is_private(tmp_path: Path) -> None:
+    cache = ChunkDiskCache(tmp_path / "a" / "b", 2**20)
+    assert cache.directory.stat().st_mode & 0o777 == 0o700
+    assert (tmp_path / "a").is_dir()
+
+
 def test_nothing_is_written_outside_the_folder(tmp_path: Path) -> None:
     overhead = entry_size(tmp_path / "m", key("c/0"), b"")
     cache = ChunkDiskCache(tmp_path / "c", 2 * (overhead + 10))

@@ -27,7 +27,7 @@ Publication. A put writes a temporary file in the cache folder and publishes it 
 :func:`~mixle.utils.files.publish_file` (``os.link``, which never replaces a file; a bad
 entry already there is replaced), so a reader never sees a partial entry and concurrent
 puts of one key from many processes leave one good entry. Entries are created readable by
-their owner only (``0600``), and the default folder is created ``0700``: the bytes of a
+their owner only (``0600``), and a folder the cache creates is ``0700``: the bytes of a
 private bucket stay private to the user who fetched them.
 
 Size bound and eviction. The folder holds about ``budget_bytes`` of entries (default
@@ -53,6 +53,7 @@ cache's are never touched.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -247,16 +248,16 @@ def entry_name(key: ContentKey) -> str:
     return hashlib.sha256(_encode(key)).hexdigest() + _SUFFIX
 
 
-def _parse_directory(directory: object) -> tuple[Path, bool]:
-    """The cache folder, and whether it is the default one (created ``0700``)."""
+def _parse_directory(directory: object) -> Path:
+    """The cache folder: ``directory``, or :func:`default_chunk_cache_dir` for ``None``."""
     if directory is None:
-        return default_chunk_cache_dir(), True
+        return default_chunk_cache_dir()
     if not isinstance(directory, (str, os.PathLike)):
         raise TypeError(f"directory={directory!r} must be a path (str or os.PathLike) or None")
     text = os.fspath(directory)
     if not isinstance(text, str) or not text:
         raise ValueError(f"directory={directory!r} must be a non-empty folder path")
-    return Path(text), False
+    return Path(text)
 
 
 def _parse_budget(budget: object) -> int:
@@ -286,8 +287,8 @@ class ChunkDiskCache:
     Parameters
     ----------
     directory
-        The cache folder (created if absent). ``None``: ``$MIXLE_CACHE_DIR/chunks``
-        (:func:`default_chunk_cache_dir`), created readable by its owner only.
+        The cache folder, created readable by its owner only (``0700``) if absent.
+        ``None``: ``$MIXLE_CACHE_DIR/chunks`` (:func:`default_chunk_cache_dir`).
     budget_bytes
         Most bytes of entry files to keep (headers included); ``0`` stores nothing.
         ``None``: ``$MIXLE_CHUNK_CACHE_BYTES``, else :data:`CHUNK_CACHE_BYTES` (8 GiB).
@@ -315,10 +316,9 @@ class ChunkDiskCache:
         directory: str | os.PathLike[str] | None = None,
         budget_bytes: int | None = None,
     ) -> None:
-        folder, default = _parse_directory(directory)
+        self._dir = _parse_directory(directory)
         self._budget = _parse_budget(budget_bytes)
-        self._dir = folder
-        self._make_folder(default)
+        self._make_folder()
         self._lock = threading.Lock()  # the estimate and the recency stamp
         self._scanning = threading.Lock()  # held by the one thread rescanning the folder
         self._pid = os.getpid()
@@ -326,17 +326,16 @@ class ChunkDiskCache:
         self._since_scan = 0  # bytes this object put since its last scan
         self._last_stamp = 0  # the last recency time set by this object (ns)
 
-    def _make_folder(self, default: bool) -> None:
+    def _make_folder(self) -> None:
+        """Create the folder (``0700``; folders above it as usual) and check it is writable."""
         folder = self._dir
         if folder.exists() and not folder.is_dir():
             raise NotADirectoryError(
-                20,
+                errno.ENOTDIR,
                 f"directory={str(folder)!r} is a file, not a folder: the chunk disk cache "
                 "needs a folder of its own (pass another directory)",
             )
         try:
-            if default:
-                folder.parent.mkdir(parents=True, exist_ok=True)
             folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         except OSError as exc:
             raise _folder_error(folder, exc, "cannot be created") from None

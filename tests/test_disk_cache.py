@@ -259,6 +259,28 @@ def test_writers_that_started_on_an_empty_folder_stay_near_the_budget(tmp_path: 
     assert writers[0].used_bytes <= budget + 4 * size
 
 
+def test_an_entry_that_cannot_be_removed_is_skipped_by_eviction(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    size = entry_size(tmp_path, key("c/0"), b"e" * 100)
+    cache = ChunkDiskCache(tmp_path / "c", 3 * size + size // 2)
+    for i in range(3):
+        cache.put(key(f"c/{i}"), b"e" * 100)
+    stuck = entry_name(key("c/0"))  # the least recently used
+    real_unlink = os.unlink
+
+    def unlink(path: object) -> None:
+        if Path(path).name == stuck:  # type: ignore[arg-type]
+            raise PermissionError(13, "Operation not permitted")
+        real_unlink(path)  # type: ignore[arg-type]
+
+    monkeypatch.setattr("mixle.reading.disk_cache.os.unlink", unlink)
+    cache.put(key("c/3"), b"e" * 100)  # no error; the next oldest goes instead
+    assert cache.get(key("c/0")) is not None
+    assert cache.get(key("c/1")) is None
+    assert cache.get(key("c/3")) is not None
+
+
 # -- damaged entries --------------------------------------------------------------------------
 def _flip(offset: int) -> object:
     def damage(path: Path) -> None:

@@ -537,8 +537,12 @@ class ChunkDiskCache:
                 break
             if name == keep:
                 continue
-            with contextlib.suppress(FileNotFoundError):  # evicted by another process
+            try:
                 os.unlink(self._dir / name)
+            except FileNotFoundError:  # evicted by another process meanwhile
+                pass
+            except OSError:  # cannot be removed (another user's, or open on Windows): kept
+                continue
             total -= size
         return total
 
@@ -550,7 +554,7 @@ class ChunkDiskCache:
         """
         entries, _ = self._scan(delete_stale=True)
         for _, name, _size in entries:
-            with contextlib.suppress(FileNotFoundError):
+            with contextlib.suppress(OSError):  # gone meanwhile, or not ours to remove
                 os.unlink(self._dir / name)
         with self._guard():
             self._estimate, self._since_scan = None, 0

@@ -60,6 +60,7 @@ def read_zarr(
     structure: SampleStructure = EXCHANGEABLE,
     schema: Schema | None = None,
     mask_and_scale: bool = False,
+    backend: str = "auto",
 ) -> ZarrArraySource:
     """Open a zarr array lazily; see :class:`ZarrArraySource` (needs ``mixle[zarr]`` to read).
 
@@ -67,6 +68,8 @@ def read_zarr(
     repository folder read at ``branch=`` (default ``"main"``), ``tag=`` or ``snapshot=``
     (needs ``mixle[icechunk]``). ``mask_and_scale=True`` decodes CF packing (``scale_factor``,
     ``add_offset``, fill values as NaN) as xarray does; default: the stored values.
+    ``backend`` picks how a URL is read: ``"auto"`` (obstore where it can, ``mixle[obstore]``,
+    else fsspec), ``"obstore"`` (or an error saying why not) or ``"fsspec"``.
     """
     return ZarrArraySource(
         path,
@@ -78,6 +81,7 @@ def read_zarr(
         structure=structure,
         schema=schema,
         mask_and_scale=mask_and_scale,
+        backend=backend,
     )
 
 

@@ -28,10 +28,12 @@ from mixle.data.sources.arrays.zarr.local_files import (
 )
 from mixle.data.sources.arrays.zarr.ome import ome_physical
 from mixle.data.sources.arrays.zarr.readers import zarr_chunk_reader
+from mixle.data.sources.arrays.zarr.stores import client_store
 from mixle.data.structure import EXCHANGEABLE, SampleStructure
 from mixle.errors import ArrayNotFoundError, NotAnArrayError
 from mixle.reading.faults import retry_call
 from mixle.reading.fs_options import query_as_params, timed_storage_options
+from mixle.reading.object_client import check_backend, choose_client
 from mixle.utils import optional_deps
 from mixle.utils.optional_deps import imported, require
 from mixle.utils.redact import display_path, redact_text
@@ -76,7 +78,17 @@ class ZarrArraySource(ArraySource):
     component
         Path of the array inside the store when ``path`` is a group.
     storage_options
-        Passed to fsspec for URLs (credentials, endpoints). Never shown in reprs or errors.
+        Passed to fsspec for URLs (credentials, endpoints), or mapped to obstore's
+        configuration when obstore reads. Never shown in reprs or errors.
+    backend
+        How a URL is read: ``"auto"`` (default) through obstore
+        (:mod:`mixle.reading.object_client`, ``mixle[obstore]``) when it is installed and
+        usable here, the scheme is ``s3://``, ``gs://``, ``az://`` or ``http(s)://``, the URL
+        has no query string and every ``storage_options`` entry maps to obstore, else
+        through fsspec; ``"obstore"`` insists (an error says why it cannot); ``"fsspec"``
+        keeps fsspec. The repr shows the one reading. Kept when pickled; a source reopened
+        in a process forked after obstore ran reads through fsspec under ``"auto"`` and
+        raises under ``"obstore"``.
     branch, tag, snapshot
         The version of an icechunk repository to read (at most one; default: the head of
         branch ``"main"``). The snapshot a source first opens is pinned: reopening it,
@@ -96,8 +108,13 @@ class ZarrArraySource(ArraySource):
     Raises
     ------
     TypeError, ValueError
-        When an argument has the wrong type, or ``storage_options`` is given for a path
-        that is not a URL (always at construction).
+        When an argument has the wrong type, ``storage_options`` is given for a path that
+        is not a URL, or ``backend`` is not one of ``"auto"``, ``"obstore"``, ``"fsspec"``
+        (always at construction).
+    ObstoreUnsupported
+        With ``backend="obstore"``, when obstore cannot read ``path`` (a local path, a
+        ``file://`` or ``memory://`` URL, a query string, a ``storage_options`` entry it
+        has no equivalent for, a process forked after obstore ran): a ``ValueError``.
     ValueError
         With ``mask_and_scale=True``, when a CF attribute cannot be decoded (a
         ``scale_factor``/``add_offset`` that is not one real number, fill values that are
@@ -139,15 +156,18 @@ class ZarrArraySource(ArraySource):
         structure: SampleStructure = EXCHANGEABLE,
         schema: Schema | None = None,
         mask_and_scale: bool = False,
+        backend: str = "auto",
     ) -> None:
         version = parse_version(branch, tag, snapshot)
+        check_backend(backend)
         zarr = imported("zarr")  # a zarr.Array can only exist once zarr is imported
         if zarr is not None and isinstance(path, zarr.Array):
-            if component is not None or storage_options is not None or version is not None:
+            given = storage_options is not None or version is not None or backend != "auto"
+            if component is not None or given:
                 raise ValueError(
                     f"path={display_path(path.store)!r} is an open zarr.Array: component=, "
-                    "storage_options=, branch=, tag= and snapshot= only apply to paths and URLs; "
-                    "pass the array alone"
+                    "storage_options=, branch=, tag=, snapshot= and backend= only apply to "
+                    "paths and URLs; pass the array alone"
                 )
             self._init_state(_zarr_args(path.store, path.path or None, None), structure, schema)
             self._want_cf(mask_and_scale)
@@ -156,6 +176,8 @@ class ZarrArraySource(ArraySource):
         args = _zarr_args(path, component, storage_options)
         if version is not None:
             args["version"] = version
+        if backend != "auto":
+            args["backend"] = backend
         self._init_state(args, structure, schema)
         self._want_cf(mask_and_scale)
         if optional_deps.HAS_ZARR:  # else checked at first use, where zarr is installed
@@ -182,6 +204,25 @@ class ZarrArraySource(ArraySource):
             where += f", {version_text(args['version'])}"
         return where
 
+    def __repr__(self) -> str:
+        text = super().__repr__()
+        backend = self._backend_shown()
+        if backend is None:
+            return text
+        where = self._location()
+        return text.replace(where, f"{where}, backend={backend!r}", 1)
+
+    def _backend_shown(self) -> str | None:
+        """The backend reading this URL (the one asked for until it opens); else ``None``."""
+        args = self._args or {}
+        path = args.get("path")
+        if not (isinstance(path, str) and "://" in path):
+            return None
+        used = getattr(self, "_backend_used", None)
+        if used is not None and self._meta is not None and self._pid == os.getpid():
+            return str(used)
+        return str(args.get("backend", "auto"))
+
     def _open(self) -> Any:
         zarr = _zarr()
         assert self._args is not None
@@ -191,10 +232,19 @@ class ZarrArraySource(ArraySource):
             self._args = {**self._args, "version": by_path.version}
         kwargs: dict[str, Any] = {"mode": "r"}
         secrets = _secrets(self._args)
-        path, options = query_as_params(path, timed_storage_options(path, secrets[0]))
-        store = path if by_path is None else by_path.store
-        if options:
-            kwargs["storage_options"] = options
+        client = None
+        backend = self._args.get("backend", "auto")
+        if by_path is None or backend == "obstore":  # a zip or icechunk path: not obstore's
+            client = choose_client(path, secrets[0], backend)
+        if client is not None:  # every read, metadata too, through obstore
+            store: Any = client_store(client)
+        else:
+            path, options = query_as_params(path, timed_storage_options(path, secrets[0]))
+            store = path if by_path is None else by_path.store
+            if options:
+                kwargs["storage_options"] = options
+        remote = isinstance(path, str) and "://" in path
+        self._backend_used = "obstore" if client is not None else "fsspec" if remote else None
         if isinstance(path, str) and "://" not in path and not os.path.exists(path):
             raise FileNotFoundError(f"path={display_path(path)!r}: no such file or directory")
         local = local_root(path)

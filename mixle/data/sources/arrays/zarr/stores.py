@@ -8,6 +8,12 @@ text error page served with ``200``) is retried, then raised as
 ``Content-Length`` is taken as the whole chunk; if it is not the chunk, decoding it raises
 :class:`~mixle.reading.CorruptChunkError`. :func:`checked_store` wraps a store for zarr's
 own reads; :class:`StoreGetter` runs mixle's concurrent reads on zarr's event loop.
+
+A URL that :func:`~mixle.reading.object_client.choose_client` gives an obstore client is
+opened over :func:`client_store`, a zarr store whose every ``get`` is one
+:meth:`~mixle.reading.object_client.ObjectClient.fetch` (checked, capped, no ``HEAD``);
+:class:`CheckedRangeStore`, :func:`checked_store` and :class:`StoreGetter` read it through
+that client the same way, retried by the same policy.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from mixle.reading.faults import RangeMismatchError, is_transient, retry_async
 from mixle.reading.fetch import fetch_range
 from mixle.reading.fs_options import widen_connection_pool
 from mixle.reading.inflight import gather_bounded, stream_bounded
+from mixle.reading.object_client import ObjectClient
 from mixle.reading.ranges import ByteSpan, check_range
 
 __all__ = [
@@ -31,7 +38,9 @@ __all__ = [
     "StoreGetter",
     "checked_async_array",
     "checked_store",
+    "client_store",
     "is_metadata_key",
+    "object_client_of",
 ]
 
 #: Names of zarr's metadata documents (capped at :data:`ZARR_METADATA_LIMIT`).
@@ -48,6 +57,9 @@ class CheckedRangeStore:
     (local, memory, zip, tifffile's) the length of zarr's answer to a range is checked, and a
     short one is accepted only when the object really ends there (``store.getsize``); whole
     objects there are zarr's plain full-object request (tifffile's store refuses ranges).
+    On a :func:`client_store` every read is one
+    :meth:`~mixle.reading.object_client.ObjectClient.fetch` (a whole object as ``bytes=0-``,
+    the range and body length checked, no ``HEAD``).
     A mismatch raises :class:`~mixle.reading.faults.RangeMismatchError`, which the caller's
     retry retries; a missing key is ``None``, as zarr's stores answer it.
 
@@ -65,10 +77,31 @@ class CheckedRangeStore:
         fs = getattr(store, "fs", None)
         async_fs = isinstance(store, FsspecStore) and getattr(fs, "async_impl", False)
         self._fs = fs if async_fs else None
+        self.client = object_client_of(store)
+
+    async def fetch_object(self, key: str, span: ByteSpan | None) -> bytes | None:
+        """Bytes ``span`` (``None``: all) of stored key ``key`` through :attr:`client`; one try.
+
+        ``None`` when the key does not exist. Only for a :func:`client_store`.
+        """
+        assert self.client is not None
+        try:
+            return await self.client.fetch(
+                key,
+                (0, None) if span is None else span,
+                limit=ZARR_METADATA_LIMIT if is_metadata_key(key) else self.limit,
+            )
+        except FileNotFoundError as exc:
+            if is_transient(exc):
+                raise
+            return None
 
     async def get(self, key: str, prototype: Any, byte_range: Any = None) -> Any:
         """``store.get(key, prototype, byte_range)``, the answer checked first."""
         span = _span(byte_range)
+        if self.client is not None:
+            raw = await self.fetch_object(key, span)
+            return None if raw is None else prototype.buffer.from_bytes(raw)
         if self._fs is not None:
             root = self.store.path.rstrip("/")
             try:
@@ -120,7 +153,8 @@ def checked_store(
     Parameters
     ----------
     store
-        A zarr store; any store but a ``zarr.storage.FsspecStore`` is returned as it is.
+        A zarr store; any store but a ``zarr.storage.FsspecStore`` or a :func:`client_store`
+        is returned as it is.
     url
         Display-safe location of the array, used in errors with the stored key.
     secrets
@@ -140,9 +174,92 @@ def checked_store(
     """
     from zarr.storage import FsspecStore
 
-    if not isinstance(store, FsspecStore):
+    if not isinstance(store, FsspecStore) and object_client_of(store) is None:
         return store
     return _retried_store_type()(store, url, secrets, prefix, limit)
+
+
+def client_store(client: ObjectClient, limit: int | None = None) -> Any:
+    """A read-only zarr store over ``client``'s root URL: each ``get`` one checked fetch.
+
+    Parameters
+    ----------
+    client
+        The obstore client (:func:`~mixle.reading.object_client.choose_client`); keys are
+        relative to its root URL.
+    limit
+        The most bytes one ``get`` of a chunk or shard may bring (``None``: no cap;
+        metadata keys are capped at :data:`ZARR_METADATA_LIMIT` whatever it is).
+
+    Returns
+    -------
+    zarr.storage.ObjectStore
+        Its ``get`` is :meth:`CheckedRangeStore.get` (one try; a missing key is ``None``,
+        a wrong answer raises :class:`~mixle.reading.faults.RangeMismatchError`), so
+        ``zarr.open`` reads metadata through the client; listing and ``getsize`` are
+        zarr's over the same obstore store. It pickles by ``client`` and opens a store of
+        its own in the process that unpickles it.
+
+    Raises
+    ------
+    RuntimeError
+        Where obstore cannot read (a process forked after obstore's runtime ran).
+    """
+    return _client_store_type()(client, limit)
+
+
+def object_client_of(store: Any) -> ObjectClient | None:
+    """The obstore client a :func:`client_store` reads through, else ``None``."""
+    client = getattr(store, "mixle_client", None)
+    return client if isinstance(client, ObjectClient) else None
+
+
+@functools.cache
+def _client_store_type() -> type:
+    """The :func:`client_store` class (built once, when zarr is imported anyway)."""
+    from zarr.storage import ObjectStore
+
+    class ClientObjectStore(ObjectStore):  # type: ignore[type-arg,misc]
+        """zarr's obstore store whose reads are :class:`CheckedRangeStore` reads (one try)."""
+
+        def __init__(
+            self, client: ObjectClient, limit: int | None = None, *, read_only: bool = True
+        ) -> None:
+            super().__init__(client.store(), read_only=read_only)
+            self.mixle_client = client
+            self._checked = CheckedRangeStore(self, limit)
+
+        def __reduce__(self) -> tuple[Any, ...]:
+            return (client_store, (self.mixle_client, self._checked.limit))
+
+        def __eq__(self, other: object) -> bool:
+            return (
+                isinstance(other, ClientObjectStore)
+                and other.mixle_client is self.mixle_client
+                and other.read_only == self.read_only
+            )
+
+        __hash__ = None  # type: ignore[assignment]
+
+        def __str__(self) -> str:
+            return f"object_store://{self.mixle_client.display}"
+
+        def with_read_only(self, read_only: bool = False) -> Any:
+            return type(self)(self.mixle_client, self._checked.limit, read_only=read_only)
+
+        async def get(self, key: str, prototype: Any, byte_range: Any = None) -> Any:
+            return await self._checked.get(key, prototype, byte_range)
+
+        async def get_partial_values(self, prototype: Any, key_ranges: Any) -> list[Any]:
+            import asyncio
+
+            return list(
+                await asyncio.gather(
+                    *(self.get(key, prototype, request) for key, request in key_ranges)
+                )
+            )
+
+    return ClientObjectStore
 
 
 @functools.cache
@@ -261,6 +378,13 @@ class StoreGetter:
                 read_local_object, path, f"{what} file", self._limit, byte_range
             )
 
+        if self._store.client is not None:  # one fetch through obstore, retried
+            return await retry_async(
+                lambda: self._store.fetch_object(self._prefix + key, byte_range),
+                url=f"{self._url}/{key}",
+                key=key,
+                secrets=self._secrets,
+            )
         request: Any = None  # a whole object (fsspec stores: bytes=0-, see CheckedRangeStore)
         if byte_range is not None:
             start, end = byte_range

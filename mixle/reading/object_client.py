@@ -159,7 +159,9 @@ def _before_fork() -> None:
 def _after_fork_in_child() -> None:
     global _forked_after_runtime
     _forked_after_runtime = _forked_after_runtime or _runtime_at_fork
-    _CLIENT_STORES.clear()  # the parent's stores belong to the parent's runtime
+    # the parent's stores belong to the parent's runtime: kept, never used again here
+    _PARENTS_STORES.append(dict(_CLIENT_STORES))
+    _CLIENT_STORES.clear()
 
 
 os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
@@ -305,6 +307,8 @@ def _split_root(url: str, kind: str) -> tuple[str, str]:
 #: ``(pid, client identity) -> obstore store``: one store (one connection pool) per process.
 _CLIENT_STORES: dict[tuple[Any, ...], Any] = {}
 _STORES_LOCK = threading.Lock()
+#: Stores a forked child inherited (held, not dropped: their runtime is the parent's).
+_PARENTS_STORES: list[dict[tuple[Any, ...], Any]] = []
 
 
 @dataclass(frozen=True, eq=False)
@@ -446,18 +450,19 @@ class ObjectClient:
 
         if _empty(span):
             return b""
+        store = self.store()  # raises RuntimeError in a forked child: not a request error
         try:
-            result = await obstore.get_async(self.store(), key, options=_options(span))
+            result = await obstore.get_async(store, key, options=_options(span))
         except Exception as exc:
             problem = self._translate(exc, key, span)
             if problem == "not-partial":
-                result = await obstore.get_async(self.store(), key)
+                result = await obstore.get_async(store, key)
                 declared = int(result.meta["size"])
                 known = self._known_size(key, size, declared)
                 if known is None:
                     known = await self._size(key)
                     remember_size(self, self._where(key), known)
-                want = self._whole_range(key, span, declared, known, limit)
+                want = self._whole_range(key, span, declared, known, limit, _kind(result))
                 parts: list[bytes] = []
                 async for part in result.stream(min_chunk_size=_STREAM_BLOCK_BYTES):
                     parts.append(part)
@@ -483,18 +488,19 @@ class ObjectClient:
 
         if _empty(span):
             return b""
+        store = self.store()
         try:
-            result = obstore.get(self.store(), key, options=_options(span))
+            result = obstore.get(store, key, options=_options(span))
         except Exception as exc:
             problem = self._translate(exc, key, span)
             if problem == "not-partial":
-                result = obstore.get(self.store(), key)
+                result = obstore.get(store, key)
                 declared = int(result.meta["size"])
                 known = self._known_size(key, size, declared)
                 if known is None:
                     known = self.size_sync(key)
                     remember_size(self, self._where(key), known)
-                want = self._whole_range(key, span, declared, known, limit)
+                want = self._whole_range(key, span, declared, known, limit, _kind(result))
                 parts: list[bytes] = []
                 for part in result.stream(min_chunk_size=_STREAM_BLOCK_BYTES):
                     parts.append(part)
@@ -510,8 +516,9 @@ class ObjectClient:
     async def _size(self, key: str) -> int:
         import obstore
 
+        store = self.store()
         try:
-            meta = await obstore.head_async(self.store(), key)
+            meta = await obstore.head_async(store, key)
         except Exception as exc:
             raise self._error(self._translate(exc, key, (0, None)), key, (0, None)) from None
         return int(meta["size"])
@@ -520,8 +527,9 @@ class ObjectClient:
         """The size of object ``key`` (one ``HEAD``); one try."""
         import obstore
 
+        store = self.store()
         try:
-            meta = obstore.head(self.store(), key)
+            meta = obstore.head(store, key)
         except Exception as exc:
             raise self._error(self._translate(exc, key, (0, None)), key, (0, None)) from None
         return int(meta["size"])
@@ -576,13 +584,22 @@ class ObjectClient:
         return remembered_size(self, self._where(key), b"", declared)
 
     def _whole_range(
-        self, key: str, span: ByteSpan, declared: int, known: int, limit: int | None
+        self,
+        key: str,
+        span: ByteSpan,
+        declared: int,
+        known: int,
+        limit: int | None,
+        kind: str = "",
     ) -> tuple[int, int]:
-        """The part of a whole-object answer to keep (its server ignores ``Range``)."""
+        """The part of a whole-object answer to keep (its server ignores ``Range``).
+
+        ``kind`` is the answer's ``Content-Type`` (named in the error), if it has one.
+        """
         if declared != known:
             raise RangeMismatchError(
                 f"{self._where(key)}: asked {range_header(span)}, the server ignored Range "
-                f"and sent {declared} bytes, but the object has {known}"
+                f"and sent {declared} bytes{kind and f' of {kind}'}, but the object has {known}"
             )
         want = resolve_span(span, known)
         if want is None:
@@ -678,6 +695,15 @@ _DROPPED = (
 _STATUS = re.compile(r"status code: (\d{3})")
 #: How reqwest says a request timed out (obstore's message holds its debug form).
 _TIMED_OUT = re.compile(r"kind: Timeout|TimedOut|timed out|deadline has elapsed")
+
+
+def _kind(result: Any) -> str:
+    """The ``Content-Type`` of obstore's answer ``result`` (``""``: none), safe to show."""
+    try:
+        kind = (result.attributes or {}).get("Content-Type") or ""
+    except Exception:  # an obstore without attributes on its results
+        return ""
+    return redact_text(str(kind)[:100], None)
 
 
 def _empty(span: ByteSpan) -> bool:

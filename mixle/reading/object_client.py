@@ -52,6 +52,7 @@ __all__ = [
     "ObstoreUnsupported",
     "check_backend",
     "choose_client",
+    "object_version",
     "obstore_usable",
 ]
 
@@ -423,7 +424,13 @@ class ObjectClient:
 
     # -- one request -----------------------------------------------------------------------
     async def fetch(
-        self, key: str, span: ByteSpan, *, size: int | None = None, limit: int | None = None
+        self,
+        key: str,
+        span: ByteSpan,
+        *,
+        size: int | None = None,
+        limit: int | None = None,
+        seen: list[str | None] | None = None,
     ) -> bytes:
         """Bytes ``span`` of object ``key`` (relative to :attr:`url`), checked; one try.
 
@@ -432,7 +439,9 @@ class ObjectClient:
         object's end) and its body that long. A server that ignores ``Range`` is asked the
         object's size once (a ``HEAD``, remembered) and its whole answer must be that long;
         only the bytes up to the range's end are read. ``limit`` caps one download: a
-        longer answer raises :class:`CorruptChunkError` before its body is read.
+        longer answer raises :class:`CorruptChunkError` before its body is read. ``seen``,
+        when given, gets the answer's version appended (:func:`object_version`: what a
+        cache of these bytes is keyed by).
 
         Raises
         ------
@@ -468,15 +477,23 @@ class ObjectClient:
                     parts.append(part)
                     if sum(map(len, parts)) >= want[1]:
                         break  # the rest is dropped with the stream
+                _note(seen, result)
                 return self._cut(key, parts, want, declared)
             if problem == "unsatisfiable" and await self._size(key) == 0:
                 return b""  # bytes=0- of an empty object
             raise self._error(problem, key, span) from None
         length = self._check_answer(key, span, result, limit)
+        _note(seen, result)
         return self._check_body(key, span, length, await result.bytes_async())
 
     def fetch_sync(
-        self, key: str, span: ByteSpan, *, size: int | None = None, limit: int | None = None
+        self,
+        key: str,
+        span: ByteSpan,
+        *,
+        size: int | None = None,
+        limit: int | None = None,
+        seen: list[str | None] | None = None,
     ) -> bytes:
         """:meth:`fetch` from blocking code, in the calling thread (no event loop); one try.
 
@@ -506,11 +523,13 @@ class ObjectClient:
                     parts.append(part)
                     if sum(map(len, parts)) >= want[1]:
                         break
+                _note(seen, result)
                 return self._cut(key, parts, want, declared)
             if problem == "unsatisfiable" and self.size_sync(key) == 0:
                 return b""
             raise self._error(problem, key, span) from None
         length = self._check_answer(key, span, result, limit)
+        _note(seen, result)
         return self._check_body(key, span, length, result.bytes())
 
     async def _size(self, key: str) -> int:
@@ -695,6 +714,27 @@ _DROPPED = (
 _STATUS = re.compile(r"status code: (\d{3})")
 #: How reqwest says a request timed out (obstore's message holds its debug form).
 _TIMED_OUT = re.compile(r"kind: Timeout|TimedOut|timed out|deadline has elapsed")
+
+
+def object_version(meta: Mapping[str, Any]) -> str | None:
+    """What identifies the content of an object with obstore's ``meta``, or ``None``.
+
+    Its ETag where the store gives one (S3, GCS and Azure always do), else its size and
+    modification time where the server sent a ``Last-Modified`` (obstore reports the epoch
+    when none came); ``None`` when neither tells one version of the object from another.
+    """
+    tag = meta.get("e_tag")
+    if tag:
+        return f"etag:{tag}"
+    modified = meta.get("last_modified")
+    if isinstance(modified, datetime.datetime) and modified.timestamp() > 0:
+        return f"size-mtime:{meta.get('size')}:{modified.isoformat()}"
+    return None
+
+
+def _note(seen: list[str | None] | None, result: Any) -> None:
+    if seen is not None:
+        seen.append(object_version(result.meta))
 
 
 def _kind(result: Any) -> str:

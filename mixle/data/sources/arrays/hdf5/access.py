@@ -16,6 +16,7 @@ import numpy as np
 
 from mixle.data.sources.arrays.base import listing
 from mixle.data.sources.arrays.hdf5.plugin_sizes import PluginSizeCheck
+from mixle.reading.object_client import check_backend
 from mixle.utils.files import require_regular_file
 from mixle.utils.redact import display_path
 
@@ -125,7 +126,14 @@ def hdf5_args(
     options: dict[str, Any],
     storage_options: Any = None,
     access: dict[str, Any] | None = None,
+    backend: Any = "auto",
 ) -> dict[str, Any]:
+    """The checked arguments of a source: path, dataset, ``h5py.File`` options and the rest.
+
+    ``backend`` (``"auto"``, ``"obstore"`` or ``"fsspec"``) is kept when it is not
+    ``"auto"``; another value, or one other than ``"auto"`` for a path that is not a URL,
+    raises ``ValueError``.
+    """
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(
             f"path={path!r} must be a path to an HDF5 file, an fsspec URL or a binary "
@@ -137,6 +145,12 @@ def hdf5_args(
         raise ValueError(
             "storage_options only apply to fsspec URLs (such as s3://bucket/x.h5); "
             f"path={display_path(path)!r} is not one"
+        )
+    check_backend(backend)
+    if backend != "auto" and not is_url(path):
+        raise ValueError(
+            f"backend={backend!r} only applies to URLs (such as s3://bucket/x.h5); "
+            f"path={display_path(path)!r} is not one: leave backend='auto'"
         )
     if not isinstance(dataset, str) or not dataset:
         raise TypeError(f"dataset={dataset!r} must be the name of a dataset in the file")
@@ -153,6 +167,8 @@ def hdf5_args(
     args = {"path": os.fspath(path), "dataset": dataset, "options": options}
     if storage_options:
         args["storage_options"] = storage_options
+    if backend != "auto":
+        args["backend"] = backend
     prefixes = _parse_access(access or {})
     if prefixes:
         args["access"] = prefixes

@@ -19,7 +19,11 @@ from mixle.data.sources.arrays.hdf5.access import (
     open_with_access,
 )
 from mixle.data.sources.arrays.hdf5.chunks import require_filters
-from mixle.data.sources.arrays.hdf5.remote import open_remote_file
+from mixle.data.sources.arrays.hdf5.remote import (
+    RemoteFile,
+    choose_file_client,
+    open_remote_object,
+)
 from mixle.errors import ArrayNotFoundError, NotAnArrayError
 from mixle.reading.faults import RemoteReadError, retry_call
 from mixle.utils.optional_deps import require
@@ -96,31 +100,38 @@ def open_dataset(target: Any, path: str, args: dict[str, Any]) -> tuple[Any, Any
     return file, node
 
 
-def open_remote_dataset(url: str, args: dict[str, Any]) -> tuple[Any, Any, Any]:
+def open_remote_dataset(url: str, args: dict[str, Any]) -> tuple[RemoteFile, Any, Any]:
     """Open the dataset of the HDF5 file at ``url``; no error carries a secret.
 
-    Returns ``(remote, file, dataset)``: the fsspec triple of :func:`open_remote_file`, the
-    open ``h5py.File`` and the dataset.
+    Returns ``(remote, file, dataset)``: the :class:`RemoteFile` (obstore or fsspec, by
+    ``args["backend"]``, see :func:`choose_file_client`), the open ``h5py.File`` and the
+    dataset.
 
-    fsspec's and aiohttp's errors hold the URL (password, ``?token=``) and the request
-    headers: what is raised is redacted (:func:`_scrubbed`) and raised outside the
+    fsspec's, aiohttp's and obstore's errors hold the URL (password, ``?token=``) and the
+    request headers: what is raised is redacted (:func:`_scrubbed`) and raised outside the
     ``except`` block, so that neither ``__cause__`` nor ``__context__`` keeps them.
+
+    Raises
+    ------
+    ObstoreUnsupported
+        ``backend="obstore"`` where obstore cannot read ``url`` (before any request).
     """
     secrets = args.get("storage_options")
     shown = display_path(url)
+    chosen = choose_file_client(url, secrets, args.get("backend", "auto"))
 
     reached = [False]  # whether the object was found (its size known)
 
-    def attempt() -> tuple[Any, Any, Any]:
+    def attempt() -> tuple[RemoteFile, Any, Any]:
         # h5py reads the superblock and object headers through the remote file while
         # opening: a transient failure there retries the whole open, file included
         reached[0] = False
-        remote = open_remote_file(url, secrets)
+        remote = open_remote_object(url, secrets, chosen)
         reached[0] = True
         try:
-            file, node = open_dataset(remote[2], shown, args)
+            file, node = open_dataset(remote.file, shown, args)
         except BaseException:
-            remote[2].close()
+            remote.close()
             raise
         return remote, file, node
 

@@ -1,29 +1,47 @@
-"""HDF5 files behind fsspec URLs (``http(s)://``, ``s3://``...) or in file-like objects.
+"""HDF5 files behind URLs (``http(s)://``, ``s3://``...) or in file-like objects.
 
 h5py reads such files through a Python file object (the ``fileobj`` driver): metadata, the
 chunk index and contiguous data come through a :class:`CheckedRangeFile`, a block cache
 sized for patch reads whose every block is a checked, retried range request. Chunk bytes do
 not: :class:`RemoteHDF5ChunkReader` looks up each chunk's byte range in HDF5's chunk index,
-fetches all the chunks a batch misses concurrently with fsspec (each request checked and
-retried on its own), and decodes them in the decode pool, like the local
+fetches all the chunks a batch misses concurrently (each request checked and retried on its
+own), and decodes them in the decode pool, like the local
 :class:`~mixle.data.sources.arrays.hdf5.chunks.HDF5ChunkReader`.
+
+The bytes come through obstore (:class:`~mixle.reading.object_client.ObjectClient`) where
+:func:`~mixle.reading.object_client.choose_client` gives a client for the file's folder
+(``backend="auto"`` with obstore installed, an ``s3://``, ``gs://``, ``az://`` or
+``http(s)://`` URL without a query string, ``storage_options`` obstore understands), else
+through fsspec. On obstore, every batch of requests runs on an event loop of the calling
+thread (:func:`run_batch`): no Python thread of another kind waits while h5py holds its lock.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import gc
 import io
 import os
 import threading
-from collections.abc import Iterator, Sequence
-from typing import Any
+import urllib.parse
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from mixle.data.sources.arrays.hdf5.chunks import HDF5ChunkReader, decodable_filters
-from mixle.reading.faults import CorruptChunkError, retry_async
+from mixle.errors import ReadsStopped
+from mixle.reading.faults import (
+    CorruptChunkError,
+    RangeMismatchError,
+    RemoteReadError,
+    retry_async,
+)
 from mixle.reading.fetch import fetch_range, object_size, read_range
 from mixle.reading.fs_options import widen_connection_pool
 from mixle.reading.inflight import gather_bounded
+from mixle.reading.object_client import ObjectClient, ObstoreUnsupported, choose_client
 from mixle.utils.optional_deps import require
 from mixle.utils.redact import display_path
 
@@ -31,9 +49,15 @@ __all__ = [
     "HDF5_REMOTE_BLOCK_BYTES",
     "HDF5_REMOTE_CACHE_BLOCKS",
     "CheckedRangeFile",
+    "RemoteFile",
     "RemoteHDF5ChunkReader",
+    "choose_file_client",
     "open_remote_file",
+    "open_remote_object",
+    "run_batch",
 ]
+
+T = TypeVar("T")
 
 #: Block size of the fsspec file h5py reads metadata through: HDF5 metadata (object
 #: headers, B-tree nodes) comes in small scattered pieces, so blocks stay small.
@@ -57,6 +81,163 @@ def open_remote_file(url: str, storage_options: dict[str, Any] | None) -> tuple[
     fs = widen_connection_pool(fs)  # s3fs: 64 chunk requests in flight, mixle's timeouts
     file = CheckedRangeFile(fs, path, url=display_path(url), secrets=storage_options)
     return fs, path, file
+
+
+def file_key(url: str) -> tuple[str, str] | None:
+    """``(folder URL, key)`` of the file at ``url`` for an obstore client, or ``None``.
+
+    ``s3://bucket/a/f.h5`` is key ``f.h5`` under ``s3://bucket/a``. An HTTP(S) path is
+    percent-encoded: its key is decoded (obstore encodes keys again), an object store's key
+    is the path as written, as fsspec takes it. A query string stays on the folder URL
+    (:func:`~mixle.reading.object_client.choose_client` leaves presigned URLs to fsspec);
+    ``None`` for a URL without a file name or with a ``#fragment``.
+    """
+    parts = urllib.parse.urlsplit(url)
+    head, _, name = parts.path.rpartition("/")
+    if not name or parts.fragment:
+        return None
+    if parts.scheme.lower() in ("http", "https"):
+        name = urllib.parse.unquote(name)
+    return urllib.parse.urlunsplit(parts._replace(path=head)), name
+
+
+def choose_file_client(
+    url: str, storage_options: dict[str, Any] | None, backend: str
+) -> tuple[ObjectClient, str] | None:
+    """``(client, key)`` reading the file at ``url`` through obstore, or ``None`` for fsspec.
+
+    ``backend`` as for :func:`~mixle.reading.object_client.choose_client`.
+
+    Raises
+    ------
+    ValueError
+        ``backend`` is not ``"auto"``, ``"obstore"`` or ``"fsspec"``.
+    ObstoreUnsupported
+        ``backend="obstore"`` where obstore cannot read ``url``; says why.
+    """
+    split = file_key(url)
+    try:
+        client = choose_client(url if split is None else split[0], storage_options, backend)
+        if split is None and client is not None:
+            raise ObstoreUnsupported(
+                f"backend='obstore' cannot read {display_path(url)!r}: the URL names no "
+                "file (or has a #fragment); use backend='auto' or 'fsspec'"
+            )
+    except ObstoreUnsupported as exc:
+        if backend == "auto":
+            return None
+        message = str(exc)
+        if split is not None:  # the message names the folder: name the file
+            message = message.replace(repr(display_path(split[0])), repr(display_path(url)))
+        raise ObstoreUnsupported(message) from None
+    if client is None or split is None:
+        return None
+    return client, split[1]
+
+
+@dataclass(frozen=True, eq=False)
+class RemoteFile:
+    """A remote HDF5 file open for reading: the file h5py reads and where its bytes come from.
+
+    Attributes
+    ----------
+    file
+        The :class:`CheckedRangeFile` h5py reads through.
+    fs, path
+        The fsspec file system and the file's path on it; ``fs`` is ``None`` on obstore.
+    client, key
+        The obstore client and the file's key under its root (``None`` and ``""`` on fsspec).
+    """
+
+    file: CheckedRangeFile
+    fs: Any = None
+    path: str = ""
+    client: ObjectClient | None = None
+    key: str = ""
+
+    @property
+    def backend(self) -> str:
+        """``"obstore"`` or ``"fsspec"``: which library fetches the bytes."""
+        return "fsspec" if self.client is None else "obstore"
+
+    def close(self) -> None:
+        """Close the file object (its cached blocks are dropped)."""
+        self.file.close()
+
+
+def open_remote_object(
+    url: str, storage_options: dict[str, Any] | None, chosen: tuple[ObjectClient, str] | None
+) -> RemoteFile:
+    """Open the file at ``url``: through obstore with ``chosen`` (``(client, key)``), else fsspec.
+
+    Its size is asked once (one ``HEAD``); ``FileNotFoundError`` when it does not exist.
+    """
+    if chosen is None:
+        fs, path, file = open_remote_file(url, storage_options)
+        return RemoteFile(file, fs=fs, path=path)
+    gc.collect()  # see open_remote_file: h5py reads through this file holding its lock
+    client, key = chosen
+    file = CheckedRangeFile(
+        None, key, url=display_path(url), secrets=storage_options, client=client
+    )
+    return RemoteFile(file, client=client, key=key)
+
+
+def run_batch(make: Callable[[], Awaitable[T]]) -> T:
+    """Await ``make()`` on an event loop of its own, from blocking code; its result.
+
+    The loop runs in the calling thread (``asyncio.run``), so no other Python thread does
+    the work while the caller waits (h5py waits here holding its global lock), and
+    ``Ctrl-C`` cancels the requests in flight. Where the calling thread runs a loop already
+    (a notebook's), the loop runs in a helper thread, in a copy of the caller's context (its
+    :func:`~mixle.reading.stopping.stop_when` check included). A failure is raised as a
+    fresh error of the same kind and text, without the event loop's frames and chain (no
+    reference cycle through them holding h5py objects, see :func:`open_remote_file`).
+    """
+    import asyncio
+
+    async def main() -> T:
+        return await make()
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        runs_loop = False
+    else:
+        runs_loop = True
+    try:
+        if not runs_loop:
+            return asyncio.run(main())
+        context = contextvars.copy_context()
+        with ThreadPoolExecutor(1, thread_name_prefix="mixle-batch") as pool:
+            return pool.submit(context.run, asyncio.run, main()).result()
+    except _FRESH as exc:
+        kind, text = type(exc), str(exc)
+    raise kind(text) from None
+
+
+async def fetch_translated(
+    client: ObjectClient,
+    key: str,
+    span: tuple[int, int | None],
+    *,
+    size: int | None = None,
+    limit: int | None = None,
+) -> bytes:
+    """``client.fetch(...)``; an obstore error that escapes it (one raised while the body is
+    read: a stall, a dropped connection) translated as the client translates the others, so
+    the retry layer sees a timeout or a reset connection, not an unknown error."""
+    try:
+        return await client.fetch(key, span, size=size, limit=limit)
+    except Exception as exc:
+        if not type(exc).__module__.startswith("obstore"):
+            raise
+        error = client._error(client._translate(exc, key, span), key, span)
+    raise error
+
+
+#: Errors :func:`run_batch` raises afresh (each takes its message as its one argument).
+_FRESH = (RemoteReadError, FileNotFoundError, CorruptChunkError, RangeMismatchError, ReadsStopped)
 
 
 _pause_lock = threading.Lock()
@@ -116,7 +297,8 @@ class CheckedRangeFile(io.RawIOBase):
     Parameters
     ----------
     fs, path
-        The fsspec file system and the object's path on it.
+        The fsspec file system and the object's path on it; with ``client``, ``fs`` is not
+        used and ``path`` is the object's key under the client's root.
     url
         The object named in errors (display-safe).
     secrets
@@ -125,6 +307,11 @@ class CheckedRangeFile(io.RawIOBase):
         Bytes per cached block and how many blocks are kept (default
         :data:`HDF5_REMOTE_BLOCK_BYTES` and :data:`HDF5_REMOTE_CACHE_BLOCKS`, read when
         the file is opened).
+    client
+        An obstore client: the size is one ``HEAD`` through it and each block one checked
+        range request (:meth:`~mixle.reading.object_client.ObjectClient.fetch`) retried by
+        :func:`~mixle.reading.faults.retry_async` on an event loop of the calling thread
+        (:func:`run_batch`), so a block has the deadline and stop checks of a batch.
 
     Raises
     ------
@@ -143,15 +330,17 @@ class CheckedRangeFile(io.RawIOBase):
         secrets: Any = None,
         block_size: int | None = None,
         blocks: int | None = None,
+        client: ObjectClient | None = None,
     ) -> None:
         from fsspec.caching import BlockCache  # type: ignore[import-untyped]
 
         super().__init__()
-        size = object_size(fs, path)
+        size = object_size(fs, path) if client is None else client.size_sync(path)
         if size is None:
             raise OSError(f"{url} does not report its size: HDF5 over URLs needs random access")
         self.size = int(size)
         self._fs, self._path, self._url, self._secrets = fs, path, url, secrets
+        self._client = client
         self._pos = 0
         self._cache = BlockCache(
             HDF5_REMOTE_BLOCK_BYTES if block_size is None else block_size,
@@ -162,6 +351,17 @@ class CheckedRangeFile(io.RawIOBase):
 
     def _fetch(self, start: int, end: int) -> bytes:
         span = (start, min(end, self.size))
+        client = self._client
+        if client is not None:
+            key, size = self._path, self.size
+
+            async def get() -> bytes:
+                return await fetch_translated(client, key, span, size=size)
+
+            name = f"(file bytes {span[0]}-{span[1] - 1})"
+            return run_batch(
+                lambda: retry_async(get, url=self._url, key=name, secrets=self._secrets)
+            )
         return read_range(
             self._fs,
             self._path,
@@ -214,9 +414,12 @@ class CheckedRangeFile(io.RawIOBase):
 
 
 class RemoteHDF5ChunkReader(HDF5ChunkReader):
-    """Chunks of an HDF5 dataset in a remote file: byte ranges from HDF5, bytes via fsspec.
+    """Chunks of an HDF5 dataset in a remote file: byte ranges from HDF5, bytes fetched here.
 
-    Use :meth:`for_remote`, which returns ``None`` when the dataset needs h5py.
+    Use :meth:`for_remote`, which returns ``None`` when the dataset needs h5py. The bytes
+    come through fsspec (``fs``, ``path``) or, with ``client``, through obstore (``path``
+    is then the file's key under the client's root): one ranged request per chunk either
+    way, all of a batch's in flight at once, each checked and retried on its own.
     """
 
     def __init__(
@@ -228,23 +431,38 @@ class RemoteHDF5ChunkReader(HDF5ChunkReader):
         where: str,
         url: str,
         secrets: Any = None,
+        *,
+        client: ObjectClient | None = None,
+        size: int | None = None,
     ) -> None:
         self._setup(dataset, filters, where)
         self._fs, self._path, self._url, self._secrets = fs, path, url, secrets
+        self._client, self._size = client, size
 
     @classmethod
     def for_remote(
-        cls, dataset: Any, fs: Any, path: str, where: str, url: str, secrets: Any = None
+        cls,
+        dataset: Any,
+        fs: Any,
+        path: str,
+        where: str,
+        url: str,
+        secrets: Any = None,
+        *,
+        client: ObjectClient | None = None,
+        size: int | None = None,
     ) -> RemoteHDF5ChunkReader | None:
         """A reader for ``dataset`` if mixle decodes its filters, else ``None``.
 
         ``where`` names the dataset and ``url`` the file in errors (both display-safe);
-        ``secrets`` are masked in error messages.
+        ``secrets`` are masked in error messages. With ``client`` (obstore), ``path`` is
+        the file's key and ``size`` its size (a server that ignores ``Range`` then costs
+        no ``HEAD``).
         """
         filters = decodable_filters(dataset)
         if filters is None:
             return None
-        return cls(dataset, fs, path, filters, where, url, secrets)
+        return cls(dataset, fs, path, filters, where, url, secrets, client=client, size=size)
 
     def fetch_many(self, coords: Sequence[tuple[int, ...]]) -> list[tuple[bytes, int] | None]:
         """``(stored bytes, filter mask)`` of each chunk; ``None`` for a chunk never written."""
@@ -253,6 +471,30 @@ class RemoteHDF5ChunkReader(HDF5ChunkReader):
         out: list[tuple[bytes, int] | None] = [None] * len(coords)
         if not wanted:
             return out
+        if self._client is not None:
+            blobs = self._fetch_obstore([(coords[k], s[0], s[1]) for k, s in wanted])
+        else:
+            blobs = self._fetch_fsspec([(coords[k], s[0], s[1]) for k, s in wanted])
+        for (k, (_offset, _size, mask)), blob in zip(wanted, blobs):
+            out[k] = (blob, mask)
+        return out
+
+    def _fetch_obstore(self, spans: list[tuple[tuple[int, ...], int, int]]) -> list[bytes]:
+        client, key, total = self._client, self._path, self._size
+        assert client is not None
+
+        def call(c: tuple[int, ...], offset: int, size: int) -> Any:
+            async def get() -> bytes:
+                span = (offset, offset + size)
+                return await fetch_translated(client, key, span, size=total, limit=size)
+
+            return lambda: retry_async(get, url=self._url, key=str(c), secrets=self._secrets)
+
+        calls = [call(c, offset, size) for c, offset, size in spans]
+        sizes = [size for _c, _offset, size in spans]
+        return run_batch(lambda: gather_bounded(calls, sizes))
+
+    def _fetch_fsspec(self, spans: list[tuple[tuple[int, ...], int, int]]) -> list[bytes]:
         fs, path = self._fs, self._path
 
         def call(c: tuple[int, ...], offset: int, size: int) -> Any:
@@ -264,23 +506,20 @@ class RemoteHDF5ChunkReader(HDF5ChunkReader):
         if getattr(fs, "async_impl", False):
             from fsspec.asyn import sync  # type: ignore[import-untyped]
 
-            calls = [call(coords[k], s[0], s[1]) for k, s in wanted]
-            blobs = sync(fs.loop, gather_bounded, calls, [s[1] for _, s in wanted])
-        else:
-            blobs = [
-                read_range(
-                    fs,
-                    path,
-                    (s[0], s[0] + s[1]),
-                    url=self._url,
-                    key=str(coords[k]),
-                    secrets=self._secrets,
-                )
-                for k, s in wanted
-            ]
-        for (k, (_offset, _size, mask)), blob in zip(wanted, blobs):
-            out[k] = (blob, mask)
-        return out
+            calls = [call(c, offset, size) for c, offset, size in spans]
+            sizes = [size for _c, _offset, size in spans]
+            return list(sync(fs.loop, gather_bounded, calls, sizes))
+        return [
+            read_range(
+                fs,
+                path,
+                (offset, offset + size),
+                url=self._url,
+                key=str(c),
+                secrets=self._secrets,
+            )
+            for c, offset, size in spans
+        ]
 
     def decode(self, coords: tuple[int, ...], raw: tuple[bytes, int] | None) -> Any:
         """Chunk ``coords`` from its stored bytes (``None``: HDF5's fill value)."""

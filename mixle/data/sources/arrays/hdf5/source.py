@@ -30,7 +30,7 @@ from mixle.data.sources.arrays.hdf5.opening import (
     open_remote_dataset,
 )
 from mixle.data.sources.arrays.hdf5.plugin_sizes import PluginSizeCheck
-from mixle.data.sources.arrays.hdf5.remote import RemoteHDF5ChunkReader
+from mixle.data.sources.arrays.hdf5.remote import RemoteFile, RemoteHDF5ChunkReader
 from mixle.data.sources.arrays.memmap.check import check_mapped_file
 from mixle.data.sources.key_plan import plan_key, read_extent
 from mixle.data.structure import EXCHANGEABLE, SampleStructure
@@ -57,7 +57,17 @@ class HDF5ArraySource(ArraySource):
     dataset
         Name of the dataset inside the file (e.g. ``"volume"`` or ``"/scans/ct"``).
     storage_options
-        Passed to fsspec for URLs (credentials, endpoints). Never shown in reprs or errors.
+        Passed to fsspec for URLs (credentials, endpoints), or mapped to obstore's
+        configuration (see ``backend``). Never shown in reprs or errors.
+    backend
+        How a URL's bytes are fetched: ``"auto"`` (default) through obstore (Rust
+        ``object_store``, ``mixle[obstore]``) when it is installed and can read the URL
+        (``s3://``, ``gs://``, ``az://``, ``http(s)://`` without a query string, every
+        ``storage_options`` entry one obstore has), else through fsspec; ``"obstore"``
+        insists (an error says why it cannot); ``"fsspec"`` always uses fsspec. The repr
+        shows the one chosen. Metadata h5py reads goes through the same block cache either
+        way; in a process forked after obstore ran (its runtime does not survive ``fork``)
+        ``"auto"`` reads through fsspec.
     efile_prefix
         The folder where relative names of external raw-data files (datasets made with
         h5py's ``external=``) are looked up; ``"${ORIGIN}"`` (optionally followed by
@@ -84,6 +94,13 @@ class HDF5ArraySource(ArraySource):
     TypeError, ValueError
         When an argument has the wrong type, ``mode`` could create or truncate the file, or
         ``storage_options`` is given for a path that is not a URL (always at construction).
+    ValueError
+        When ``backend`` is not ``"auto"``, ``"obstore"`` or ``"fsspec"``, or is not
+        ``"auto"`` for a path that is not a URL (at construction).
+    ~mixle.reading.object_client.ObstoreUnsupported
+        A ``ValueError``: ``backend="obstore"`` where obstore cannot read the URL (not
+        installed, a scheme or ``storage_options`` entry it lacks, a forked process), when
+        the file is opened.
     ValueError
         With ``mask_and_scale=True``, when a CF attribute cannot be decoded (a
         ``scale_factor``/``add_offset`` that is not one real number, fill values that are
@@ -130,7 +147,7 @@ class HDF5ArraySource(ArraySource):
     _library = "h5py"  # the module it needs (repr says when it is missing)
 
     _h5file: Any = None
-    _remote: tuple[Any, str, Any] | None = None
+    _remote: RemoteFile | None = None
     _mapped: tuple[Any, np.memmap | None] | None = None
     _stat: tuple[int, int] | None = None
     _sized: tuple[Any, PluginSizeCheck | None] | None = None
@@ -141,6 +158,7 @@ class HDF5ArraySource(ArraySource):
         dataset: str,
         *,
         storage_options: dict[str, Any] | None = None,
+        backend: str = "auto",
         efile_prefix: str | os.PathLike[str] | None = None,
         virtual_prefix: str | os.PathLike[str] | None = None,
         structure: SampleStructure = EXCHANGEABLE,
@@ -155,7 +173,7 @@ class HDF5ArraySource(ArraySource):
             self._file_like = (path, hdf5_args("<file-like>", dataset, h5py_options, None, access))
             self._adopt(self._open_file_like())
             return
-        args = hdf5_args(path, dataset, h5py_options, storage_options, access)
+        args = hdf5_args(path, dataset, h5py_options, storage_options, access, backend)
         self._init_state(args, structure, schema)
         self._want_cf(mask_and_scale)
         if optional_deps.HAS_H5PY:  # else checked at first use, where h5py is installed
@@ -242,11 +260,18 @@ class HDF5ArraySource(ArraySource):
         return hdf5_cf_attributes(handle)
 
     def _chunk_reader(self, handle: Any) -> HDF5ChunkReader | None:
-        if self._remote is not None and self._args is not None:
-            fs, path, _file = self._remote
+        remote = self._remote
+        if remote is not None and self._args is not None:
             url = display_path(self._args["path"])
             return RemoteHDF5ChunkReader.for_remote(
-                handle, fs, path, self._location(), url, self._args.get("storage_options")
+                handle,
+                remote.fs,
+                remote.path if remote.client is None else remote.key,
+                self._location(),
+                url,
+                self._args.get("storage_options"),
+                client=remote.client,
+                size=remote.file.size,
             )
         return HDF5ChunkReader.for_dataset(handle)
 
@@ -313,4 +338,14 @@ class HDF5ArraySource(ArraySource):
             file.close()
         remote, self._remote = self._remote, None
         if remote is not None:
-            remote[2].close()
+            remote.close()
+
+    def __repr__(self) -> str:
+        text = super().__repr__()
+        args = self._args
+        if args is None or not is_url(args["path"]):
+            return text
+        remote = self._remote  # the choice made at open; before it, the one asked for
+        backend = args.get("backend", "auto") if remote is None else remote.backend
+        location = self._location()
+        return text.replace(location, f"{location}, backend={backend!r}", 1)

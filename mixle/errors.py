@@ -11,6 +11,7 @@ __all__ = [
     "BrokenEncodedDataError",
     "ColumnNotFoundError",
     "CorruptChunkError",
+    "DiskCacheWarning",
     "DiskFullError",
     "DtypeOverflowError",
     "DtypePolicyError",
@@ -153,6 +154,16 @@ class ParquetReadError(ValueError, OSError):
         super().__init__(message)
         self.path = path
         self.row_group = row_group
+
+
+class DiskCacheWarning(RuntimeWarning):
+    """The on-disk chunk cache is on but cannot serve a store (or keep a chunk).
+
+    The store cannot be listed (a plain HTTP server; a bucket policy without ``ListBucket``)
+    or its objects carry no version (no ETag, no ``Last-Modified``), so cached bytes could
+    not be told current: it is read without the cache. Or the disk was full when a fetched
+    chunk was to be kept; the read itself succeeded.
+    """
 
 
 class NiftiScalingWarning(UserWarning):

@@ -790,7 +790,7 @@ FORMATS = ("tiff", "nii", "nii.gz", "n5", "b2nd")
 #: ``--only`` names for a whole table.
 GROUPS = {"cubes": tuple(METHODS), "formats": FORMATS}
 #: ``--quick``: a smoke run of every row at a tiny size.
-QUICK = {"size": 64, "batches": 2, "format_size": 64, "format_patches": 2 * BATCH, "rounds": 2}
+QUICK = {"size": 64, "batches": 2, "format_size": 48, "format_patches": BATCH, "rounds": 2}
 
 
 def cube_rows(folder: Path, size: int, batches: int, backends: list[str]) -> list[dict]:

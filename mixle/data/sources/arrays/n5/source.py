@@ -37,6 +37,7 @@ from mixle.data.sources.arrays.zarr.local_files import read_local_object
 from mixle.data.structure import EXCHANGEABLE, SampleStructure
 from mixle.errors import ArrayNotFoundError, NotAnArrayError
 from mixle.reading import new_token
+from mixle.reading.object_client import ObjectClient, check_backend, choose_client
 from mixle.utils.redact import display_path
 
 __all__ = ["N5ArraySource", "N5BlockReader", "N5Dataset", "read_n5"]
@@ -51,6 +52,9 @@ class N5Dataset:
     decode: Decompressor
     #: The fsspec file system of a dataset behind a URL; ``None`` on the local disk.
     fs: Any = None
+    #: The obstore client of a dataset behind a URL read through obstore (``folder`` is then
+    #: the dataset's key prefix under its root); ``None`` otherwise.
+    client: ObjectClient | None = None
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -113,7 +117,15 @@ class N5ArraySource(ArraySource):
         Path of the dataset inside ``path`` (``"volumes/raw"``); ``None`` when ``path`` is
         the dataset itself.
     storage_options
-        Passed to fsspec for URLs (credentials, endpoints); never shown in reprs or errors.
+        Passed to fsspec for URLs (credentials, endpoints), or mapped to obstore's
+        configuration (see ``backend``); never shown in reprs or errors.
+    backend
+        How a URL's objects are fetched: ``"auto"`` (default) through obstore
+        (``mixle[obstore]``) when it is installed and can read the URL (``s3://``,
+        ``gs://``, ``az://``, ``http(s)://`` without a query string, every
+        ``storage_options`` entry one obstore has), else through fsspec; ``"obstore"``
+        insists; ``"fsspec"`` always uses fsspec. The repr shows the one chosen; in a
+        process forked after obstore ran, ``"auto"`` reads through fsspec.
     structure, schema
         See :mod:`mixle.data.structure` and :class:`mixle.data.schema.Schema`.
 
@@ -123,7 +135,10 @@ class N5ArraySource(ArraySource):
         When ``path`` is not a str or path, ``dataset`` not a str, or ``storage_options``
         not a dict.
     ValueError
-        When ``storage_options`` is given for a local path.
+        When ``storage_options`` is given for a local path, or ``backend`` is not
+        ``"auto"``, ``"obstore"`` or ``"fsspec"`` (or not ``"auto"`` for a local path).
+    ~mixle.reading.object_client.ObstoreUnsupported
+        A ``ValueError``: ``backend="obstore"`` where obstore cannot read the URL.
     FileNotFoundError
         When ``path`` is not a folder (locally) or has no ``attributes.json``.
     NotAnArrayError
@@ -157,11 +172,24 @@ class N5ArraySource(ArraySource):
         dataset: str | None = None,
         *,
         storage_options: dict[str, Any] | None = None,
+        backend: str = "auto",
         structure: SampleStructure = EXCHANGEABLE,
         schema: Schema | None = None,
     ) -> None:
-        self._init_state(_n5_args(path, dataset, storage_options), structure, schema)
+        self._init_state(_n5_args(path, dataset, storage_options, backend), structure, schema)
         self._live()
+
+    def __repr__(self) -> str:
+        text = super().__repr__()
+        args = self._args or {}
+        if not _is_url(args.get("path", "")):
+            return text
+        handle = self._handle
+        backend = args.get("backend", "auto")  # the one asked for, until it opens here
+        if isinstance(handle, N5Dataset) and self._pid == os.getpid():
+            backend = "fsspec" if handle.client is None else "obstore"
+        where = self._location()
+        return text.replace(where, f"{where}, backend={backend!r}", 1)
 
     def _location(self) -> str:
         args = self._args or {}
@@ -174,14 +202,20 @@ class N5ArraySource(ArraySource):
         args = self._args
         assert args is not None
         path, dataset = args["path"], args["dataset"]
-        fs = None
+        fs = client = None
         if _is_url(path):
-            fs, root = open_remote(path, args["storage_options"])
-            folder, attrs = _remote_attributes(fs, root, path, dataset, args["storage_options"])
+            options = args["storage_options"]
+            client = choose_client(path, options, args.get("backend", "auto"))
+            if client is None:
+                fs, root = open_remote(path, options)
+            else:
+                root = ""  # keys are relative to the client's root, the container
+            folder, attrs = _remote_attributes(fs, root, path, dataset, options, client)
         else:
             folder, attrs = _dataset_attributes(path, dataset)
         meta = parse_metadata(attrs, self._location())
-        return N5Dataset(folder, meta, decompressor(meta.compression, self._location()), fs)
+        decode = decompressor(meta.compression, self._location())
+        return N5Dataset(folder, meta, decode, fs, client)
 
     def _describe(self, handle: N5Dataset) -> ArrayMeta:
         meta = handle.metadata
@@ -193,7 +227,7 @@ class N5ArraySource(ArraySource):
         )
 
     def _chunk_reader(self, handle: N5Dataset) -> N5BlockReader | RemoteN5BlockReader:
-        if handle.fs is None:
+        if handle.fs is None and handle.client is None:
             return N5BlockReader(handle, self._location())
         args = self._args or {}
         url = display_path(args.get("path", ""))
@@ -207,6 +241,7 @@ class N5ArraySource(ArraySource):
             self._location(),
             url,
             url_secrets(args.get("path", ""), args.get("storage_options")),
+            handle.client,
         )
 
     def _read(self, handle: N5Dataset, key: tuple[int | slice, ...]) -> np.ndarray:
@@ -252,18 +287,25 @@ def _dataset_attributes(path: str, dataset: str | None) -> tuple[str, dict[str, 
 
 
 def _remote_attributes(
-    fs: Any, root: str, url: str, dataset: str | None, storage_options: Any
+    fs: Any,
+    root: str,
+    url: str,
+    dataset: str | None,
+    storage_options: Any,
+    client: ObjectClient | None = None,
 ) -> tuple[str, dict[str, Any]]:
     """``(path on fs, attributes)`` of ``dataset`` in the container at ``url``.
 
-    Object stores and HTTP servers cannot always list folders: a group names no datasets.
+    With ``client`` (obstore, rooted at the container), ``root`` is ``""`` and the path a
+    key prefix. Object stores and HTTP servers cannot always list folders: a group names no
+    datasets.
     """
     secrets = url_secrets(url, storage_options)
     shown = display_path(url)
-    folder = f"{root}/{dataset}" if dataset else root
+    folder = (f"{root}/{dataset}" if root else dataset) if dataset else root
     where = f"{shown.rstrip('/')}/{dataset}" if dataset else shown
-    attrs = read_remote_attributes(fs, folder, where, secrets)
-    top = read_remote_attributes(fs, root, shown, secrets) if dataset else attrs
+    attrs = read_remote_attributes(fs, folder, where, secrets, client)
+    top = read_remote_attributes(fs, root, shown, secrets, client) if dataset else attrs
     check_version(top, repr(shown))
     if is_dataset_attributes(attrs):
         assert attrs is not None
@@ -310,7 +352,9 @@ def _is_url(path: str) -> bool:
     return "://" in path
 
 
-def _n5_args(path: Any, dataset: Any, storage_options: Any = None) -> dict[str, Any]:
+def _n5_args(
+    path: Any, dataset: Any, storage_options: Any = None, backend: Any = "auto"
+) -> dict[str, Any]:
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"path={path!r} must be a local path or a URL of an N5 container")
     path = os.fspath(path)
@@ -325,12 +369,21 @@ def _n5_args(path: Any, dataset: Any, storage_options: Any = None) -> dict[str, 
             "storage_options only apply to fsspec URLs (such as s3://bucket/x.n5); "
             f"path={path!r} is not one"
         )
+    check_backend(backend)
+    if backend != "auto" and not _is_url(path):
+        raise ValueError(
+            f"backend={backend!r} only applies to URLs (such as s3://bucket/x.n5); "
+            f"path={path!r} is not one: leave backend='auto'"
+        )
     if dataset is not None and not isinstance(dataset, str):
         raise TypeError(f"dataset={dataset!r} must be a str (a path inside the container)")
     parts = [p for p in (dataset or "").split("/") if p]
     if any(p in (".", "..") for p in parts):
         raise ValueError(f"dataset={dataset!r} must not contain '.' or '..' parts")
-    return {"path": path, "dataset": "/".join(parts) or None, "storage_options": storage_options}
+    args = {"path": path, "dataset": "/".join(parts) or None, "storage_options": storage_options}
+    if backend != "auto":
+        args["backend"] = backend
+    return args
 
 
 def read_n5(
@@ -338,10 +391,19 @@ def read_n5(
     dataset: str | None = None,
     *,
     storage_options: dict[str, Any] | None = None,
+    backend: str = "auto",
     structure: SampleStructure = EXCHANGEABLE,
     schema: Schema | None = None,
 ) -> N5ArraySource:
-    """Open an N5 dataset lazily; see :class:`N5ArraySource` (blosc/zstd need ``mixle[n5]``)."""
+    """Open an N5 dataset lazily; see :class:`N5ArraySource` (blosc/zstd need ``mixle[n5]``).
+
+    ``backend`` picks obstore or fsspec for URLs (default ``"auto"``: obstore where it can).
+    """
     return N5ArraySource(
-        path, dataset, storage_options=storage_options, structure=structure, schema=schema
+        path,
+        dataset,
+        storage_options=storage_options,
+        backend=backend,
+        structure=structure,
+        schema=schema,
     )

@@ -22,9 +22,13 @@ def budget(shard: object) -> int:
     return chunk_cache().budget
 
 
-@pytest.fixture(params=[2, 4])
+@pytest.fixture(scope="module", params=[2, 4])
 def client(request) -> Iterator[distributed.Client]:
-    """``request.param`` single-threaded worker processes, all on 127.0.0.1 (one host)."""
+    """``request.param`` single-threaded worker processes, all on 127.0.0.1 (one host).
+
+    One cluster per size for the module (starting one takes seconds): a test that sets a
+    budget in the workers puts theirs back, so every test finds workers with none set.
+    """
     with local_dask_client(request.param, timeout=T) as dask_client:
         yield dask_client
 
@@ -54,3 +58,4 @@ def test_a_budget_set_in_the_driver_is_every_workers_budget(client):
         assert _worker_budgets(client, "workers") == [chosen] * workers
     finally:
         set_chunk_cache_bytes(None)
+        client.run(set_chunk_cache_bytes, None)  # the workers' too: the next test reuses them

@@ -473,18 +473,25 @@ class ObjectClient:
                     remember_size(self, self._where(key), known)
                 want = self._whole_range(key, span, declared, known, limit, _kind(result))
                 parts: list[bytes] = []
-                async for part in result.stream(min_chunk_size=_STREAM_BLOCK_BYTES):
-                    parts.append(part)
-                    if sum(map(len, parts)) >= want[1]:
-                        break  # the rest is dropped with the stream
+                try:
+                    async for part in result.stream(min_chunk_size=_STREAM_BLOCK_BYTES):
+                        parts.append(part)
+                        if sum(map(len, parts)) >= want[1]:
+                            break  # the rest is dropped with the stream
+                except Exception as exc:  # the body failed (a stall, a dropped connection)
+                    raise self._body_error(exc, key, span) from None
                 _note(seen, result)
                 return self._cut(key, parts, want, declared)
             if problem == "unsatisfiable" and await self._size(key) == 0:
                 return b""  # bytes=0- of an empty object
             raise self._error(problem, key, span) from None
         length = self._check_answer(key, span, result, limit)
+        try:
+            body = await result.bytes_async()
+        except Exception as exc:  # the body failed (a stall, a dropped connection)
+            raise self._body_error(exc, key, span) from None
         _note(seen, result)
-        return self._check_body(key, span, length, await result.bytes_async())
+        return self._check_body(key, span, length, body)
 
     def fetch_sync(
         self,
@@ -519,18 +526,25 @@ class ObjectClient:
                     remember_size(self, self._where(key), known)
                 want = self._whole_range(key, span, declared, known, limit, _kind(result))
                 parts: list[bytes] = []
-                for part in result.stream(min_chunk_size=_STREAM_BLOCK_BYTES):
-                    parts.append(part)
-                    if sum(map(len, parts)) >= want[1]:
-                        break
+                try:
+                    for part in result.stream(min_chunk_size=_STREAM_BLOCK_BYTES):
+                        parts.append(part)
+                        if sum(map(len, parts)) >= want[1]:
+                            break
+                except Exception as exc:
+                    raise self._body_error(exc, key, span) from None
                 _note(seen, result)
                 return self._cut(key, parts, want, declared)
             if problem == "unsatisfiable" and self.size_sync(key) == 0:
                 return b""
             raise self._error(problem, key, span) from None
         length = self._check_answer(key, span, result, limit)
+        try:
+            body = result.bytes()
+        except Exception as exc:
+            raise self._body_error(exc, key, span) from None
         _note(seen, result)
-        return self._check_body(key, span, length, result.bytes())
+        return self._check_body(key, span, length, body)
 
     async def _size(self, key: str) -> int:
         import obstore
@@ -658,6 +672,13 @@ class ObjectClient:
         return _with_status(
             OSError(f"{self._where(key)}: {range_header(span)} is not satisfiable"), 416
         )
+
+    def _body_error(self, exc: BaseException, key: str, span: ByteSpan) -> BaseException:
+        """mixle's error for ``exc``, raised while an answer's body was read."""
+        problem = self._translate(exc, key, span)
+        if isinstance(problem, BaseException):
+            return problem
+        return RangeMismatchError(f"{self._where(key)}: asked {range_header(span)}: {problem}")
 
     def _translate(self, exc: BaseException, key: str, span: ByteSpan) -> BaseException | str:
         """mixle's error for obstore's ``exc``, or ``"not-partial"``/``"unsatisfiable"``."""

@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -47,14 +48,21 @@ MEASURE = textwrap.dedent(
 )
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("budget", [0, 32 * 2**20])
-def test_streaming_patches_from_a_512_mib_zarr_stays_within_cache_budget(tmp_path, budget):
-    path = tmp_path / "big.zarr"
+@pytest.fixture(scope="module")
+def big_zarr(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The 512 MiB zarr volume, written once for every budget (each test leaves it unchanged)."""
+    path = tmp_path_factory.mktemp("memory") / "big.zarr"
     arr = zarr.create_array(str(path), shape=VOLUME_SHAPE, chunks=(CHUNK,) * 3, dtype="float32")
     z, y, x = np.ogrid[0:CHUNK, 0 : VOLUME_SHAPE[1], 0 : VOLUME_SHAPE[2]]
     for z0 in range(0, VOLUME_SHAPE[0], CHUNK):  # non-constant data: every chunk is stored
         arr[z0 : z0 + CHUNK] = ((z + z0) * 7 + y * 3 + x) % 251
+    return path
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("budget", [0, 32 * 2**20])
+def test_streaming_patches_from_a_512_mib_zarr_stays_within_cache_budget(big_zarr, budget):
+    path = big_zarr
     with assert_unchanged(path):
         out = subprocess.run(
             [sys.executable, "-c", MEASURE, str(path), str(budget)],

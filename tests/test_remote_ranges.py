@@ -182,7 +182,9 @@ def test_hdf5_that_cannot_be_opened_through_bad_ranges_raises_remote_read_error(
         RangeHTTPServer(root, FaultPlan(range_fault="html")) as server,
         pytest.raises(RemoteReadError, match=r"v\.h5.*bytes=0-4095.*text/html"),
     ):
-        mixle.read_hdf5(f"{server.url}/v.h5", "contiguous")
+        # fsspec takes a 200 to a range as the whole object; obstore asks again without
+        # Range, which this server answers rightly (tests/test_zarr_obstore_faults.py)
+        mixle.read_hdf5(f"{server.url}/v.h5", "contiguous", backend="fsspec")
 
 
 @pytest.mark.parametrize("fault", ["shift", "truncate"])
@@ -226,7 +228,10 @@ def test_bad_ranges_over_s3(fault, range_stores):
             kind = "zarr" if dataset is None else "hdf5"
             for once in (True, False):
                 chunk_cache().clear()
-                src = _open(kind, f"{url}/{name}", dataset, storage_options=opts)
+                # html: obstore asks again without Range and gets the right bytes from this
+                # server, so no error to see (tests/test_zarr_obstore_faults.py)
+                backend = "fsspec" if fault == "html" else "auto"
+                src = _open(kind, f"{url}/{name}", dataset, storage_options=opts, backend=backend)
                 faults.reset()
                 faults.range_fault, faults.range_once = fault, once
                 if once:

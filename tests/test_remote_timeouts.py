@@ -162,7 +162,9 @@ def test_every_request_carries_the_default_timeout_unless_storage_options_set_on
         ]:
             chunk_cache().clear()
             sent.seen.clear()
-            src = _open(server, name, dataset, storage_options=options)
+            # spies on aiohttp's request timeouts: the fsspec path (obstore's timeouts:
+            # tests/test_zarr_obstore_faults.py)
+            src = _open(server, name, dataset, storage_options=options, backend="fsspec")
             src.read_boxes([[0, 0, 0]], (8, 8, 8))
             src.close()
             assert sent.seen, "no ranged GET was seen"
@@ -184,7 +186,9 @@ def test_a_zarr_url_opened_before_a_policy_change_takes_the_new_timeout(tree, mo
     sent = _SentTimeouts(monkeypatch)
     try:
         with RangeHTTPServer(root) as server:
-            src = _open(server, "v3.zarr", None)
+            # spies on aiohttp's request timeouts: the fsspec path (obstore's timeouts:
+            # tests/test_zarr_obstore_faults.py)
+            src = _open(server, "v3.zarr", None, backend="fsspec")
             set_retry_policy(timeout=7)
             chunk_cache().clear()
             src.read_boxes([[0, 0, 0]], (8, 8, 8))

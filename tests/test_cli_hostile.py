@@ -2,7 +2,10 @@
 unbounded memory, no traceback; exit status 1 and one line on stderr that names the path.
 
 Every case runs the command line in a child process, waited on with a timeout, so a hang
-fails the test instead of blocking the suite.
+fails the test instead of blocking the suite. The children are forked from one interpreter
+that has imported mixle's command line, zarr and h5py once (a fresh interpreter spends most
+of a second on those imports); each child still gets its own argv, environment, working
+directory, standard streams, limits, exit status and interpreter shutdown.
 """
 
 from __future__ import annotations
@@ -10,12 +13,15 @@ from __future__ import annotations
 import errno
 import json
 import os
+import select
+import signal
 import socket
 import struct
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -59,6 +65,103 @@ atexit.register(lambda: print(f"grew {_hwm() - _base}"))
 """
 
 
+#: The interpreter the children fork from: it imports what every command would, then
+#: forks one child per job line (JSON) on stdin, answering with the child's pid and then
+#: its exit status (negative: the signal that killed it), one line each. A child sets up
+#: its job and runs ``CHILD`` as ``python -c CHILD setup after *argv`` would; it leaves by
+#: the interpreter's own shutdown (atexit, flushed streams, the exit status of SystemExit
+#: or 1 and a traceback for an uncaught exception).
+ZYGOTE = """
+import json, os, sys
+import h5py, numpy, zarr
+import mixle.cli
+for line in sys.stdin:
+    job = json.loads(line)
+    pid = os.fork()
+    if pid == 0:
+        break
+    print(pid, flush=True)
+    print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
+else:
+    raise SystemExit(0)
+del line, pid
+os.environ.clear()
+os.environ.update(job["env"])
+os.chdir(job["cwd"])
+for fd, path, flags in ((0, os.devnull, os.O_RDONLY), (1, job["out"], os.O_WRONLY),
+                        (2, job["err"], os.O_WRONLY)):
+    opened = os.open(path, flags)
+    os.dup2(opened, fd)
+    os.close(opened)
+import tempfile
+tempfile.tempdir = None  # found again from this job's TMPDIR
+sys.argv = ["-c", job["setup"], job["after"], *job["argv"]]
+code, job = job["child"], None
+exec(compile(code, "<string>", "exec"), {"__name__": "__main__"})
+"""
+
+
+class _Zygote:
+    """The forking interpreter of this module, started by the first command line."""
+
+    def __init__(self) -> None:
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._pending = b""
+
+    def _line(self, timeout: float) -> str | None:
+        """The zygote's next answer line, or ``None`` if none comes within ``timeout``."""
+        assert self._proc is not None and self._proc.stdout is not None
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._pending:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self._proc.stdout], [], [], left)[0]:
+                return None
+            more = os.read(self._proc.stdout.fileno(), 4096)
+            assert more, f"the zygote exited with status {self._proc.wait()}"
+            self._pending += more
+        line, self._pending = self._pending.split(b"\n", 1)
+        return line.decode()
+
+    def run(self, job: dict) -> int:
+        """Fork a child for ``job``; its exit status; fails the test on a hang."""
+        if self._proc is None or self._proc.poll() is not None:
+            env = dict(os.environ, MIXLE_PROGRESS="0")
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+            self._proc = subprocess.Popen(
+                [sys.executable, "-c", ZYGOTE],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                bufsize=0,
+                env=env,
+                cwd=ROOT,
+            )
+            self._pending = b""
+        assert self._proc.stdin is not None
+        self._proc.stdin.write((json.dumps(job) + "\n").encode())
+        pid = self._line(TIMEOUT_S)
+        assert pid is not None, "the zygote did not fork"
+        status = self._line(TIMEOUT_S)
+        if status is None:
+            os.kill(int(pid), signal.SIGKILL)
+            self._line(TIMEOUT_S)
+            pytest.fail(f"mixle {' '.join(job['argv'])} hung for more than {TIMEOUT_S} s")
+        return int(status)
+
+    def close(self) -> None:
+        if self._proc is not None:
+            self._proc.communicate(timeout=TIMEOUT_S)  # stdin closed: its loop ends
+            self._proc = None
+
+
+_ZYGOTE = _Zygote()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _zygote_stopped() -> Iterator[None]:
+    yield
+    _ZYGOTE.close()
+
+
 def run_cli(
     *argv: str,
     setup: str = "",
@@ -72,21 +175,22 @@ def run_cli(
         filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])
     )
     child_env.pop("MIXLE_TRACEBACK", None)
-    with subprocess.Popen(
-        [sys.executable, "-c", CHILD, setup, after, *argv],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=cwd,
-        env=child_env,
-    ) as child:
-        try:
-            out, err = child.communicate(timeout=TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.communicate()
-            pytest.fail(f"mixle {' '.join(argv)} hung for more than {TIMEOUT_S} s")
-    return child.returncode, out, err
+    with tempfile.TemporaryDirectory() as streams:
+        out_path, err_path = Path(streams, "out"), Path(streams, "err")
+        out_path.touch()
+        err_path.touch()
+        job = {
+            "child": CHILD,
+            "setup": setup,
+            "after": after,
+            "argv": list(argv),
+            "cwd": str(cwd) if cwd is not None else os.getcwd(),
+            "env": child_env,
+            "out": str(out_path),
+            "err": str(err_path),
+        }
+        status = _ZYGOTE.run(job)
+        return status, out_path.read_text(), err_path.read_text()
 
 
 def assert_one_line(status: int, err: str, *names: str) -> str:

@@ -345,7 +345,9 @@ class HDF5ArraySource(ArraySource):
         args = self._args
         if args is None or not is_url(args["path"]):
             return text
-        remote = self._remote  # the choice made at open; before it, the one asked for
-        backend = args.get("backend", "auto") if remote is None else remote.backend
+        remote = self._remote  # the choice made at open here; before it, the one asked for
+        backend = args.get("backend", "auto")
+        if remote is not None and self._pid == os.getpid():
+            backend = remote.backend
         location = self._location()
         return text.replace(location, f"{location}, backend={backend!r}", 1)

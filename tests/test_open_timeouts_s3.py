@@ -51,7 +51,9 @@ def _open_config(source: Any) -> dict[str, Any]:
 
 def test_read_zarr_over_s3_gives_botocore_the_policy_timeout(served):
     server, url, truth = served
-    source = mixle.read_zarr(f"{url}/a.zarr", storage_options=server.storage_options())
+    # s3fs's botocore config: the fsspec path (obstore's timeouts: test_zarr_obstore_faults.py)
+    options = server.storage_options()
+    source = mixle.read_zarr(f"{url}/a.zarr", storage_options=options, backend="fsspec")
     config = _open_config(source)
     assert config["connect_timeout"] == config["read_timeout"] == 12
     assert np.array_equal(np.asarray(source[...]), truth)
@@ -60,7 +62,8 @@ def test_read_zarr_over_s3_gives_botocore_the_policy_timeout(served):
 def test_a_timeout_in_the_users_config_kwargs_wins(served):
     server, url, truth = served
     options = server.storage_options(config_kwargs={"read_timeout": 3})
-    source = mixle.read_zarr(f"{url}/a.zarr", storage_options=options)
+    # s3fs's botocore config: the fsspec path (obstore's timeouts: test_zarr_obstore_faults.py)
+    source = mixle.read_zarr(f"{url}/a.zarr", storage_options=options, backend="fsspec")
     config = _open_config(source)
     assert config["read_timeout"] == 3 and config["connect_timeout"] == 12
     assert options["config_kwargs"] == {"read_timeout": 3}  # the user's dict is not changed

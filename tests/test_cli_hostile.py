@@ -13,12 +13,8 @@ from __future__ import annotations
 import errno
 import json
 import os
-import select
-import signal
 import socket
 import struct
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -26,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _zygote import Zygote
 
 from mixle.cli import main
 
@@ -65,101 +62,22 @@ atexit.register(lambda: print(f"grew {_hwm() - _base}"))
 """
 
 
-#: The interpreter the children fork from: it imports what every command would, then
-#: forks one child per job line (JSON) on stdin, answering with the child's pid and then
-#: its exit status (negative: the signal that killed it), one line each. A child sets up
-#: its job and runs ``CHILD`` as ``python -c CHILD setup after *argv`` would; it leaves by
-#: the interpreter's own shutdown (atexit, flushed streams, the exit status of SystemExit
-#: or 1 and a traceback for an uncaught exception).
-ZYGOTE = """
-import json, os, sys
-import h5py, numpy, zarr
-import mixle.cli
-for line in sys.stdin:
-    job = json.loads(line)
-    pid = os.fork()
-    if pid == 0:
-        break
-    print(pid, flush=True)
-    print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
-else:
-    raise SystemExit(0)
-del line, pid
-os.environ.clear()
-os.environ.update(job["env"])
-os.chdir(job["cwd"])
-for fd, path, flags in ((0, os.devnull, os.O_RDONLY), (1, job["out"], os.O_WRONLY),
-                        (2, job["err"], os.O_WRONLY)):
-    opened = os.open(path, flags)
-    os.dup2(opened, fd)
-    os.close(opened)
-import tempfile
-tempfile.tempdir = None  # found again from this job's TMPDIR
-sys.argv = ["-c", job["setup"], job["after"], *job["argv"]]
-code, job = job["child"], None
-exec(compile(code, "<string>", "exec"), {"__name__": "__main__"})
-"""
-
-
-class _Zygote:
-    """The forking interpreter of this module, started by the first command line."""
-
-    def __init__(self) -> None:
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._pending = b""
-
-    def _line(self, timeout: float) -> str | None:
-        """The zygote's next answer line, or ``None`` if none comes within ``timeout``."""
-        assert self._proc is not None and self._proc.stdout is not None
-        deadline = time.monotonic() + timeout
-        while b"\n" not in self._pending:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([self._proc.stdout], [], [], left)[0]:
-                return None
-            more = os.read(self._proc.stdout.fileno(), 4096)
-            assert more, f"the zygote exited with status {self._proc.wait()}"
-            self._pending += more
-        line, self._pending = self._pending.split(b"\n", 1)
-        return line.decode()
-
-    def run(self, job: dict) -> int:
-        """Fork a child for ``job``; its exit status; fails the test on a hang."""
-        if self._proc is None or self._proc.poll() is not None:
-            env = dict(os.environ, MIXLE_PROGRESS="0")
-            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-            self._proc = subprocess.Popen(
-                [sys.executable, "-c", ZYGOTE],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                bufsize=0,
-                env=env,
-                cwd=ROOT,
-            )
-            self._pending = b""
-        assert self._proc.stdin is not None
-        self._proc.stdin.write((json.dumps(job) + "\n").encode())
-        pid = self._line(TIMEOUT_S)
-        assert pid is not None, "the zygote did not fork"
-        status = self._line(TIMEOUT_S)
-        if status is None:
-            os.kill(int(pid), signal.SIGKILL)
-            self._line(TIMEOUT_S)
-            pytest.fail(f"mixle {' '.join(job['argv'])} hung for more than {TIMEOUT_S} s")
-        return int(status)
-
-    def close(self) -> None:
-        if self._proc is not None:
-            self._proc.communicate(timeout=TIMEOUT_S)  # stdin closed: its loop ends
-            self._proc = None
-
-
-_ZYGOTE = _Zygote()
+#: Children fork from one interpreter that imported these once (tests/_zygote.py).
+FORKS = Zygote(
+    "import h5py, numpy, zarr\nimport mixle.cli\n",
+    dict(
+        os.environ,
+        MIXLE_PROGRESS="0",
+        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    ),
+    ROOT,
+)
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _zygote_stopped() -> Iterator[None]:
+def _forks_end_with_the_module() -> Iterator[None]:
     yield
-    _ZYGOTE.close()
+    FORKS.close()
 
 
 def run_cli(
@@ -175,22 +93,16 @@ def run_cli(
         filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])
     )
     child_env.pop("MIXLE_TRACEBACK", None)
-    with tempfile.TemporaryDirectory() as streams:
-        out_path, err_path = Path(streams, "out"), Path(streams, "err")
-        out_path.touch()
-        err_path.touch()
-        job = {
-            "child": CHILD,
-            "setup": setup,
-            "after": after,
-            "argv": list(argv),
-            "cwd": str(cwd) if cwd is not None else os.getcwd(),
-            "env": child_env,
-            "out": str(out_path),
-            "err": str(err_path),
-        }
-        status = _ZYGOTE.run(job)
-        return status, out_path.read_text(), err_path.read_text()
+    done = FORKS.run(
+        CHILD,
+        ["-c", setup, after, *argv],
+        env=child_env,
+        cwd=cwd if cwd is not None else os.getcwd(),
+        timeout=TIMEOUT_S,
+    )
+    if done.status is None:
+        pytest.fail(f"mixle {' '.join(argv)} hung for more than {TIMEOUT_S} s")
+    return done.status, done.stdout, done.stderr
 
 
 def assert_one_line(status: int, err: str, *names: str) -> str:

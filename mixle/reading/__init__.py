@@ -8,6 +8,8 @@ workers); decoding runs on one process-wide thread pool
 """
 
 from mixle.reading.cache import DEFAULT_CHUNK_CACHE_BYTES, CacheStats, ChunkCache
+from mixle.reading.cached_fetch import DISK_CACHE_ENV, disk_cache, use_disk_cache
+from mixle.reading.disk_cache import ChunkDiskCache, ContentKey
 from mixle.reading.executor import (
     ChunkReader,
     SupportsFetchMany,
@@ -41,11 +43,14 @@ __all__ = [
     "DEFAULT_BATCH_DEADLINE",
     "DEFAULT_CHUNK_CACHE_BYTES",
     "DEFAULT_REQUEST_TIMEOUT",
+    "DISK_CACHE_ENV",
     "MIN_WORKER_CHUNK_CACHE_BYTES",
     "CacheStats",
     "ChunkCache",
+    "ChunkDiskCache",
     "ChunkPlan",
     "ChunkReader",
+    "ContentKey",
     "CorruptChunkError",
     "RangeMismatchError",
     "RemoteReadError",
@@ -55,6 +60,7 @@ __all__ = [
     "chunk_cache",
     "decode_threads",
     "default_chunk_cache_bytes",
+    "disk_cache",
     "default_decode_threads",
     "new_token",
     "order_by_offset",
@@ -65,4 +71,5 @@ __all__ = [
     "set_chunk_cache_bytes",
     "set_decode_threads",
     "set_retry_policy",
+    "use_disk_cache",
 ]

@@ -24,7 +24,6 @@ deny it) or whose objects have no version is read without the cache, with one
 
 from __future__ import annotations
 
-import asyncio
 import os
 import threading
 import warnings
@@ -216,6 +215,8 @@ class CachedObjects:
 
     async def fetch(self, key: str, span: ByteSpan, *, limit: int | None = None) -> bytes:
         """:meth:`ObjectClient.fetch` (one try), served from the cache where it is current."""
+        import asyncio  # not at import: ``import mixle`` stays without it
+
         hit, _ = await asyncio.to_thread(self._hit, key, span, limit)
         if hit is not None:
             return hit

@@ -18,7 +18,12 @@ pytest.importorskip("obstore")
 
 from mixle.errors import DiskCacheWarning
 from mixle.reading import cached_fetch
-from mixle.reading.cached_fetch import DISK_CACHE_ENV, CachedObjects, disk_cache, use_disk_cache
+from mixle.reading.cached_fetch import (
+    DISK_CACHE_ENV,
+    CachedObjects,
+    chunk_disk_cache,
+    use_disk_cache,
+)
 from mixle.reading.disk_cache import ChunkDiskCache
 from mixle.reading.faults import CorruptChunkError
 from mixle.reading.object_client import choose_client
@@ -146,15 +151,15 @@ def test_a_store_that_cannot_be_listed_is_read_without_the_cache(served, tmp_pat
 
 def test_use_disk_cache_switches_this_process_and_its_workers(tmp_path) -> None:
     os.environ.pop(DISK_CACHE_ENV, None)
-    assert disk_cache() is None  # off by default
+    assert chunk_disk_cache() is None  # off by default
     use_disk_cache(tmp_path / "c", budget_bytes=10_000)
     assert os.environ[DISK_CACHE_ENV] == str(tmp_path / "c")
-    cache = disk_cache()
-    assert cache is not None and cache.budget_bytes == 10_000 and cache is disk_cache()
+    cache = chunk_disk_cache()
+    assert cache is not None and cache.budget_bytes == 10_000 and cache is chunk_disk_cache()
     use_disk_cache(False)
-    assert disk_cache() is None
+    assert chunk_disk_cache() is None
     os.environ[DISK_CACHE_ENV] = "1"
-    default = disk_cache()
+    default = chunk_disk_cache()
     assert default is not None and default.directory.name == "chunks"
 
 

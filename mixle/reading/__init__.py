@@ -8,7 +8,7 @@ workers); decoding runs on one process-wide thread pool
 """
 
 from mixle.reading.cache import DEFAULT_CHUNK_CACHE_BYTES, CacheStats, ChunkCache
-from mixle.reading.cached_fetch import DISK_CACHE_ENV, disk_cache, use_disk_cache
+from mixle.reading.cached_fetch import DISK_CACHE_ENV, chunk_disk_cache, use_disk_cache
 from mixle.reading.disk_cache import ChunkDiskCache, ContentKey
 from mixle.reading.executor import (
     ChunkReader,
@@ -60,7 +60,7 @@ __all__ = [
     "chunk_cache",
     "decode_threads",
     "default_chunk_cache_bytes",
-    "disk_cache",
+    "chunk_disk_cache",
     "default_decode_threads",
     "new_token",
     "order_by_offset",

@@ -1,7 +1,7 @@
 """Fetched chunk bytes served from the on-disk cache while the stored object is unchanged.
 
 Off by default. :func:`use_disk_cache` (or ``MIXLE_DISK_CACHE=1``, or a folder) switches it
-on for this process and the worker processes it starts; :func:`disk_cache` is this
+on for this process and the worker processes it starts; :func:`chunk_disk_cache` is this
 process's :class:`~mixle.reading.disk_cache.ChunkDiskCache` then, ``None`` otherwise.
 
 :class:`CachedObjects` reads the objects under one store root through an
@@ -37,7 +37,7 @@ from mixle.reading.object_client import ObjectClient, object_version
 from mixle.reading.ranges import ByteSpan
 from mixle.utils.validation import parse_int
 
-__all__ = ["DISK_CACHE_ENV", "CachedObjects", "disk_cache", "use_disk_cache"]
+__all__ = ["DISK_CACHE_ENV", "CachedObjects", "chunk_disk_cache", "use_disk_cache"]
 
 #: Environment variable that switches the on-disk chunk cache on: ``1``/``true``/``on`` (the
 #: default folder), a folder path, or ``0``/``false``/``off``/empty (off, the default).
@@ -96,7 +96,7 @@ def use_disk_cache(
         _instance = None
 
 
-def disk_cache() -> ChunkDiskCache | None:
+def chunk_disk_cache() -> ChunkDiskCache | None:
     """This process's on-disk chunk cache, or ``None`` when it is off (the default).
 
     Raises

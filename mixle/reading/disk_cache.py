@@ -67,7 +67,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from mixle.utils.files import open_regular_file, publish_file
+from mixle.utils.files import cache_dir, env_byte_budget, open_regular_file, publish_file
 from mixle.utils.redact import display_path
 from mixle.utils.validation import parse_int
 
@@ -118,15 +118,10 @@ def default_chunk_cache_dir() -> Path:
     """The default folder of :class:`ChunkDiskCache`: ``<cache root>/chunks``.
 
     The cache root is ``$MIXLE_CACHE_DIR``, else ``$XDG_CACHE_HOME/mixle``, else
-    ``~/.cache/mixle``: the root the NIfTI and ``.npz`` caches use.
+    ``~/.cache/mixle`` (:func:`~mixle.utils.files.cache_dir`): the root the NIfTI and
+    ``.npz`` caches use.
     """
-    explicit = os.environ.get(CACHE_DIR_ENV)
-    if explicit:
-        root = Path(explicit)
-    else:
-        xdg = os.environ.get("XDG_CACHE_HOME")
-        root = (Path(xdg) if xdg else Path.home() / ".cache") / "mixle"
-    return root / CHUNK_CACHE_FOLDER
+    return cache_dir() / CHUNK_CACHE_FOLDER
 
 
 def chunk_cache_budget() -> int:
@@ -137,19 +132,9 @@ def chunk_cache_budget() -> int:
     ValueError
         When the variable is set but is not a whole number of bytes >= 0.
     """
-    raw = os.environ.get(CHUNK_CACHE_BYTES_ENV)
-    if raw is None or not raw.strip():
-        return CHUNK_CACHE_BYTES
-    try:
-        budget = int(raw.strip())
-    except ValueError:
-        budget = -1
-    if budget < 0:
-        raise ValueError(
-            f"{CHUNK_CACHE_BYTES_ENV}={raw!r} must be a whole number of bytes >= 0 (the most "
-            f"bytes of fetched chunks kept on disk; 0 stores nothing; unset: {CHUNK_CACHE_BYTES})"
-        )
-    return budget
+    return env_byte_budget(
+        CHUNK_CACHE_BYTES_ENV, CHUNK_CACHE_BYTES, "fetched chunks kept on disk; 0 stores nothing"
+    )
 
 
 @dataclass(frozen=True)

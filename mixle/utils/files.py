@@ -12,11 +12,14 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Callable
+from pathlib import Path
 from typing import BinaryIO
 
 from mixle.errors import SpecialFileError
 
 __all__ = [
+    "cache_dir",
+    "env_byte_budget",
     "file_kind",
     "open_regular_file",
     "publish_file",
@@ -137,3 +140,38 @@ def publish_file(
             return False
     os.replace(temp, target)
     return True
+
+
+def cache_dir() -> Path:
+    """mixle's cache root: ``$MIXLE_CACHE_DIR``, else ``$XDG_CACHE_HOME/mixle``, else
+    ``~/.cache/mixle`` (row indexes, NIfTI and ``.npz`` copies, fetched chunks)."""
+    explicit = os.environ.get("MIXLE_CACHE_DIR")
+    if explicit:
+        return Path(explicit)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "mixle"
+
+
+def env_byte_budget(name: str, default: int, what: str) -> int:
+    """The byte budget environment variable ``name`` sets, else ``default``.
+
+    ``what`` says what the bytes are, for the error.
+
+    Raises
+    ------
+    ValueError
+        When the variable is set but is not a whole number of bytes >= 0.
+    """
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        budget = int(raw.strip())
+    except ValueError:
+        budget = -1
+    if budget < 0:
+        raise ValueError(
+            f"{name}={raw!r} must be a whole number of bytes >= 0 (the most bytes of {what}; "
+            f"unset: {default})"
+        )
+    return budget

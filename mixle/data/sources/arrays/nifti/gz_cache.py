@@ -61,7 +61,7 @@ from typing import Any, BinaryIO
 from mixle.data.sources.arrays.memmap.check import FileSignature, file_signature
 from mixle.data.sources.records.text.row_index import cache_dir, content_fingerprint
 from mixle.errors import CorruptChunkError
-from mixle.utils.files import open_regular_file, publish_file
+from mixle.utils.files import env_byte_budget, open_regular_file, publish_file
 
 __all__ = [
     "CACHE_BYTES_ENV",
@@ -125,19 +125,7 @@ def cache_budget() -> int:
     ValueError
         When the variable is set but is not a whole number of bytes >= 0.
     """
-    raw = os.environ.get(CACHE_BYTES_ENV)
-    if raw is None or not raw.strip():
-        return NIFTI_CACHE_BYTES
-    try:
-        budget = int(raw.strip())
-    except ValueError:
-        budget = -1
-    if budget < 0:
-        raise ValueError(
-            f"{CACHE_BYTES_ENV}={raw!r} must be a whole number of bytes >= 0 (the most bytes "
-            f"of decompressed NIfTI copies to keep; unset: {NIFTI_CACHE_BYTES})"
-        )
-    return budget
+    return env_byte_budget(CACHE_BYTES_ENV, NIFTI_CACHE_BYTES, "decompressed NIfTI copies to keep")
 
 
 def _touch(entry: Path) -> None:

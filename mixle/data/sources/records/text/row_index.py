@@ -35,6 +35,7 @@ from mixle.data.sources.arrays.memmap.check import (
 )
 from mixle.data.sources.records.text.row_scan import scan_row_starts
 from mixle.errors import RowIndexCacheWarning
+from mixle.utils.files import cache_dir
 from mixle.utils.progress import progress_bar
 
 __all__ = [
@@ -51,16 +52,6 @@ __all__ = [
 FINGERPRINT_BLOCK_BYTES = 64 * 2**10
 #: Places sampled for the fingerprint: the first and last blocks and evenly spaced ones.
 FINGERPRINT_BLOCKS = 8
-
-
-def cache_dir() -> Path:
-    """Where mixle caches row indexes: ``$MIXLE_CACHE_DIR``, ``$XDG_CACHE_HOME/mixle`` or
-    ``~/.cache/mixle``."""
-    explicit = os.environ.get("MIXLE_CACHE_DIR")
-    if explicit:
-        return Path(explicit)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "mixle"
 
 
 class RowIndex:

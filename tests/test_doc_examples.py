@@ -1,8 +1,8 @@
 """Every python block in README.md and docs/**/*.md runs, so the docs cannot drift from the code.
 
-One test per page: its blocks run in order in one namespace, in a fresh interpreter (JAX may
+One test per page: its blocks run in order in one namespace, in a fresh process (JAX may
 start there, never in this process), in an empty temporary working directory; then the page
-runs a second time, in a fresh interpreter in the same directory, and must pass again (a
+runs a second time, in a fresh process in the same directory, and must pass again (a
 reader runs an example twice: a page that creates a zarr array without ``overwrite=True``
 fails there). The rules (skips, hidden set-up) are in tests/_doc_blocks.py.
 """
@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from _doc_blocks import DocMarkupError, Page, parse_page
+from _zygote import Zygote
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNNER = Path(__file__).resolve().with_name("_doc_blocks.py")
@@ -35,22 +36,38 @@ def _pages() -> list[str]:
 PAGES = _pages()
 
 
-def _run(path: Path, name: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+def _env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    env["MIXLE_CACHE_DIR"] = str(cwd / ".mixle-cache")  # row indexes stay in the temp dir
     env["MPLBACKEND"] = "Agg"  # plots render to files, never to a window
     env["PYTHONWARNINGS"] = "error"  # as in the test suite: an example that warns fails
     env.pop("MIXLE_TEST_JAX_CHILD", None)
-    return subprocess.run(
-        [sys.executable, str(RUNNER), str(path), name],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=PAGE_TIMEOUT_S,
-        check=False,
-    )
+    return env
+
+
+#: Each run is a child forked from one interpreter that imported these once, with the
+#: environment above (tests/_zygote.py): a fresh process that runs the page runner as
+#: ``python tests/_doc_blocks.py page name`` would, minus a second of imports.
+FORKS = Zygote("import h5py, numpy, zarr\nimport mixle\n", _env(), ROOT)
+#: What the child runs: the page runner as its ``__main__`` script.
+RUN_RUNNER = "import runpy, sys\nrunpy.run_path(sys.argv[0], run_name='__main__')\n"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _forks_end_with_the_module() -> Iterator[None]:
+    yield
+    FORKS.close()
+
+
+def _run(path: Path, name: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = _env()
+    env["MIXLE_CACHE_DIR"] = str(cwd / ".mixle-cache")  # row indexes stay in the temp dir
+    argv = [str(RUNNER), str(path), name]
+    # sys.path[0] removed: the runner's own script folder, which it drops, is not there
+    done = FORKS.run(RUN_RUNNER, argv, env=env, cwd=cwd, timeout=PAGE_TIMEOUT_S, path0=None)
+    if done.status is None:
+        pytest.fail(f"{name}: the page ran for more than {PAGE_TIMEOUT_S} s\n{done.stderr}")
+    return subprocess.CompletedProcess(argv, done.status, done.stdout, done.stderr)
 
 
 def _parse(name: str) -> Page:

@@ -224,9 +224,10 @@ async def fetch_translated(
     size: int | None = None,
     limit: int | None = None,
 ) -> bytes:
-    """``client.fetch(...)``; an obstore error that escapes it (one raised while the body is
-    read: a stall, a dropped connection) translated as the client translates the others, so
-    the retry layer sees a timeout or a reset connection, not an unknown error."""
+    """``client.fetch(...)``, with any obstore error that escapes it translated as the client
+    translates the others (the plain ``GET`` it sends when a server ignored ``Range``, a
+    body that failed), so the retry layer sees a status, a timeout or a reset connection
+    (retried) rather than an unknown error (not retried)."""
     try:
         return await client.fetch(key, span, size=size, limit=limit)
     except Exception as exc:

@@ -419,6 +419,21 @@ def test_reads_from_a_thread_that_runs_an_event_loop(folder):
             src.close()
 
 
+def test_the_threads_own_event_loop_is_left_as_it_was(folder):
+    # asyncio.run would set it to None when done: a caller's loop must survive a read
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    try:
+        with RangeHTTPServer(folder) as http:
+            src = _open(http, "big.h5", "gzip", "obstore")
+            np.testing.assert_array_equal(src[:20], _local(folder, "big.h5", "gzip")[:20])
+            src.close()
+        assert asyncio.get_event_loop_policy().get_event_loop() is loop
+    finally:
+        asyncio.set_event_loop(None)
+        loop.close()
+
+
 def test_automatic_collection_is_paused_while_h5py_reads_through_obstore(folder, monkeypatch):
     seen: list[bool] = []
     real = ObjectClient.fetch

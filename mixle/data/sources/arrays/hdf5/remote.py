@@ -52,6 +52,8 @@ __all__ = [
     "RemoteFile",
     "RemoteHDF5ChunkReader",
     "choose_file_client",
+    "fetch_translated",
+    "file_key",
     "open_remote_file",
     "open_remote_object",
     "run_batch",
@@ -196,9 +198,6 @@ def run_batch(make: Callable[[], Awaitable[T]]) -> T:
     """
     import asyncio
 
-    async def main() -> T:
-        return await make()
-
     try:
         asyncio.get_running_loop()
     except RuntimeError:
@@ -207,13 +206,38 @@ def run_batch(make: Callable[[], Awaitable[T]]) -> T:
         runs_loop = True
     try:
         if not runs_loop:
-            return asyncio.run(main())
+            return _run_own_loop(make)
         context = contextvars.copy_context()
         with ThreadPoolExecutor(1, thread_name_prefix="mixle-batch") as pool:
-            return pool.submit(context.run, asyncio.run, main()).result()
+            return pool.submit(context.run, _run_own_loop, make).result()
     except _FRESH as exc:
         kind, text = type(exc), str(exc)
     raise kind(text) from None
+
+
+def _run_own_loop(make: Callable[[], Awaitable[T]]) -> T:
+    """``asyncio.run`` of ``make()`` that leaves the thread's current event loop as it was.
+
+    ``asyncio.run`` sets the thread's event loop to ``None`` when it ends, which would break
+    a caller that set one (``asyncio.set_event_loop``) and uses it later.
+    """
+    import asyncio
+
+    async def main() -> T:
+        return await make()
+
+    runner = getattr(asyncio, "Runner", None)
+    if runner is not None:  # Python 3.11+: a loop factory keeps the thread's loop untouched
+        with runner(loop_factory=asyncio.new_event_loop) as run:
+            return run.run(main())  # type: ignore[no-any-return]
+    loop = asyncio.new_event_loop()  # pragma: no cover (Python 3.10)
+    try:
+        return loop.run_until_complete(main())
+    finally:
+        try:
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        finally:
+            loop.close()
 
 
 async def fetch_translated(
@@ -224,10 +248,13 @@ async def fetch_translated(
     size: int | None = None,
     limit: int | None = None,
 ) -> bytes:
-    """``client.fetch(...)``, with any obstore error that escapes it translated as the client
-    translates the others (the plain ``GET`` it sends when a server ignored ``Range``, a
-    body that failed), so the retry layer sees a status, a timeout or a reset connection
-    (retried) rather than an unknown error (not retried)."""
+    """``client.fetch(...)``, every obstore error that escapes it translated as the client's.
+
+    The client translates the errors of its first request; one of the plain ``GET`` it
+    sends when a server ignored ``Range`` escaped as obstore's own, which the retry layer
+    cannot tell transient (a ``503`` failed at once). Translated, it carries its status, or
+    is a timeout or a reset connection, and is retried like any other.
+    """
     try:
         return await client.fetch(key, span, size=size, limit=limit)
     except Exception as exc:

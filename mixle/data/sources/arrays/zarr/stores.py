@@ -180,7 +180,7 @@ def checked_store(
 
 
 def client_store(client: ObjectClient, limit: int | None = None) -> Any:
-    """A read-only zarr store over ``client``'s root URL: each ``get`` one checked fetch.
+    """A read-only zarr store over ``client``'s root URL: each ``get`` a checked, retried fetch.
 
     Parameters
     ----------
@@ -194,11 +194,16 @@ def client_store(client: ObjectClient, limit: int | None = None) -> Any:
     Returns
     -------
     zarr.storage.ObjectStore
-        Its ``get`` is :meth:`CheckedRangeStore.get` (one try; a missing key is ``None``,
-        a wrong answer raises :class:`~mixle.reading.faults.RangeMismatchError`), so
-        ``zarr.open`` reads metadata through the client; listing and ``getsize`` are
-        zarr's over the same obstore store. It pickles by ``client`` and opens a store of
-        its own in the process that unpickles it.
+        Its ``get`` is :meth:`CheckedRangeStore.get` under
+        :func:`~mixle.reading.faults.retry_async` (a missing key is ``None``; a request
+        that keeps failing raises :class:`~mixle.reading.RemoteReadError` naming the key,
+        which is not retried again), so ``zarr.open`` reads metadata through the client,
+        each document retried on its own: a flaky server cannot fail every try of an
+        open that asks for three documents at once. Listing and ``getsize`` are zarr's
+        over the same obstore store. It pickles by ``client`` and opens a store of its own
+        in the process that unpickles it. :class:`CheckedRangeStore` and
+        :class:`StoreGetter` read it through ``client`` directly (one try each, retried
+        by their caller), not through this ``get``.
 
     Raises
     ------
@@ -220,7 +225,7 @@ def _client_store_type() -> type:
     from zarr.storage import ObjectStore
 
     class ClientObjectStore(ObjectStore):  # type: ignore[type-arg,misc]
-        """zarr's obstore store whose reads are :class:`CheckedRangeStore` reads (one try)."""
+        """zarr's obstore store whose reads are :class:`CheckedRangeStore` reads, retried."""
 
         def __init__(
             self, client: ObjectClient, limit: int | None = None, *, read_only: bool = True
@@ -248,7 +253,13 @@ def _client_store_type() -> type:
             return type(self)(self.mixle_client, self._checked.limit, read_only=read_only)
 
         async def get(self, key: str, prototype: Any, byte_range: Any = None) -> Any:
-            return await self._checked.get(key, prototype, byte_range)
+            client = self.mixle_client
+            return await retry_async(
+                lambda: self._checked.get(key, prototype, byte_range),
+                url=f"{client.display.rstrip('/')}/{key}",
+                key=key,
+                secrets=client.secrets,
+            )
 
         async def get_partial_values(self, prototype: Any, key_ranges: Any) -> list[Any]:
             import asyncio

@@ -149,6 +149,18 @@ def test_failed_and_dropped_requests_are_retried(fault, name, served, folder):
     assert "backend='obstore'" in repr(src)
 
 
+@pytest.mark.parametrize("name", ["v2.zarr", "v3.zarr"])
+def test_a_flaky_server_cannot_fail_every_try_of_an_open(name, served, folder):
+    # zarr.open asks for three metadata documents at once: with every other request failing,
+    # each try of the open as a whole meets a failure; each document retried on its own does not
+    plan, opener = served
+    plan.fail_every = 2
+    with retries(attempts=10, base_delay=0.001, max_delay=0.002):
+        src = opener(name)
+        plan.fail_every = 0
+        np.testing.assert_array_equal(src[...], _truth(folder, name))
+
+
 @pytest.mark.parametrize("name", KINDS)
 @pytest.mark.parametrize("fault", ["shift", "truncate", "html", "whole"])
 def test_each_wrong_answer_once_still_gives_the_right_bytes(fault, name, served, folder):

@@ -201,23 +201,44 @@ def fast_retries() -> Iterator[None]:
     set_retry_policy(**asdict(old))  # every field, timeouts included
 
 
-@pytest.fixture(scope="module")
-def frozen_heap() -> Iterator[None]:
-    """For modules that call ``gc.collect()`` often: the collector sees only their objects.
+def pytest_collectstart(collector: pytest.Collector) -> None:
+    """Collection imports every test module: its full collections skip what came before.
+
+    Each ``gc.freeze()`` sets the objects made so far aside (imports make next to no
+    garbage), so an automatic full collection scans only the newest imports instead of the
+    whole heap again (seconds in all).
+    """
+    gc.freeze()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _earlier_modules_frozen() -> None:
+    """Every module's full gc collections scan only the objects made since it started.
 
     Late in a full run the heap holds millions of objects from earlier modules (imports,
-    hypothesis, caches), and each full collection scans all of them (most of a second).
-    After one collection here, ``gc.freeze()`` sets the survivors aside; every object the
-    module makes stays collectable. At its end ``gc.unfreeze()`` hands the rest back and one
-    collection runs here, in the main thread (a cycle that holds an h5py object, collected
-    on fsspec's I/O thread, can deadlock: h5py issue 2019). Also for modules whose remote
-    reads retry or open HDF5 over URLs: mixle collects before each (see mixle.reading.faults).
-    Use it with ``pytestmark = pytest.mark.usefixtures("frozen_heap")``.
+    hypothesis, caches), and each full collection, automatic or a ``gc.collect()``, scans
+    all of them (most of a second). One collection here, in the main thread, takes what the
+    module before left (its fixtures are torn down by now); ``gc.freeze()`` then sets the
+    survivors aside. Frozen objects are still freed when their last reference goes, and
+    every object this module makes stays collectable.
     """
     gc.collect()
     gc.freeze()
+
+
+@pytest.fixture(scope="module")
+def frozen_heap() -> Iterator[None]:
+    """For modules that call ``gc.collect()`` often, or leave cycles that must be collected
+    in the main thread: one collection when the module ends.
+
+    Their collections see only the module's own objects (``_earlier_modules_frozen``). The
+    collection at the end runs here, in the main thread: a cycle that holds an h5py object,
+    collected on fsspec's I/O thread, can deadlock (h5py issue 2019). Also for modules whose
+    remote reads retry or open HDF5 over URLs: mixle collects before each (see
+    mixle.reading.faults). Use it with ``pytestmark = pytest.mark.usefixtures("frozen_heap")``.
+    """
+    gc.collect()
     try:
         yield
     finally:
-        gc.unfreeze()
         gc.collect()

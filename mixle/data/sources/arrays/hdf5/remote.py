@@ -223,21 +223,28 @@ def _run_own_loop(make: Callable[[], Awaitable[T]]) -> T:
     """
     import asyncio
 
-    async def main() -> T:
-        return await make()
+    # the result is handed over beside the task, not as its result: in the main thread the
+    # runner's Ctrl-C handler holds the task, and restoring the handler makes CPython's
+    # signal module repr() it, result included (14 ms for a 512 KiB block)
+    results: list[T] = []
+
+    async def main() -> None:
+        results.append(await make())
 
     runner = getattr(asyncio, "Runner", None)
     if runner is not None:  # Python 3.11+: a loop factory keeps the thread's loop untouched
         with runner(loop_factory=asyncio.new_event_loop) as run:
-            return run.run(main())  # type: ignore[no-any-return]
+            run.run(main())
+        return results[0]
     loop = asyncio.new_event_loop()  # pragma: no cover (Python 3.10)
     try:
-        return loop.run_until_complete(main())
+        loop.run_until_complete(main())
     finally:
         try:
             loop.run_until_complete(loop.shutdown_asyncgens())
         finally:
             loop.close()
+    return results[0]  # pragma: no cover
 
 
 async def fetch_translated(

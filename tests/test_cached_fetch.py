@@ -184,3 +184,17 @@ def test_use_disk_cache_refuses_a_file_as_folder(tmp_path) -> None:
     with pytest.raises(NotADirectoryError):
         use_disk_cache(file)
     assert os.environ.get(DISK_CACHE_ENV) != str(file)
+
+
+def test_suffix_and_empty_spans_are_read_without_the_cache(s3, served, tmp_path) -> None:
+    reader = objects(s3, served, tmp_path, "suffixes")
+    assert reader.read("c/4", (-10, None), url="u", name="k") == OBJECTS["c/4"][-10:]
+    assert asyncio.run(reader.fetch("c/4", (-10, None))) == OBJECTS["c/4"][-10:]
+    assert reader.read("c/4", (5, 5), url="u", name="k") == b""
+    assert not any((tmp_path / "cache").iterdir())
+
+
+def test_two_endpoints_with_the_same_bucket_do_not_share_entries() -> None:
+    one = choose_client("s3://b/x", {"client_kwargs": {"endpoint_url": "http://127.0.0.1:1"}})
+    two = choose_client("s3://b/x", {"client_kwargs": {"endpoint_url": "http://127.0.0.1:2"}})
+    assert one is not None and two is not None and one.cache_store != two.cache_store

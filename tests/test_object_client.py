@@ -321,3 +321,160 @@ def test_a_process_forked_after_obstore_ran_does_not_use_it(folder) -> None:
         timeout=60,
     )
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+# -- what a second review found -------------------------------------------------------------
+
+
+class LyingServer:
+    """HTTP on 127.0.0.1 answering every request the same way (``mode``), counting bytes.
+
+    ``"huge"``: ``206`` with ``Content-Range: bytes 0-9/10`` and a 100 MB body.
+    ``"no-head"``: ignores ``Range`` (``200`` with the whole object) and refuses ``HEAD``.
+    """
+
+    HUGE = 100_000_000
+
+    def __init__(self, mode: str) -> None:
+        import socket
+        import threading
+
+        self.mode, self.sent = mode, 0
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        import threading
+
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    def _answer(self, conn: Any) -> None:
+        with conn, conn.makefile("rb") as f:
+            while True:
+                head = b""
+                while not head.endswith(b"\r\n\r\n"):
+                    byte = f.read(1)
+                    if not byte:
+                        return
+                    head += byte
+                try:
+                    if self.mode == "huge":
+                        conn.sendall(
+                            b"HTTP/1.1 206 Partial Content\r\nContent-Range: bytes 0-9/10\r\n"
+                            + f"Content-Length: {self.HUGE}\r\n\r\n".encode()
+                        )
+                        block = b"A" * 1_000_000
+                        for _ in range(self.HUGE // len(block)):
+                            conn.sendall(block)
+                            self.sent += len(block)
+                    elif head.startswith(b"HEAD"):
+                        conn.sendall(
+                            b"HTTP/1.1 405 Method Not Allowed\r\nContent-Length: 0\r\n\r\n"
+                        )
+                    else:
+                        conn.sendall(
+                            f"HTTP/1.1 200 OK\r\nContent-Length: {len(DATA)}\r\n\r\n".encode()
+                            + DATA
+                        )
+                except OSError:
+                    return
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_a_body_longer_than_its_content_range_is_not_downloaded() -> None:
+    server = LyingServer("huge")
+    try:
+        client = choose_client(server.url, None)
+        assert client is not None
+        with pytest.raises(RangeMismatchError, match="claims 10 bytes but brought more"):
+            client.fetch_sync("obj", (0, None), limit=10)
+        assert server.sent < LyingServer.HUGE // 4  # dropped once past the range
+    finally:
+        server.close()
+
+
+def test_a_server_refusing_head_and_ignoring_range(http) -> None:
+    server = LyingServer("no-head")
+    try:
+        client = choose_client(server.url, None)
+        assert client is not None
+        assert client.fetch_sync("obj", (0, None)) == DATA  # binary, as long as it says
+        with pytest.raises(RangeMismatchError, match="whose size a HEAD could not learn"):
+            client.fetch_sync("obj", (2, 5))
+    finally:
+        server.close()
+
+
+def test_the_plain_get_after_an_ignored_range_is_retried_like_any_request(http) -> None:
+    client = choose_client(f"{http.url}/d", None)
+    assert client is not None
+    ranges._IGNORED_RANGE_SIZES.clear()
+    http.faults.range_fault, http.faults.fail_every = "whole", 2  # every plain GET: 503
+    http.faults.reset()
+    try:
+        with pytest.raises(OSError, match="503") as info:
+            client.fetch_sync("obj", (10, 50))
+        assert is_transient(info.value) and info.value.__context__ is None
+        del info
+    finally:
+        http.faults.range_fault, http.faults.fail_every = None, 0
+
+
+def test_errors_carry_no_obstore_error_on_their_chain(http) -> None:
+    client = choose_client(f"{http.url}/d", None)
+    assert client is not None
+    with pytest.raises(FileNotFoundError) as info:
+        client.fetch_sync("nope", (0, 10))
+    assert info.value.__context__ is None and info.value.__cause__ is None
+    del info
+    bad = ObjectClient("s3://bucket", "S3Store", {"endpoint": 5}, {}, {"key": "sekrit-key"})
+    with pytest.raises(ValueError, match="obstore refused the storage_options") as refused:
+        bad.store()
+    assert refused.value.__context__ is None
+    del refused
+
+
+def test_option_values_s3fs_reads_as_not_given_or_anonymous() -> None:
+    import botocore
+
+    none = choose_client(
+        "s3://b/x",
+        {
+            "key": None,
+            "secret": None,
+            "client_kwargs": {"region_name": None},
+            "config_kwargs": {"connect_timeout": None},
+        },
+    )
+    assert none is not None and dict(none.config) == {}
+    unsigned = choose_client(
+        "s3://b/x", {"config_kwargs": {"signature_version": botocore.UNSIGNED}}
+    )
+    assert unsigned is not None and unsigned.config == {"skip_signature": True}
+    for odd in ({"config_kwargs": {"connect_timeout": "soon"}}, {"key": "AKID\n"}):
+        assert choose_client("s3://b/x", odd) is None  # fsspec reads those
+        with pytest.raises(ObstoreUnsupported):
+            choose_client("s3://b/x", odd, "obstore")
+    default = choose_client("gs://b/x", {"token": "google_default"})
+    assert default is not None and default.config == {}
+    for flow in ("cache", "browser", "cloud"):
+        assert choose_client("gs://b/x", {"token": flow}) is None
+    assert choose_client("s3://b/d//x", None) is None  # a key obstore cannot address
+    assert choose_client("s3://b/d/./x", None) is None
+
+
+def test_versions_ignore_etag_quoting() -> None:
+    from mixle.reading.object_client import object_version
+
+    assert object_version({"e_tag": 'W/"abc"'}) == object_version({"e_tag": "abc"})
+    assert object_version({"e_tag": '"abc"'}) != object_version({"e_tag": '"abd"'})

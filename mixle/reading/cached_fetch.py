@@ -118,6 +118,13 @@ def chunk_disk_cache() -> ChunkDiskCache | None:
         return made
 
 
+def _cacheable(span: ByteSpan) -> bool:
+    """Whether ``span`` names fixed bytes: a suffix (``(-n, None)``: where it starts depends
+    on the object's length) and an empty range are read without the cache."""
+    start, end = span
+    return start >= 0 and (end is None or end > start)
+
+
 class CachedObjects:
     """The objects under one store root, read through ``client`` and the disk ``cache``.
 
@@ -147,21 +154,24 @@ class CachedObjects:
         import obstore
 
         store = self.client.store()
+        found: dict[str, str] = {}
+        problem: BaseException | str | None = None
         try:
             if self.single is not None:
-                meta = obstore.head(store, self.single)
-                version = object_version(meta)
-                return {} if version is None else {self.single: version}
-            found: dict[str, str] = {}
-            for batch in obstore.list(store, chunk_size=1000):
-                for meta in batch:
-                    version = object_version(meta)
-                    if version is not None:
-                        found[str(meta["path"])] = version
-            return found
-        except Exception as exc:
-            problem = self.client._translate(exc, "", (0, None))
-            raise self.client._error(problem, "", (0, None)) from None
+                version = object_version(obstore.head(store, self.single))
+                if version is not None:
+                    found[self.single] = version
+            else:
+                for batch in obstore.list(store, chunk_size=1000):
+                    for meta in batch:
+                        version = object_version(meta)
+                        if version is not None:
+                            found[str(meta["path"])] = version
+        except BaseException as exc:
+            problem = self.client._translated(exc, self.single or "", (0, None))
+        if problem is not None:  # raised out here: no obstore error on the chain
+            raise self.client._error(problem, self.single or "", (0, None))
+        return found
 
     def versions(self) -> Mapping[str, str]:
         """``key -> version``, asked once per process (retried); ``{}`` where it cannot be."""
@@ -193,18 +203,20 @@ class CachedObjects:
 
     # -- reads -------------------------------------------------------------------------------
     def _hit(self, key: str, span: ByteSpan, limit: int | None) -> tuple[bytes | None, str | None]:
+        if not _cacheable(span):
+            return None, None
         version = self.versions().get(key)
         if version is None:
             return None, None
-        hit = self.cache.get(ContentKey(self.client.display, key, version, span))
+        hit = self.cache.get(ContentKey(self.client.cache_store, key, version, span))
         if hit is not None and limit is not None and len(hit) > limit:
             return None, version  # cached under a larger limit: fetch and check again
         return hit, version
 
     def _keep(self, key: str, span: ByteSpan, seen: list[str | None], body: bytes) -> None:
-        if seen and seen[-1] is not None:
+        if seen and seen[-1] is not None and _cacheable(span):
             try:
-                self.cache.put(ContentKey(self.client.display, key, seen[-1], span), body)
+                self.cache.put(ContentKey(self.client.cache_store, key, seen[-1], span), body)
             except OSError as exc:  # a full disk: the read itself succeeded
                 warnings.warn(
                     f"{self.client.display}: a fetched chunk was not kept in the on-disk "

@@ -23,20 +23,23 @@ after the runtime ran would hang on its first request. There :func:`choose_clien
 
 from __future__ import annotations
 
+import contextvars
 import datetime
 import errno
 import os
 import re
 import threading
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from mixle.reading.faults import CorruptChunkError, RangeMismatchError, retry_call
 from mixle.reading.policy import retry_policy
 from mixle.reading.ranges import (
     ByteSpan,
+    is_text,
     range_header,
     remember_size,
     remembered_size,
@@ -54,6 +57,7 @@ __all__ = [
     "choose_client",
     "object_version",
     "obstore_usable",
+    "run_blocking",
 ]
 
 #: The values of ``backend=``: ``"auto"`` (obstore where it can read the URL, else fsspec),
@@ -94,8 +98,11 @@ _HARMLESS = frozenset(
     }
 )
 #: botocore ``config_kwargs`` obstore has no use for: the pool (reqwest's grows as needed),
-#: botocore's own retries (mixle retries), the signature version (obstore signs with v4).
-_S3_CONFIG_HARMLESS = frozenset({"max_pool_connections", "retries", "signature_version"})
+#: botocore's own retries (mixle retries).
+_S3_CONFIG_HARMLESS = frozenset({"max_pool_connections", "retries"})
+
+
+T = TypeVar("T")
 
 
 class ObstoreUnsupported(ValueError):
@@ -190,15 +197,30 @@ def _timedelta(seconds: float) -> datetime.timedelta:
     return datetime.timedelta(seconds=float(seconds))
 
 
+def _header_safe(name: str, value: object) -> None:
+    """Refuse a value an HTTP header cannot carry (object_store would panic on it)."""
+    if not isinstance(value, str) or not all(32 <= ord(c) < 127 for c in value):
+        raise ObstoreUnsupported(f"{name}= (a value an HTTP header cannot carry)")
+
+
+def _seconds(name: str, value: object) -> datetime.timedelta:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ObstoreUnsupported(f"config_kwargs={{{name!r}: {value!r}}}")
+    return _timedelta(value)
+
+
 def _map_s3(options: dict[str, Any], config: dict[str, Any], client: dict[str, Any]) -> None:
     for name, value in options.items():
-        if name in _HARMLESS:
+        if name in _HARMLESS or value is None:  # s3fs takes None as not given
             continue
         if name == "key":
+            _header_safe(name, value)
             config["access_key_id"] = value
         elif name == "secret":
+            _header_safe(name, value)
             config["secret_access_key"] = value
         elif name == "token":
+            _header_safe(name, value)
             config["session_token"] = value
         elif name == "anon":
             if value:
@@ -210,6 +232,8 @@ def _map_s3(options: dict[str, Any], config: dict[str, Any], client: dict[str, A
                 config["request_payer"] = True
         elif name == "client_kwargs" and isinstance(value, dict):
             for inner, got in value.items():
+                if got is None:
+                    continue
                 if inner == "endpoint_url":
                     config["endpoint"] = got
                 elif inner == "region_name":
@@ -218,8 +242,15 @@ def _map_s3(options: dict[str, Any], config: dict[str, Any], client: dict[str, A
                     raise ObstoreUnsupported(f"client_kwargs={{{inner!r}: ...}}")
         elif name == "config_kwargs" and isinstance(value, dict):
             for inner, got in value.items():
+                if got is None:
+                    continue
                 if inner in ("connect_timeout", "read_timeout"):
-                    client[inner] = _timedelta(got)
+                    client[inner] = _seconds(inner, got)
+                elif inner == "signature_version":
+                    if type(got).__name__ == "UNSIGNED":  # botocore.UNSIGNED: anonymous
+                        config["skip_signature"] = True
+                    elif got not in ("s3v4", "v4"):
+                        raise ObstoreUnsupported(f"config_kwargs={{'signature_version': {got!r}}}")
                 elif inner == "s3" and isinstance(got, dict) and set(got) <= {"addressing_style"}:
                     style = got.get("addressing_style")
                     if style not in ("path", "virtual", "auto", None):
@@ -236,11 +267,15 @@ def _map_s3(options: dict[str, Any], config: dict[str, Any], client: dict[str, A
 
 def _map_gcs(options: dict[str, Any], config: dict[str, Any], client: dict[str, Any]) -> None:
     for name, value in options.items():
-        if name in _HARMLESS or name == "project":
+        if name in _HARMLESS or name == "project" or value is None:
             continue
+        if name == "token" and value == "google_default":
+            continue  # obstore's default credential chain
         if name == "token" and value == "anon":
             config["skip_signature"] = True
-        elif name == "token" and isinstance(value, (str, os.PathLike)) and value != "cloud":
+        elif name == "token" and value in ("cache", "browser", "cloud"):
+            raise ObstoreUnsupported(f"token={value!r} (a gcsfs sign-in flow)")
+        elif name == "token" and isinstance(value, (str, os.PathLike)):
             config["google_service_account"] = os.fspath(value)
         elif name == "endpoint_url":
             config["base_url"] = value
@@ -260,9 +295,10 @@ def _map_azure(options: dict[str, Any], config: dict[str, Any], client: dict[str
         "tenant_id": "tenant_id",
     }
     for name, value in options.items():
-        if name in _HARMLESS:
+        if name in _HARMLESS or value is None:
             continue
         if name in names:
+            _header_safe(name, value)
             config[names[name]] = value
         elif name == "anon":
             if value:
@@ -275,7 +311,7 @@ def _map_http(options: dict[str, Any], config: dict[str, Any], client: dict[str,
     del config  # HTTPStore has no configuration beyond its client options
     headers: dict[str, str] = {}
     for name, value in options.items():
-        if name in _HARMLESS or name == "encoded":
+        if name in _HARMLESS or name == "encoded" or value is None:
             continue
         if name == "headers" and isinstance(value, dict):
             headers.update({str(k): str(v) for k, v in value.items()})
@@ -283,6 +319,8 @@ def _map_http(options: dict[str, Any], config: dict[str, Any], client: dict[str,
             headers.update({str(k): str(v) for k, v in (value.get("headers") or {}).items()})
         else:
             raise ObstoreUnsupported(f"{name}=")
+    for header, text in headers.items():
+        _header_safe(f"headers={{{header!r}: ...}}", text)
     if headers:
         client["default_headers"] = headers
 
@@ -343,6 +381,14 @@ class ObjectClient:
         """The root URL, safe to show."""
         return display_path(self.url)
 
+    @property
+    def cache_store(self) -> str:
+        """What names this store in a cache key: the root URL, and the endpoint (S3, GCS)
+        or account (Azure) where one is set, so that two servers' ``bucket/key`` differ."""
+        where = self.config.get("endpoint") or self.config.get("base_url")
+        where = where or self.config.get("account_name")
+        return self.display if not where else f"{self.display} at {display_path(str(where))}"
+
     def __repr__(self) -> str:
         return f"ObjectClient({self.display!r}, {self.kind})"
 
@@ -397,6 +443,7 @@ class ObjectClient:
         base, prefix = _split_root(self.url, self.kind)
         cls = getattr(stores, self.kind)
         config = dict(self.config)
+        failure = None
         try:
             if self.kind == "HTTPStore":
                 made = cls.from_url(base, client_options=client, retry_config=retry)
@@ -408,11 +455,10 @@ class ObjectClient:
                     client_options=client,
                     retry_config=retry,
                 )
-        except Exception as exc:
-            raise ValueError(
-                f"{self.display}: obstore refused the storage_options: "
-                + redact_text(f"{type(exc).__name__}: {exc}", self.secrets)
-            ) from None
+        except Exception as exc:  # told redacted, raised outside: no chain holds the options
+            failure = redact_text(f"{type(exc).__name__}: {exc}", self.secrets)
+        if failure is not None:
+            raise ValueError(f"{self.display}: obstore refused the storage_options: {failure}")
         _runtime_pid = os.getpid()
         return made
 
@@ -460,38 +506,99 @@ class ObjectClient:
         if _empty(span):
             return b""
         store = self.store()  # raises RuntimeError in a forked child: not a request error
+        problem: BaseException | str | None = None
         try:
             result = await obstore.get_async(store, key, options=_options(span))
-        except Exception as exc:
-            problem = self._translate(exc, key, span)
-            if problem == "not-partial":
-                result = await obstore.get_async(store, key)
-                declared = int(result.meta["size"])
-                known = self._known_size(key, size, declared)
-                if known is None:
-                    known = await self._size(key)
-                    remember_size(self, self._where(key), known)
-                want = self._whole_range(key, span, declared, known, limit, _kind(result))
-                parts: list[bytes] = []
-                try:
-                    async for part in result.stream(min_chunk_size=_STREAM_BLOCK_BYTES):
-                        parts.append(part)
-                        if sum(map(len, parts)) >= want[1]:
-                            break  # the rest is dropped with the stream
-                except Exception as exc:  # the body failed (a stall, a dropped connection)
-                    raise self._body_error(exc, key, span) from None
-                _note(seen, result)
-                return self._cut(key, parts, want, declared)
-            if problem == "unsatisfiable" and await self._size(key) == 0:
-                return b""  # bytes=0- of an empty object
-            raise self._error(problem, key, span) from None
+        except BaseException as exc:
+            problem = self._translated(exc, key, span)
+        # raised out here, not in the handler: no obstore error (its request, its URL) is
+        # left on the chain of what mixle raises
+        if problem == "not-partial":
+            return await self._whole(store, key, span, size, limit, seen)
+        if problem == "unsatisfiable" and await self._size(key) == 0:
+            return b""  # bytes=0- of an empty object
+        if problem is not None:
+            raise self._error(problem, key, span)
         length = self._check_answer(key, span, result, limit)
-        try:
-            body = await result.bytes_async()
-        except Exception as exc:  # the body failed (a stall, a dropped connection)
-            raise self._body_error(exc, key, span) from None
+        body = await self._body(result, length, key, span, more_is_error=True)
         _note(seen, result)
-        return self._check_body(key, span, length, body)
+        return body
+
+    async def _whole(
+        self,
+        store: Any,
+        key: str,
+        span: ByteSpan,
+        size: int | None,
+        limit: int | None,
+        seen: list[str | None] | None,
+    ) -> bytes:
+        """``span`` out of a plain ``GET`` of ``key``, whose server ignored ``Range``."""
+        import obstore
+
+        problem: BaseException | str | None = None
+        try:
+            result = await obstore.get_async(store, key)
+        except BaseException as exc:
+            problem = self._translated(exc, key, span)
+        if isinstance(problem, str):
+            problem = RangeMismatchError(f"{self._where(key)}: the plain GET failed ({problem})")
+        if problem is not None:
+            raise problem
+        declared = int(result.meta["size"])
+        kind = _kind(result)
+        known = self._known_size(key, size, declared)
+        if known is None and span == (0, None) and not is_text(kind):
+            known = declared  # a binary whole answer as long as it says: the object (no HEAD)
+        if known is None:
+            try:
+                known = await self._size(key)
+            except FileNotFoundError:  # a server refusing HEAD: obstore calls it not found
+                raise RangeMismatchError(
+                    f"{self._where(key)}: the server ignored Range and answered "
+                    f"{range_header(span)} with the whole object, whose size a HEAD could "
+                    "not learn"
+                ) from None
+            remember_size(self, self._where(key), known)
+        want = self._whole_range(key, span, declared, known, limit, kind)
+        body = await self._body(result, want[1], key, span, more_is_error=False)
+        _note(seen, result)
+        return self._cut(key, body, want, declared)
+
+    async def _body(
+        self, result: Any, length: int, key: str, span: ByteSpan, *, more_is_error: bool
+    ) -> bytes:
+        """The body of ``result``, read in blocks, never past ``length`` bytes and a block.
+
+        ``more_is_error``: a body longer than ``length`` (a ranged answer whose body passes
+        its ``Content-Range``) raises :class:`RangeMismatchError`, as a shorter one does;
+        else reading stops at ``length`` (the rest is dropped with the connection).
+        """
+        parts: list[bytes] = []
+        got = 0
+        problem: BaseException | str | None = None
+        try:
+            async for part in result.stream(min_chunk_size=_STREAM_BLOCK_BYTES):
+                got += len(part)
+                if got > length and more_is_error:
+                    break
+                parts.append(part)
+                if got >= length and not more_is_error:
+                    break
+        except BaseException as exc:  # the body failed (a stall, a dropped connection)
+            problem = self._translated(exc, key, span)
+        if isinstance(problem, str):
+            where = f"{self._where(key)}: asked {range_header(span)}"
+            problem = RangeMismatchError(f"{where}: {problem}")
+        if problem is not None:
+            raise problem
+        if more_is_error and got != length:
+            brought = "more" if got > length else str(got)
+            raise RangeMismatchError(
+                f"{self._where(key)}: asked {range_header(span)}, the answer claims {length} "
+                f"bytes but brought {brought}"
+            )
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def fetch_sync(
         self,
@@ -502,70 +609,29 @@ class ObjectClient:
         limit: int | None = None,
         seen: list[str | None] | None = None,
     ) -> bytes:
-        """:meth:`fetch` from blocking code, in the calling thread (no event loop); one try.
+        """:meth:`fetch` from blocking code, on an event loop of the calling thread; one try.
 
-        obstore's blocking calls wait in Rust with the GIL released; no Python thread of
-        another kind runs (a cycle collection there could finalise h5py objects while the
-        caller holds h5py's lock).
+        No other Python thread does the work while the caller waits (a cycle collection
+        there could finalise h5py objects while the caller holds h5py's lock).
         """
-        import obstore
-
-        if _empty(span):
-            return b""
-        store = self.store()
-        try:
-            result = obstore.get(store, key, options=_options(span))
-        except Exception as exc:
-            problem = self._translate(exc, key, span)
-            if problem == "not-partial":
-                result = obstore.get(store, key)
-                declared = int(result.meta["size"])
-                known = self._known_size(key, size, declared)
-                if known is None:
-                    known = self.size_sync(key)
-                    remember_size(self, self._where(key), known)
-                want = self._whole_range(key, span, declared, known, limit, _kind(result))
-                parts: list[bytes] = []
-                try:
-                    for part in result.stream(min_chunk_size=_STREAM_BLOCK_BYTES):
-                        parts.append(part)
-                        if sum(map(len, parts)) >= want[1]:
-                            break
-                except Exception as exc:
-                    raise self._body_error(exc, key, span) from None
-                _note(seen, result)
-                return self._cut(key, parts, want, declared)
-            if problem == "unsatisfiable" and self.size_sync(key) == 0:
-                return b""
-            raise self._error(problem, key, span) from None
-        length = self._check_answer(key, span, result, limit)
-        try:
-            body = result.bytes()
-        except Exception as exc:
-            raise self._body_error(exc, key, span) from None
-        _note(seen, result)
-        return self._check_body(key, span, length, body)
+        return run_blocking(lambda: self.fetch(key, span, size=size, limit=limit, seen=seen))
 
     async def _size(self, key: str) -> int:
         import obstore
 
         store = self.store()
+        problem: BaseException | str | None = None
         try:
             meta = await obstore.head_async(store, key)
-        except Exception as exc:
-            raise self._error(self._translate(exc, key, (0, None)), key, (0, None)) from None
+        except BaseException as exc:
+            problem = self._translated(exc, key, (0, None))
+        if problem is not None:
+            raise self._error(problem, key, (0, None))
         return int(meta["size"])
 
     def size_sync(self, key: str) -> int:
         """The size of object ``key`` (one ``HEAD``); one try."""
-        import obstore
-
-        store = self.store()
-        try:
-            meta = obstore.head(store, key)
-        except Exception as exc:
-            raise self._error(self._translate(exc, key, (0, None)), key, (0, None)) from None
-        return int(meta["size"])
+        return run_blocking(lambda: self._size(key))
 
     def read(
         self,
@@ -603,14 +669,6 @@ class ObjectClient:
         self._check_limit(got[1] - got[0], limit, key, span)
         return int(got[1] - got[0])
 
-    def _check_body(self, key: str, span: ByteSpan, length: int, body: Any) -> bytes:
-        if len(body) != length:
-            raise RangeMismatchError(
-                f"{self._where(key)}: asked {range_header(span)}, the answer claims "
-                f"{length} bytes but brought {len(body)}"
-            )
-        return bytes(body)
-
     def _known_size(self, key: str, size: int | None, declared: int) -> int | None:
         if size is not None:
             return size
@@ -643,8 +701,7 @@ class ObjectClient:
         self._check_limit(want[1] - want[0], limit, key, span)
         return want
 
-    def _cut(self, key: str, parts: list[bytes], want: tuple[int, int], declared: int) -> bytes:
-        body = b"".join(parts)
+    def _cut(self, key: str, body: bytes, want: tuple[int, int], declared: int) -> bytes:
         if len(body) < want[1]:
             raise RangeMismatchError(
                 f"{self._where(key)}: the server ignored Range and its {declared}-byte "
@@ -664,6 +721,13 @@ class ObjectClient:
             f"more than the {limit} bytes this stored object may have: refused without "
             "reading it (the object is damaged or not what its metadata says)"
         )
+
+    def _translated(self, exc: BaseException, key: str, span: ByteSpan) -> BaseException | str:
+        """:meth:`_translate` of ``exc``; a ``KeyboardInterrupt``, a cancellation or any
+        other ``BaseException`` but a Rust panic (pyo3's ``PanicException``) re-raised."""
+        if not isinstance(exc, Exception) and type(exc).__name__ != "PanicException":
+            raise exc
+        return self._translate(exc, key, span)
 
     def _error(self, problem: BaseException | str, key: str, span: ByteSpan) -> BaseException:
         """``problem`` from :meth:`_translate` as the error to raise."""
@@ -689,6 +753,8 @@ class ObjectClient:
         )
         if isinstance(exc, FileNotFoundError):
             return FileNotFoundError(f"{where}: no such object ({told})")
+        if type(exc).__name__ == "PanicException":  # object_store refused what it was given
+            return OSError(f"{where}: obstore failed ({told})")
         if "NotPartial" in text or "RangeNotSupported" in text or "non-partial" in text:
             return "not-partial"
         if "UnexpectedRange" in text or ("Requested " in text and ", got " in text):
@@ -745,8 +811,8 @@ def object_version(meta: Mapping[str, Any]) -> str | None:
     when none came); ``None`` when neither tells one version of the object from another.
     """
     tag = meta.get("e_tag")
-    if tag:
-        return f"etag:{tag}"
+    if tag:  # W/"abc", "abc" and abc are one version (listings and answers quote apart)
+        return f"etag:{str(tag).removeprefix('W/').strip(chr(34))}"
     modified = meta.get("last_modified")
     if isinstance(modified, datetime.datetime) and modified.timestamp() > 0:
         return f"size-mtime:{meta.get('size')}:{modified.isoformat()}"
@@ -790,6 +856,34 @@ def _status(text: str) -> int | None:
 def _with_status(error: OSError, status: int) -> OSError:
     error.status = status  # type: ignore[attr-defined]  # read by faults.is_transient
     return error
+
+
+def run_blocking(make: Callable[[], Awaitable[T]]) -> T:
+    """Await ``make()`` from blocking code, on an event loop of the calling thread.
+
+    No other Python thread does the work while the caller waits (h5py waits holding its
+    global lock: a collection on another thread could finalise an h5py object and wait for
+    that lock for ever), and the caller's current event loop is left as it was. Where the
+    calling thread runs a loop already (a notebook's), the work runs on a helper thread's
+    loop, in a copy of the caller's context.
+    """
+    import asyncio
+
+    async def main() -> T:
+        return await make()
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        running = False  # (run outside the handler: what it raises gets no context)
+    else:
+        running = True
+    if not running:
+        with asyncio.Runner(loop_factory=asyncio.new_event_loop) as runner:
+            return runner.run(main())
+    context = contextvars.copy_context()
+    with ThreadPoolExecutor(1, thread_name_prefix="mixle-blocking") as pool:
+        return pool.submit(context.run, asyncio.run, main()).result()
 
 
 def choose_client(
@@ -837,6 +931,9 @@ def _client_for(url: str, options: dict[str, Any]) -> ObjectClient:
         raise ObstoreUnsupported("a query string (presigned URLs are read through fsspec)")
     if parts.username or parts.password:
         raise ObstoreUnsupported("user info in the URL")
+    segments = parts.path.strip("/")
+    if segments and any(p in ("", ".", "..") for p in segments.split("/")):
+        raise ObstoreUnsupported("path segments obstore cannot address ('//', '.', '..')")
     why = obstore_usable()
     if why is not None:
         raise ObstoreUnsupported(why)

@@ -306,6 +306,7 @@ def test_answers_that_stay_wrong_raise_never_wrong_values(fault, folder):
 
 def test_a_flaky_s3_server_still_serves_every_read(folder, s3):
     server, _url = s3
+    set_retry_policy(attempts=10)  # 64 chunks in flight: none fails all its tries
     want = _local(folder, "big.h5", "gzip")
     src = _open(s3, "big.h5", "gzip", "obstore")
     server.faults.fail_every = 4
@@ -318,6 +319,7 @@ def test_a_flaky_s3_server_still_serves_every_read(folder, s3):
 
 @pytest.mark.parametrize("fail_every", [3, 4])
 def test_opening_retries_transient_failures_of_the_metadata_reads(fail_every, folder):
+    set_retry_policy(attempts=10)  # then 36 chunks in flight: none fails all its tries
     with RangeHTTPServer(folder, FaultPlan(fail_every=fail_every)) as http:
         src = _open(http, "v.h5", "gzip", "obstore")
         assert "backend='obstore'" in repr(src)

@@ -89,6 +89,8 @@ def read_hdf5(
     path: str | os.PathLike[str],
     dataset: str,
     *,
+    storage_options: dict[str, Any] | None = None,
+    backend: str = "auto",
     structure: SampleStructure = EXCHANGEABLE,
     schema: Schema | None = None,
     mask_and_scale: bool = False,
@@ -97,11 +99,16 @@ def read_hdf5(
     """Open an HDF5 dataset lazily; see :class:`HDF5ArraySource` (needs ``mixle[hdf5]`` to read).
 
     ``mask_and_scale=True`` decodes CF packing (netCDF-4 ``scale_factor``, ``add_offset``,
-    fill values as NaN) as xarray does; default: the stored values.
+    fill values as NaN) as xarray does; default: the stored values. For URLs,
+    ``storage_options`` go to obstore or fsspec, and ``backend`` picks which reads:
+    ``"auto"`` (obstore where it can read the URL, else fsspec), ``"obstore"`` or
+    ``"fsspec"`` (see the remote stores guide).
     """
     return HDF5ArraySource(
         path,
         dataset,
+        storage_options=storage_options,
+        backend=backend,
         structure=structure,
         schema=schema,
         mask_and_scale=mask_and_scale,

@@ -27,7 +27,10 @@ def hwm():
     with open("/proc/self/status") as f:
         return int(next(l for l in f if l.startswith("VmHWM")).split()[1]) // 1024
 
-s = mixle.read_zarr(sys.argv[1])
+# fsspec: through obstore this child aborts at exit (SIGABRT, about 1 run in 3) after the
+# refused answer; a client bug reported to the lead (test_zarr_obstore_faults.py checks the
+# refusal itself through obstore)
+s = mixle.read_zarr(sys.argv[1], backend="fsspec")
 s[-1:, -1:]
 with open("/proc/self/clear_refs", "w") as f:
     f.write("5")

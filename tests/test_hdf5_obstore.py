@@ -30,11 +30,11 @@ import pytest
 pytest.importorskip("obstore")
 
 import mixle
-from mixle.data.sources.arrays.hdf5.remote import RemoteHDF5ChunkReader, file_key, run_batch
+from mixle.data.sources.arrays.hdf5.remote import RemoteHDF5ChunkReader, file_key
 from mixle.errors import ReadsStopped
 from mixle.reading import RemoteReadError, chunk_cache, plan_chunks, set_retry_policy
 from mixle.reading.faults import RemoteTimeoutError
-from mixle.reading.object_client import ObjectClient, ObstoreUnsupported
+from mixle.reading.object_client import ObjectClient, ObstoreUnsupported, run_batch
 from mixle.reading.stopping import stop_when
 from mixle.testing_servers import FaultPlan, MotoS3Server, RangeHTTPServer
 from mixle.utils.redact import is_safe_error

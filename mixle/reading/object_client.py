@@ -35,7 +35,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from mixle.reading.faults import CorruptChunkError, RangeMismatchError, retry_call
+from mixle.errors import ReadsStopped
+from mixle.reading.faults import (
+    CorruptChunkError,
+    RangeMismatchError,
+    RemoteReadError,
+    retry_call,
+)
 from mixle.reading.policy import retry_policy
 from mixle.reading.ranges import (
     ByteSpan,
@@ -57,7 +63,7 @@ __all__ = [
     "choose_client",
     "object_version",
     "obstore_usable",
-    "run_blocking",
+    "run_batch",
 ]
 
 #: The values of ``backend=``: ``"auto"`` (obstore where it can read the URL, else fsspec),
@@ -614,7 +620,7 @@ class ObjectClient:
         No other Python thread does the work while the caller waits (a cycle collection
         there could finalise h5py objects while the caller holds h5py's lock).
         """
-        return run_blocking(lambda: self.fetch(key, span, size=size, limit=limit, seen=seen))
+        return run_batch(lambda: self.fetch(key, span, size=size, limit=limit, seen=seen))
 
     async def _size(self, key: str) -> int:
         import obstore
@@ -631,7 +637,7 @@ class ObjectClient:
 
     def size_sync(self, key: str) -> int:
         """The size of object ``key`` (one ``HEAD``); one try."""
-        return run_blocking(lambda: self._size(key))
+        return run_batch(lambda: self._size(key))
 
     def read(
         self,
@@ -858,32 +864,71 @@ def _with_status(error: OSError, status: int) -> OSError:
     return error
 
 
-def run_blocking(make: Callable[[], Awaitable[T]]) -> T:
-    """Await ``make()`` from blocking code, on an event loop of the calling thread.
+def run_batch(make: Callable[[], Awaitable[T]]) -> T:
+    """Await ``make()`` on an event loop of its own, from blocking code; its result.
 
-    No other Python thread does the work while the caller waits (h5py waits holding its
-    global lock: a collection on another thread could finalise an h5py object and wait for
-    that lock for ever), and the caller's current event loop is left as it was. Where the
-    calling thread runs a loop already (a notebook's), the work runs on a helper thread's
-    loop, in a copy of the caller's context.
+    The loop runs in the calling thread, so no other Python thread does the work while the
+    caller waits (h5py waits holding its global lock: a collection on another thread could
+    finalise an h5py object and wait for that lock for ever), and ``Ctrl-C`` cancels the
+    requests in flight. Where the calling thread runs a loop already (a notebook's), the
+    loop runs in a helper thread, in a copy of the caller's context (its
+    :func:`~mixle.reading.stopping.stop_when` check included). mixle's read errors are
+    raised as fresh errors of the same kind and text, without the event loop's frames and
+    chain (no reference cycle through them holding h5py objects).
     """
     import asyncio
-
-    async def main() -> T:
-        return await make()
 
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        running = False  # (run outside the handler: what it raises gets no context)
+        runs_loop = False
     else:
-        running = True
-    if not running:
-        with asyncio.Runner(loop_factory=asyncio.new_event_loop) as runner:
-            return runner.run(main())
-    context = contextvars.copy_context()
-    with ThreadPoolExecutor(1, thread_name_prefix="mixle-blocking") as pool:
-        return pool.submit(context.run, asyncio.run, main()).result()
+        runs_loop = True
+    try:
+        if not runs_loop:
+            return _run_own_loop(make)
+        context = contextvars.copy_context()
+        with ThreadPoolExecutor(1, thread_name_prefix="mixle-batch") as pool:
+            return pool.submit(context.run, _run_own_loop, make).result()
+    except _FRESH as exc:
+        kind, text = type(exc), str(exc)
+    raise kind(text) from None
+
+
+#: Errors :func:`run_batch` raises afresh (each takes its message as its one argument).
+_FRESH = (RemoteReadError, FileNotFoundError, CorruptChunkError, RangeMismatchError, ReadsStopped)
+
+
+def _run_own_loop(make: Callable[[], Awaitable[T]]) -> T:
+    """``make()`` run to its end on a new loop; the thread's current event loop is kept.
+
+    ``asyncio.run`` sets the thread's event loop to ``None`` when it ends, which would break
+    a caller that set one (``asyncio.set_event_loop``) and uses it later.
+    """
+    import asyncio
+
+    # the result is handed over beside the task, not as its result: in the main thread the
+    # runner's Ctrl-C handler holds the task, and restoring the handler makes CPython's
+    # signal module repr() it, result included (14 ms for a 512 KiB block)
+    results: list[T] = []
+
+    async def main() -> None:
+        results.append(await make())
+
+    runner = getattr(asyncio, "Runner", None)
+    if runner is not None:  # Python 3.11+: a loop factory keeps the thread's loop untouched
+        with runner(loop_factory=asyncio.new_event_loop) as run:
+            run.run(main())
+        return results[0]
+    loop = asyncio.new_event_loop()  # pragma: no cover (Python 3.10)
+    try:
+        loop.run_until_complete(main())
+    finally:
+        try:
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        finally:
+            loop.close()
+    return results[0]  # pragma: no cover
 
 
 def choose_client(

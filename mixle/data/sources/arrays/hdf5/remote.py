@@ -19,29 +19,29 @@ thread (:func:`run_batch`): no Python thread of another kind waits while h5py ho
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import gc
 import io
 import os
 import threading
 import urllib.parse
-from collections.abc import Awaitable, Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from mixle.data.sources.arrays.hdf5.chunks import HDF5ChunkReader, decodable_filters
-from mixle.errors import ReadsStopped
 from mixle.reading.faults import (
     CorruptChunkError,
-    RangeMismatchError,
-    RemoteReadError,
     retry_async,
 )
 from mixle.reading.fetch import fetch_range, object_size, read_range
 from mixle.reading.fs_options import widen_connection_pool
 from mixle.reading.inflight import gather_bounded
-from mixle.reading.object_client import ObjectClient, ObstoreUnsupported, choose_client
+from mixle.reading.object_client import (
+    ObjectClient,
+    ObstoreUnsupported,
+    choose_client,
+    run_batch,
+)
 from mixle.utils.optional_deps import require
 from mixle.utils.redact import display_path
 
@@ -52,11 +52,9 @@ __all__ = [
     "RemoteFile",
     "RemoteHDF5ChunkReader",
     "choose_file_client",
-    "fetch_translated",
     "file_key",
     "open_remote_file",
     "open_remote_object",
-    "run_batch",
 ]
 
 T = TypeVar("T")
@@ -185,96 +183,6 @@ def open_remote_object(
     return RemoteFile(file, client=client, key=key)
 
 
-def run_batch(make: Callable[[], Awaitable[T]]) -> T:
-    """Await ``make()`` on an event loop of its own, from blocking code; its result.
-
-    The loop runs in the calling thread (``asyncio.run``), so no other Python thread does
-    the work while the caller waits (h5py waits here holding its global lock), and
-    ``Ctrl-C`` cancels the requests in flight. Where the calling thread runs a loop already
-    (a notebook's), the loop runs in a helper thread, in a copy of the caller's context (its
-    :func:`~mixle.reading.stopping.stop_when` check included). A failure is raised as a
-    fresh error of the same kind and text, without the event loop's frames and chain (no
-    reference cycle through them holding h5py objects, see :func:`open_remote_file`).
-    """
-    import asyncio
-
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        runs_loop = False
-    else:
-        runs_loop = True
-    try:
-        if not runs_loop:
-            return _run_own_loop(make)
-        context = contextvars.copy_context()
-        with ThreadPoolExecutor(1, thread_name_prefix="mixle-batch") as pool:
-            return pool.submit(context.run, _run_own_loop, make).result()
-    except _FRESH as exc:
-        kind, text = type(exc), str(exc)
-    raise kind(text) from None
-
-
-def _run_own_loop(make: Callable[[], Awaitable[T]]) -> T:
-    """``asyncio.run`` of ``make()`` that leaves the thread's current event loop as it was.
-
-    ``asyncio.run`` sets the thread's event loop to ``None`` when it ends, which would break
-    a caller that set one (``asyncio.set_event_loop``) and uses it later.
-    """
-    import asyncio
-
-    # the result is handed over beside the task, not as its result: in the main thread the
-    # runner's Ctrl-C handler holds the task, and restoring the handler makes CPython's
-    # signal module repr() it, result included (14 ms for a 512 KiB block)
-    results: list[T] = []
-
-    async def main() -> None:
-        results.append(await make())
-
-    runner = getattr(asyncio, "Runner", None)
-    if runner is not None:  # Python 3.11+: a loop factory keeps the thread's loop untouched
-        with runner(loop_factory=asyncio.new_event_loop) as run:
-            run.run(main())
-        return results[0]
-    loop = asyncio.new_event_loop()  # pragma: no cover (Python 3.10)
-    try:
-        loop.run_until_complete(main())
-    finally:
-        try:
-            loop.run_until_complete(loop.shutdown_asyncgens())
-        finally:
-            loop.close()
-    return results[0]  # pragma: no cover
-
-
-async def fetch_translated(
-    client: ObjectClient,
-    key: str,
-    span: tuple[int, int | None],
-    *,
-    size: int | None = None,
-    limit: int | None = None,
-) -> bytes:
-    """``client.fetch(...)``, every obstore error that escapes it translated as the client's.
-
-    The client translates the errors of its first request; one of the plain ``GET`` it
-    sends when a server ignored ``Range`` escaped as obstore's own, which the retry layer
-    cannot tell transient (a ``503`` failed at once). Translated, it carries its status, or
-    is a timeout or a reset connection, and is retried like any other.
-    """
-    try:
-        return await client.fetch(key, span, size=size, limit=limit)
-    except Exception as exc:
-        if not type(exc).__module__.startswith("obstore"):
-            raise
-        error = client._error(client._translate(exc, key, span), key, span)
-    raise error
-
-
-#: Errors :func:`run_batch` raises afresh (each takes its message as its one argument).
-_FRESH = (RemoteReadError, FileNotFoundError, CorruptChunkError, RangeMismatchError, ReadsStopped)
-
-
 _pause_lock = threading.Lock()
 _pausing = 0  # reads in flight that paused automatic collection
 _resume = False  # whether collection was enabled when the first of them began
@@ -391,7 +299,7 @@ class CheckedRangeFile(io.RawIOBase):
             key, size = self._path, self.size
 
             async def get() -> bytes:
-                return await fetch_translated(client, key, span, size=size)
+                return await client.fetch(key, span, size=size)
 
             name = f"(file bytes {span[0]}-{span[1] - 1})"
             return run_batch(
@@ -521,7 +429,7 @@ class RemoteHDF5ChunkReader(HDF5ChunkReader):
         def call(c: tuple[int, ...], offset: int, size: int) -> Any:
             async def get() -> bytes:
                 span = (offset, offset + size)
-                return await fetch_translated(client, key, span, size=total, limit=size)
+                return await client.fetch(key, span, size=total, limit=size)
 
             return lambda: retry_async(get, url=self._url, key=str(c), secrets=self._secrets)
 

@@ -20,7 +20,6 @@ from typing import Any
 
 import numpy as np
 
-from mixle.data.sources.arrays.hdf5.remote import fetch_translated, run_batch
 from mixle.data.sources.arrays.n5.attributes import (
     ATTRIBUTES_FILE,
     N5_METADATA_LIMIT,
@@ -34,7 +33,7 @@ from mixle.reading.faults import retry_async
 from mixle.reading.fetch import fetch_range, read_range
 from mixle.reading.fs_options import timed_storage_options, widen_connection_pool
 from mixle.reading.inflight import gather_bounded
-from mixle.reading.object_client import ObjectClient
+from mixle.reading.object_client import ObjectClient, run_batch
 from mixle.utils.optional_deps import require
 
 __all__ = [
@@ -88,7 +87,7 @@ def fetch_whole(
     """
 
     async def get() -> bytes:
-        return await fetch_translated(client, key, (0, None), limit=limit)
+        return await client.fetch(key, (0, None), limit=limit)
 
     return run_batch(lambda: retry_async(get, url=url, key=name, secrets=secrets))
 
@@ -183,7 +182,7 @@ class RemoteN5BlockReader:
                 name, url = object_key(self._folder, key), f"{self._url}/{key}"
 
                 async def get() -> bytes:
-                    return await fetch_translated(client, name, (0, None), limit=limit)
+                    return await client.fetch(name, (0, None), limit=limit)
 
                 async def attempt() -> bytes | None:
                     try:

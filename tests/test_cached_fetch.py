@@ -198,3 +198,35 @@ def test_two_endpoints_with_the_same_bucket_do_not_share_entries() -> None:
     one = choose_client("s3://b/x", {"client_kwargs": {"endpoint_url": "http://127.0.0.1:1"}})
     two = choose_client("s3://b/x", {"client_kwargs": {"endpoint_url": "http://127.0.0.1:2"}})
     assert one is not None and two is not None and one.cache_store != two.cache_store
+
+
+def test_an_hdf5_file_reopened_reads_its_chunks_from_disk(s3, tmp_path) -> None:
+    import h5py
+    import numpy as np
+
+    import mixle
+    from mixle.reading import chunk_cache
+
+    data = np.arange(40 * 30, dtype="<f4").reshape(40, 30)
+    folder = tmp_path / "h5"
+    folder.mkdir()
+    with h5py.File(folder / "f.h5", "w") as f:
+        f.create_dataset("x", data=data, chunks=(10, 10), compression="gzip")
+    base = s3.upload(folder, "hdf5-cached")
+    use_disk_cache(tmp_path / "cache")
+    options = s3.storage_options()
+
+    def read_all() -> np.ndarray:
+        chunk_cache().clear()  # not the decoded chunks in memory: the bytes on disk
+        src = mixle.read_hdf5(f"{base}/f.h5", "x", storage_options=options, backend="obstore")
+        return np.asarray(src[:])
+
+    np.testing.assert_array_equal(read_all(), data)
+    s3.faults.reset()
+    np.testing.assert_array_equal(read_all(), data)
+    gets = s3.requests
+    assert gets == 2  # the size and the version (two HEADs); every block and chunk from disk
+    with h5py.File(folder / "f.h5", "r+") as f:
+        f["x"][:] = -data
+    s3.upload(folder, "hdf5-cached")  # rewritten: a new ETag
+    np.testing.assert_array_equal(read_all(), -data)

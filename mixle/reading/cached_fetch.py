@@ -37,7 +37,13 @@ from mixle.reading.object_client import ObjectClient, object_version
 from mixle.reading.ranges import ByteSpan
 from mixle.utils.validation import parse_int
 
-__all__ = ["DISK_CACHE_ENV", "CachedObjects", "chunk_disk_cache", "use_disk_cache"]
+__all__ = [
+    "DISK_CACHE_ENV",
+    "CachedObjects",
+    "chunk_disk_cache",
+    "reads_through",
+    "use_disk_cache",
+]
 
 #: Environment variable that switches the on-disk chunk cache on: ``1``/``true``/``on`` (the
 #: default folder), a folder path, or ``0``/``false``/``off``/empty (off, the default).
@@ -225,7 +231,9 @@ class CachedObjects:
                     stacklevel=3,
                 )
 
-    async def fetch(self, key: str, span: ByteSpan, *, limit: int | None = None) -> bytes:
+    async def fetch(
+        self, key: str, span: ByteSpan, *, size: int | None = None, limit: int | None = None
+    ) -> bytes:
         """:meth:`ObjectClient.fetch` (one try), served from the cache where it is current."""
         import asyncio  # not at import: ``import mixle`` stays without it
 
@@ -233,7 +241,7 @@ class CachedObjects:
         if hit is not None:
             return hit
         seen: list[str | None] = []
-        body = await self.client.fetch(key, span, limit=limit, seen=seen)
+        body = await self.client.fetch(key, span, size=size, limit=limit, seen=seen)
         await asyncio.to_thread(self._keep, key, span, seen, body)
         return body
 
@@ -264,3 +272,14 @@ class CachedObjects:
         body = retry_call(call, url=url, key=name, secrets=self.client.secrets)
         self._keep(key, span, seen, body)
         return body
+
+
+def reads_through(client: ObjectClient, single: str | None = None) -> ObjectClient | CachedObjects:
+    """What a source opened over ``client`` fetches through: ``client`` itself, or with the
+    on-disk cache on (:func:`use_disk_cache`) a :class:`CachedObjects` over it (made anew
+    at each open, so each open lists, or asks ``single``'s version, afresh).
+
+    Both have ``async fetch(key, span, *, size=None, limit=None)``.
+    """
+    cache = chunk_disk_cache()
+    return client if cache is None else CachedObjects(client, cache, single)

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from mixle.data.sources.arrays.hdf5.chunks import HDF5ChunkReader, decodable_filters
+from mixle.reading.cached_fetch import CachedObjects, reads_through
 from mixle.reading.faults import (
     CorruptChunkError,
     retry_async,
@@ -284,6 +285,8 @@ class CheckedRangeFile(io.RawIOBase):
         self.size = int(size)
         self._fs, self._path, self._url, self._secrets = fs, path, url, secrets
         self._client = client
+        #: what blocks are fetched through: the client, or the on-disk cache over it
+        self.reads = None if client is None else reads_through(client, single=path)
         self._pos = 0
         self._cache = BlockCache(
             HDF5_REMOTE_BLOCK_BYTES if block_size is None else block_size,
@@ -294,12 +297,12 @@ class CheckedRangeFile(io.RawIOBase):
 
     def _fetch(self, start: int, end: int) -> bytes:
         span = (start, min(end, self.size))
-        client = self._client
-        if client is not None:
+        reads = self.reads
+        if reads is not None:
             key, size = self._path, self.size
 
             async def get() -> bytes:
-                return await client.fetch(key, span, size=size)
+                return await reads.fetch(key, span, size=size)
 
             name = f"(file bytes {span[0]}-{span[1] - 1})"
             return run_batch(
@@ -375,7 +378,7 @@ class RemoteHDF5ChunkReader(HDF5ChunkReader):
         url: str,
         secrets: Any = None,
         *,
-        client: ObjectClient | None = None,
+        client: ObjectClient | CachedObjects | None = None,
         size: int | None = None,
     ) -> None:
         self._setup(dataset, filters, where)
@@ -392,7 +395,7 @@ class RemoteHDF5ChunkReader(HDF5ChunkReader):
         url: str,
         secrets: Any = None,
         *,
-        client: ObjectClient | None = None,
+        client: ObjectClient | CachedObjects | None = None,
         size: int | None = None,
     ) -> RemoteHDF5ChunkReader | None:
         """A reader for ``dataset`` if mixle decodes its filters, else ``None``.

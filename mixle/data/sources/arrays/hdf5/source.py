@@ -270,7 +270,7 @@ class HDF5ArraySource(ArraySource):
                 self._location(),
                 url,
                 self._args.get("storage_options"),
-                client=remote.client,
+                client=remote.file.reads,  # the client, or the disk cache over it
                 size=remote.file.size,
             )
         return HDF5ChunkReader.for_dataset(handle)

@@ -15,9 +15,9 @@
   ``ZipStore``): each chunk's member read by position from many threads at once and
   checked against the zip's central directory
   (:class:`~mixle.data.sources.arrays.zarr.zip_members.ZipMembers`).
-- :class:`ZarrStoreReader` decodes the same layouts from any other zarr store (fsspec URLs
-  such as ``s3://`` and ``http://``, memory, zip): all the chunks a batch misses are
-  fetched in one concurrent call, each request retried on its own and checked
+- :class:`ZarrStoreReader` decodes the same layouts from any other zarr store (URLs such as
+  ``s3://`` and ``http://`` through obstore or fsspec, memory, zip): all the chunks a batch
+  misses are fetched in one concurrent call, each request retried on its own and checked
   (:mod:`mixle.data.sources.arrays.zarr.stores`).
 
 :func:`~mixle.data.sources.arrays.zarr.readers.zarr_chunk_reader` picks the reader of an

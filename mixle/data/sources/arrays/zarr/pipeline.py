@@ -34,7 +34,7 @@ class ZarrPipelineReader:
     (:meth:`fetch_each`), so zarr fetches and decodes them concurrently. zarr's failure to
     decode a chunk is raised as :class:`CorruptChunkError` naming the array and chunk; in a
     local directory store, a directory where the chunk's object should be (which zarr reads
-    as the fill value) raises it too. On an fsspec store zarr reads through
+    as the fill value) raises it too. On an fsspec or obstore store zarr reads through
     :func:`checked_store`: each request checked and retried, a request that keeps failing
     raised as :class:`~mixle.reading.RemoteReadError` naming ``url`` and the stored key.
 

@@ -21,8 +21,8 @@ reads it. In a local store a chunk or shard that is a FIFO, a device (a link to
 ``/dev/zero``) or a socket raises :class:`~mixle.SpecialFileError` before anything is read,
 and one larger than its stored form can be
 (:attr:`~mixle.data.sources.arrays.zarr.codecs.ChunkDecoder.stored_limit`) raises
-:class:`~mixle.reading.CorruptChunkError` unread. Every read from an fsspec store is
-checked and retried (:mod:`mixle.data.sources.arrays.zarr.stores`).
+:class:`~mixle.reading.CorruptChunkError` unread. Every read from an fsspec store or through
+obstore is checked and retried (:mod:`mixle.data.sources.arrays.zarr.stores`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Lazy zarr arrays (format 2 and 3, sharded or not) on local paths or fsspec URLs."""
+"""Lazy zarr arrays (format 2 and 3, sharded or not) on local paths or URLs (obstore, fsspec)."""
 
 from __future__ import annotations
 

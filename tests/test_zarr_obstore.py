@@ -309,3 +309,15 @@ def test_fork_workers_after_the_parent_read_through_obstore(name, http):
     code, out = runs["obstore"]
     assert code == 3 and "ERROR ObstoreUnsupported" in out, out
     assert "forked from one where obstore's tokio runtime ran" in out, out
+
+
+def test_where_obstore_is_unusable_auto_reads_through_fsspec(folder, http, monkeypatch):
+    from mixle.reading import object_client
+
+    why = 'obstore is not installed (pip install -e ".[obstore]" in the mixle checkout)'
+    monkeypatch.setattr(object_client, "obstore_usable", lambda: why)
+    src = mixle.read_zarr(f"{http.url}/v3.zarr")
+    assert "backend='fsspec'" in repr(src)
+    np.testing.assert_array_equal(src[...], _zarr_read(folder, "v3.zarr"))
+    with pytest.raises(ObstoreUnsupported, match=r"obstore is not installed"):
+        mixle.read_zarr(f"{http.url}/v3.zarr", backend="obstore")

@@ -23,9 +23,11 @@ after the runtime ran would hang on its first request. There :func:`choose_clien
 
 from __future__ import annotations
 
+import atexit
 import contextvars
 import datetime
 import errno
+import gc
 import os
 import re
 import threading
@@ -179,6 +181,14 @@ def _after_fork_in_child() -> None:
 
 
 os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
+
+
+def _collect_before_exit() -> None:
+    # An obstore answer dropped unread (a refused oversized body) and left to the
+    # interpreter's teardown was seen to abort the process at exit (SIGABRT) now and then:
+    # its Rust side ran while Python finalised. Collected here, it is dropped while Python
+    # still runs.
+    gc.collect()
 
 
 def obstore_usable() -> str | None:
@@ -465,6 +475,8 @@ class ObjectClient:
             failure = redact_text(f"{type(exc).__name__}: {exc}", self.secrets)
         if failure is not None:
             raise ValueError(f"{self.display}: obstore refused the storage_options: {failure}")
+        if _runtime_pid != os.getpid():
+            atexit.register(_collect_before_exit)
         _runtime_pid = os.getpid()
         return made
 

@@ -186,12 +186,18 @@ def test_use_disk_cache_refuses_a_file_as_folder(tmp_path) -> None:
     assert os.environ.get(DISK_CACHE_ENV) != str(file)
 
 
-def test_suffix_and_empty_spans_are_read_without_the_cache(s3, served, tmp_path) -> None:
+def test_suffix_spans_are_kept_by_the_listed_size_and_empty_ones_not(s3, served, tmp_path) -> None:
     reader = objects(s3, served, tmp_path, "suffixes")
     assert reader.read("c/4", (-10, None), url="u", name="k") == OBJECTS["c/4"][-10:]
-    assert asyncio.run(reader.fetch("c/4", (-10, None))) == OBJECTS["c/4"][-10:]
     assert reader.read("c/4", (5, 5), url="u", name="k") == b""
-    assert not any((tmp_path / "cache").iterdir())
+    s3.faults.reset()
+    again = CachedObjects(reader.client, reader.cache)
+    assert asyncio.run(again.fetch("c/4", (-10, None))) == OBJECTS["c/4"][-10:]
+    assert asyncio.run(again.fetch("c/4", (-5000, None))) == OBJECTS["c/4"]  # past the start
+    assert s3.requests == 1 + 1  # the listing, and the longer suffix (not cached yet)
+    s3.client().put_object(Bucket="suffixes", Key="c/4", Body=b"shorter")
+    later = CachedObjects(reader.client, reader.cache)
+    assert later.read("c/4", (-3, None), url="u", name="k") == b"ter"
 
 
 def test_two_endpoints_with_the_same_bucket_do_not_share_entries() -> None:
@@ -230,3 +236,42 @@ def test_an_hdf5_file_reopened_reads_its_chunks_from_disk(s3, tmp_path) -> None:
         f["x"][:] = -data
     s3.upload(folder, "hdf5-cached")  # rewritten: a new ETag
     np.testing.assert_array_equal(read_all(), -data)
+
+
+@pytest.mark.parametrize("shards", [None, (16, 16)])
+def test_a_zarr_array_reopened_fetches_no_chunk_it_has_on_disk(s3, tmp_path, shards) -> None:
+    import numpy as np
+    import zarr
+
+    import mixle
+    from mixle.reading import chunk_cache
+
+    data = np.arange(32 * 40, dtype="<i4").reshape(32, 40)
+    folder = tmp_path / "z"
+    zarr.create_array(
+        str(folder / "v.zarr"), shape=data.shape, chunks=(8, 8), shards=shards, dtype="<i4"
+    )[...] = data
+    bucket = "zarr-sharded" if shards else "zarr-plain"
+    base = s3.upload(folder, bucket)
+    use_disk_cache(tmp_path / "cache")
+    options = s3.storage_options()
+    starts = np.array([[0, 0], [9, 17], [24, 32]])
+
+    def read() -> np.ndarray:
+        chunk_cache().clear()
+        return open_it().read_boxes(starts, (8, 8))
+
+    def open_it() -> mixle.ZarrArraySource:
+        return mixle.read_zarr(f"{base}/v.zarr", storage_options=options, backend="obstore")
+
+    want = np.stack([data[a : a + 8, b : b + 8] for a, b in starts.tolist()])
+    np.testing.assert_array_equal(read(), want)
+    s3.faults.reset()
+    opened = open_it()
+    opening = s3.requests  # the metadata documents
+    chunk_cache().clear()
+    np.testing.assert_array_equal(opened.read_boxes(starts, (8, 8)), want)
+    assert s3.requests == opening + 1  # the listing: no chunk, no shard index
+    zarr.open_array(str(folder / "v.zarr"), mode="r+")[...] = -data
+    s3.upload(folder, bucket)
+    np.testing.assert_array_equal(read(), -want)

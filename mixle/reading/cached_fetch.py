@@ -124,13 +124,6 @@ def chunk_disk_cache() -> ChunkDiskCache | None:
         return made
 
 
-def _cacheable(span: ByteSpan) -> bool:
-    """Whether ``span`` names fixed bytes: a suffix (``(-n, None)``: where it starts depends
-    on the object's length) and an empty range are read without the cache."""
-    start, end = span
-    return start >= 0 and (end is None or end > start)
-
-
 class CachedObjects:
     """The objects under one store root, read through ``client`` and the disk ``cache``.
 
@@ -148,6 +141,7 @@ class CachedObjects:
     def __init__(self, client: ObjectClient, cache: ChunkDiskCache, single: str | None = None):
         self.client, self.cache, self.single = client, cache, single
         self._versions: Mapping[str, str] | None = None
+        self._sizes: dict[str, int] = {}
         self._lock = threading.Lock()
         self._warned = False
 
@@ -156,7 +150,8 @@ class CachedObjects:
 
     # -- versions ----------------------------------------------------------------------------
     def _list(self) -> dict[str, str]:
-        """``key -> version`` of every object under the root (or of :attr:`single`)."""
+        """``key -> version`` of every object under the root (or of :attr:`single`); their
+        sizes go to :attr:`_sizes`."""
         import obstore
 
         store = self.client.store()
@@ -164,15 +159,15 @@ class CachedObjects:
         problem: BaseException | str | None = None
         try:
             if self.single is not None:
-                version = object_version(obstore.head(store, self.single))
-                if version is not None:
-                    found[self.single] = version
+                metas = [obstore.head(store, self.single)]
             else:
-                for batch in obstore.list(store, chunk_size=1000):
-                    for meta in batch:
-                        version = object_version(meta)
-                        if version is not None:
-                            found[str(meta["path"])] = version
+                metas = [m for batch in obstore.list(store, chunk_size=1000) for m in batch]
+            for meta in metas:
+                version = object_version(meta)
+                if version is not None:
+                    key = self.single if self.single is not None else str(meta["path"])
+                    found[key] = version
+                    self._sizes[key] = int(meta["size"])
         except BaseException as exc:
             problem = self.client._translated(exc, self.single or "", (0, None))
         if problem is not None:  # raised out here: no obstore error on the chain
@@ -208,28 +203,41 @@ class CachedObjects:
             )
 
     # -- reads -------------------------------------------------------------------------------
+    def _fixed(self, key: str, span: ByteSpan) -> ByteSpan | None:
+        """``span`` as bytes that do not move: a suffix ``(-n, None)`` resolved by the listed
+        size (``None`` when it is unknown), an empty range ``None``."""
+        start, end = span
+        if start >= 0:
+            return span if end is None or end > start else None
+        size = self._sizes.get(key)
+        return None if size is None else (max(0, size + start), size)
+
     def _hit(self, key: str, span: ByteSpan, limit: int | None) -> tuple[bytes | None, str | None]:
-        if not _cacheable(span):
-            return None, None
         version = self.versions().get(key)
-        if version is None:
-            return None, None
-        hit = self.cache.get(ContentKey(self.client.cache_store, key, version, span))
+        fixed = self._fixed(key, span)
+        if version is None or fixed is None:
+            return None, version
+        hit = self.cache.get(ContentKey(self.client.cache_store, key, version, fixed))
         if hit is not None and limit is not None and len(hit) > limit:
             return None, version  # cached under a larger limit: fetch and check again
         return hit, version
 
     def _keep(self, key: str, span: ByteSpan, seen: list[str | None], body: bytes) -> None:
-        if seen and seen[-1] is not None and _cacheable(span):
-            try:
-                self.cache.put(ContentKey(self.client.cache_store, key, seen[-1], span), body)
-            except OSError as exc:  # a full disk: the read itself succeeded
-                warnings.warn(
-                    f"{self.client.display}: a fetched chunk was not kept in the on-disk "
-                    f"cache ({type(exc).__name__}: {exc})",
-                    DiskCacheWarning,
-                    stacklevel=3,
-                )
+        version = seen[-1] if seen else None
+        fixed = self._fixed(key, span)
+        if version is None or fixed is None:
+            return
+        if span[0] < 0 and version != self.versions().get(key):
+            return  # a suffix resolved by a listed size the answer may not have had
+        try:
+            self.cache.put(ContentKey(self.client.cache_store, key, version, fixed), body)
+        except OSError as exc:  # a full disk: the read itself succeeded
+            warnings.warn(
+                f"{self.client.display}: a fetched chunk was not kept in the on-disk "
+                f"cache ({type(exc).__name__}: {exc})",
+                DiskCacheWarning,
+                stacklevel=3,
+            )
 
     async def fetch(
         self, key: str, span: ByteSpan, *, size: int | None = None, limit: int | None = None

@@ -26,6 +26,7 @@ from typing import Any
 from mixle.data.sources.arrays.zarr.limits import ZARR_METADATA_LIMIT
 from mixle.data.sources.arrays.zarr.local_files import ByteRange, local_dir, read_local_object
 from mixle.reading import CorruptChunkError
+from mixle.reading.cached_fetch import CachedObjects, reads_through
 from mixle.reading.faults import RangeMismatchError, is_transient, retry_async
 from mixle.reading.fetch import fetch_range
 from mixle.reading.fs_options import widen_connection_pool
@@ -78,15 +79,18 @@ class CheckedRangeStore:
         async_fs = isinstance(store, FsspecStore) and getattr(fs, "async_impl", False)
         self._fs = fs if async_fs else None
         self.client = object_client_of(store)
+        #: what :meth:`fetch_object` fetches through: the client, or for chunk reads
+        #: (:class:`StoreGetter`) with the disk cache on the cache over it
+        self.reads: ObjectClient | CachedObjects | None = self.client
 
     async def fetch_object(self, key: str, span: ByteSpan | None) -> bytes | None:
         """Bytes ``span`` (``None``: all) of stored key ``key`` through :attr:`client`; one try.
 
         ``None`` when the key does not exist. Only for a :func:`client_store`.
         """
-        assert self.client is not None
+        assert self.reads is not None
         try:
-            return await self.client.fetch(
+            return await self.reads.fetch(
                 key,
                 (0, None) if span is None else span,
                 limit=ZARR_METADATA_LIMIT if is_metadata_key(key) else self.limit,
@@ -358,6 +362,8 @@ class StoreGetter:
             if wide is not store.fs:
                 store = FsspecStore(wide, read_only=True, path=store.path)
         self._store = CheckedRangeStore(store, limit or None)
+        if self._store.client is not None:  # chunks through the disk cache, when it is on
+            self._store.reads = reads_through(self._store.client)
         path = array.path.strip("/")
         self._prefix = f"{path}/" if path else ""
         self._local = local_dir(array)

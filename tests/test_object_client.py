@@ -478,3 +478,23 @@ def test_versions_ignore_etag_quoting() -> None:
 
     assert object_version({"e_tag": 'W/"abc"'}) == object_version({"e_tag": "abc"})
     assert object_version({"e_tag": '"abc"'}) != object_version({"e_tag": '"abd"'})
+
+
+def test_credentials_only_in_an_aws_profile_keep_s3_on_fsspec(tmp_path, monkeypatch) -> None:
+    """botocore (s3fs) reads ~/.aws; obstore does not: 'auto' must not trade a working
+    read for a credentials error."""
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_PROFILE", "AWS_DEFAULT_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("AWS_SHARED_CREDENTIALS_FILE", raising=False)
+    monkeypatch.delenv("AWS_CONFIG_FILE", raising=False)
+    assert choose_client("s3://b/x", None) is not None  # no profile: obstore's own chain
+    (tmp_path / ".aws").mkdir()
+    (tmp_path / ".aws" / "credentials").write_text("[default]\naws_access_key_id = A\n")
+    assert choose_client("s3://b/x", None) is None
+    with pytest.raises(ObstoreUnsupported, match="from a profile"):
+        choose_client("s3://b/x", None, "obstore")
+    assert choose_client("s3://b/x", {"key": "A", "secret": "B"}) is not None
+    assert choose_client("s3://b/x", {"anon": True}) is not None
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "A")
+    assert choose_client("s3://b/x", None) is not None

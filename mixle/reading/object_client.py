@@ -1002,7 +1002,31 @@ def _client_for(url: str, options: dict[str, Any]) -> ObjectClient:
         raise ObstoreUnsupported(
             f"storage_options {exc} has no obstore equivalent mixle knows"
         ) from None
+    if kind == "S3Store" and _aws_profile_only(config):
+        raise ObstoreUnsupported(
+            "the AWS credentials would come from a profile (AWS_PROFILE, ~/.aws/credentials "
+            "or ~/.aws/config), which obstore does not read; give key= and secret= in "
+            "storage_options or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY"
+        )
     if kind == "HTTPStore" and parts.scheme.lower() == "http":
         client["allow_http"] = True
     root = urllib.parse.urlunsplit(parts._replace(path=parts.path.rstrip("/")))
     return ObjectClient(root, kind, config, client, options or None)
+
+
+def _aws_profile_only(config: Mapping[str, Any]) -> bool:
+    """Whether S3 credentials would come only from an AWS profile, which botocore (s3fs)
+    reads and obstore does not: none in the options or the environment, and a profile
+    named or a shared credentials or config file present."""
+    if config.get("skip_signature") or config.get("access_key_id"):
+        return False
+    if os.environ.get("AWS_ACCESS_KEY_ID") or os.environ.get("AWS_WEB_IDENTITY_TOKEN_FILE"):
+        return False
+    if os.environ.get("AWS_PROFILE") or os.environ.get("AWS_DEFAULT_PROFILE"):
+        return True
+    home = os.path.expanduser("~")
+    files = (
+        os.environ.get("AWS_SHARED_CREDENTIALS_FILE") or os.path.join(home, ".aws", "credentials"),
+        os.environ.get("AWS_CONFIG_FILE") or os.path.join(home, ".aws", "config"),
+    )
+    return any(os.path.isfile(f) for f in files)

@@ -275,3 +275,30 @@ def test_a_zarr_array_reopened_fetches_no_chunk_it_has_on_disk(s3, tmp_path, sha
     zarr.open_array(str(folder / "v.zarr"), mode="r+")[...] = -data
     s3.upload(folder, bucket)
     np.testing.assert_array_equal(read(), -want)
+
+
+def test_an_array_of_a_group_lists_only_its_own_prefix(s3, tmp_path, monkeypatch) -> None:
+    import numpy as np
+    import obstore
+    import zarr
+
+    import mixle
+
+    group = zarr.open_group(str(tmp_path / "g" / "g.zarr"), mode="w")
+    group.create_array("big", shape=(40,), chunks=(1,), dtype="i1")[...] = 1
+    group.create_array("small", shape=(4,), chunks=(4,), dtype="i1")[...] = 7
+    base = s3.upload(tmp_path / "g", "group-prefix")
+    use_disk_cache(tmp_path / "cache")
+    listed: list[object] = []
+    real = obstore.list
+
+    def spy(store: object, prefix: object = None, **kwargs: object) -> object:
+        listed.append(prefix)
+        return real(store, prefix, **kwargs)
+
+    monkeypatch.setattr(obstore, "list", spy)
+    src = mixle.read_zarr(
+        f"{base}/g.zarr", "small", storage_options=s3.storage_options(), backend="obstore"
+    )
+    np.testing.assert_array_equal(src[:], np.full(4, 7, "i1"))
+    assert listed == ["small"]  # not the group, whose other array has 40 chunks

@@ -498,3 +498,37 @@ def test_credentials_only_in_an_aws_profile_keep_s3_on_fsspec(tmp_path, monkeypa
     assert choose_client("s3://b/x", {"anon": True}) is not None
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "A")
     assert choose_client("s3://b/x", None) is not None
+
+
+def test_a_hash_in_the_url_keeps_it_on_fsspec() -> None:
+    """urlsplit cuts the path at '#': obstore read s3://b/run (another array) for
+    s3://b/run#2.zarr, where fsspec reads the key as written."""
+    assert choose_client("s3://b/run#2.zarr", None) is None
+    with pytest.raises(ObstoreUnsupported, match="a '#' in the URL"):
+        choose_client("s3://b/run#2.zarr", None, "obstore")
+
+
+def test_a_just_modified_object_has_no_size_mtime_version() -> None:
+    import datetime
+
+    from mixle.reading.object_client import object_version
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+    old = now - datetime.timedelta(minutes=5)
+    assert object_version({"size": 3, "last_modified": now}) is None  # same-second rewrites
+    assert object_version({"size": 3, "last_modified": old}) == object_version(
+        {"size": 3, "last_modified": old}
+    )
+    assert object_version({"size": 3, "last_modified": now, "e_tag": "x"}) == "etag:x"
+
+
+def test_refused_option_values_are_not_repeated() -> None:
+    for options in (
+        {"config_kwargs": {"connect_timeout": "SUPERSECRETVALUE"}},
+        {"config_kwargs": {"signature_version": "SUPERSECRETVALUE"}},
+        {"config_kwargs": {"s3": {"addressing_style": "SUPERSECRETVALUE"}}},
+    ):
+        with pytest.raises(ObstoreUnsupported) as info:
+            choose_client("s3://b/x", options, "obstore")
+        assert "SUPERSECRETVALUE" not in str(info.value)
+        del info

@@ -321,3 +321,25 @@ def test_where_obstore_is_unusable_auto_reads_through_fsspec(folder, http, monke
     np.testing.assert_array_equal(src[...], _zarr_read(folder, "v3.zarr"))
     with pytest.raises(ObstoreUnsupported, match=r"obstore is not installed"):
         mixle.read_zarr(f"{http.url}/v3.zarr", backend="obstore")
+
+
+def test_a_group_over_plain_http_says_its_arrays_cannot_be_listed(tmp_path: Path) -> None:
+    """Listing a group over HTTP through obstore (a PROPFIND, 501) escaped as obstore's own
+    error, its debug dump and request in the text; the errors now say what fsspec's do."""
+    import zarr
+
+    from mixle.utils.redact import is_safe_error
+
+    group = zarr.open_group(str(tmp_path / "grp.zarr"), mode="w")
+    group.create_array("a", shape=(2,), dtype="i1")
+    options = {"headers": {"Authorization": "Bearer HEADERSECRET9"}}
+    with RangeHTTPServer(tmp_path) as http:
+        url = f"{http.url}/grp.zarr"
+        src = mixle.read_zarr(url, "a", storage_options=options, backend="obstore")
+        assert src.shape == (2,)
+        with pytest.raises(ArrayNotFoundError, match="cannot be listed over this store") as one:
+            mixle.read_zarr(url, "nope", storage_options=options, backend="obstore")
+        with pytest.raises(NotAnArrayError, match="cannot be listed over this store") as two:
+            mixle.read_zarr(url, storage_options=options, backend="obstore")
+    assert is_safe_error(one.value, options) and is_safe_error(two.value, options)
+    del one, two

@@ -136,17 +136,27 @@ class CachedObjects:
     single
         The key of the one object read (an HDF5 file): its version comes from a ``HEAD``
         instead of a listing of the whole store.
+    prefix
+        List only the objects under this key prefix (an array inside a group), not the
+        whole store.
     """
 
-    def __init__(self, client: ObjectClient, cache: ChunkDiskCache, single: str | None = None):
+    def __init__(
+        self,
+        client: ObjectClient,
+        cache: ChunkDiskCache,
+        single: str | None = None,
+        prefix: str = "",
+    ):
         self.client, self.cache, self.single = client, cache, single
+        self.prefix = prefix.strip("/")
         self._versions: Mapping[str, str] | None = None
         self._sizes: dict[str, int] = {}
         self._lock = threading.Lock()
         self._warned = False
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (CachedObjects, (self.client, self.cache, self.single))
+        return (CachedObjects, (self.client, self.cache, self.single, self.prefix))
 
     # -- versions ----------------------------------------------------------------------------
     def _list(self) -> dict[str, str]:
@@ -161,7 +171,8 @@ class CachedObjects:
             if self.single is not None:
                 metas = [obstore.head(store, self.single)]
             else:
-                metas = [m for batch in obstore.list(store, chunk_size=1000) for m in batch]
+                listing = obstore.list(store, prefix=self.prefix or None, chunk_size=1000)
+                metas = [m for batch in listing for m in batch]
             for meta in metas:
                 version = object_version(meta)
                 if version is not None:
@@ -190,7 +201,10 @@ class CachedObjects:
                     self._warn(f"it cannot be listed ({type(exc).__name__}: {exc})")
                 else:
                     if not self._versions:
-                        self._warn("no object under it has a version (ETag or Last-Modified)")
+                        self._warn(
+                            "no object under it has a version (an ETag, or a Last-Modified "
+                            "at least 2 s old)"
+                        )
             return self._versions
 
     def _warn(self, why: str) -> None:
@@ -282,7 +296,9 @@ class CachedObjects:
         return body
 
 
-def reads_through(client: ObjectClient, single: str | None = None) -> ObjectClient | CachedObjects:
+def reads_through(
+    client: ObjectClient, single: str | None = None, prefix: str = ""
+) -> ObjectClient | CachedObjects:
     """What a source opened over ``client`` fetches through: ``client`` itself, or with the
     on-disk cache on (:func:`use_disk_cache`) a :class:`CachedObjects` over it (made anew
     at each open, so each open lists, or asks ``single``'s version, afresh).
@@ -290,4 +306,4 @@ def reads_through(client: ObjectClient, single: str | None = None) -> ObjectClie
     Both have ``async fetch(key, span, *, size=None, limit=None)``.
     """
     cache = chunk_disk_cache()
-    return client if cache is None else CachedObjects(client, cache, single)
+    return client if cache is None else CachedObjects(client, cache, single, prefix)

@@ -31,6 +31,7 @@ import gc
 import os
 import re
 import threading
+import time
 import urllib.parse
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -221,7 +222,7 @@ def _header_safe(name: str, value: object) -> None:
 
 def _seconds(name: str, value: object) -> datetime.timedelta:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ObstoreUnsupported(f"config_kwargs={{{name!r}: {value!r}}}")
+        raise ObstoreUnsupported(f"config_kwargs={{{name!r}: ...}} (not a number of seconds)")
     return _timedelta(value)
 
 
@@ -266,11 +267,11 @@ def _map_s3(options: dict[str, Any], config: dict[str, Any], client: dict[str, A
                     if type(got).__name__ == "UNSIGNED":  # botocore.UNSIGNED: anonymous
                         config["skip_signature"] = True
                     elif got not in ("s3v4", "v4"):
-                        raise ObstoreUnsupported(f"config_kwargs={{'signature_version': {got!r}}}")
+                        raise ObstoreUnsupported("config_kwargs={'signature_version': ...}")
                 elif inner == "s3" and isinstance(got, dict) and set(got) <= {"addressing_style"}:
                     style = got.get("addressing_style")
                     if style not in ("path", "virtual", "auto", None):
-                        raise ObstoreUnsupported(f"config_kwargs={{'s3': {got!r}}}")
+                        raise ObstoreUnsupported("config_kwargs={'s3': {'addressing_style': ...}}")
                     config["virtual_hosted_style_request"] = style == "virtual"
                 elif inner not in _S3_CONFIG_HARMLESS:
                     raise ObstoreUnsupported(f"config_kwargs={{{inner!r}: ...}}")
@@ -821,18 +822,26 @@ _STATUS = re.compile(r"status code: (\d{3})")
 _TIMED_OUT = re.compile(r"kind: Timeout|TimedOut|timed out|deadline has elapsed")
 
 
+#: An object modified less than this long ago has no size-and-mtime version
+#: (``Last-Modified`` counts whole seconds: a same-size rewrite could keep it).
+_RACY_SECONDS = 2.0
+
+
 def object_version(meta: Mapping[str, Any]) -> str | None:
     """What identifies the content of an object with obstore's ``meta``, or ``None``.
 
     Its ETag where the store gives one (S3, GCS and Azure always do), else its size and
     modification time where the server sent a ``Last-Modified`` (obstore reports the epoch
-    when none came); ``None`` when neither tells one version of the object from another.
+    when none came) at least :data:`_RACY_SECONDS` old; ``None`` when neither tells one
+    version of the object from another.
     """
     tag = meta.get("e_tag")
     if tag:  # W/"abc", "abc" and abc are one version (listings and answers quote apart)
         return f"etag:{str(tag).removeprefix('W/').strip(chr(34))}"
     modified = meta.get("last_modified")
     if isinstance(modified, datetime.datetime) and modified.timestamp() > 0:
+        if modified.timestamp() > time.time() - _RACY_SECONDS:
+            return None  # a rewrite within the same second would keep this version
         return f"size-mtime:{meta.get('size')}:{modified.isoformat()}"
     return None
 
@@ -984,6 +993,8 @@ def _client_for(url: str, options: dict[str, Any]) -> ObjectClient:
             f"the scheme {parts.scheme!r} is not one obstore reads "
             f"({', '.join(sorted(OBJECT_STORE_SCHEMES))})"
         )
+    if "#" in url:  # urlsplit would cut the key there; fsspec reads it as part of the key
+        raise ObstoreUnsupported("a '#' in the URL")
     if parts.query or "params" in options:
         raise ObstoreUnsupported("a query string (presigned URLs are read through fsspec)")
     if parts.username or parts.password:

@@ -36,7 +36,7 @@ from mixle.reading.fs_options import query_as_params, timed_storage_options
 from mixle.reading.object_client import check_backend, choose_client
 from mixle.utils import optional_deps
 from mixle.utils.optional_deps import imported, require
-from mixle.utils.redact import display_path, redact_text
+from mixle.utils.redact import display_path, from_network_client, redact_text
 
 __all__ = ["ZARR_METADATA_LIMIT", "ZarrArraySource", "check_chunk_grid", "list_zarr_arrays"]
 
@@ -62,6 +62,20 @@ def list_zarr_arrays(group: Any, prefix: str = "") -> list[str]:
         for name, node in group.members(max_depth=None)
         if isinstance(node, zarr.Array)
     ]
+
+
+def _arrays_text(group: Any, prefix: str = "") -> str:
+    """``listing`` of the arrays below ``group``, or why they cannot be listed."""
+    failed = None
+    try:
+        names = list_zarr_arrays(group, prefix)
+    except Exception as exc:  # a store without listing: plain HTTP, no ListBucket
+        if not (from_network_client(exc) or isinstance(exc, (OSError, NotImplementedError))):
+            raise
+        failed = type(exc).__name__
+    if failed is not None:  # told out here: the store's error (its request) is not chained
+        return f"its arrays cannot be listed over this store ({failed})"
+    return listing(names, "arrays")
 
 
 class ZarrArraySource(ArraySource):
@@ -266,7 +280,7 @@ class ZarrArraySource(ArraySource):
                 else:
                     raise ArrayNotFoundError(
                         f"component={component!r} does not exist in zarr store "
-                        f"{display_path(path)!r}; {listing(list_zarr_arrays(root), 'arrays')}"
+                        f"{display_path(path)!r}; {_arrays_text(root)}"
                     ) from None
             raise FileNotFoundError(
                 f"path={display_path(path)!r}: no zarr array or group found there"
@@ -292,7 +306,7 @@ class ZarrArraySource(ArraySource):
             ) from None
         if not isinstance(node, zarr.Array):
             where = f"component={component!r} in " if component else "path="
-            arrays = listing(list_zarr_arrays(node, component or ""), "arrays")
+            arrays = _arrays_text(node, component or "")
             raise NotAnArrayError(
                 f"{where}{display_path(path)!r} is a zarr group, not an array; pass "
                 f"component= to pick one of its {arrays}"

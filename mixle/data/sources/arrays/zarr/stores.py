@@ -362,10 +362,10 @@ class StoreGetter:
             if wide is not store.fs:
                 store = FsspecStore(wide, read_only=True, path=store.path)
         self._store = CheckedRangeStore(store, limit or None)
-        if self._store.client is not None:  # chunks through the disk cache, when it is on
-            self._store.reads = reads_through(self._store.client)
         path = array.path.strip("/")
         self._prefix = f"{path}/" if path else ""
+        if self._store.client is not None:  # chunks through the disk cache, when it is on
+            self._store.reads = reads_through(self._store.client, prefix=path)
         self._local = local_dir(array)
         self._prototype = default_buffer_prototype()
         self._url = url.rstrip("/")

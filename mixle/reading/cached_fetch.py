@@ -61,6 +61,9 @@ def use_disk_cache(
 ) -> None:
     """Switch the on-disk cache of fetched remote chunks on or off, here and in workers.
 
+    Sets :data:`DISK_CACHE_ENV` (and ``MIXLE_CHUNK_CACHE_BYTES``) in ``os.environ``, so
+    worker processes started afterwards use the same cache.
+
     Parameters
     ----------
     directory
@@ -69,9 +72,6 @@ def use_disk_cache(
     budget_bytes
         The most bytes the folder keeps (``None``: ``$MIXLE_CHUNK_CACHE_BYTES``, else
         :data:`~mixle.reading.disk_cache.CHUNK_CACHE_BYTES`).
-
-    Sets :data:`DISK_CACHE_ENV` (and ``MIXLE_CHUNK_CACHE_BYTES``) in ``os.environ``, so
-    worker processes started afterwards use the same cache.
 
     Raises
     ------

@@ -55,6 +55,7 @@ from mixle.reading.ranges import (
     resolve_span,
 )
 from mixle.utils.optional_deps import imported
+from mixle.utils.processes import threads_named
 from mixle.utils.redact import display_path, redact_text
 
 __all__ = [
@@ -146,22 +147,6 @@ _runtime_at_fork = False
 _runtime_pid: int | None = None
 
 
-def _runtime_threads() -> bool | None:
-    """Whether a tokio runtime thread runs here (``None``: threads cannot be listed)."""
-    try:
-        tids = os.listdir("/proc/self/task")
-    except OSError:
-        return None
-    for tid in tids:
-        try:
-            with open(f"/proc/self/task/{tid}/comm", encoding="utf-8", errors="replace") as f:
-                if f.read().strip().startswith(_RUNTIME_THREAD_PREFIXES):
-                    return True
-        except OSError:  # the thread ended meanwhile
-            continue
-    return False
-
-
 def _before_fork() -> None:
     # obstore imported but never used has no runtime, and works in the child. Where the
     # threads cannot be listed, a runtime mixle started counts as running.
@@ -169,7 +154,7 @@ def _before_fork() -> None:
     if imported("obstore") is None:
         _runtime_at_fork = False
         return
-    threads = _runtime_threads()
+    threads = threads_named(_RUNTIME_THREAD_PREFIXES)
     _runtime_at_fork = threads is True or (threads is None and _runtime_pid is not None)
 
 

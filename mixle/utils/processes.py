@@ -32,6 +32,7 @@ __all__ = [
     "guard_against_orphaning",
     "orphan_guard_args",
     "stop_processes",
+    "threads_named",
 ]
 
 #: How often a worker's watchdog checks that its parent (the driver) is still there.
@@ -181,3 +182,25 @@ def stop_processes(
         proc.join(timeout=2.0)
     for conn in conns:
         conn.close()
+
+
+def threads_named(prefixes: tuple[str, ...]) -> bool | None:
+    """Whether a thread of this process has a name (``/proc/self/task/*/comm``, 15
+    characters at most) starting with one of ``prefixes``; ``None`` where the threads
+    cannot be listed (no ``/proc``, as on macOS).
+
+    A tokio runtime (obstore's, icechunk's) names its threads so; they do not survive
+    ``fork``, and a forked child calling into the runtime hangs.
+    """
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/comm", encoding="utf-8", errors="replace") as f:
+                if f.read().strip().startswith(prefixes):
+                    return True
+        except OSError:  # the thread ended meanwhile
+            continue
+    return False

@@ -27,6 +27,7 @@ from mixle.data.sources.arrays.zarr.zip_members import zip_file_of
 from mixle.errors import UnsupportedStoreError
 from mixle.utils.files import open_regular_file, require_regular_file
 from mixle.utils.optional_deps import imported, require
+from mixle.utils.processes import threads_named
 from mixle.utils.redact import display_path
 
 __all__ = [
@@ -82,19 +83,7 @@ def _icechunk_runtime_threads() -> bool | None:
         alive, ``False`` when none is, ``None`` where the threads cannot be listed (no
         ``/proc/self/task``, as on macOS).
     """
-    try:
-        tids = os.listdir("/proc/self/task")
-    except OSError:
-        return None
-    for tid in tids:
-        try:
-            with open(f"/proc/self/task/{tid}/comm", encoding="utf-8", errors="replace") as f:
-                name = f.read().strip()
-        except OSError:  # the thread ended meanwhile
-            continue
-        if name.startswith(_RUNTIME_THREAD_PREFIXES):
-            return True
-    return False
+    return threads_named(_RUNTIME_THREAD_PREFIXES)
 
 
 def _before_fork() -> None:

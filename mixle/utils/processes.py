@@ -21,9 +21,11 @@ import threading
 import time
 import traceback
 from collections.abc import Sequence
-from multiprocessing.connection import Connection
-from multiprocessing.process import BaseProcess
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # annotations only: ``import mixle`` loads no multiprocessing machinery
+    from multiprocessing.connection import Connection
+    from multiprocessing.process import BaseProcess
 
 __all__ = [
     "WATCHDOG_INTERVAL_S",

@@ -117,3 +117,11 @@ def retries(**policy: Any) -> Iterator[None]:
     finally:
         set_retry_policy(**asdict(old))
         chunk_cache().clear()
+
+
+def request_methods(faults: Any) -> dict[str, int]:
+    """How many requests of each method (``GET``, ``HEAD``...) a ``FaultPlan`` logged."""
+    counts: dict[str, int] = {}
+    for method, _path, _range in faults.log:
+        counts[method] = counts.get(method, 0) + 1
+    return counts

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import gc
 import os
+import socket
 import sys
+import threading
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -242,3 +244,31 @@ def frozen_heap() -> Iterator[None]:
         yield
     finally:
         gc.collect()
+
+
+@pytest.fixture
+def silent() -> Iterator[str]:
+    """An endpoint on 127.0.0.1 that accepts connections and never answers."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        listener.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                continue
+            held.append(conn)
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    stop.set()
+    thread.join(5)
+    for conn in held:
+        conn.close()
+    listener.close()

@@ -29,6 +29,8 @@ import pytest
 
 pytest.importorskip("obstore")
 
+from _remote_fixtures import request_methods
+
 import mixle
 from mixle.data.sources.arrays.hdf5.remote import RemoteHDF5ChunkReader, file_key
 from mixle.errors import ReadsStopped
@@ -111,13 +113,6 @@ def _open(where: Any, name: str, dataset: str, backend: str = "auto") -> Any:
     server, url = where
     options = server.storage_options()
     return mixle.read_hdf5(f"{url}/{name}", dataset, storage_options=options, backend=backend)
-
-
-def _methods(faults: FaultPlan) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for method, _path, _range in faults.log:
-        counts[method] = counts.get(method, 0) + 1
-    return counts
 
 
 # -- the same values everywhere ---------------------------------------------------------------
@@ -209,11 +204,11 @@ def test_one_head_at_open_and_one_ranged_get_per_chunk_as_fsspec(kind, folder, s
             faults.reset()
             src = _open(where, "big.h5", "gzip", backend)
             src.read_boxes(starts[:1], patch)  # h5py's metadata and chunk index
-            opened = _methods(faults)
+            opened = request_methods(faults)
             chunk_cache().clear()
             faults.reset()
             out = src.read_boxes(starts, patch)
-            batch = _methods(faults)
+            batch = request_methods(faults)
             src.close()
             counted[backend] = (opened, batch)
             planned = plan_chunks(starts, patch, (16, 16, 16), BIG)
@@ -231,7 +226,7 @@ def test_contiguous_data_h5py_reads_itself_comes_in_512_kib_blocks(folder):
         src = _open(http, "big.h5", "contiguous", "obstore")
         http.faults.reset()
         np.testing.assert_array_equal(src[...], _local(folder, "big.h5", "contiguous"))
-        blocks = _methods(http.faults)
+        blocks = request_methods(http.faults)
         assert blocks == {"GET": blocks["GET"]} and 2 <= blocks["GET"] <= 3  # 1 MiB of data
         http.faults.reset()
         src[10:20]  # cached blocks: no request

@@ -26,6 +26,7 @@ pytest.importorskip("obstore")
 pytest.importorskip("tensorstore")
 
 from _n5_writers import ts_create, ts_read, values, write_n5
+from _remote_fixtures import request_methods
 
 from mixle.data.sources.arrays.n5 import read_n5
 from mixle.data.sources.arrays.n5.remote import RemoteN5BlockReader
@@ -80,13 +81,6 @@ def _open(where: Any, dataset: str | None, backend: str = "auto") -> Any:
     return read_n5(url, dataset, storage_options=server.storage_options(), backend=backend)
 
 
-def _methods(faults: FaultPlan) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for method, _path, _range in faults.log:
-        counts[method] = counts.get(method, 0) + 1
-    return counts
-
-
 @pytest.mark.parametrize("kind", ["http", "s3"])
 def test_obstore_reads_equal_fsspec_reads_and_tensorstores(kind, container, s3):
     with RangeHTTPServer(container) as http:
@@ -128,10 +122,10 @@ def test_requests_at_open_and_per_batch_match_fsspecs(kind, container, s3):
             chunk_cache().clear()
             faults.reset()
             src = _open(where, "raw", backend)
-            opened = _methods(faults)
+            opened = request_methods(faults)
             faults.reset()
             src.read_boxes([(0, 0, 0), (1, 1, 1), (4, 3, 0)], (3, 2, 3))
-            counted[backend] = (opened, _methods(faults))
+            counted[backend] = (opened, request_methods(faults))
     # attributes.json of the dataset and of the container; blocks (0,0,0), (1,1,0) once each
     assert counted["obstore"] == ({"GET": 2}, {"GET": 2})
     assert sum(counted["fsspec"][0].values()) >= 2 and counted["fsspec"][1] == {"GET": 2}

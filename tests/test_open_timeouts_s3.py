@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -68,34 +67,6 @@ def test_a_timeout_in_the_users_config_kwargs_wins(served):
     assert config["read_timeout"] == 3 and config["connect_timeout"] == 12
     assert options["config_kwargs"] == {"read_timeout": 3}  # the user's dict is not changed
     assert np.array_equal(np.asarray(source[...]), truth)
-
-
-@pytest.fixture
-def silent() -> Iterator[str]:
-    """An endpoint on 127.0.0.1 that accepts connections and never answers."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(64)
-    held: list[socket.socket] = []
-    stop = threading.Event()
-
-    def accept() -> None:
-        listener.settimeout(0.1)
-        while not stop.is_set():
-            try:
-                conn, _ = listener.accept()
-            except OSError:
-                continue
-            held.append(conn)
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{listener.getsockname()[1]}"
-    stop.set()
-    thread.join(5)
-    for conn in held:
-        conn.close()
-    listener.close()
 
 
 def test_opening_a_zarr_on_a_silent_s3_endpoint_gives_up_in_bounded_time(silent):

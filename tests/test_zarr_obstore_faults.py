@@ -11,7 +11,6 @@ URL and the key, never wrong data, never a secret in a message, repr or chain.
 from __future__ import annotations
 
 import re
-import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -255,34 +254,6 @@ def test_stalls_time_out_and_are_retried(stall, name, http, folder):
         _safe(info.value)  # 3 s per request and succeeds
         del info
     _calm(plan)
-
-
-@pytest.fixture
-def silent() -> Iterator[str]:
-    """An endpoint on 127.0.0.1 that accepts connections and never answers."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(64)
-    held: list[socket.socket] = []
-    stop = threading.Event()
-
-    def accept() -> None:
-        listener.settimeout(0.05)
-        while not stop.is_set():
-            try:
-                conn, _ = listener.accept()
-            except OSError:
-                continue
-            held.append(conn)
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{listener.getsockname()[1]}"
-    stop.set()
-    thread.join(5)
-    for conn in held:
-        conn.close()
-    listener.close()
 
 
 def test_a_read_timeout_in_storage_options_wins_over_the_policy(silent):

@@ -169,11 +169,10 @@ class CachedObjects:
         problem: BaseException | str | None = None
         try:
             if self.single is not None:
-                metas = [obstore.head(store, self.single)]
-            else:
-                listing = obstore.list(store, prefix=self.prefix or None, chunk_size=1000)
-                metas = [m for batch in listing for m in batch]
-            for meta in metas:
+                batches: Any = [[obstore.head(store, self.single)]]
+            else:  # a page (1,000 objects) at a time, not the whole listing at once
+                batches = obstore.list(store, prefix=self.prefix or None, chunk_size=1000)
+            for meta in (m for batch in batches for m in batch):
                 version = object_version(meta)
                 if version is not None:
                     key = self.single if self.single is not None else str(meta["path"])

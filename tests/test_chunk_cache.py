@@ -395,7 +395,7 @@ def test_page_backed_false_keeps_the_decoders_array_without_a_copy() -> None:
     kept = ChunkCache(1 << 30, page_backed=False).put((1, (0,)), chunk)
     assert kept is chunk and not kept.flags.writeable
     paged = ChunkCache(1 << 30).put((1, (0,)), chunk.copy())
-    assert isinstance(paged.base, mmap.mmap) and np.array_equal(paged, chunk)
+    assert isinstance(paged.base.base, mmap.mmap) and np.array_equal(paged, chunk)
     with pytest.raises(TypeError, match="page_backed"):
         ChunkCache(page_backed=1)  # type: ignore[arg-type]
 
@@ -404,11 +404,17 @@ def test_spare_pages_are_bounded_by_an_eighth_of_the_budget() -> None:
     size = 128 * 1024
     cache = ChunkCache(8 * size * 4)  # 4 MiB budget: at most 512 KiB of spare pages
     assert cache.spare_limit() == min(RECYCLED_PAGES_BYTES, cache.budget // 8) == 4 * size
-    for i in range(64):  # every put evicts one chunk, whose pages become spare
-        cache.put((1, (i,)), np.full(size // 4, i, dtype="f4"))
+    seen = set()
+    for i in range(64):  # from the 33rd on, every put evicts one chunk and reuses its pages
+        kept = cache.put((1, (i,)), np.full(size // 4, i, dtype="f4"))
+        seen.add(id(kept.base.base))
         assert cache.spare_bytes <= cache.spare_limit()
-    assert cache.spare_bytes > 0  # evicted pages are kept for reuse
+        assert cache.stats().bytes + cache.spare_bytes <= cache.budget
+        del kept
+    assert len(seen) <= 33  # pages of evicted chunks were the next chunks' pages
+    held = [cache.get((1, (i,))) for i in range(32, 64)]  # still cached: evict them
     cache.budget = 8 * size  # 1 MiB budget: 128 KiB spare at most
+    del held
     assert cache.spare_bytes <= size
     last = cache.put((1, (99,)), np.full(size // 4, 99, dtype="f4"))
     assert np.all(last == 99)

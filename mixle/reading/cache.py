@@ -1,17 +1,26 @@
-"""A byte-budgeted LRU cache of decoded chunks (:class:`ChunkCache`).
+"""A byte-budgeted cache of decoded chunks (:class:`ChunkCache`), LRU or led by a read plan.
 
 Decoding, not disk, is what random patches cost: a 32³ patch from 64³ zstd chunks decodes
 about 3.4 chunks. The cache keeps decoded chunks under a byte budget so that chunks shared
-by patches of consecutive batches are decoded once. It is a policy over whatever fetches
-and decodes the chunk; it never does I/O itself. The one cache every source of a process
-reads through, and its budget, are :mod:`mixle.reading.process_cache`'s.
+by patches of several batches are decoded once. It is a policy over whatever fetches and
+decodes the chunk; it never does I/O itself. The one cache every source of a process reads
+through, and its budget, are :mod:`mixle.reading.process_cache`'s.
 
-Memory. Kept chunks of :data:`PAGE_BACKED_CHUNK_BYTES` or more are copied into pages of
-their own (an anonymous ``mmap``) and the decoder's buffer is freed at once: long-lived
-chunks then never pin the malloc heaps of the decode threads, whose free space glibc does
-not give back (16 decode threads held 2x the budget that way), and an evicted chunk's pages
-go back to the system, or to the next chunk of the same size. The default budget is one
-job's (:func:`~mixle.reading.process_cache.default_chunk_cache_bytes`): a torch DataLoader
+Eviction. Without a plan it is least recently used. A reader that knows which chunks its
+next batches touch (the Loader does, :class:`ReadAhead`) says so with :meth:`ChunkCache.read_ahead`:
+chunks no planned batch touches go first (least recently used first), then planned ones,
+those needed last first; a chunk no planned batch needs is not kept at the cost of one
+that is (about what an oracle that sees the whole pass decodes, where plain LRU decodes a
+third more once a pass outgrows the budget).
+
+Memory. Kept chunks of :data:`PAGE_BACKED_CHUNK_BYTES` or more live in pages of their own
+(an anonymous ``mmap``), never the malloc heaps of the decode threads, whose free space
+glibc does not give back (16 decode threads held 2x the budget that way). Decoders write
+straight into them (:meth:`ChunkCache.lease`), and an evicted chunk's pages are the next
+chunk's of that size: no fresh allocation (and its page faults), no copy. Kept chunks,
+spare pages and the buffers being decoded into count against the budget together. The
+default budget is one job's
+(:func:`~mixle.reading.process_cache.default_chunk_cache_bytes`): a torch DataLoader
 worker, and an ``MPEncodedData`` worker
 (:func:`~mixle.reading.process_cache.share_default_chunk_cache`), gets its share.
 """
@@ -22,7 +31,7 @@ import mmap
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,6 +45,7 @@ __all__ = [
     "RECYCLED_PAGES_FRACTION",
     "CacheStats",
     "ChunkCache",
+    "ReadAhead",
 ]
 
 #: Default budget of the decoded-chunk cache of one job: 256 decoded 1 MiB chunks (64³
@@ -47,8 +57,7 @@ DEFAULT_CHUNK_CACHE_BYTES = 256 * 1024 * 1024
 PAGE_BACKED_CHUNK_BYTES = 64 * 1024
 #: Pages of evicted chunks kept for reuse by the next chunks of the same size, at most.
 RECYCLED_PAGES_BYTES = 16 * 1024 * 1024
-#: ... and at most this fraction of the budget (``budget // 8``): spare pages are resident
-#: memory the budget does not count, so a small budget (a DataLoader worker's) keeps few.
+#: ... and at most this fraction of the budget (``budget // 8``).
 RECYCLED_PAGES_FRACTION = 8
 
 _PAGE_FLAGS = (
@@ -59,12 +68,26 @@ _PAGE_FLAGS = (
 
 
 class _Pages(mmap.mmap):
-    """Anonymous pages holding one cached chunk (the type marks the cache's own buffers)."""
+    """Anonymous pages holding one cached chunk (the type marks the cache's own buffers).
+
+    ``owner`` is the cache that made them; ``leased``: handed out by :meth:`ChunkCache.lease`
+    and not yet put (their bytes are reserved in the budget).
+    """
+
+    owner: ChunkCache | None = None
+    leased: bool = False
 
 
 @dataclass(frozen=True)
 class CacheStats:
-    """Counters of a :class:`ChunkCache` since it was created or last cleared."""
+    """Counters of a :class:`ChunkCache` since it was created or last cleared.
+
+    ``read_seconds``, ``decode_seconds`` and ``scatter_seconds`` are the time the read
+    planner spent, summed over its threads, reading stored chunks, decoding them and
+    copying their pieces into batches (a reader that reads and decodes in one step counts
+    both as decoding). ``skipped``: decoded chunks not kept because a read plan needs every
+    kept chunk sooner.
+    """
 
     hits: int
     misses: int
@@ -72,6 +95,10 @@ class CacheStats:
     entries: int
     bytes: int
     budget: int
+    skipped: int = 0
+    read_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    scatter_seconds: float = 0.0
 
     @property
     def hit_rate(self) -> float:
@@ -80,27 +107,60 @@ class CacheStats:
         return self.hits / lookups if lookups else 0.0
 
 
+class ReadAhead:
+    """The chunks a reader's next batches touch, for :class:`ChunkCache`'s eviction.
+
+    Made by :meth:`ChunkCache.read_ahead`. :meth:`update` replaces the plan; :meth:`close`
+    (or garbage collection) withdraws it. Thread-safe.
+    """
+
+    def __init__(self, cache: ChunkCache) -> None:
+        self._cache = cache
+        self._id = object()
+        self._done = weakref.finalize(self, cache._withdraw, self._id)
+        self._done.atexit = False
+
+    def update(self, batches: Sequence[Iterable[Hashable]]) -> None:
+        """``batches[d]``: the cache keys of the batch ``d`` batches from now (0: being read)."""
+        plan: dict[Hashable, int] = {}
+        for distance, keys in enumerate(batches):
+            for key in keys:
+                plan.setdefault(key, distance)
+        if self._done.alive:
+            self._cache._plan(self._id, plan)
+
+    def close(self) -> None:
+        """Withdraw the plan: the cache is plain LRU again for these chunks."""
+        self._done()
+
+    def __enter__(self) -> ReadAhead:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 class ChunkCache:
-    """Least-recently-used decoded chunks, at most ``budget`` bytes in all.
+    """Decoded chunks, at most ``budget`` bytes in all, evicted LRU or as a plan says.
 
     Parameters
     ----------
     budget
         Byte budget; ``0`` disables caching (every lookup misses and nothing is kept).
     page_backed
-        Copy kept chunks of :data:`PAGE_BACKED_CHUNK_BYTES` or more into pages of their own
-        (the default; see the module notes). ``False`` keeps the decoder's array as it is:
-        a put costs no copy (about 13 us per 128 KiB chunk with spare pages, 45 us with
-        fresh ones), but with several decode threads their malloc heaps keep what evicted
-        chunks freed (up to 2x the budget with 16 threads).
+        Keep chunks of :data:`PAGE_BACKED_CHUNK_BYTES` or more in pages of their own (the
+        default; see the module notes). ``False`` keeps the decoder's array as it is (a
+        put of an array not decoded into a :meth:`lease` buffer costs no copy), but with
+        several decode threads their malloc heaps keep what evicted chunks freed (up to 2x
+        the budget with 16 threads).
 
     Notes
     -----
     Thread-safe. Cached arrays are read-only; a chunk larger than the budget is returned
-    but not kept. A kept chunk of :data:`PAGE_BACKED_CHUNK_BYTES` or more is returned as a
-    read-only copy in pages of its own (see the module notes). Keys are ``(reader token,
-    chunk coordinates)``: tokens are unique per open store handle, so a reopened store never
-    sees another handle's chunks; :meth:`drop_token` drops one handle's chunks.
+    but not kept. Keys are ``(reader token, chunk coordinates)``: tokens are unique per
+    open store handle, so a reopened store never sees another handle's chunks;
+    :meth:`drop_token` drops one handle's chunks. Eviction is least recently used until a
+    :meth:`read_ahead` plan says which chunks are needed next (see the module notes).
     """
 
     def __init__(
@@ -110,17 +170,20 @@ class ChunkCache:
             raise TypeError(f"page_backed={page_backed!r} must be True or False")
         self._page_backed = page_backed
         # reentrant: a source collected by a garbage collection that runs inside this lock
-        # drops its chunks (drop_token) from the same thread, there and then
+        # drops its chunks (drop_token) from the same thread, there and then; the pages of
+        # a chunk collected inside it come back (_return_pages) under it too
         self._lock = threading.RLock()
-        self._entries: OrderedDict[Hashable, np.ndarray] = OrderedDict()
+        self._entries: dict[Hashable, np.ndarray] = {}
+        self._lru: OrderedDict[Hashable, None] = OrderedDict()  # kept keys no plan needs
+        self._lru_bytes = 0
         self._by_token: dict[Hashable, set[Hashable]] = {}  # token -> keys ``(token, ...)``
+        self._plans: dict[object, dict[Hashable, int]] = {}  # ReadAhead id -> key -> distance
+        self._next: dict[Hashable, int] = {}  # key -> nearest distance of any plan
         self._budget = _parse_budget(budget)
         self._bytes = 0
-        self._hits = self._misses = self._evictions = 0
-        # pages of collected chunks, by size, under their own lock: a chunk's last reference
-        # may go (and _return_pages run) anywhere, also while self._lock is held, or in a
-        # garbage collection inside this lock (so it is reentrant)
-        self._spare_lock = threading.RLock()
+        self._reserved = 0  # leased buffers not yet put
+        self._hits = self._misses = self._evictions = self._skipped = 0
+        self._seconds = [0.0, 0.0, 0.0]  # read, decode, scatter
         self._spare: dict[int, list[_Pages]] = {}
         self._spare_bytes = 0
 
@@ -148,9 +211,11 @@ class ChunkCache:
         budget = _parse_budget(value)
         with self._lock:
             self._budget = budget
+            self._trim_spare(min(self.spare_limit(), max(0, budget - self._bytes)))
             self._evict_to(budget)
-        self._trim_spare()
+            self._trim_spare(min(self.spare_limit(), max(0, budget - self._bytes)))
 
+    # -- lookups ------------------------------------------------------------------------
     def get(self, key: Hashable) -> np.ndarray | None:
         """The cached chunk for ``key`` (marked most recently used), or ``None``."""
         with self._lock:
@@ -158,31 +223,82 @@ class ChunkCache:
             if found is None:
                 self._misses += 1
                 return None
-            self._entries.move_to_end(key)
+            if key in self._lru:
+                self._lru.move_to_end(key)
             self._hits += 1
             return found
 
-    def put(self, key: Hashable, chunk: np.ndarray) -> np.ndarray:
-        """Keep ``chunk`` under ``key`` if it fits the budget; return it (or its copy) read-only."""
-        size = chunk.nbytes
-        if size > self._budget:
-            chunk.flags.writeable = False
-            return chunk
-        if self._page_backed:
-            chunk = self._own_pages(chunk)
-        chunk.flags.writeable = False
+    def lease(self, key: Hashable, nbytes: int) -> np.ndarray | None:
+        """A writable ``uint8`` buffer of ``nbytes`` to decode chunk ``key`` into, if it is kept.
+
+        ``None`` when the cache would not keep the chunk (larger than the budget, the
+        cache off, or a read plan needs every kept chunk sooner): decode it elsewhere.
+        A large chunk's buffer is in pages of the cache's own, the pages of an evicted chunk
+        when one of that size is free (room is made now), and :meth:`put` keeps an array
+        decoded into it without a copy; a buffer never put is reused once collected.
+        """
         with self._lock:
-            if size > self._budget:
-                return chunk
+            if not self._admits(key, nbytes):
+                return None
+            if not self._page_backed or nbytes < PAGE_BACKED_CHUNK_BYTES:
+                return np.empty(nbytes, dtype=np.uint8)
+            pages = self._make_room(nbytes, key, take=True)
+            if pages is False:
+                return None
+            self._reserved += nbytes
+        if pages is None:
+            pages = _Pages(-1, nbytes, **_PAGE_FLAGS)
+        return self._track(pages, reserved=True)
+
+    def put(self, key: Hashable, chunk: np.ndarray, *, borrowed: bool = False) -> np.ndarray:
+        """Keep ``chunk`` under ``key`` if it fits; return it (or its copy) read-only.
+
+        ``borrowed``: ``chunk`` views memory its caller reuses (a decode scratch buffer),
+        so it is copied if it is kept; if it is not, it is returned as it is (still the
+        caller's memory). A chunk in a :meth:`lease` buffer is kept as it is.
+        """
+        size = chunk.nbytes
+        pages = _pages_of(chunk)
+        # this cache's pages, all of them (else: another cache's, or part of a buffer: copied)
+        own = pages is not None and pages.owner is self and len(pages) == size
+        if (
+            not own
+            and not chunk.dtype.hasobject
+            and (borrowed or (self._page_backed and size >= PAGE_BACKED_CHUNK_BYTES))
+        ):
+            buffer = self.lease(key, size)
+            if buffer is None:  # not kept
+                return self._refused(chunk)
+            view = buffer.view(chunk.dtype).reshape(chunk.shape)
+            view[...] = chunk
+            chunk, pages, own = view, _pages_of(view), True
+        elif borrowed and self._admits(key, size):
+            chunk = chunk.copy()
+        with self._lock:
+            if own and pages is not None:
+                self._release(pages)
+            if not self._admits(key, size) or self._make_room(size, key, take=False) is False:
+                return self._refused(chunk)
             old = self._entries.pop(key, None)
             if old is not None:
                 self._bytes -= old.nbytes
-            self._evict_to(self._budget - size)
+                self._lru_remove(key, old)
+            chunk.flags.writeable = False
             self._entries[key] = chunk
             self._bytes += size
+            if key not in self._next:
+                self._lru_add(key, chunk)
             token = _token_of(key)
             if token is not None:
                 self._by_token.setdefault(token, set()).add(key)
+        return chunk
+
+    def _refused(self, chunk: np.ndarray) -> np.ndarray:
+        """``chunk`` read-only and not kept (counted as skipped when a plan refused it)."""
+        if 0 < chunk.nbytes <= self._budget:
+            with self._lock:
+                self._skipped += 1
+        chunk.flags.writeable = False
         return chunk
 
     def get_or_load(self, key: Hashable, load: Callable[[], np.ndarray]) -> np.ndarray:
@@ -195,6 +311,116 @@ class ChunkCache:
         if found is not None:
             return found
         return self.put(key, load())
+
+    def add_seconds(self, read: float, decode: float, scatter: float) -> None:
+        """Add time spent reading, decoding and scattering chunks to :meth:`stats`."""
+        with self._lock:
+            self._seconds[0] += read
+            self._seconds[1] += decode
+            self._seconds[2] += scatter
+
+    # -- read plans ---------------------------------------------------------------------
+    def read_ahead(self) -> ReadAhead:
+        """A plan of the chunks the caller's next batches touch (empty until updated)."""
+        return ReadAhead(self)
+
+    def _plan(self, owner: object, plan: dict[Hashable, int]) -> None:
+        with self._lock:
+            if plan:
+                self._plans[owner] = plan
+            else:
+                self._plans.pop(owner, None)
+            self._replan()
+
+    def _withdraw(self, owner: object) -> None:
+        with self._lock:
+            if self._plans.pop(owner, None) is not None:
+                self._replan()
+
+    def _replan(self) -> None:
+        """Recompute every key's nearest planned distance; move kept keys in or out of LRU."""
+        nearest: dict[Hashable, int] = {}
+        for plan in self._plans.values():
+            for key, distance in plan.items():
+                if nearest.get(key, distance) >= distance:
+                    nearest[key] = distance
+        for key in self._next.keys() - nearest.keys():
+            chunk = self._entries.get(key)
+            if chunk is not None:
+                self._lru_add(key, chunk)  # no longer planned: evictable, as recently used
+        for key in nearest.keys() - self._next.keys():
+            chunk = self._entries.get(key)
+            if chunk is not None:
+                self._lru_remove(key, chunk)
+        self._next = nearest
+
+    def _lru_add(self, key: Hashable, chunk: np.ndarray) -> None:
+        self._lru[key] = None
+        self._lru_bytes += chunk.nbytes
+
+    def _lru_remove(self, key: Hashable, chunk: np.ndarray) -> None:
+        if self._lru.pop(key, False) is None:
+            self._lru_bytes -= chunk.nbytes
+
+    def _admits(self, key: Hashable, size: int) -> bool:
+        """Whether a chunk of ``size`` under ``key`` would be kept now."""
+        if size > self._budget:
+            return False
+        if key in self._next or not self._next:
+            return True
+        # an unplanned chunk may only take the room of unplanned ones (and free space)
+        return self._bytes - self._lru_bytes + self._reserved + size <= self._budget
+
+    def _make_room(self, size: int, key: Hashable, *, take: bool) -> _Pages | bool | None:
+        """Evict until ``size`` more bytes fit; ``False`` if only nearer-planned chunks remain.
+
+        ``take``: return spare pages of ``size`` (taken out of the spare pool) when there
+        are, else ``None``.
+        """
+        found: _Pages | None = None
+        distance = self._next.get(key)
+        while True:
+            if take and found is None:
+                spare = self._spare.get(size)
+                if spare:
+                    found = spare.pop()
+                    self._spare_bytes -= size
+            used = self._bytes + self._reserved + self._spare_bytes
+            if used + size <= self._budget or not (self._spare_bytes or self._entries):
+                return found
+            if self._spare_bytes:
+                self._drop_spare(None if found is not None or not take else size)
+            elif not self._evict_one(distance):
+                if found is not None:
+                    self._give_back(found)
+                return False
+
+    def _evict_one(self, distance: int | None) -> bool:
+        """Evict the least recently used unplanned chunk, else the planned one needed last.
+
+        A planned chunk is evicted only for a chunk needed sooner (``distance`` is the new
+        chunk's, ``-1`` for any; ``None``: unplanned, which never evicts a planned one).
+        """
+        if self._lru:
+            victim, _ = self._lru.popitem(last=False)
+            dropped = self._entries.pop(victim)
+            self._lru_bytes -= dropped.nbytes
+        else:
+            if distance is None or not self._entries:
+                return False
+            victim = max(self._entries, key=lambda k: self._next.get(k, -1))
+            if self._next.get(victim, -1) <= distance:
+                return False
+            dropped = self._entries.pop(victim)
+        self._bytes -= dropped.nbytes
+        self._evictions += 1
+        self._unindex(victim)
+        del dropped  # its pages come back now, unless a batch still holds the chunk
+        return True
+
+    def _evict_to(self, limit: int) -> None:
+        while self._entries and self._bytes > limit:
+            self._evict_one(-1)
 
     def drop_token(self, token: Hashable) -> int:
         """Drop every chunk kept under a key ``(token, ...)``; return how many were dropped.
@@ -210,51 +436,54 @@ class ChunkCache:
                 chunk = self._entries.pop(key, None)  # None: being evicted by this thread
                 if chunk is not None:
                     self._bytes -= chunk.nbytes
+                    self._lru_remove(key, chunk)
                     dropped += 1
             return dropped
 
-    def _own_pages(self, chunk: np.ndarray) -> np.ndarray:
-        """``chunk`` copied into pages of its own (spare ones when there are), if it is large."""
-        size = chunk.nbytes
-        if size < PAGE_BACKED_CHUNK_BYTES or chunk.dtype.hasobject or type(chunk.base) is _Pages:
-            return chunk
-        with self._spare_lock:
-            spare = self._spare.get(size)
-            pages = spare.pop() if spare else None
-            if pages is not None:
-                self._spare_bytes -= size
-        if pages is None:
-            pages = _Pages(-1, size, **_PAGE_FLAGS)
-        copy = np.ndarray(chunk.shape, chunk.dtype, buffer=pages)
-        copy[...] = chunk
-        # the pages are reused only once the copy, and every view of it, is garbage
-        done = weakref.finalize(copy, self._return_pages, pages)
+    # -- pages --------------------------------------------------------------------------
+    def _track(self, pages: _Pages, *, reserved: bool) -> np.ndarray:
+        """A ``uint8`` array over ``pages``; the pages come back once it and its views are gone."""
+        buffer = np.ndarray(len(pages), dtype=np.uint8, buffer=pages)
+        pages.owner, pages.leased = self, reserved
+        done = weakref.finalize(buffer, self._return_pages, pages)
         done.atexit = False
-        return copy
+        return buffer
+
+    def _release(self, pages: _Pages) -> None:
+        """A leased buffer is being put: its reservation ends (under the lock)."""
+        if pages.leased:
+            pages.leased = False
+            self._reserved -= len(pages)
 
     def _return_pages(self, pages: _Pages) -> None:
-        """Keep the pages of a collected chunk for the next chunk of that size, if there is room."""
+        """Keep a collected buffer's pages for the next chunk of that size, if there is room."""
+        with self._lock:
+            self._release(pages)  # leased and never put
+            pages.owner = None
+            self._give_back(pages)
+
+    def _give_back(self, pages: _Pages) -> None:
         size = len(pages)
-        with self._spare_lock:
-            if self._spare_bytes + size <= self.spare_limit():
-                self._spare.setdefault(size, []).append(pages)
-                self._spare_bytes += size
+        used = self._bytes + self._reserved + self._spare_bytes
+        if self._spare_bytes + size <= self.spare_limit() and used + size <= self._budget:
+            self._spare.setdefault(size, []).append(pages)
+            self._spare_bytes += size
 
-    def _trim_spare(self) -> None:
-        """Return spare pages beyond :meth:`spare_limit` to the system (after a smaller budget)."""
-        with self._spare_lock:
-            limit = self.spare_limit()
-            for size, spare in self._spare.items():
-                while spare and self._spare_bytes > limit:
-                    spare.pop()
-                    self._spare_bytes -= size
+    def _drop_spare(self, keep: int | None) -> None:
+        """Free one spare page (of another size than ``keep`` when there is one)."""
+        sizes = [s for s, spare in self._spare.items() if spare and s != keep] or [
+            s for s, spare in self._spare.items() if spare
+        ]
+        size = sizes[0]
+        self._spare[size].pop()
+        self._spare_bytes -= size
 
-    def _evict_to(self, limit: int) -> None:
-        while self._entries and self._bytes > limit:
-            key, dropped = self._entries.popitem(last=False)
-            self._bytes -= dropped.nbytes
-            self._evictions += 1
-            self._unindex(key)
+    def _trim_spare(self, limit: int) -> None:
+        """Return spare pages beyond ``limit`` bytes to the system."""
+        for size, spare in self._spare.items():
+            while spare and self._spare_bytes > limit:
+                spare.pop()
+                self._spare_bytes -= size
 
     def _unindex(self, key: Hashable) -> None:
         token = _token_of(key)
@@ -265,15 +494,17 @@ class ChunkCache:
                 del self._by_token[token]
 
     def clear(self) -> None:
-        """Drop every chunk (and the spare pages) and reset the counters."""
-        with self._spare_lock:
+        """Drop every chunk (and the spare pages) and reset the counters; plans stay."""
+        with self._lock:
             self._spare.clear()
             self._spare_bytes = 0
-        with self._lock:
             self._entries.clear()
+            self._lru.clear()
+            self._lru_bytes = 0
             self._by_token.clear()
             self._bytes = 0
-            self._hits = self._misses = self._evictions = 0
+            self._hits = self._misses = self._evictions = self._skipped = 0
+            self._seconds = [0.0, 0.0, 0.0]
 
     def stats(self) -> CacheStats:
         """A snapshot of the counters."""
@@ -285,6 +516,10 @@ class ChunkCache:
                 entries=len(self._entries),
                 bytes=self._bytes,
                 budget=self._budget,
+                skipped=self._skipped,
+                read_seconds=self._seconds[0],
+                decode_seconds=self._seconds[1],
+                scatter_seconds=self._seconds[2],
             )
 
     def __len__(self) -> int:
@@ -296,6 +531,14 @@ class ChunkCache:
             f"ChunkCache({s.entries} chunks, {s.bytes} of {s.budget} bytes, "
             f"hits={s.hits}, misses={s.misses}, evictions={s.evictions})"
         )
+
+
+def _pages_of(chunk: np.ndarray) -> _Pages | None:
+    """The cache pages ``chunk`` views, or ``None``."""
+    base: object = chunk
+    while isinstance(base, np.ndarray):
+        base = base.base
+    return base if type(base) is _Pages else None
 
 
 def _token_of(key: Hashable) -> Hashable | None:

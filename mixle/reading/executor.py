@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterator, Sequence
-from functools import partial
+import threading
+import time
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -17,6 +18,7 @@ from mixle.reading.process_cache import chunk_cache
 __all__ = [
     "STRIDED_BYTES_PER_THREAD",
     "ChunkReader",
+    "SupportsDecodeInto",
     "SupportsFetchMany",
     "execute_plan",
     "new_token",
@@ -92,6 +94,38 @@ class SupportsFetchMany(Protocol):
         ...
 
 
+@runtime_checkable
+class SupportsDecodeInto(Protocol):
+    """A :class:`ChunkReader` that decodes a chunk into a buffer the read planner gives it.
+
+    The planner hands :meth:`decode_into` a buffer of the cache's (the pages of an evicted
+    chunk, so nothing is allocated or copied to keep it) or, for a chunk that will not be
+    kept, a scratch buffer of the decoding thread that the next chunk reuses. A reader that
+    also has ``read_stored(coords)`` (the stored bytes, ``None`` for a chunk never written)
+    gets its read and its decode timed apart; without it the planner reads with
+    ``fetch_many`` or ``read_chunk``.
+
+    Attributes
+    ----------
+    decoded_nbytes
+        Bytes of one decoded chunk: the size of every buffer handed to :meth:`decode_into`.
+    """
+
+    chunks: tuple[int, ...]
+    token: int
+    decoded_nbytes: int
+
+    def read_chunk(self, coords: tuple[int, ...]) -> np.ndarray: ...
+
+    def decode_into(self, coords: tuple[int, ...], raw: Any, out: np.ndarray) -> np.ndarray:
+        """Chunk ``coords`` decoded from ``raw``, into ``out`` (``uint8``) where it can be.
+
+        The result may be another array (a chunk never written, a codec that cannot write
+        into a buffer) but never a view of ``raw``, which the caller may reuse at once.
+        """
+        ...
+
+
 def read_chunked(
     reader: ChunkReader,
     starts: Sequence[Sequence[int]],
@@ -131,18 +165,85 @@ def execute_plan(
     if getattr(reader, "fetch_many", None) is not None:
         _read_fetched(reader, plan, store, out)  # type: ignore[arg-type]
         return
-    token, jobs = reader.token, list(zip(plan.chunks, plan.pieces))
+    token = reader.token
+    # every chunk this batch finds cached is held until it is scattered: no decode of the
+    # same batch can evict one before its turn
+    found: list[np.ndarray | None] = [store.get((token, c)) for c in plan.chunks]
+    load = _loader(reader, store)
     tickets = itertools.count()  # next() on a count is atomic: each job is taken once
     abandoned: list[bool] = []
 
     def drain() -> None:
-        while not abandoned and (k := next(tickets)) < len(jobs):
-            coords, pieces = jobs[k]
-            chunk = store.get_or_load((token, coords), partial(reader.read_chunk, coords))
-            for box, region, inner in pieces:
-                out[(box, *region)] = chunk[inner]
+        clock = [0.0, 0.0, 0.0]
+        try:
+            while not abandoned and (k := next(tickets)) < len(found):
+                coords, chunk = plan.chunks[k], found[k]
+                if chunk is None:
+                    chunk = load(coords, clock)
+                else:
+                    found[k] = None
+                start = time.perf_counter()
+                for box, region, inner in plan.pieces[k]:
+                    out[(box, *region)] = chunk[inner]
+                del chunk
+                clock[2] += time.perf_counter() - start
+        finally:
+            store.add_seconds(*clock)
 
-    _run_abandonable([drain] * min(reader_threads(reader), len(jobs)), abandoned)
+    _run_abandonable([drain] * min(reader_threads(reader), len(found)), abandoned)
+
+
+#: ``(coords, [read, decode, scatter seconds]) -> chunk``: reads, decodes and keeps a chunk.
+_Load = Callable[[tuple[int, ...], list[float]], np.ndarray]
+
+_scratch = threading.local()
+
+
+def _scratch_buffer(nbytes: int) -> np.ndarray:
+    """This thread's buffer for chunks that will not be kept (reused by its next chunk)."""
+    buffer: np.ndarray | None = getattr(_scratch, "buffer", None)
+    if buffer is None or buffer.nbytes != nbytes:
+        buffer = _scratch.buffer = np.empty(nbytes, dtype=np.uint8)
+    return buffer
+
+
+def _decode_kept(
+    reader: SupportsDecodeInto, store: ChunkCache, key: Hashable, coords: tuple[int, ...], raw: Any
+) -> np.ndarray:
+    """Chunk ``coords`` decoded into a cache buffer (kept), or into scratch (not kept)."""
+    buffer = store.lease(key, reader.decoded_nbytes)
+    borrowed = buffer is None
+    if buffer is None:
+        buffer = _scratch_buffer(reader.decoded_nbytes)
+    chunk = reader.decode_into(coords, raw, buffer)
+    return store.put(key, chunk, borrowed=borrowed and np.may_share_memory(chunk, buffer))
+
+
+def _loader(reader: ChunkReader, store: ChunkCache) -> _Load:
+    """How the drain loop gets a chunk the cache does not hold: timed, kept if it fits."""
+    token = reader.token
+    read_stored = getattr(reader, "read_stored", None)
+    if read_stored is not None and getattr(reader, "decoded_nbytes", None) is not None:
+        into: SupportsDecodeInto = reader  # type: ignore[assignment]
+
+        def decoded(coords: tuple[int, ...], clock: list[float]) -> np.ndarray:
+            start = time.perf_counter()
+            raw = read_stored(coords)
+            read = time.perf_counter()
+            chunk = _decode_kept(into, store, (token, coords), coords, raw)
+            clock[0] += read - start
+            clock[1] += time.perf_counter() - read
+            return chunk
+
+        return decoded
+
+    def loaded(coords: tuple[int, ...], clock: list[float]) -> np.ndarray:
+        start = time.perf_counter()
+        chunk = reader.read_chunk(coords)
+        clock[1] += time.perf_counter() - start
+        return store.put((token, coords), chunk)
+
+    return loaded
 
 
 def reader_threads(reader: object) -> int:
@@ -194,7 +295,12 @@ def _read_fetched(
             out,
             [(k, chunk, True) for k, chunk in enumerate(found) if chunk is not None],
         )
-        for group in arrivals:
+        while True:
+            start = time.perf_counter()
+            group = next(arrivals, None)
+            store.add_seconds(time.perf_counter() - start, 0.0, 0.0)
+            if group is None:
+                break
             _place(reader, plan, store, out, [(missing[j], raw, False) for j, raw in group])
     finally:
         getattr(arrivals, "close", lambda: None)()  # cancels requests still in flight
@@ -210,16 +316,29 @@ def _place(
     """Scatter chunks ``(k, chunk or payload, decoded?)`` into ``out``, on the decode pool."""
     tickets = itertools.count()  # next() on a count is atomic: each job is taken once
     abandoned: list[bool] = []
+    into = getattr(reader, "decoded_nbytes", None) is not None
 
     def drain() -> None:
-        while not abandoned and (n := next(tickets)) < len(jobs):
-            k, chunk, decoded = jobs[n]
-            if not decoded:
-                coords = plan.chunks[k]
-                chunk = store.put((reader.token, coords), reader.decode(coords, chunk))
-                jobs[n] = (k, None, True)  # free the stored bytes as soon as they are decoded
-            for box, region, inner in plan.pieces[k]:
-                out[(box, *region)] = chunk[inner]
+        clock = [0.0, 0.0, 0.0]
+        try:
+            while not abandoned and (n := next(tickets)) < len(jobs):
+                k, chunk, decoded = jobs[n]
+                if not decoded:
+                    coords, key = plan.chunks[k], (reader.token, plan.chunks[k])
+                    start = time.perf_counter()
+                    if into:
+                        chunk = _decode_kept(reader, store, key, coords, chunk)  # type: ignore[arg-type]
+                    else:
+                        chunk = store.put(key, reader.decode(coords, chunk))
+                    jobs[n] = (k, None, True)  # free the stored bytes as soon as they are decoded
+                    clock[1] += time.perf_counter() - start
+                start = time.perf_counter()
+                for box, region, inner in plan.pieces[k]:
+                    out[(box, *region)] = chunk[inner]
+                del chunk
+                clock[2] += time.perf_counter() - start
+        finally:
+            store.add_seconds(*clock)
 
     _run_abandonable([drain] * min(decode_threads(), len(jobs)), abandoned)
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Generator, Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -117,7 +118,11 @@ def decode_checked(
 
 
 class _DecodedChunks:
-    """What both numcodecs readers share: chunk shape, cache token, decoder, fill chunk."""
+    """What the numcodecs readers share: chunk shape, cache token, decoder, fill chunk.
+
+    ``decoded_nbytes`` is set (the bytes of one decoded chunk) when the decoder can write
+    a chunk into a buffer of the read planner's (:meth:`decode_into`).
+    """
 
     def __init__(self, array: Any, decode: Decoder, where: str = "") -> None:
         self.chunks: tuple[int, ...] = tuple(array.chunks)
@@ -126,6 +131,8 @@ class _DecodedChunks:
         self._where = where or repr(array.store)
         self._meta = array.metadata
         self._fill = fill_chunk(array, self.chunks)
+        if isinstance(decode, ChunkDecoder):
+            self.decoded_nbytes = decode.nbytes
 
     def decode(self, coords: tuple[int, ...], raw: bytes | None) -> np.ndarray:
         """Chunk ``coords`` from its stored bytes (``None``: never written, the fill value)."""
@@ -133,6 +140,15 @@ class _DecodedChunks:
             return self._fill
         key = self._meta.encode_chunk_key(coords)
         return decode_checked(self._decode, raw, self._where, key, coords)
+
+    def decode_into(self, coords: tuple[int, ...], raw: Any, out: np.ndarray) -> np.ndarray:
+        """:meth:`decode` into ``out`` (``decoded_nbytes`` of ``uint8``); never views ``raw``."""
+        if raw is None:
+            return self._fill
+        assert isinstance(self._decode, ChunkDecoder)
+        key = self._meta.encode_chunk_key(coords)
+        into = partial(self._decode.decode_into, out=out)
+        return decode_checked(into, raw, self._where, key, coords)
 
 
 class ZarrCodecReader(_DecodedChunks):
@@ -154,12 +170,23 @@ class ZarrCodecReader(_DecodedChunks):
         self._base = local_chunk_dir(array)
 
     def read_chunk(self, coords: tuple[int, ...]) -> np.ndarray:
+        return self.decode(coords, self._read(coords, reuse=False))  # type: ignore[arg-type]
+
+    def read_stored(self, coords: tuple[int, ...]) -> memoryview | bytes | None:
+        """The stored bytes of chunk ``coords`` (``None``: never written) for :meth:`decode_into`.
+
+        In this thread's reusable buffer when the decoder writes into buffers: valid until
+        this thread's next read.
+        """
+        return self._read(coords, reuse=hasattr(self, "decoded_nbytes"))
+
+    def _read(self, coords: tuple[int, ...], *, reuse: bool) -> memoryview | bytes | None:
         key = self._meta.encode_chunk_key(coords)
         path = os.path.join(self._base, *key.split("/"))
         what = f"chunk {key!r} of zarr array {self._where} (chunk grid coordinates {coords}):"
         try:
             # never written (None): the fill value, as zarr reads it
-            raw = read_local_object(path, f"{what} file", self._decode.stored_limit)
+            return read_local_object(path, f"{what} file", self._decode.stored_limit, reuse=reuse)
         except CorruptChunkError:
             if os.path.isdir(path):
                 raise CorruptChunkError(directory_message(key, self._where, coords, path)) from None
@@ -167,7 +194,6 @@ class ZarrCodecReader(_DecodedChunks):
             if limit is not None:  # strings longer than the vlen cap: say it is that limit
                 raise VlenLimitError(f"{what} {limit}") from None
             raise
-        return self.decode(coords, raw)
 
 
 def _stored_over_vlen_limit(decode: Decoder, path: str) -> VlenLimitError | None:

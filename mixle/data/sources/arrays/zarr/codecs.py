@@ -141,12 +141,26 @@ class ChunkDecoder:
 
     def __call__(self, raw: bytes) -> np.ndarray:
         """The chunk that ``raw`` decodes to; ``ValueError`` if it is not exactly one chunk."""
+        return self.decode_into(raw, None)
+
+    def decode_into(self, raw: Any, out: np.ndarray | None) -> np.ndarray:
+        """The chunk ``raw`` decodes to, written into ``out`` (``nbytes`` of ``uint8``) if given.
+
+        The last stage decodes straight into ``out`` where its codec can (zstd, blosc,
+        lz4), else its output is copied there; the chunk never views ``raw``, which its
+        caller may reuse at once. A format 3 array-to-array step (a filter) may still
+        return a chunk of its own. Without ``out`` the chunk is a new array.
+        """
         buf: Any = raw
-        for codec, (limit, exact) in zip(self._codecs, self._limits):
-            buf = _decode_step(codec, buf, limit, exact)
+        last = len(self._codecs) - 1
+        for k, (codec, (limit, exact)) in enumerate(zip(self._codecs, self._limits)):
+            buf = _decode_step(codec, buf, limit, exact, out if k == last else None)
         got = memoryview(buf).nbytes
         if got != self.nbytes:
             raise ValueError(f"decoded {got} bytes, a chunk has {self.nbytes}")
+        if out is not None and buf is not out:  # no codec wrote into out: copy (never view raw)
+            out[...] = np.frombuffer(buf, dtype=np.uint8, count=got)
+            buf = out
         flat = np.frombuffer(buf, dtype=self._stored, count=self._count)
         chunk = flat.reshape(self._shape, order=self._order)
         for step in self._array_steps:
@@ -154,11 +168,16 @@ class ChunkDecoder:
         return chunk
 
 
-def _decode_step(codec: Any, buf: Any, limit: int, exact: bool) -> Any:
-    """``codec.decode(buf)``, its output at most ``limit`` bytes (exactly, if ``exact``)."""
+def _decode_step(
+    codec: Any, buf: Any, limit: int, exact: bool, into: np.ndarray | None = None
+) -> Any:
+    """``codec.decode(buf)``, its output at most ``limit`` bytes (exactly, if ``exact``).
+
+    ``into``: a buffer a compressor may decode straight into (:func:`bounded_decompress`).
+    """
     codec_id = getattr(codec, "codec_id", None)
     if codec_id in BOUNDED_COMPRESSORS:
-        out: Any = bounded_decompress(codec, buf, limit, exact)
+        out: Any = bounded_decompress(codec, buf, limit, exact, into)
     else:
         out = codec.decode(buf)
     got = memoryview(out).nbytes

@@ -33,7 +33,9 @@ class StageLimitError(ValueError):
     """A stream would decode to more bytes than its stage allows (not a damaged stream)."""
 
 
-def bounded_decompress(codec: Any, raw: Any, limit: int, exact: bool = False) -> Any:
+def bounded_decompress(
+    codec: Any, raw: Any, limit: int, exact: bool = False, out: np.ndarray | None = None
+) -> Any:
     """``codec.decode(raw)`` for a compressor, never producing more than ``limit`` bytes.
 
     Parameters
@@ -46,11 +48,14 @@ def bounded_decompress(codec: Any, raw: Any, limit: int, exact: bool = False) ->
         The most decoded bytes allowed.
     exact
         Whether the decoded bytes must be exactly ``limit``.
+    out
+        A writable ``uint8`` buffer that zstd, blosc and lz4 decode straight into when the
+        stream's decoded size is exactly its length (others ignore it).
 
     Returns
     -------
     bytes-like
-        The decoded bytes.
+        The decoded bytes (``out`` itself when they were decoded into it).
 
     Raises
     ------
@@ -87,7 +92,8 @@ def bounded_decompress(codec: Any, raw: Any, limit: int, exact: bool = False) ->
             raise (ValueError if exact else StageLimitError)(
                 f"the stored {codec_id} header says {declared} bytes, its stage holds {bound}"
             )
-        out = np.empty(declared, dtype=np.uint8)
+        if out is None or out.nbytes != declared:
+            out = np.empty(declared, dtype=np.uint8)
         codec.decode(data, out=out)
         return out
     if codec_id == "zlib":

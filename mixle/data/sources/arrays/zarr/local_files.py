@@ -12,6 +12,7 @@ import errno
 import json
 import os
 import stat
+import threading
 from typing import Any
 
 from mixle.data.sources.arrays.zarr.limits import ZARR_METADATA_LIMIT
@@ -57,9 +58,21 @@ def refuse_special(base: str, key: str, where: str, coords: tuple[int, ...]) -> 
     require_regular_file(path, f"chunk {key!r} of zarr array {where}: file")
 
 
+#: Each thread's buffer for :func:`read_local_object`'s ``reuse`` reads.
+_scratch = threading.local()
+
+
+def _thread_buffer(size: int) -> bytearray:
+    """This thread's reusable buffer of at least ``size`` bytes (grown, never shrunk)."""
+    buf: bytearray | None = getattr(_scratch, "buffer", None)
+    if buf is None or len(buf) < size:
+        buf = _scratch.buffer = bytearray(size)
+    return buf
+
+
 def read_local_object(
-    path: str, what: str, limit: int, byte_range: ByteRange = None
-) -> bytes | None:
+    path: str, what: str, limit: int, byte_range: ByteRange = None, *, reuse: bool = False
+) -> bytes | memoryview | None:
     """The bytes of a local stored object (``None`` when it does not exist), at most ``limit``.
 
     Parameters
@@ -73,6 +86,9 @@ def read_local_object(
     byte_range
         ``None`` (the whole object), ``(start, end)`` or ``(-n, None)`` (the last ``n``
         bytes); a range past the end of the file returns what the file holds.
+    reuse
+        Read a whole object into this thread's reusable buffer and return a view of it (no
+        fresh allocation per read): valid only until this thread's next ``reuse`` read.
 
     Raises
     ------
@@ -91,7 +107,10 @@ def read_local_object(
                         f"{what} {path!r} has {size:,} bytes, more than the {limit:,} a stored "
                         "chunk of this array can have"
                     )
-                data = file.read(size + 1)  # one buffer of the file's size (a cap of it, too)
+                if reuse:
+                    data: bytes | memoryview = _read_into(file, size + 1)
+                else:  # one buffer of the file's size (a cap of it, too)
+                    data = file.read(size + 1)
             if len(data) > limit:
                 raise ValueError(f"{what} {path!r} grew past {limit:,} bytes while read")
             return data
@@ -120,6 +139,18 @@ def read_local_object(
         if exc.errno == errno.ENXIO:  # a socket cannot be opened: say what it is
             require_regular_file(path, what)
         raise
+
+
+def _read_into(file: Any, most: int) -> memoryview:
+    """Up to ``most`` bytes of ``file`` (to its end) in this thread's buffer."""
+    view = memoryview(_thread_buffer(most))[:most]
+    got = 0
+    while got < most:
+        n = file.readinto(view[got:])
+        if not n:
+            break
+        got += n
+    return view[:got]
 
 
 def directory_message(key: str, where: str, coords: tuple[int, ...], path: str) -> str:

@@ -55,6 +55,7 @@ process. ``x library`` is mixle's best pass over the library's best.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -82,27 +83,40 @@ MIB = 2**20
 
 
 # -- the volume ---------------------------------------------------------------------------
-def write_volumes(folder: Path, size: int) -> None:
-    """The same smooth float32 cube as zarr (zstd), HDF5 (gzip / contiguous) and raw."""
+def write_volumes(folder: Path, size: int, *, uncompressed: bool = True) -> None:
+    """The same smooth float32 cube as zarr (zstd), HDF5 (gzip / contiguous) and raw.
+
+    zarr: zarr-python 3's default codec made explicit (``ZstdCodec(level=0)``); HDF5 gzip:
+    h5py's default level (4); both with 64^3 chunks. ``uncompressed=False`` writes neither
+    the contiguous HDF5 dataset nor the raw file (the pass table reads only the two
+    compressed stores).
+    """
     import h5py
     import zarr
 
     shape = (size, size, size)
     z, y, x = np.ogrid[0:CHUNK, 0:size, 0:size]
     arr = zarr.create_array(
-        str(folder / "v.zarr"), shape=shape, chunks=(CHUNK,) * 3, dtype="f4", overwrite=True
+        str(folder / "v.zarr"),
+        shape=shape,
+        chunks=(CHUNK,) * 3,
+        dtype="f4",
+        compressors=zarr.codecs.ZstdCodec(level=0),
+        overwrite=True,
     )
-    with h5py.File(folder / "v.h5", "w") as f, open(folder / "v.raw", "wb") as raw:
+    with h5py.File(folder / "v.h5", "w") as f:
         gz = f.create_dataset(
             "gzip", shape=shape, dtype="f4", chunks=(CHUNK,) * 3, compression="gzip"
         )
-        flat = f.create_dataset("raw", shape=shape, dtype="f4")
-        for z0 in range(0, size, CHUNK):
-            slab = (np.sin(0.05 * (z + z0)) * np.cos(0.03 * y) + 0.01 * x).astype("f4")
-            arr[z0 : z0 + CHUNK] = slab
-            gz[z0 : z0 + CHUNK] = slab
-            flat[z0 : z0 + CHUNK] = slab
-            raw.write(slab.tobytes())
+        flat = f.create_dataset("raw", shape=shape, dtype="f4") if uncompressed else None
+        with open(folder / "v.raw", "wb") if uncompressed else contextlib.nullcontext() as raw:
+            for z0 in range(0, size, CHUNK):
+                slab = (np.sin(0.05 * (z + z0)) * np.cos(0.03 * y) + 0.01 * x).astype("f4")
+                arr[z0 : z0 + CHUNK] = slab
+                gz[z0 : z0 + CHUNK] = slab
+                if flat is not None and raw is not None:
+                    flat[z0 : z0 + CHUNK] = slab
+                    raw.write(slab.tobytes())
 
 
 def corners(size: int, count: int, seed: int = 0) -> np.ndarray:
@@ -201,7 +215,9 @@ def _mixle_source(folder: Path, backend: str, shape: tuple[int, ...]):
     return mixle.read_memmap(folder / "v.raw", "float32", shape)
 
 
-def _tensorstore_runner(folder: Path, where: np.ndarray, budget: int):
+def _tensorstore_open(folder: Path, budget: int):
+    """The zarr cube through tensorstore's zarr3 driver: a ``budget``-byte cache pool and as
+    many copy threads as mixle has decode threads."""
     import tensorstore as ts
 
     from mixle.reading import decode_threads
@@ -214,7 +230,21 @@ def _tensorstore_runner(folder: Path, where: np.ndarray, budget: int):
             "data_copy_concurrency": {"limit": decode_threads()},
         },
     }
-    store = ts.open(spec, read=True).result()
+    return ts.open(spec, read=True).result()
+
+
+def _tensorstore_batch(store, starts: np.ndarray, out: np.ndarray) -> None:
+    """The patches at ``starts`` into ``out``: one ``ts.Batch`` of ``[box].read()``."""
+    import tensorstore as ts
+
+    with ts.Batch() as batch:
+        futures = [store[_box(s)].read(batch=batch) for s in starts.tolist()]
+    for k, future in enumerate(futures):
+        out[k] = future.result()
+
+
+def _tensorstore_runner(folder: Path, where: np.ndarray, budget: int):
+    store = _tensorstore_open(folder, budget)
 
     def read_slab(z0: int, y0: int) -> None:
         store[z0 : z0 + CHUNK, y0 : y0 + CHUNK].read().result()
@@ -222,13 +252,7 @@ def _tensorstore_runner(folder: Path, where: np.ndarray, budget: int):
     def run(lo: int, hi: int) -> None:
         for b in range(lo, hi, BATCH):
             out = np.empty((BATCH, PATCH, PATCH, PATCH), dtype="f4")
-            with ts.Batch() as batch:
-                futures = [
-                    store[zc : zc + PATCH, yc : yc + PATCH, xc : xc + PATCH].read(batch=batch)
-                    for zc, yc, xc in where[b : b + BATCH].tolist()
-                ]
-            for k, future in enumerate(futures):
-                out[k] = future.result()
+            _tensorstore_batch(store, where[b : b + BATCH], out)
 
     return read_slab, run
 
@@ -770,6 +794,373 @@ def print_formats(
         )
 
 
+# -- pass: a Loader's pass of random patches against the decode-bound limit ----------------
+#: Random patches in one pass (5 batches of 64), and passes per row (seeds 0, 1, ...).
+PASS_PATCHES = 320
+PASS_REPEATS = 5
+#: Seed of the untimed warm-up batch every row reads first (no timed pass reads it).
+WARM_SEED = 1000
+#: Each backend's rows; "mixle" is the Loader, as users read; "naive" is the first.
+PASS_ROWS = {
+    "zarr zstd": ("naive", "tensorstore", "mixle", "mixle, get_batch (no plan)"),
+    "hdf5 gzip": ("naive", "mixle", "mixle, get_batch (no plan)"),
+}
+#: The pass table's goals for the "mixle" row (against the limit and tensorstore), and the
+#: most chunk decodes a pass may take per distinct chunk it touches.
+PASS_GOAL_LIMIT = {"zarr zstd": 0.85, "hdf5 gzip": 0.85}
+PASS_GOAL_TSTORE = 1.3
+PASS_GOAL_DECODES = 1.10
+
+
+def distinct_chunks(starts: np.ndarray) -> int:
+    """Distinct 64^3 chunks that the 32^3 boxes at ``starts`` touch together."""
+    lo, hi = starts // CHUNK, (starts + PATCH - 1) // CHUNK
+    keys = []
+    for offset in np.ndindex(*(2,) * starts.shape[1]):  # a box spans at most 2 chunks an axis
+        ids = lo + np.asarray(offset)
+        inside = (ids <= hi).all(axis=1)
+        keys.append(ids[inside])
+    return len(np.unique(np.concatenate(keys), axis=0))
+
+
+def thread_counts() -> list[int]:
+    """1, 2 and every power of two up to the core count (and the core count itself)."""
+    cores = os.cpu_count() or 1
+    counts = [1 << k for k in range(cores.bit_length()) if 1 << k <= cores]
+    return sorted({*counts, 2, cores}) if cores >= 2 else [1]
+
+
+def _warm_files(paths: list[Path]) -> None:
+    for path in paths:
+        if path.is_dir():
+            warm_page_cache(path)
+        else:
+            with open(path, "rb") as f:
+                while f.read(1 << 24):
+                    pass
+
+
+def _pass_reader(folder: Path, size: int, backend: str, contender: str, count: int):
+    """``read(seed, batches)``: one timed pass (its handle opened in it) over the first
+    ``batches`` batches of ``count`` patches placed by ``seed``, with the first batch."""
+    import h5py
+    import zarr
+
+    import mixle
+
+    shape = (size,) * 3
+
+    def starts_of(seed: int, batches: int | None) -> np.ndarray:
+        return corners(size, count, seed)[: None if batches is None else batches * BATCH]
+
+    if contender == "naive":
+
+        def read(seed: int, batches: int | None) -> np.ndarray:
+            where = starts_of(seed, batches)
+            if backend == "zarr zstd":
+                arr = zarr.open_array(str(folder / "v.zarr"), mode="r")
+                handle = None
+            else:  # a fresh file: h5py's default chunk cache, empty
+                handle = h5py.File(folder / "v.h5", "r")
+                arr = handle["gzip"]
+            try:
+                for b in range(0, len(where), BATCH):
+                    batch = np.stack(
+                        [np.array(arr[_box(s)]) for s in where[b : b + BATCH].tolist()]
+                    )
+                    if b == 0:
+                        first = batch
+            finally:
+                if handle is not None:
+                    handle.close()
+            return first
+
+    elif contender == "tensorstore":
+
+        def read(seed: int, batches: int | None) -> np.ndarray:
+            where = starts_of(seed, batches)
+            store = _tensorstore_open(folder, CACHE_BYTES)  # a fresh, empty cache pool
+            out = np.empty((BATCH, *(PATCH,) * 3), dtype="f4")
+            for b in range(0, len(where), BATCH):
+                chunk = where[b : b + BATCH]
+                _tensorstore_batch(store, chunk, out[: len(chunk)])
+                if b == 0:
+                    first = out[: len(chunk)].copy()
+            return first
+
+    else:
+        planned = contender == "mixle"
+
+        def read(seed: int, batches: int | None) -> np.ndarray:
+            src = _mixle_source(folder, backend, shape)
+            try:
+                sampler = mixle.PatchSampler(src, PATCH, count, seed=seed)
+                assert np.array_equal(sampler.coords_array(), corners(size, count, seed))
+                stop = len(sampler) if batches is None else min(len(sampler), batches * BATCH)
+                if planned:
+                    loader = mixle.Loader(
+                        sampler, batch_size=BATCH, shuffle=False, num_epochs=1, num_threads=0
+                    )
+                    for k, (patches, _) in enumerate(loader):
+                        if k == 0:
+                            first = patches
+                        if (k + 1) * BATCH >= stop:
+                            break
+                else:
+                    for b in range(0, stop, BATCH):
+                        patches, _ = sampler.get_batch(np.arange(b, min(b + BATCH, stop)))
+                        if b == 0:
+                            first = patches
+            finally:
+                src.close()
+            return first
+
+    return read
+
+
+def pass_measure(
+    folder: Path, size: int, backend: str, contender: str, threads: int, count: int, repeats: int
+) -> dict[str, Any]:
+    """Every timed pass of one row (seconds, decodes, stage seconds); runs in the worker."""
+    from mixle.reading import chunk_cache, set_chunk_cache_bytes, set_decode_threads
+
+    if threads:
+        set_decode_threads(threads)
+    files = [folder / "v.zarr"] if backend == "zarr zstd" else [folder / "v.h5"]
+    _warm_files(files)
+    read = _pass_reader(folder, size, backend, contender, count)
+
+    def fresh() -> None:  # every pass starts with mixle's decoded-chunk cache empty
+        set_chunk_cache_bytes(CACHE_BYTES)
+        chunk_cache().clear()
+
+    fresh()
+    first = read(WARM_SEED, 1)  # warm-up: imports, pools, handles (untimed)
+    expected = _expected_patches(folder, backend, corners(size, count, WARM_SEED)[: len(first)])
+    passes = []
+    for seed in range(repeats):
+        fresh()
+        t0 = time.perf_counter()
+        read(seed, None)
+        seconds = time.perf_counter() - t0
+        stats = chunk_cache().stats()
+        mine = contender.startswith("mixle")
+        passes.append({
+            "seed": seed,
+            "seconds": seconds,
+            "decodes": stats.misses if mine else None,
+            "read_s": stats.read_seconds if mine else None,
+            "decode_s": stats.decode_seconds if mine else None,
+            "scatter_s": stats.scatter_seconds if mine else None,
+        })  # fmt: skip
+    return {"passes": passes, "same": bool(np.array_equal(first, expected))}
+
+
+def _expected_patches(folder: Path, backend: str, starts: np.ndarray) -> np.ndarray:
+    """The patches at ``starts`` as the format library reads them (the 'same' check)."""
+    import h5py
+    import zarr
+
+    if backend == "zarr zstd":
+        arr = zarr.open_array(str(folder / "v.zarr"), mode="r")
+        return np.stack([np.array(arr[_box(s)]) for s in starts.tolist()])
+    with h5py.File(folder / "v.h5", "r") as f:
+        return np.stack([np.array(f["gzip"][_box(s)]) for s in starts.tolist()])
+
+
+def pass_isolated(
+    folder: Path, size: int, backend: str, contender: str, threads: int, count: int, repeats: int
+) -> dict[str, Any]:
+    """:func:`pass_measure` of one row, run in a fresh process."""
+    cmd = [sys.executable, __file__, "--pass-worker", str(folder), str(size), backend,
+           contender, str(threads), str(count), str(repeats)]  # fmt: skip
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    if out.returncode:
+        raise RuntimeError(f"pass {backend} / {contender} failed:\n{out.stderr}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _pass_summary(
+    got: dict[str, Any], count: int, chunk_s: float, distinct: dict[int, int], threads: int
+) -> dict[str, Any]:
+    """Best and median pass of one row, its ratio to the limit and its decodes."""
+    passes = got["passes"]
+    seconds = [p["seconds"] for p in passes]
+    limit_s = [distinct[p["seed"]] * chunk_s / threads for p in passes]
+    x_limit = [lim / s for lim, s in zip(limit_s, seconds)]
+    row: dict[str, Any] = {
+        "rate": count / min(seconds),
+        "rate_median": count / float(np.median(seconds)),
+        "ms_best": 1e3 * min(seconds),
+        "ms_median": 1e3 * float(np.median(seconds)),
+        "limit_ms": 1e3 * float(np.median(limit_s)),
+        "x_limit": max(x_limit),
+        "x_limit_median": float(np.median(x_limit)),
+        "distinct": float(np.median([distinct[p["seed"]] for p in passes])),
+        "same": got["same"],
+        "passes": len(passes),
+    }
+    if passes[0]["decodes"] is not None:
+        row["decodes"] = float(np.median([p["decodes"] for p in passes]))
+        row["x_distinct_worst"] = max(p["decodes"] / distinct[p["seed"]] for p in passes)
+        for stage in ("read_s", "decode_s", "scatter_s"):
+            row[stage.replace("_s", "_ms")] = 1e3 * float(np.median([p[stage] for p in passes]))
+    return row
+
+
+def pass_rows(folder: Path, size: int, count: int, repeats: int) -> list[dict[str, Any]]:
+    """The pass table: each backend's rows and its thread scaling, printed as it runs."""
+    from mixle.reading import decode_threads
+    from mixle.utils.optional_deps import has
+
+    t0 = time.perf_counter()
+    done = folder / "written"
+    if not done.exists():
+        write_volumes(folder, size, uncompressed=False)
+        done.touch()
+    _warm_files([folder / "v.zarr", folder / "v.h5"])
+    threads = decode_threads()
+    rates = decode_rates(folder, size)
+    chunk_s = {name: 1 / r for name, r in rates.items()}
+    distinct = {seed: distinct_chunks(corners(size, count, seed)) for seed in range(repeats)}
+    spread = sorted(distinct.values())
+    print(
+        f"\npass: {size}^3 float32 ({size**3 * 4 / MIB:.0f} MiB), {CHUNK}^3 chunks; a pass = "
+        f"{count} random {PATCH}^3 patches in batches of {BATCH}; {repeats} passes a row "
+        f"(seeds 0-{repeats - 1}), best and median shown; {threads} decode threads; written "
+        f"in {time.perf_counter() - t0:.0f} s"
+    )
+    print(
+        "  cached: the OS page cache is warm (every file read once first). Every pass opens "
+        "a fresh handle (timed) and starts with mixle's decoded-chunk cache emptied "
+        f"(chunk_cache().clear()), then holding up to {CACHE_BYTES // MIB} MiB; tensorstore: "
+        f"a fresh ts.open per pass, cache_pool {CACHE_BYTES // MIB} MiB, data_copy_concurrency "
+        "= decode threads, one ts.Batch per batch; naive: zarr-python / h5py (a fresh file, "
+        "its default 1 MiB chunk cache) np.array(arr[box]) per patch, np.stack per batch"
+    )
+    print(
+        "  mixle: mixle.Loader(PatchSampler(src, 32, n, seed), batch_size=64, shuffle=False, "
+        "num_epochs=1, num_threads=0) (the Loader tells the cache which chunks its next "
+        "batches touch); 'get_batch (no plan)': sampler.get_batch(np.arange(b, b + 64)) "
+        "(plain LRU)"
+    )
+    print(
+        f"  distinct chunks a pass touches: {spread[0]}-{spread[-1]} "
+        f"(of {(size // CHUNK) ** 3}); decodes: chunk_cache().stats().misses after the pass"
+    )
+    how = {
+        "zarr zstd": "numcodecs.Zstd().decode(blob, out=buffer) on stored chunk files",
+        "hdf5 gzip": "zlib.decompress(raw, bufsize=nbytes) on read_direct_chunk",
+    }
+    for name in PASS_ROWS:
+        limit_ms = 1e3 * float(np.median(spread)) * chunk_s[name] / threads
+        print(
+            f"  limit ({name}): one thread decodes a chunk in {1e3 * chunk_s[name]:.2f} ms "
+            f"({how[name]}); distinct chunks x that / {threads} threads = {limit_ms:.0f} ms "
+            f"a pass ({count / limit_ms * 1e3:.0f} patches/s)"
+        )
+    print(
+        "  stage ms: chunk_cache().stats() read_seconds / decode_seconds / scatter_seconds of "
+        "a pass, summed over threads (median pass)"
+    )
+    print()
+    head = (
+        f"{'backend':<10} {'contender':<27} {'patches/s':>10} {'median':>7} {'x naive':>8} "
+        f"{'x tstore':>9} {'x limit':>13} {'decodes':>8} {'distinct':>8} {'worst':>6} "
+        f"{'read ms':>8} {'decode ms':>9} {'scatter ms':>10} {'same':>5}"
+    )
+    print(head, flush=True)
+    rows: list[dict[str, Any]] = []
+    mixle_rows: dict[str, dict[str, Any]] = {}
+    for backend, contenders in PASS_ROWS.items():
+        found: dict[str, dict[str, Any]] = {}
+        for contender in contenders:
+            if contender == "tensorstore" and not has("tensorstore"):
+                print(f"{backend:<10} {contender:<27} {'not installed':>10}")
+                continue
+            got = pass_isolated(folder, size, backend, contender, 0, count, repeats)
+            r = found[contender] = _pass_summary(got, count, chunk_s[backend], distinct, threads)
+            r["x_naive"] = r["rate"] / found["naive"]["rate"]
+            ts_rate = found.get("tensorstore", {}).get("rate")
+            mine = contender.startswith("mixle")
+            r["x_tstore"] = r["rate"] / ts_rate if ts_rate and mine else None
+            rows.append({"table": "pass", "backend": backend, "contender": contender,
+                         "threads": threads, **r})  # fmt: skip
+            _print_pass_row(backend, contender, r)
+        if "mixle" in found:
+            mixle_rows[backend] = found["mixle"]
+    print()
+    print(
+        f"{'backend':<10} {'threads':>7} {'ms/pass':>8} {'median':>7} {'speedup':>8} "
+        f"{'limit ms':>9} {'x limit':>13} {'decodes':>8}  (mixle Loader row)",
+        flush=True,
+    )
+    for backend in PASS_ROWS:
+        one = None
+        for n in thread_counts():
+            if n == threads and backend in mixle_rows:
+                r = dict(mixle_rows[backend])
+            else:
+                got = pass_isolated(folder, size, backend, "mixle", n, count, repeats)
+                r = _pass_summary(got, count, chunk_s[backend], distinct, n)
+            one = one if one is not None else r
+            r["speedup"] = one["ms_best"] / r["ms_best"]
+            rows.append({"table": "pass threads", "backend": backend, "contender": "mixle",
+                         "threads": n, **r})  # fmt: skip
+            print(
+                f"{backend:<10} {n:>7} {r['ms_best']:>8.0f} {r['ms_median']:>7.0f} "
+                f"{r['speedup']:>8.2f} {r['limit_ms']:>9.0f} "
+                f"{_pair(r['x_limit'], r['x_limit_median']):>13} {r['decodes']:>8.0f}",
+                flush=True,
+            )
+    print_pass_goals(mixle_rows)
+    return rows
+
+
+def _pair(best: float, median: float) -> str:
+    return f"{best:.2f} ({median:.2f})"
+
+
+def _print_pass_row(backend: str, contender: str, r: dict[str, Any]) -> None:
+    def num(key: str, spec: str) -> str:
+        return "-" if r.get(key) is None else format(r[key], spec)
+
+    print(
+        f"{backend:<10} {contender:<27} {r['rate']:>10.0f} {r['rate_median']:>7.0f} "
+        f"{r['x_naive']:>8.2f} {num('x_tstore', '.2f'):>9} "
+        f"{_pair(r['x_limit'], r['x_limit_median']):>13} {num('decodes', '.0f'):>8} "
+        f"{r['distinct']:>8.0f} {num('x_distinct_worst', '.2f'):>6} {num('read_ms', '.0f'):>8} "
+        f"{num('decode_ms', '.0f'):>9} {num('scatter_ms', '.0f'):>10} {r['same']!s:>5}",
+        flush=True,
+    )
+
+
+def print_pass_goals(mixle_rows: dict[str, dict[str, Any]]) -> None:
+    """One line per goal of the pass table's Loader row, met or not."""
+    print("  x limit / x tstore / x naive: best pass over best (x limit: (median pass));")
+    print("  worst: the most decodes per distinct chunk of any pass")
+
+    def verdict(ok: bool) -> str:
+        return " -- met" if ok else " -- NOT met"
+
+    for backend, goal in PASS_GOAL_LIMIT.items():
+        r = mixle_rows.get(backend)
+        if r is not None:
+            print(f"goal ({backend}): mixle >= {goal:g}x limit: {r['x_limit']:.2f}"
+                  + verdict(r["x_limit"] >= goal))  # fmt: skip
+    zarr_row = mixle_rows.get("zarr zstd")
+    if zarr_row is not None and zarr_row.get("x_tstore") is not None:
+        x = zarr_row["x_tstore"]
+        print(f"goal (zarr zstd): mixle >= {PASS_GOAL_TSTORE:g}x tensorstore at an equal "
+              f"cache budget: {x:.2f}" + verdict(x >= PASS_GOAL_TSTORE))  # fmt: skip
+    for backend, r in mixle_rows.items():
+        worst = r["x_distinct_worst"]
+        print(
+            f"goal ({backend}): mixle decodes within {PASS_GOAL_DECODES - 1:.0%} of the "
+            f"distinct chunks: worst pass {worst:.2f}x" + verdict(worst <= PASS_GOAL_DECODES)
+        )
+
+
 # -- the tables ------------------------------------------------------------------------------
 METHODS = {
     "zarr zstd": [
@@ -788,9 +1179,19 @@ METHODS = {
 }
 FORMATS = ("tiff", "nii", "nii.gz", "n5", "b2nd")
 #: ``--only`` names for a whole table.
-GROUPS = {"cubes": tuple(METHODS), "formats": FORMATS}
+GROUPS = {"cubes": tuple(METHODS), "formats": FORMATS, "pass": ("pass",)}
+#: The tables run when ``--only`` is not given (``pass`` runs only when named).
+DEFAULT_GROUPS = ("cubes", "formats")
 #: ``--quick``: a smoke run of every row at a tiny size.
-QUICK = {"size": 64, "batches": 2, "format_size": 48, "format_patches": BATCH, "rounds": 2}
+QUICK = {
+    "size": 64,
+    "batches": 2,
+    "format_size": 48,
+    "format_patches": BATCH,
+    "rounds": 2,
+    "pass_patches": 2 * BATCH,
+    "repeats": 2,
+}
 
 
 def cube_rows(folder: Path, size: int, batches: int, backends: list[str]) -> list[dict]:
@@ -875,14 +1276,28 @@ def main() -> None:
         "--only",
         nargs="+",
         choices=[*METHODS, *FORMATS, *GROUPS],
-        help="backends and formats to measure, or a table: cubes, formats (default: all)",
+        help="backends and formats to measure, or a table: cubes, formats, pass "
+        "(default: cubes and formats)",
+    )
+    parser.add_argument(
+        "--pass-patches", type=int, default=PASS_PATCHES, help="patches per pass (pass table)"
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=PASS_REPEATS, help="passes per row (pass table)"
     )
     parser.add_argument("--quick", action="store_true", help="a smoke run at a tiny size")
     parser.add_argument("--json", action="store_true", help="also print rows as JSON lines")
     parser.add_argument("--data-dir", help="keep the data files in this folder and reuse them")
     parser.add_argument("--worker", nargs=5, help=argparse.SUPPRESS)
     parser.add_argument("--format-worker", nargs=5, help=argparse.SUPPRESS)
+    parser.add_argument("--pass-worker", nargs=7, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.pass_worker:
+        folder, size, backend, contender, threads, patches, repeats = args.pass_worker
+        got = pass_measure(Path(folder), int(size), backend, contender, int(threads),
+                           int(patches), int(repeats))  # fmt: skip
+        print(json.dumps(got))
+        return
     if args.worker:
         folder, size, backend, method, batches = args.worker
         print(json.dumps(measure(Path(folder), int(size), backend, method, int(batches))))
@@ -897,7 +1312,7 @@ def main() -> None:
             setattr(args, name, value)
     if args.format_size < PATCH:
         parser.error(f"--format-size={args.format_size} is smaller than a patch ({PATCH})")
-    chosen = [n for name in args.only or GROUPS for n in GROUPS.get(name, (name,))]
+    chosen = [n for name in args.only or DEFAULT_GROUPS for n in GROUPS.get(name, (name,))]
     backends = [b for b in METHODS if b in chosen]
     formats = [f for f in FORMATS if f in chosen]
 
@@ -925,6 +1340,10 @@ def main() -> None:
                 )
             rows += found
             print_formats(found, stored, args.format_size, args.format_patches, args.rounds)
+        if "pass" in chosen:
+            cubes = folder / f"pass-{args.size}"
+            cubes.mkdir(exist_ok=True)
+            rows += pass_rows(cubes, args.size, args.pass_patches, args.repeats)
     if args.json:
         for row in rows:
             print(json.dumps(row))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -25,6 +25,7 @@ from mixle.loading.base import LoaderBase
 from mixle.loading.element_spec import widen_leading
 from mixle.loading.plan import INDEX_WINDOW_ROWS, BatchPlan, batch_plans, record_rng, window
 from mixle.loading.prefetch import StopSignal
+from mixle.loading.read_ahead import ReadAheadPlans, chunk_keys_of
 from mixle.loading.reader import BatchReader, takes_rng
 from mixle.loading.state import (
     STATE_VERSION,
@@ -34,6 +35,7 @@ from mixle.loading.state import (
     source_fingerprint,
 )
 from mixle.loading.streams import StreamLoader, is_stream
+from mixle.reading.process_cache import chunk_cache
 from mixle.utils.validation import parse_choice, parse_int
 
 __all__ = [
@@ -349,9 +351,29 @@ class Loader(LoaderBase):
         nb = self._layout.num_batches
         first = list(itertools.islice(plans, 1))  # no batch left: no worker to start
         pooled = bool(self._num_workers and first)
-        with self._reading(
-            self._reader, itertools.chain(first, plans), signal, pooled=pooled
-        ) as stream:
+        reader: Callable[[BatchPlan], Any] = self._reader
+        ordered: Iterable[BatchPlan] = itertools.chain(first, plans)
+        keys_of = chunk_keys_of(self._reader.source) if self._reader.batched else None
+        ahead = None
+        if keys_of is not None and not pooled:  # the cache keeps what the next batches read
+            ahead = ReadAheadPlans(ordered, keys_of, chunk_cache())
+            reader, ordered = ahead.reading(reader), ahead
+        try:
+            yield from self._read_run(reader, ordered, signal, pooled, nb)
+        finally:
+            if ahead is not None:
+                ahead.close()
+
+    def _read_run(
+        self,
+        reader: Callable[[BatchPlan], Any],
+        ordered: Iterable[BatchPlan],
+        signal: StopSignal,
+        pooled: bool,
+        nb: int,
+    ) -> Iterator[Any]:
+        """:meth:`_run`'s reads: the batches in order, moving the cursor."""
+        with self._reading(reader, ordered, signal, pooled=pooled) as stream:
             for plan, batch in stream:
                 self._epoch, self._batch = (
                     (plan.epoch + 1, 0) if plan.batch + 1 >= nb else (plan.epoch, plan.batch + 1)

@@ -268,7 +268,7 @@ class ChunkCache:
         ):
             buffer = self.lease(key, size)
             if buffer is None:  # not kept
-                return self._refused(chunk)
+                return self._refused(chunk, borrowed)
             view = buffer.view(chunk.dtype).reshape(chunk.shape)
             view[...] = chunk
             chunk, pages, own = view, _pages_of(view), True
@@ -293,12 +293,14 @@ class ChunkCache:
                 self._by_token.setdefault(token, set()).add(key)
         return chunk
 
-    def _refused(self, chunk: np.ndarray) -> np.ndarray:
-        """``chunk`` read-only and not kept (counted as skipped when a plan refused it)."""
+    def _refused(self, chunk: np.ndarray, borrowed: bool = False) -> np.ndarray:
+        """``chunk`` not kept (counted as skipped when a plan refused it), read-only unless
+        ``borrowed`` (the caller's own buffer, handed back as it is)."""
         if 0 < chunk.nbytes <= self._budget:
             with self._lock:
                 self._skipped += 1
-        chunk.flags.writeable = False
+        if not borrowed:
+            chunk.flags.writeable = False
         return chunk
 
     def get_or_load(self, key: Hashable, load: Callable[[], np.ndarray]) -> np.ndarray:
@@ -372,7 +374,8 @@ class ChunkCache:
         return self._bytes - self._lru_bytes + self._reserved + size <= self._budget
 
     def _make_room(self, size: int, key: Hashable, *, take: bool) -> _Pages | bool | None:
-        """Evict until ``size`` more bytes fit; ``False`` if only nearer-planned chunks remain.
+        """Evict until ``size`` more bytes fit; ``False`` if they cannot (what is left is
+        planned sooner, or is being decoded into).
 
         ``take``: return spare pages of ``size`` (taken out of the spare pool) when there
         are, else ``None``.
@@ -386,7 +389,7 @@ class ChunkCache:
                     found = spare.pop()
                     self._spare_bytes -= size
             used = self._bytes + self._reserved + self._spare_bytes
-            if used + size <= self._budget or not (self._spare_bytes or self._entries):
+            if used + size <= self._budget:
                 return found
             if self._spare_bytes:
                 self._drop_spare(None if found is not None or not take else size)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-__all__ = ["ChunkPlan", "Piece", "order_by_offset", "plan_chunks"]
+__all__ = ["ChunkPlan", "Piece", "order_by_offset", "plan_chunks", "touched_chunks"]
 
 #: One piece of a plan: ``(box, region in the box, region in the chunk)``.
 Piece = tuple[int, tuple[slice, ...], tuple[slice, ...]]
@@ -117,6 +117,37 @@ def plan_chunks(
             ]
         )
     return ChunkPlan([tuple(c) for c in coords], pieces)
+
+
+def touched_chunks(
+    starts: ArrayLike, size: Sequence[int], chunks: Sequence[int], shape: Sequence[int]
+) -> list[tuple[int, ...]]:
+    """Grid coordinates of every chunk boxes ``[start, start + size)`` touch, each once.
+
+    What :func:`plan_chunks` would list, without the pieces; boxes may hang over the
+    array's edges (the parts outside touch nothing). In C order of the chunk grid.
+    """
+    start = np.asarray(starts, dtype=np.int64).reshape(-1, len(chunks))
+    ext = np.asarray(size, dtype=np.int64)
+    step = np.asarray(chunks, dtype=np.int64)
+    dims = np.asarray(shape, dtype=np.int64)
+    lo = np.clip(start, 0, dims)
+    hi = np.clip(start + ext, 0, dims)
+    keep = (hi > lo).all(axis=1)
+    if not keep.any():
+        return []
+    first, last = lo[keep] // step, (hi[keep] - 1) // step
+    span = last - first + 1
+    per_box = np.prod(span, axis=1)
+    box = np.repeat(np.arange(first.shape[0], dtype=np.int64), per_box)
+    rank = np.arange(box.size, dtype=np.int64) - np.repeat(np.cumsum(per_box) - per_box, per_box)
+    coord = np.empty((box.size, step.size), dtype=np.int64)
+    for axis in range(step.size - 1, -1, -1):
+        radix = span[box, axis]
+        coord[:, axis] = first[box, axis] + rank % radix
+        rank //= radix
+    unique = np.unique(coord, axis=0)
+    return [tuple(c) for c in unique.tolist()]
 
 
 def order_by_offset(starts: ArrayLike, byte_strides: Sequence[int]) -> NDArray[np.int64]:

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from mixle.data.sampling.padding import parse_pad_value, read_spatial_boxes
+from mixle.data.sampling.padding import parse_pad_value, read_spatial_boxes, spatial_box_keys
 from mixle.data.sampling.patch_args import fingerprint_digest, per_axis, source_identity
 from mixle.data.sources.arrays.adopt import as_array_source
 from mixle.data.sources.arrays.base import ArraySource, listing
@@ -247,6 +247,16 @@ class AlignedArrays:
                 pad_value=fill,
             )
         return out
+
+    def chunk_keys(self, corners: NDArray[np.int64], patch_size: Sequence[int]) -> list[Any]:
+        """The decoded-chunk cache keys :meth:`read` reads, over every array."""
+        keys: list[Any] = []
+        for name, src in self._sources.items():
+            f = self._factors[name]
+            size = tuple(p // k for p, k in zip(patch_size, f))
+            scaled = corners // np.asarray(f, dtype=np.int64)
+            keys += spatial_box_keys(src, scaled, self._lead[name], size)
+        return keys
 
     def __repr__(self) -> str:
         parts = [f"{k}: {s!r} x{self._factors[k]}" for k, s in self._sources.items()]

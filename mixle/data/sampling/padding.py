@@ -24,6 +24,7 @@ __all__ = [
     "parse_padding",
     "read_boxes_padded",
     "read_spatial_boxes",
+    "spatial_box_keys",
 ]
 
 #: Accepted ``padding=`` values. ``"none"``: boxes must lie inside the volume;
@@ -212,6 +213,19 @@ def read_spatial_boxes(
     return read_boxes_padded(
         source, starts, (*channels, *size), padding=padding, pad_value=pad_value
     )
+
+
+def spatial_box_keys(
+    source: Any, corners: NDArray[np.int64], channels: Sequence[int], size: Sequence[int]
+) -> list[Any]:
+    """The cache keys :func:`read_spatial_boxes` reads (``[]``: the source cannot say)."""
+    keys = getattr(source, "box_chunk_keys", None)
+    if keys is None:
+        return []
+    lead = len(channels)
+    starts = np.zeros((corners.shape[0], lead + corners.shape[1]), dtype=np.int64)
+    starts[:, lead:] = corners
+    return keys(starts, (*channels, *size))  # type: ignore[no-any-return]
 
 
 def fill_outside(

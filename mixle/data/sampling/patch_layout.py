@@ -17,7 +17,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from mixle.data.index_math.hashing import MASK64, parse_seed
 from mixle.data.sampling.aligned import AlignedArrays
-from mixle.data.sampling.padding import parse_padding, read_spatial_boxes
+from mixle.data.sampling.padding import parse_padding, read_spatial_boxes, spatial_box_keys
 from mixle.data.sampling.patch_args import (
     centred_grid,
     check_combination,
@@ -112,6 +112,12 @@ class PatchLayout:
             padding=self.padding,
             pad_value=self.pad_values["array"],
         )
+
+    def chunk_keys(self, corners: NDArray[np.int64]) -> list[Any]:
+        """The decoded-chunk cache keys :meth:`read` reads at ``corners``."""
+        if self.arrays is not None:
+            return self.arrays.chunk_keys(corners, self.patch_size)
+        return spatial_box_keys(self.source, corners, self.lead, self.patch_size)
 
     def fingerprint(self, epoch: int) -> str:
         """A digest of everything that decides which patch an index of ``epoch`` means.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Hashable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -559,6 +559,15 @@ class PatchSampler:
         if self._layout.arrays is None:
             return (patches, corners, *world)
         return {**patches, COORDS_KEY: corners, **dict(zip([WORLD_KEY], world))}
+
+    def chunk_keys(self, indices: ArrayLike) -> list[Hashable]:
+        """The decoded-chunk cache keys ``get_batch(indices)`` reads.
+
+        What the Loader tells the cache of its next batches
+        (:meth:`mixle.reading.ChunkCache.read_ahead`); ``[]`` for arrays read without the
+        cache (memory maps).
+        """
+        return self._layout.chunk_keys(self.coords_array(indices))
 
     def records(self) -> Iterator[Record]:
         """Yield the record of every index in order."""

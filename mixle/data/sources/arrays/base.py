@@ -11,7 +11,7 @@ axis 0 as records, multi-row batch reads, pickling by reference, reopening after
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
@@ -35,6 +35,7 @@ from mixle.data.spec import ArraySpec
 from mixle.data.structure import SampleStructure, parse_structure
 from mixle.errors import SourceClosedError
 from mixle.reading import ChunkReader, read_chunked
+from mixle.reading.plan import touched_chunks
 from mixle.reading.process_cache import drop_cached_chunks, drop_chunks_when_collected
 from mixle.utils.optional_deps import not_opened_note
 
@@ -397,6 +398,32 @@ class ArraySource(SourceLifetime, abc.ABC):
     def _read_into(self, handle: Any, key: tuple[int | slice, ...], out: np.ndarray) -> None:
         """Write a region into ``out``; backends that can skip the temporary override this."""
         out[...] = self._read(handle, key)
+
+    def box_chunk_keys(self, starts: ArrayLike, size: ArrayLike) -> list[Hashable]:
+        """The decoded-chunk cache keys ``read_boxes(starts, size)`` reads, each once.
+
+        Boxes may hang over the edges (a padded read reads their inside). ``[]`` when the
+        store has no chunk reader (a memory map reads nothing through the cache). What a
+        read plan (:meth:`mixle.reading.ChunkCache.read_ahead`) is made of.
+        """
+        handle = self._live()
+        reader = self._reader_for(handle) if self.shape else None
+        if reader is None:
+            return []
+        rows = np.asarray(starts, dtype=np.int64).reshape(-1, len(self.shape))
+        ext = box_reads.int_list(size, "size")
+        token = reader.token
+        return [(token, c) for c in touched_chunks(rows, ext, reader.chunks, self.shape)]
+
+    def chunk_keys(self, indices: ArrayLike) -> list[Hashable]:
+        """The decoded-chunk cache keys ``get_batch(indices)`` reads (as :meth:`box_chunk_keys`)."""
+        shape = self.shape
+        if not shape:
+            return []
+        idx = box_reads.parse_indices(indices, shape[0])
+        starts = np.zeros((idx.size, len(shape)), dtype=np.int64)
+        starts[:, 0] = idx
+        return self.box_chunk_keys(starts, (1, *shape[1:]))
 
     def get_batch(self, indices: ArrayLike) -> np.ndarray:
         """Rows ``indices`` stacked on axis 0.

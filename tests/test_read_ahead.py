@@ -1,0 +1,287 @@
+"""Read plans: the cache keeps what the next batches read; the Loader says what that is.
+
+Also decoding into the cache's own buffers (``lease``) and the per-stage seconds.
+"""
+
+from __future__ import annotations
+
+import gc
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import mixle
+from mixle.reading import ChunkCache, chunk_cache, set_chunk_cache_bytes, set_decode_threads
+from mixle.reading.cache import PAGE_BACKED_CHUNK_BYTES
+
+KIB = 1024
+
+
+def _chunk(value: int, nbytes: int = 800) -> np.ndarray:
+    return np.full(nbytes // 8, value, dtype=np.float64)
+
+
+# -- the cache's policy -----------------------------------------------------------------
+def test_planned_chunks_outlive_unplanned_ones_and_unplanned_ones_are_not_kept_for_them():
+    cache = ChunkCache(budget=2400)  # three 800-byte chunks
+    with cache.read_ahead() as plan:
+        plan.update([["a"], ["b"]])  # the next batch reads a, the one after b
+        cache.put("a", _chunk(1))
+        cache.put("b", _chunk(2))
+        cache.put("x", _chunk(3))  # unplanned, and there is room: kept
+        cache.put("y", _chunk(4))  # unplanned: takes x's room, never a planned chunk's
+        assert cache.get("a") is not None and cache.get("b") is not None
+        assert cache.get("x") is None and cache.get("y") is not None
+        plan.update([["a"], ["b"], ["c"]])
+        kept = cache.put("c", _chunk(5))  # planned: evicts the unplanned y
+        assert cache.get("y") is None and cache.get("c") is not None
+        refused = cache.put("z", _chunk(6))  # unplanned, the cache is full of planned chunks
+        assert cache.get("z") is None and cache.stats().skipped == 1
+        assert not refused.flags.writeable and np.all(refused == 6)
+        assert np.all(kept == 5)
+    # the plan withdrawn: plain LRU again, the least recently used goes first
+    cache.put("w", _chunk(7))
+    assert len(cache) == 3 and cache.get("w") is not None
+
+
+def test_a_chunk_needed_sooner_evicts_the_one_needed_last_but_not_the_reverse():
+    cache = ChunkCache(budget=1600)  # two chunks
+    plan = cache.read_ahead()
+    plan.update([["near"], ["mid"], ["far"]])
+    cache.put("mid", _chunk(1))
+    cache.put("far", _chunk(2))
+    cache.put("near", _chunk(3))  # needed first: evicts "far", needed last
+    assert cache.get("far") is None and cache.get("mid") is not None
+    assert cache.get("near") is not None
+    plan.update([["a"], ["near"], ["mid"], ["late"]])
+    cache.put("late", _chunk(4))  # needed after both kept chunks: not kept
+    assert cache.get("late") is None and cache.get("mid") is not None
+    plan.close()
+    plan.update([["q"]])  # a closed plan plans nothing
+    cache.put("q2", _chunk(5))
+    assert cache.get("q2") is not None
+
+
+def test_plans_of_two_readers_combine_and_a_collected_plan_is_withdrawn():
+    cache = ChunkCache(budget=1600)
+    one, two = cache.read_ahead(), cache.read_ahead()
+    one.update([["a"]])
+    two.update([["b"]])
+    cache.put("a", _chunk(1))
+    cache.put("b", _chunk(2))
+    cache.put("x", _chunk(3))  # both kept chunks are planned: x is not kept
+    assert cache.get("x") is None
+    del one, two
+    gc.collect()
+    cache.put("x", _chunk(3))  # no plan is left: LRU evicts a
+    assert cache.get("x") is not None and cache.get("a") is None
+
+
+def test_shrinking_the_budget_evicts_planned_chunks_too():
+    cache = ChunkCache(budget=2400)
+    plan = cache.read_ahead()
+    plan.update([["a", "b", "c"]])
+    for key in "abc":
+        cache.put(key, _chunk(1))
+    cache.budget = 800
+    assert cache.stats().bytes <= 800 and len(cache) == 1
+    plan.close()
+
+
+def test_leased_buffers_hold_kept_chunks_without_a_copy_and_reuse_evicted_pages():
+    size = PAGE_BACKED_CHUNK_BYTES * 2
+    cache = ChunkCache(budget=2 * size)
+    first = cache.lease("a", size)
+    assert first is not None and first.flags.writeable and first.nbytes == size
+    view = first.view(np.float32).reshape(-1, 16)
+    view[...] = 1.5
+    kept = cache.put("a", view)
+    assert np.shares_memory(kept, first) and not kept.flags.writeable
+    del first, view, kept
+    second = cache.lease("b", size)
+    cache.put("b", second)
+    del second
+    third = cache.lease("c", size)  # the cache is full: the LRU chunk's pages come back
+    assert third is not None
+    assert cache.get("a") is None and cache.get("b") is not None
+    stats = cache.stats()
+    assert stats.bytes + size <= stats.budget  # the lease counts against the budget
+    cache.put("c", third)
+    assert cache.stats().bytes == 2 * size
+    assert cache.lease("huge", 4 * size) is None  # larger than the budget: decode elsewhere
+    assert ChunkCache(budget=0).lease("a", size) is None
+
+
+def test_a_borrowed_chunk_is_copied_when_kept_and_returned_as_is_when_not():
+    scratch = np.arange(PAGE_BACKED_CHUNK_BYTES // 4, dtype=np.float32)
+    for budget in (1 << 20, 0):
+        cache = ChunkCache(budget=budget)
+        kept = cache.put("a", scratch, borrowed=True)
+        scratch[:] = -1  # the caller reuses its buffer
+        if budget:
+            assert not np.shares_memory(kept, scratch)
+            assert np.array_equal(cache.get("a"), np.arange(scratch.size, dtype=np.float32))
+        else:
+            assert kept is scratch
+        scratch = np.arange(PAGE_BACKED_CHUNK_BYTES // 4, dtype=np.float32)
+    small = np.arange(10, dtype=np.float32)
+    cache = ChunkCache(page_backed=False)
+    kept = cache.put("s", small, borrowed=True)
+    small[:] = 0
+    assert np.array_equal(cache.get("s"), np.arange(10, dtype=np.float32))
+
+
+OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["put", "lease_put", "lease_drop", "get", "plan", "budget"]),
+        st.integers(0, 11),
+        st.integers(1, 4),
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(OPS)
+def test_kept_spare_and_leased_bytes_stay_within_the_budget(ops):
+    unit = PAGE_BACKED_CHUNK_BYTES
+    cache = ChunkCache(budget=6 * unit)
+    plan = cache.read_ahead()
+    held = []
+    for op, key, n in ops:
+        if op == "put":
+            cache.put(key, np.full(n * unit // 8, key, dtype=np.float64))
+        elif op in ("lease_put", "lease_drop"):
+            buffer = cache.lease(key, n * unit)
+            if buffer is not None:
+                buffer[...] = key
+                if op == "lease_put":
+                    cache.put(key, buffer)
+                else:
+                    held.append(buffer)  # decoded into, then dropped unput later
+        elif op == "get":
+            found = cache.get(key)
+            if found is not None:
+                assert np.all(found.view(np.uint8) == key % 256) or np.all(found == key)
+        elif op == "plan":
+            plan.update([[k] for k in range(key, key + n)])
+        else:
+            cache.budget = n * 2 * unit
+            held.clear()
+        if len(held) > 2:
+            held.pop(0)
+        stats = cache.stats()
+        leased = sum(b.nbytes for b in held)
+        assert stats.bytes + cache.spare_bytes <= stats.budget
+        assert stats.bytes + cache.spare_bytes + leased <= max(stats.budget, leased)
+    held.clear()
+    plan.close()
+    stats = cache.stats()
+    assert stats.bytes + cache.spare_bytes <= stats.budget
+
+
+# -- the Loader plans the cache -----------------------------------------------------------
+@pytest.fixture
+def volume(tmp_path: Path) -> tuple[str, np.ndarray]:
+    zarr = pytest.importorskip("zarr")
+    rng = np.random.default_rng(0)
+    data = rng.standard_normal((128, 128, 128)).astype("f4")
+    path = str(tmp_path / "v.zarr")
+    arr = zarr.create_array(path, shape=data.shape, chunks=(16, 16, 16), dtype="f4")
+    arr[...] = data
+    return path, np.asarray(zarr.open_array(path, mode="r")[...])
+
+
+@pytest.fixture
+def small_cache():
+    """A cache of 32 16^3 float32 chunks: smaller than a pass of the volume's patches."""
+    set_chunk_cache_bytes(32 * 16**3 * 4)
+    try:
+        yield chunk_cache()
+    finally:
+        set_chunk_cache_bytes(None)
+        set_decode_threads(None)
+
+
+def _distinct_chunks(corners: np.ndarray, size: int, chunk: int) -> int:
+    first, last = corners // chunk, (corners + size - 1) // chunk
+    seen = set()
+    for f, lo in zip(first.tolist(), last.tolist()):
+        for z in range(f[0], lo[0] + 1):
+            for y in range(f[1], lo[1] + 1):
+                for x in range(f[2], lo[2] + 1):
+                    seen.add((z, y, x))
+    return len(seen)
+
+
+@pytest.mark.parametrize("threads", [0, 2])
+def test_the_loader_decodes_each_chunk_of_a_pass_once_where_lru_decodes_more(
+    volume, small_cache, threads
+):
+    path, data = volume
+    src = mixle.read_zarr(path)
+    sampler = mixle.PatchSampler(src, 12, 60, seed=3)
+    corners = sampler.coords_array()
+    distinct = _distinct_chunks(corners, 12, 16)
+    assert distinct > 32  # the pass does not fit the cache (but every batch does)
+    small_cache.clear()
+    for b in range(0, 60, 6):  # plain get_batch: LRU, no plan
+        sampler.get_batch(np.arange(b, b + 6))
+    lru = small_cache.stats().misses
+    small_cache.clear()
+    loader = mixle.Loader(
+        sampler, batch_size=6, shuffle=False, num_epochs=1, num_threads=threads, prefetch=2
+    )
+    batches = list(loader)
+    planned = small_cache.stats().misses
+    if threads:  # two batches in flight may both decode a chunk they share
+        assert distinct <= planned <= distinct * 1.05 and planned < lru
+    else:
+        assert planned == distinct < lru
+    for patches, coords in batches:  # and the values are zarr's
+        for patch, (z, y, x) in zip(patches, coords.tolist()):
+            np.testing.assert_array_equal(patch, data[z : z + 12, y : y + 12, x : x + 12])
+    assert not small_cache._plans  # the run's plan is withdrawn when it ends
+
+
+def test_a_loader_stopped_early_withdraws_its_plan(volume, small_cache):
+    path, _ = volume
+    sampler = mixle.PatchSampler(mixle.read_zarr(path), 12, 60, seed=1)
+    loader = mixle.Loader(sampler, batch_size=6, shuffle=False, num_threads=0)
+    run = iter(loader)
+    next(run)
+    assert small_cache._plans
+    run.close()
+    assert not small_cache._plans
+
+
+def test_chunk_keys_name_what_a_batch_reads(volume, tmp_path):
+    path, _ = volume
+    src = mixle.read_zarr(path)
+    cache = chunk_cache()
+    cache.clear()
+    keys = src.chunk_keys([0, 17, 127])
+    src.get_batch([0, 17, 127])
+    assert keys and all(cache.get(k) is not None for k in keys)
+    assert len(keys) == 3 * 64  # three chunk rows of 8x8 chunks
+    sampler = mixle.PatchSampler(src, 12, 10, seed=0, padding="constant")
+    keys = sampler.chunk_keys(np.arange(4))
+    assert len(set(keys)) == len(keys)
+    raw = tmp_path / "v.raw"
+    np.zeros((4, 4), np.float32).tofile(raw)
+    assert mixle.read_memmap(raw, "float32", (4, 4)).chunk_keys([0]) == []  # no cache reads
+
+
+def test_stats_split_the_time_into_reading_decoding_and_scattering(volume):
+    path, _ = volume
+    cache = chunk_cache()
+    cache.clear()
+    mixle.read_zarr(path).read_boxes([[0, 0, 0], [40, 40, 40]], (20, 20, 20))
+    stats = cache.stats()
+    assert stats.read_seconds > 0 and stats.decode_seconds > 0 and stats.scatter_seconds > 0
+    cache.clear()
+    stats = cache.stats()
+    assert stats.read_seconds == stats.decode_seconds == stats.scatter_seconds == 0

@@ -166,11 +166,22 @@ def contiguous_memmap(dataset: Any) -> np.memmap | None:
 class HDF5ChunkReader:
     """Whole chunks of a chunked HDF5 dataset, read with ``pread`` and decoded in Python.
 
-    Use :meth:`for_dataset`, which returns ``None`` when the dataset needs h5py.
+    Use :meth:`for_dataset`, which returns ``None`` when the dataset needs h5py. The read
+    planner reads a chunk with :meth:`read_stored` and decodes it into a buffer of its own
+    with :meth:`decode_into` (:class:`~mixle.reading.executor.SupportsDecodeInto`).
+
+    Attributes
+    ----------
+    decoded_nbytes
+        Bytes of one decoded chunk. Set by ``__init__`` only: the remote subclass, whose
+        stored bytes come from ``fetch_many``, decodes with its own ``decode``.
     """
+
+    decoded_nbytes: int
 
     def __init__(self, dataset: Any, path: str, filters: list[tuple[int, tuple[int, ...]]]) -> None:
         self._setup(dataset, filters, f"{dataset.name!r} in {path!r}")
+        self.decoded_nbytes = self._count * self._dtype.itemsize
         # closed when the reader is garbage: reads still in flight keep it alive, so the
         # descriptor number is never reused under them
         self._fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
@@ -233,46 +244,125 @@ class HDF5ChunkReader:
         return found
 
     def read_chunk(self, coords: tuple[int, ...]) -> np.ndarray:
-        where = self._locate(coords)
-        if where is None:  # never written: what h5py reads there
+        stored = self._read(coords, reuse=False)
+        if stored is None:  # never written: what h5py reads there
             return self._fill
+        return self.decode_stored(coords, *stored)
+
+    def read_stored(self, coords: tuple[int, ...]) -> tuple[bytes | memoryview, int] | None:
+        """Chunk ``coords``'s stored bytes and filter mask, for :meth:`decode_into`.
+
+        ``None`` for a chunk never written. The bytes are in this thread's reusable buffer:
+        valid until this thread's next :meth:`read_stored`.
+        """
+        return self._read(coords, reuse=True)
+
+    def _read(
+        self, coords: tuple[int, ...], *, reuse: bool
+    ) -> tuple[bytes | memoryview, int] | None:
+        where = self._locate(coords)
+        if where is None:
+            return None
         offset, size, mask = where
-        raw = os.pread(self._fd, size, offset)
+        raw = _pread_reused(self._fd, size, offset) if reuse else os.pread(self._fd, size, offset)
         if len(raw) != size:
             raise CorruptChunkError(
                 f"chunk {coords} of HDF5 dataset {self._name} is truncated: the file holds "
                 f"{len(raw)} of its {size} bytes at offset {offset} (file cut short?)"
             )
-        return self.decode_stored(coords, raw, mask)
+        return raw, mask
+
+    def decode_into(
+        self, coords: tuple[int, ...], raw: tuple[Any, int] | None, out: np.ndarray
+    ) -> np.ndarray:
+        """Chunk ``coords`` from :meth:`read_stored`'s ``raw``, in ``out`` where it can be.
+
+        ``out`` is a writable ``uint8`` buffer of :attr:`decoded_nbytes`. A chunk never
+        written is the fill chunk; one whose last filter undone is deflate is zlib's own
+        output (copying it into ``out`` would cost a copy); any other is written into
+        ``out``. The chunk never views ``raw``, which the caller may reuse at once.
+        """
+        if raw is None:
+            return self._fill
+        stored, mask = raw
+        return self._undo_filters(coords, stored, mask, out)
 
     def decode_stored(self, coords: tuple[int, ...], raw: bytes, mask: int) -> np.ndarray:
-        """Undo the filters on a chunk's stored bytes; anything but one whole chunk raises."""
+        """Undo the filters on a chunk's stored bytes; anything but one whole chunk raises.
+
+        A chunk stored without filters views ``raw``.
+        """
+        return self._undo_filters(coords, raw, mask, None)
+
+    def _undo_filters(
+        self, coords: tuple[int, ...], raw: Any, mask: int, out: np.ndarray | None
+    ) -> np.ndarray:
+        """Undo the filters on ``raw``; the last writes into ``out`` (if given) where it can.
+
+        With ``out`` the chunk never views ``raw``: one stored without filters (or with
+        every filter skipped) is copied into ``out``.
+        """
         nbytes = self._count * self._dtype.itemsize
-        data: bytes | np.ndarray = raw
+        # HDF5 applied filter 0 first; a set bit of the mask: HDF5 skipped it for this chunk
+        stages = [i for i in range(len(self._filters) - 1, -1, -1) if not mask & (1 << i)]
+        data: Any = raw
         try:
-            for i in range(len(self._filters) - 1, -1, -1):
-                if mask & (1 << i):
-                    continue  # HDF5 skipped this filter for this chunk
+            for n, i in enumerate(stages):
                 code, values = self._filters[i]
                 if code == FILTER_DEFLATE:
-                    packed = data if isinstance(data, bytes) else data.tobytes()
                     inflate = zlib.decompressobj()
-                    data = inflate.decompress(packed, nbytes + 1)
+                    data = inflate.decompress(data, nbytes + 1)
                     if len(data) > nbytes:  # before eof: a bomb never reaches its end
                         raise ValueError(f"the deflate stream inflates past {nbytes} bytes")
                     if not inflate.eof:
                         raise ValueError("the deflate stream ends early")
                 else:
-                    data = _unshuffle(data, values[0] if values else self._dtype.itemsize)
-            got = len(data) if isinstance(data, bytes) else data.nbytes
-            if got != nbytes:
-                raise ValueError(f"decoded {got} bytes, a chunk has {nbytes}")
+                    into = out if n == len(stages) - 1 else None
+                    if into is not None:
+                        _check_decoded(data, nbytes)  # shuffling keeps the size
+                    data = _unshuffle(data, values[0] if values else self._dtype.itemsize, into)
+            _check_decoded(data, nbytes)
         except (ValueError, zlib.error) as exc:
             raise CorruptChunkError(
                 f"chunk {coords} of HDF5 dataset {self._name} is corrupt ({len(raw)} stored "
                 f"bytes: {exc})"
             ) from None
+        if out is not None and not stages:  # stored as is: copy, never view raw
+            out[...] = np.frombuffer(raw, dtype=np.uint8, count=nbytes)
+            data = out
+        if data is out:
+            return out.view(self._dtype).reshape(self.chunks)
         return np.frombuffer(data, dtype=self._dtype, count=self._count).reshape(self.chunks)
+
+
+def _check_decoded(data: Any, nbytes: int) -> None:
+    got = memoryview(data).nbytes
+    if got != nbytes:
+        raise ValueError(f"decoded {got} bytes, a chunk has {nbytes}")
+
+
+#: Each thread's buffer for :meth:`HDF5ChunkReader.read_stored`.
+_stored_scratch = threading.local()
+
+
+def _pread_reused(fd: int, size: int, offset: int) -> bytes | memoryview:
+    """Up to ``size`` bytes of ``fd`` at ``offset``, in this thread's reusable buffer.
+
+    Valid until this thread's next call. Without ``os.preadv``: a fresh ``os.pread``.
+    """
+    if not hasattr(os, "preadv"):
+        return os.pread(fd, size, offset)
+    buffer: bytearray | None = getattr(_stored_scratch, "buffer", None)
+    if buffer is None or len(buffer) < size:
+        buffer = _stored_scratch.buffer = bytearray(size)
+    view = memoryview(buffer)[:size]
+    got = 0
+    while got < size:  # a short read before the end of the file: read on
+        n = os.preadv(fd, [view[got:]], offset + got)
+        if not n:
+            break
+        got += n
+    return view[:got]
 
 
 def decodable_filters(dataset: Any) -> list[tuple[int, tuple[int, ...]]] | None:
@@ -381,13 +471,21 @@ def require_filters(dataset: Any, where: str) -> None:
     )
 
 
-def _unshuffle(data: bytes | np.ndarray, itemsize: int) -> np.ndarray:
-    """Undo HDF5's shuffle filter: byte ``k`` of every element was stored together."""
+def _unshuffle(data: Any, itemsize: int, out: np.ndarray | None = None) -> np.ndarray:
+    """Undo HDF5's shuffle filter: byte ``k`` of every element was stored together.
+
+    Written into ``out`` (a ``uint8`` buffer of the same size) when given, which is then
+    returned; without it the result is a new array, or a view of ``data`` for 1-byte items.
+    """
     raw = np.frombuffer(data, dtype=np.uint8)
     if itemsize <= 1:
-        return raw
+        if out is None:
+            return raw
+        out[...] = raw
+        return out
     whole = raw.size // itemsize * itemsize
-    out = np.empty_like(raw)
+    if out is None:
+        out = np.empty_like(raw)
     out[:whole].reshape(-1, itemsize)[...] = raw[:whole].reshape(itemsize, -1).T
     out[whole:] = raw[whole:]  # a trailing partial element is stored unshuffled
     return out

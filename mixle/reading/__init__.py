@@ -7,11 +7,12 @@ workers); decoding runs on one process-wide thread pool
 (:func:`set_decode_threads`).
 """
 
-from mixle.reading.cache import DEFAULT_CHUNK_CACHE_BYTES, CacheStats, ChunkCache
+from mixle.reading.cache import DEFAULT_CHUNK_CACHE_BYTES, CacheStats, ChunkCache, ReadAhead
 from mixle.reading.cached_fetch import DISK_CACHE_ENV, chunk_disk_cache, use_disk_cache
 from mixle.reading.disk_cache import ChunkDiskCache, ContentKey
 from mixle.reading.executor import (
     ChunkReader,
+    SupportsDecodeInto,
     SupportsFetchMany,
     new_token,
     read_chunked,
@@ -23,7 +24,7 @@ from mixle.reading.faults import (
     RemoteReadError,
     RemoteTimeoutError,
 )
-from mixle.reading.plan import ChunkPlan, order_by_offset, plan_chunks
+from mixle.reading.plan import ChunkPlan, order_by_offset, plan_chunks, touched_chunks
 from mixle.reading.policy import (
     DEFAULT_BATCH_DEADLINE,
     DEFAULT_REQUEST_TIMEOUT,
@@ -53,9 +54,11 @@ __all__ = [
     "ContentKey",
     "CorruptChunkError",
     "RangeMismatchError",
+    "ReadAhead",
     "RemoteReadError",
     "RemoteTimeoutError",
     "RetryPolicy",
+    "SupportsDecodeInto",
     "SupportsFetchMany",
     "chunk_cache",
     "decode_threads",
@@ -71,5 +74,6 @@ __all__ = [
     "set_chunk_cache_bytes",
     "set_decode_threads",
     "set_retry_policy",
+    "touched_chunks",
     "use_disk_cache",
 ]

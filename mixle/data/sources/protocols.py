@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -14,6 +14,7 @@ from mixle.data.spec import ArraySpec
 __all__ = [
     "SupportsArrayRead",
     "SupportsBatchRead",
+    "SupportsChunkKeys",
     "SupportsOrigins",
     "SupportsRecordKeys",
     "SupportsRecords",
@@ -89,6 +90,19 @@ class SupportsRecordKeys(Protocol):
     """
 
     def record_keys(self, indices: ArrayLike) -> NDArray[np.uint64]: ...
+
+
+@runtime_checkable
+class SupportsChunkKeys(Protocol):
+    """A source that can say which decoded-chunk cache entries a batch reads.
+
+    ``chunk_keys(indices)`` lists the keys ``get_batch(indices)`` reads through the shared
+    cache (``[]``: none, or it cannot say). The Loader hands the keys of its next batches to
+    the cache (:meth:`mixle.reading.ChunkCache.read_ahead`), which then keeps what those
+    batches need. Chunked array sources and :class:`~mixle.PatchSampler` have it.
+    """
+
+    def chunk_keys(self, indices: ArrayLike) -> list[Hashable]: ...
 
 
 @runtime_checkable

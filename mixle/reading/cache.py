@@ -85,8 +85,10 @@ class CacheStats:
     ``read_seconds``, ``decode_seconds`` and ``scatter_seconds`` are the time the read
     planner spent, summed over its threads, reading stored chunks, decoding them and
     copying their pieces into batches (a reader that reads and decodes in one step counts
-    both as decoding). ``skipped``: decoded chunks not kept because a read plan needs every
-    kept chunk sooner.
+    both as decoding); ``decodes``: chunks the read planner read and decoded (a miss that
+    another thread was already decoding waits for it instead, so misses may exceed it).
+    ``skipped``: decoded chunks not kept, because a read plan needs every kept chunk
+    sooner or decoders hold the rest of the budget.
     """
 
     hits: int
@@ -96,6 +98,7 @@ class CacheStats:
     bytes: int
     budget: int
     skipped: int = 0
+    decodes: int = 0
     read_seconds: float = 0.0
     decode_seconds: float = 0.0
     scatter_seconds: float = 0.0
@@ -184,6 +187,8 @@ class ChunkCache:
         self._reserved = 0  # leased buffers not yet put
         self._hits = self._misses = self._evictions = self._skipped = 0
         self._seconds = [0.0, 0.0, 0.0]  # read, decode, scatter
+        self._decodes = 0
+        self._loading: dict[Hashable, threading.Event] = {}  # keys a thread is decoding now
         self._spare: dict[int, list[_Pages]] = {}
         self._spare_bytes = 0
 
@@ -273,12 +278,12 @@ class ChunkCache:
             view[...] = chunk
             chunk, pages, own = view, _pages_of(view), True
         elif borrowed and self._admits(key, size):
-            chunk = chunk.copy()
+            chunk, borrowed = chunk.copy(), False
         with self._lock:
             if own and pages is not None:
                 self._release(pages)
             if not self._admits(key, size) or self._make_room(size, key, take=False) is False:
-                return self._refused(chunk)
+                return self._refused(chunk, borrowed and not own)
             old = self._entries.pop(key, None)
             if old is not None:
                 self._bytes -= old.nbytes
@@ -314,12 +319,40 @@ class ChunkCache:
             return found
         return self.put(key, load())
 
-    def add_seconds(self, read: float, decode: float, scatter: float) -> None:
-        """Add time spent reading, decoding and scattering chunks to :meth:`stats`."""
+    def add_seconds(self, read: float, decode: float, scatter: float, decodes: int = 0) -> None:
+        """Add time spent reading, decoding and scattering chunks, and chunks decoded."""
         with self._lock:
             self._seconds[0] += read
             self._seconds[1] += decode
             self._seconds[2] += scatter
+            self._decodes += decodes
+
+    def claim(self, key: Hashable) -> np.ndarray | threading.Event | None:
+        """The chunk if cached; else an event set once another thread's load of it ends;
+        else ``None``: the caller loads it, and must call :meth:`unclaim` after its put.
+
+        Lets threads reading batches that share chunks decode each chunk once: a thread
+        that gets an event reads other chunks first, then waits. Neither a hit nor a miss
+        is counted.
+        """
+        with self._lock:
+            found = self._entries.get(key)
+            if found is not None:
+                if key in self._lru:
+                    self._lru.move_to_end(key)
+                return found
+            loading = self._loading.get(key)
+            if loading is not None:
+                return loading
+            self._loading[key] = threading.Event()
+            return None
+
+    def unclaim(self, key: Hashable) -> None:
+        """The load of a :meth:`claim` ``key`` ended (kept or not, or failed)."""
+        with self._lock:
+            loading = self._loading.pop(key, None)
+        if loading is not None:
+            loading.set()
 
     # -- read plans ---------------------------------------------------------------------
     def read_ahead(self) -> ReadAhead:
@@ -508,6 +541,7 @@ class ChunkCache:
             self._bytes = 0
             self._hits = self._misses = self._evictions = self._skipped = 0
             self._seconds = [0.0, 0.0, 0.0]
+            self._decodes = 0
 
     def stats(self) -> CacheStats:
         """A snapshot of the counters."""
@@ -520,6 +554,7 @@ class ChunkCache:
                 bytes=self._bytes,
                 budget=self._budget,
                 skipped=self._skipped,
+                decodes=self._decodes,
                 read_seconds=self._seconds[0],
                 decode_seconds=self._seconds[1],
                 scatter_seconds=self._seconds[2],

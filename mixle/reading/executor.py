@@ -11,7 +11,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from mixle.reading.cache import ChunkCache
-from mixle.reading.plan import ChunkPlan, order_by_offset, plan_chunks
+from mixle.reading.plan import ChunkPlan, Piece, order_by_offset, plan_chunks
 from mixle.reading.pool import decode_threads, run_all
 from mixle.reading.process_cache import chunk_cache
 
@@ -174,23 +174,68 @@ def execute_plan(
     abandoned: list[bool] = []
 
     def drain() -> None:
-        clock = [0.0, 0.0, 0.0]
+        clock = [0.0, 0.0, 0.0, 0]
+        later: list[tuple[int, threading.Event]] = []  # chunks another thread is decoding
         try:
             while not abandoned and (k := next(tickets)) < len(found):
-                coords, chunk = plan.chunks[k], found[k]
+                chunk = found[k]
                 if chunk is None:
-                    chunk = load(coords, clock)
-                else:
-                    found[k] = None
-                start = time.perf_counter()
-                for box, region, inner in plan.pieces[k]:
-                    out[(box, *region)] = chunk[inner]
+                    key = (token, plan.chunks[k])
+                    got = store.claim(key)
+                    if isinstance(got, threading.Event):
+                        later.append((k, got))
+                        continue
+                    chunk = _load_claimed(load, store, key, clock) if got is None else got
+                found[k] = None
+                _scatter(out, plan.pieces[k], chunk, clock)
                 del chunk
-                clock[2] += time.perf_counter() - start
+            for k, loading in later:  # what other threads were decoding: done by now, mostly
+                if abandoned:
+                    break
+                loading.wait()
+                chunk = _claimed_after_wait(load, store, (token, plan.chunks[k]), clock)
+                _scatter(out, plan.pieces[k], chunk, clock)
+                del chunk
         finally:
-            store.add_seconds(*clock)
+            store.add_seconds(clock[0], clock[1], clock[2], int(clock[3]))
 
     _run_abandonable([drain] * min(reader_threads(reader), len(found)), abandoned)
+
+
+def _load_claimed(
+    load: _Load, store: ChunkCache, key: tuple[int, tuple[int, ...]], clock: list[float]
+) -> np.ndarray:
+    """``load`` a chunk this thread claimed; the claim ends whatever happens."""
+    try:
+        return _load(load, key, clock)
+    finally:
+        store.unclaim(key)
+
+
+def _claimed_after_wait(
+    load: _Load, store: ChunkCache, key: tuple[int, tuple[int, ...]], clock: list[float]
+) -> np.ndarray:
+    """A chunk another thread was decoding: cached by it, or (not kept there) decoded here."""
+    got = store.claim(key)
+    if isinstance(got, threading.Event):  # a third thread claimed it meanwhile: wait once
+        got.wait()
+        got = store.claim(key)
+        if isinstance(got, threading.Event):
+            return _load(load, key, clock)  # do not wait again: decode it here
+    return _load_claimed(load, store, key, clock) if got is None else got
+
+
+def _load(load: _Load, key: tuple[int, tuple[int, ...]], clock: list[float]) -> np.ndarray:
+    clock[3] += 1
+    return load(key[1], clock)
+
+
+def _scatter(out: np.ndarray, pieces: list[Piece], chunk: np.ndarray, clock: list[float]) -> None:
+    """``out[(box, *region)] = chunk[inner]`` for every piece, timed."""
+    start = time.perf_counter()
+    for box, region, inner in pieces:
+        out[(box, *region)] = chunk[inner]
+    clock[2] += time.perf_counter() - start
 
 
 #: ``(coords, [read, decode, scatter seconds]) -> chunk``: reads, decodes and keeps a chunk.
@@ -319,7 +364,7 @@ def _place(
     into = getattr(reader, "decoded_nbytes", None) is not None
 
     def drain() -> None:
-        clock = [0.0, 0.0, 0.0]
+        clock = [0.0, 0.0, 0.0, 0]
         try:
             while not abandoned and (n := next(tickets)) < len(jobs):
                 k, chunk, decoded = jobs[n]
@@ -332,13 +377,11 @@ def _place(
                         chunk = store.put(key, reader.decode(coords, chunk))
                     jobs[n] = (k, None, True)  # free the stored bytes as soon as they are decoded
                     clock[1] += time.perf_counter() - start
-                start = time.perf_counter()
-                for box, region, inner in plan.pieces[k]:
-                    out[(box, *region)] = chunk[inner]
+                    clock[3] += 1
+                _scatter(out, plan.pieces[k], chunk, clock)
                 del chunk
-                clock[2] += time.perf_counter() - start
         finally:
-            store.add_seconds(*clock)
+            store.add_seconds(clock[0], clock[1], clock[2], int(clock[3]))
 
     _run_abandonable([drain] * min(decode_threads(), len(jobs)), abandoned)
 

@@ -1,9 +1,12 @@
 """Random patch reads: naive slicing vs mixle per-index and batched vs tensorstore vs the
-decode-bound limit, and mixle's format readers vs each format library's own read.
+decode-bound limit, mixle's format readers vs each format library's own read, and a
+Loader's pass of random patches against the decode-bound limit.
 
 Run: python benchmarks/patch_read.py [--size 512] [--batches 12] [--only cubes|formats ...]
+     python benchmarks/patch_read.py --only pass [--size 512] [--pass-patches 320] [--repeats 5]
 
-Two tables. The cubes table:
+Three tables; with no ``--only`` the cubes and formats tables run (the pass table runs only
+when named). The cubes table:
 
 Writes a float32 cube with 64^3 chunks (zstd zarr, gzip HDF5, uncompressed contiguous HDF5,
 raw memmap) to a temporary folder, then reads random 32^3 patches in batches of 64 with a
@@ -49,7 +52,36 @@ before every pass, or kept). Every pass opens a fresh handle (timed) and mixle's
 decoded-chunk cache is emptied first, so each pass decodes what it reads; mixle's on-disk
 cache (``MIXLE_CACHE_DIR``) is set inside the data folder. Each format runs in a fresh
 process. ``x library`` is mixle's best pass over the library's best.
-``--quick`` runs every row of both tables at a tiny size (a smoke test).
+The pass table (``--only pass``; about two minutes on two cores at the defaults) writes the
+cube as zarr (``ZstdCodec(level=0)``, zarr-python 3's default made explicit) and HDF5 gzip,
+both with 64^3 chunks, warms the page cache, and times passes of 320 random 32^3 patches
+(``PatchSampler(src, 32, 320, seed=repeat)``, 5 batches of 64), 5 passes a row with seeds
+0-4, best and median pass shown. Every row runs in a fresh process; every pass opens a fresh
+handle (timed) and starts with mixle's decoded-chunk cache emptied (``chunk_cache().clear()``)
+under a 256 MiB budget. Rows per backend:
+
+- naive: ``np.array(arr[box])`` per patch on zarr-python / a fresh h5py file (its default
+  chunk cache), ``np.stack`` per batch;
+- tensorstore (zarr only): a fresh ``ts.open`` per pass, ``cache_pool`` 256 MiB, as many
+  copy threads as mixle has decode threads, one ``ts.Batch`` per batch;
+- mixle: ``mixle.Loader(sampler, batch_size=64, shuffle=False, num_epochs=1,
+  num_threads=0)``, as users read (the Loader tells the cache which chunks its next batches
+  touch); ``mixle, get_batch (no plan)``: ``sampler.get_batch`` per batch (plain LRU).
+
+Columns: patches/s (best, median pass); ``x naive`` and ``x tstore`` (best over best);
+``x limit``, the pass against the decode-bound limit = distinct chunks the pass touches x
+one thread's decode time of one chunk into a reused buffer (zstd: ``numcodecs.Zstd().decode``
+of stored chunk files; gzip: ``zlib.decompress`` of ``read_direct_chunk``; measured in this
+run) / decode threads; decodes (``chunk_cache().stats().misses``) against distinct chunks
+(worst pass's ratio); the read / decode / scatter seconds of ``chunk_cache().stats()``
+(summed over threads) in ms. Then the Loader row at 1, 2, 4, ... decode threads up to the
+core count (``set_decode_threads``): ms a pass, speedup over one thread, the limit there.
+Goal lines: zarr zstd >= 0.85x its limit and >= 1.3x tensorstore at the same budget, HDF5
+gzip >= 0.85x its limit, decodes within 10% of distinct chunks. The machines are noisy:
+compare the ratios of one run, never absolute times across runs.
+
+``--quick`` runs every row of the tables chosen at a tiny size (a smoke test; ``--quick
+--only pass`` for the pass table).
 """
 
 from __future__ import annotations
@@ -1092,7 +1124,8 @@ def pass_rows(folder: Path, size: int, count: int, repeats: int) -> list[dict[st
     print()
     print(
         f"{'backend':<10} {'threads':>7} {'ms/pass':>8} {'median':>7} {'speedup':>8} "
-        f"{'limit ms':>9} {'x limit':>13} {'decodes':>8}  (mixle Loader row)",
+        f"{'limit ms':>9} {'x limit':>13} {'decodes':>8}  (the mixle Loader row; at "
+        f"{threads} threads: the row above)",
         flush=True,
     )
     for backend in PASS_ROWS:

@@ -242,6 +242,9 @@ def _scatter(out: np.ndarray, pieces: list[Piece], chunk: np.ndarray, clock: lis
 _Load = Callable[[tuple[int, ...], list[float]], np.ndarray]
 
 _scratch = threading.local()
+#: What a chunk never written is "decoded into" (its reader returns its fill chunk).
+_NO_BUFFER = np.empty(0, dtype=np.uint8)
+_NO_BUFFER.flags.writeable = False
 
 
 def _scratch_buffer(nbytes: int) -> np.ndarray:
@@ -256,6 +259,8 @@ def _decode_kept(
     reader: SupportsDecodeInto, store: ChunkCache, key: Hashable, coords: tuple[int, ...], raw: Any
 ) -> np.ndarray:
     """Chunk ``coords`` decoded into a cache buffer (kept), or into scratch (not kept)."""
+    if raw is None:  # never written: the reader's fill chunk, no buffer needed
+        return store.put(key, reader.decode_into(coords, None, _NO_BUFFER))
     buffer = store.lease(key, reader.decoded_nbytes)
     borrowed = buffer is None
     if buffer is None:

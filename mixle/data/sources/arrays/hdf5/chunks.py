@@ -278,9 +278,9 @@ class HDF5ChunkReader:
         """Chunk ``coords`` from :meth:`read_stored`'s ``raw``, in ``out`` where it can be.
 
         ``out`` is a writable ``uint8`` buffer of :attr:`decoded_nbytes`. A chunk never
-        written is the fill chunk; one whose last filter undone is deflate is zlib's own
-        output (copying it into ``out`` would cost a copy); any other is written into
-        ``out``. The chunk never views ``raw``, which the caller may reuse at once.
+        written is the fill chunk; any other is written into ``out`` (unshuffled straight
+        there; inflated last, or stored without filters, copied there). The chunk never
+        views ``raw``, which the caller may reuse at once.
         """
         if raw is None:
             return self._fill
@@ -299,8 +299,8 @@ class HDF5ChunkReader:
     ) -> np.ndarray:
         """Undo the filters on ``raw``; the last writes into ``out`` (if given) where it can.
 
-        With ``out`` the chunk never views ``raw``: one stored without filters (or with
-        every filter skipped) is copied into ``out``.
+        With ``out`` the chunk is always in ``out``, never a view of ``raw``: one stored
+        without filters (or with every filter skipped), or inflated last, is copied there.
         """
         nbytes = self._count * self._dtype.itemsize
         # HDF5 applied filter 0 first; a set bit of the mask: HDF5 skipped it for this chunk
@@ -327,8 +327,10 @@ class HDF5ChunkReader:
                 f"chunk {coords} of HDF5 dataset {self._name} is corrupt ({len(raw)} stored "
                 f"bytes: {exc})"
             ) from None
-        if out is not None and not stages:  # stored as is: copy, never view raw
-            out[...] = np.frombuffer(raw, dtype=np.uint8, count=nbytes)
+        if out is not None and data is not out:
+            # stored as is (never view raw), or inflated last: a copy into out costs about
+            # what keeping zlib's bytes would (the cache copies a chunk it keeps into pages)
+            out[...] = np.frombuffer(data, dtype=np.uint8, count=nbytes)
             data = out
         if data is out:
             return out.view(self._dtype).reshape(self.chunks)

@@ -382,6 +382,7 @@ class RemoteHDF5ChunkReader(HDF5ChunkReader):
         size: int | None = None,
     ) -> None:
         self._setup(dataset, filters, where)
+        self.decoded_nbytes = self._count * self._dtype.itemsize
         self._fs, self._path, self._url, self._secrets = fs, path, url, secrets
         self._client, self._size = client, size
 
@@ -469,6 +470,12 @@ class RemoteHDF5ChunkReader(HDF5ChunkReader):
 
     def decode(self, coords: tuple[int, ...], raw: tuple[bytes, int] | None) -> Any:
         """Chunk ``coords`` from its stored bytes (``None``: HDF5's fill value)."""
+        return self.decode_into(coords, raw, None)
+
+    def decode_into(  # type: ignore[override]
+        self, coords: tuple[int, ...], raw: tuple[bytes, int] | None, out: np.ndarray | None
+    ) -> Any:
+        """:meth:`decode`, written into ``out`` (``decoded_nbytes`` of ``uint8``) if given."""
         if raw is None:
             return self._fill
         blob, mask = raw
@@ -478,7 +485,7 @@ class RemoteHDF5ChunkReader(HDF5ChunkReader):
                 f"chunk {coords} of HDF5 dataset {self._name} is truncated: got {len(blob)} "
                 f"of its {where[1]} bytes"
             )
-        return self.decode_stored(coords, blob, mask)
+        return self._undo_filters(coords, blob, mask, out)
 
     def read_chunk(self, coords: tuple[int, ...]) -> Any:
         return self.decode(coords, self.fetch_many([coords])[0])

@@ -28,6 +28,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import numpy as np
+
 from mixle.data.sources.arrays.hdf5.chunks import HDF5ChunkReader, decodable_filters
 from mixle.reading.cached_fetch import CachedObjects, reads_through
 from mixle.reading.faults import (

@@ -273,6 +273,11 @@ def test_chunk_keys_name_what_a_batch_reads(volume, tmp_path):
     sampler = mixle.PatchSampler(src, 12, 10, seed=0, padding="constant")
     keys = sampler.chunk_keys(np.arange(4))
     assert len(set(keys)) == len(keys)
+    grid = mixle.GridSampler(src, 24, overlap=4)
+    cache.clear()
+    keys = grid.chunk_keys([0, 5, 9])
+    grid.get_batch([0, 5, 9])
+    assert keys and sorted(keys) == sorted(cache._entries)  # exactly what the batch read
     raw = tmp_path / "v.raw"
     np.zeros((4, 4), np.float32).tofile(raw)
     assert mixle.read_memmap(raw, "float32", (4, 4)).chunk_keys([0]) == []  # no cache reads

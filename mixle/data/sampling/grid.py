@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterator, Sequence
+from collections.abc import Hashable, Iterator, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from mixle.data.sampling.padding import parse_pad_value, parse_padding, read_spatial_boxes
+from mixle.data.sampling.padding import (
+    parse_pad_value,
+    parse_padding,
+    read_spatial_boxes,
+    spatial_box_keys,
+)
 from mixle.data.sampling.patch_args import (
     fingerprint_digest,
     parse_index,
@@ -307,6 +312,12 @@ class GridSampler:
         """Tiles ``indices`` stacked: ``(tiles[B, *channels, *patch_size], coords[B, ndim])``."""
         corners = self.coords_array(indices)
         return self._read(corners), corners
+
+    def chunk_keys(self, indices: ArrayLike) -> list[Hashable]:
+        """The decoded-chunk cache keys ``get_batch(indices)`` reads (for the Loader's plan)."""
+        return spatial_box_keys(
+            self._source, self.coords_array(indices), self._lead, self._patch_size
+        )
 
     def records(self) -> Iterator[Patch]:
         """Yield ``(tile, coords)`` for every tile in order."""

@@ -1187,18 +1187,18 @@ def print_pass_goals(mixle_rows: dict[str, dict[str, Any]]) -> None:
     for backend, goal in PASS_GOAL_LIMIT.items():
         r = mixle_rows.get(backend)
         if r is not None:
-            print(f"goal ({backend}): mixle >= {goal:g}x limit: {r['x_limit']:.2f}"
+            print(f"goal ({backend}): mixle >= {goal:g}x limit: {r['x_limit']:.3f}"
                   + verdict(r["x_limit"] >= goal))  # fmt: skip
     zarr_row = mixle_rows.get("zarr zstd")
     if zarr_row is not None and zarr_row.get("x_tstore") is not None:
         x = zarr_row["x_tstore"]
         print(f"goal (zarr zstd): mixle >= {PASS_GOAL_TSTORE:g}x tensorstore at an equal "
-              f"cache budget: {x:.2f}" + verdict(x >= PASS_GOAL_TSTORE))  # fmt: skip
+              f"cache budget: {x:.3f}" + verdict(x >= PASS_GOAL_TSTORE))  # fmt: skip
     for backend, r in mixle_rows.items():
         worst = r["x_distinct_worst"]
         print(
             f"goal ({backend}): mixle decodes within {PASS_GOAL_DECODES - 1:.0%} of the "
-            f"distinct chunks: worst pass {worst:.2f}x" + verdict(worst <= PASS_GOAL_DECODES)
+            f"distinct chunks: worst pass {worst:.3f}x" + verdict(worst <= PASS_GOAL_DECODES)
         )
 
 

@@ -874,8 +874,9 @@ def _warm_files(paths: list[Path]) -> None:
 
 
 def _pass_reader(folder: Path, size: int, backend: str, contender: str, count: int):
-    """``read(seed, batches)``: one timed pass (its handle opened in it) over the first
-    ``batches`` batches of ``count`` patches placed by ``seed``, with the first batch."""
+    """``read(seed, where)``: one pass (its handle opened in it) over the patches at
+    ``where``, the first ``len(where)`` of ``count`` placed by ``seed``; returns the first
+    batch. mixle's rows place them with their own sampler (checked against ``where``)."""
     import h5py
     import zarr
 
@@ -883,13 +884,9 @@ def _pass_reader(folder: Path, size: int, backend: str, contender: str, count: i
 
     shape = (size,) * 3
 
-    def starts_of(seed: int, batches: int | None) -> np.ndarray:
-        return corners(size, count, seed)[: None if batches is None else batches * BATCH]
-
     if contender == "naive":
 
-        def read(seed: int, batches: int | None) -> np.ndarray:
-            where = starts_of(seed, batches)
+        def read(seed: int, where: np.ndarray) -> np.ndarray:
             if backend == "zarr zstd":
                 arr = zarr.open_array(str(folder / "v.zarr"), mode="r")
                 handle = None
@@ -910,8 +907,7 @@ def _pass_reader(folder: Path, size: int, backend: str, contender: str, count: i
 
     elif contender == "tensorstore":
 
-        def read(seed: int, batches: int | None) -> np.ndarray:
-            where = starts_of(seed, batches)
+        def read(seed: int, where: np.ndarray) -> np.ndarray:
             store = _tensorstore_open(folder, CACHE_BYTES)  # a fresh, empty cache pool
             out = np.empty((BATCH, *(PATCH,) * 3), dtype="f4")
             for b in range(0, len(where), BATCH):
@@ -924,26 +920,27 @@ def _pass_reader(folder: Path, size: int, backend: str, contender: str, count: i
     else:
         planned = contender == "mixle"
 
-        def read(seed: int, batches: int | None) -> np.ndarray:
+        def read(seed: int, where: np.ndarray) -> np.ndarray:
             src = _mixle_source(folder, backend, shape)
             try:
                 sampler = mixle.PatchSampler(src, PATCH, count, seed=seed)
-                assert np.array_equal(sampler.coords_array(), corners(size, count, seed))
-                stop = len(sampler) if batches is None else min(len(sampler), batches * BATCH)
+                stop = len(where)
                 if planned:
                     loader = mixle.Loader(
                         sampler, batch_size=BATCH, shuffle=False, num_epochs=1, num_threads=0
                     )
-                    for k, (patches, _) in enumerate(loader):
+                    for k, (patches, coords) in enumerate(loader):
                         if k == 0:
                             first = patches
+                            assert np.array_equal(coords, where[: len(coords)])
                         if (k + 1) * BATCH >= stop:
                             break
                 else:
                     for b in range(0, stop, BATCH):
-                        patches, _ = sampler.get_batch(np.arange(b, min(b + BATCH, stop)))
+                        patches, coords = sampler.get_batch(np.arange(b, min(b + BATCH, stop)))
                         if b == 0:
                             first = patches
+                            assert np.array_equal(coords, where[: len(coords)])
             finally:
                 src.close()
             return first
@@ -968,13 +965,15 @@ def pass_measure(
         chunk_cache().clear()
 
     fresh()
-    first = read(WARM_SEED, 1)  # warm-up: imports, pools, handles (untimed)
-    expected = _expected_patches(folder, backend, corners(size, count, WARM_SEED)[: len(first)])
+    warm = corners(size, count, WARM_SEED)[:BATCH]
+    first = read(WARM_SEED, warm)  # warm-up: imports, pools, handles (untimed)
+    expected = _expected_patches(folder, backend, warm)
     passes = []
     for seed in range(repeats):
+        where = corners(size, count, seed)
         fresh()
         t0 = time.perf_counter()
-        read(seed, None)
+        read(seed, where)
         seconds = time.perf_counter() - t0
         stats = chunk_cache().stats()
         mine = contender.startswith("mixle")

@@ -16,6 +16,7 @@ from mixle.reading.pool import decode_threads, run_all
 from mixle.reading.process_cache import chunk_cache
 
 __all__ = [
+    "SCRATCH_KEPT_BYTES",
     "STRIDED_BYTES_PER_THREAD",
     "ChunkReader",
     "SupportsDecodeInto",
@@ -98,9 +99,10 @@ class SupportsFetchMany(Protocol):
 class SupportsDecodeInto(Protocol):
     """A :class:`ChunkReader` that decodes a chunk into a buffer the read planner gives it.
 
-    The planner hands :meth:`decode_into` a buffer of the cache's (the pages of an evicted
-    chunk, so nothing is allocated or copied to keep it) or, for a chunk that will not be
-    kept, a scratch buffer of the decoding thread that the next chunk reuses. A reader that
+    The planner hands :meth:`decode_into` a function giving a buffer of the cache's (the
+    pages of an evicted chunk, so nothing is allocated or copied to keep it) or, for a chunk
+    that will not be kept, a scratch buffer of the decoding thread that its next chunk
+    reuses. A reader that
     also has ``read_stored(coords)`` (the stored bytes, ``None`` for a chunk never written)
     gets its read and its decode timed apart; without it the planner reads with
     ``fetch_many`` or ``read_chunk``.
@@ -117,11 +119,16 @@ class SupportsDecodeInto(Protocol):
 
     def read_chunk(self, coords: tuple[int, ...]) -> np.ndarray: ...
 
-    def decode_into(self, coords: tuple[int, ...], raw: Any, out: np.ndarray) -> np.ndarray:
-        """Chunk ``coords`` decoded from ``raw``, into ``out`` (``uint8``) where it can be.
+    def decode_into(
+        self, coords: tuple[int, ...], raw: Any, out: Callable[[], np.ndarray]
+    ) -> np.ndarray:
+        """Chunk ``coords`` decoded from ``raw``, into the buffer ``out()`` gives where it can.
 
-        The result may be another array (a chunk never written, a codec that cannot write
-        into a buffer) but never a view of ``raw``, which the caller may reuse at once.
+        ``out()`` gives a writable ``uint8`` buffer of ``decoded_nbytes``: call it once, and
+        only after the stored bytes were checked (a damaged chunk then allocates nothing;
+        chunk metadata claiming a terabyte allocates nothing until the stored bytes say
+        so). The result may be another array (a chunk never written, a codec that cannot
+        write into a buffer) but never a view of ``raw``, which the caller may reuse at once.
         """
         ...
 
@@ -242,31 +249,53 @@ def _scatter(out: np.ndarray, pieces: list[Piece], chunk: np.ndarray, clock: lis
 _Load = Callable[[tuple[int, ...], list[float]], np.ndarray]
 
 _scratch = threading.local()
-#: What a chunk never written is "decoded into" (its reader returns its fill chunk).
-_NO_BUFFER = np.empty(0, dtype=np.uint8)
-_NO_BUFFER.flags.writeable = False
+#: A thread keeps its scratch buffer for the next chunk only up to this size.
+SCRATCH_KEPT_BYTES = 64 * 1024 * 1024
 
 
 def _scratch_buffer(nbytes: int) -> np.ndarray:
-    """This thread's buffer for chunks that will not be kept (reused by its next chunk)."""
+    """This thread's buffer for chunks that will not be kept (reused by its next chunk).
+
+    Buffers larger than :data:`SCRATCH_KEPT_BYTES` are not kept for the next chunk.
+    """
     buffer: np.ndarray | None = getattr(_scratch, "buffer", None)
-    if buffer is None or buffer.nbytes != nbytes:
-        buffer = _scratch.buffer = np.empty(nbytes, dtype=np.uint8)
+    if buffer is not None and buffer.nbytes == nbytes:
+        return buffer
+    buffer = np.empty(nbytes, dtype=np.uint8)
+    if nbytes <= SCRATCH_KEPT_BYTES:
+        _scratch.buffer = buffer
     return buffer
+
+
+class _Target:
+    """The buffer a chunk is decoded into, asked for once its stored bytes were checked.
+
+    A cache lease (the chunk is kept) or this thread's scratch (it is not).
+    """
+
+    __slots__ = ("_key", "_nbytes", "_store", "scratch")
+
+    def __init__(self, store: ChunkCache, key: Hashable, nbytes: int) -> None:
+        self._store, self._key, self._nbytes = store, key, nbytes
+        self.scratch: np.ndarray | None = None
+
+    def __call__(self) -> np.ndarray:
+        leased = self._store.lease(self._key, self._nbytes)
+        if leased is not None:
+            return leased
+        self.scratch = _scratch_buffer(self._nbytes)
+        return self.scratch
 
 
 def _decode_kept(
     reader: SupportsDecodeInto, store: ChunkCache, key: Hashable, coords: tuple[int, ...], raw: Any
 ) -> np.ndarray:
     """Chunk ``coords`` decoded into a cache buffer (kept), or into scratch (not kept)."""
-    if raw is None:  # never written: the reader's fill chunk, no buffer needed
-        return store.put(key, reader.decode_into(coords, None, _NO_BUFFER))
-    buffer = store.lease(key, reader.decoded_nbytes)
-    borrowed = buffer is None
-    if buffer is None:
-        buffer = _scratch_buffer(reader.decoded_nbytes)
-    chunk = reader.decode_into(coords, raw, buffer)
-    return store.put(key, chunk, borrowed=borrowed and np.may_share_memory(chunk, buffer))
+    target = _Target(store, key, reader.decoded_nbytes)
+    chunk = reader.decode_into(coords, raw, target)
+    scratch = target.scratch
+    borrowed = scratch is not None and np.may_share_memory(chunk, scratch)
+    return store.put(key, chunk, borrowed=borrowed)
 
 
 def _loader(reader: ChunkReader, store: ChunkCache) -> _Load:

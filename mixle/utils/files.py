@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import stat
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
@@ -18,6 +19,7 @@ from typing import BinaryIO
 from mixle.errors import SpecialFileError
 
 __all__ = [
+    "READ_BUFFER_KEPT_BYTES",
     "cache_dir",
     "env_byte_budget",
     "file_kind",
@@ -25,7 +27,30 @@ __all__ = [
     "publish_file",
     "read_regular_file",
     "require_regular_file",
+    "thread_read_buffer",
 ]
+
+#: A thread keeps its read buffer (:func:`thread_read_buffer`) for its next read only up
+#: to this size; larger reads get a buffer of their own.
+READ_BUFFER_KEPT_BYTES = 64 * 1024 * 1024
+
+_read_buffers = threading.local()
+
+
+def thread_read_buffer(size: int) -> memoryview:
+    """``size`` writable bytes of this thread's reusable read buffer.
+
+    What stored chunks are read into before they are decoded: no fresh allocation (and
+    page faults) per chunk. Valid only until this thread's next call; grown as needed,
+    kept up to :data:`READ_BUFFER_KEPT_BYTES`.
+    """
+    buffer: bytearray | None = getattr(_read_buffers, "buffer", None)
+    if buffer is None or len(buffer) < size:
+        buffer = bytearray(size)
+        if size <= READ_BUFFER_KEPT_BYTES:
+            _read_buffers.buffer = buffer
+    return memoryview(buffer)[:size]
+
 
 _KINDS = (
     (stat.S_ISDIR, "a directory"),

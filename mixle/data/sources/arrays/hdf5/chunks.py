@@ -31,12 +31,14 @@ import os
 import threading
 import weakref
 import zlib
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from mixle.errors import FilterUnavailableError
 from mixle.reading import CorruptChunkError, new_token
+from mixle.utils.files import thread_read_buffer
 from mixle.utils.optional_deps import require
 
 __all__ = [
@@ -273,11 +275,12 @@ class HDF5ChunkReader:
         return raw, mask
 
     def decode_into(
-        self, coords: tuple[int, ...], raw: tuple[Any, int] | None, out: np.ndarray
+        self, coords: tuple[int, ...], raw: tuple[Any, int] | None, out: Callable[[], np.ndarray]
     ) -> np.ndarray:
-        """Chunk ``coords`` from :meth:`read_stored`'s ``raw``, in ``out`` where it can be.
+        """Chunk ``coords`` from :meth:`read_stored`'s ``raw``, in the buffer ``out()`` gives.
 
-        ``out`` is a writable ``uint8`` buffer of :attr:`decoded_nbytes`. A chunk never
+        ``out()`` gives a writable ``uint8`` buffer of :attr:`decoded_nbytes`; it is asked
+        for once the stored bytes decoded to exactly one chunk. A chunk never
         written is the fill chunk; any other is written into ``out`` (unshuffled straight
         there; inflated last, or stored without filters, copied there). The chunk never
         views ``raw``, which the caller may reuse at once.
@@ -295,17 +298,19 @@ class HDF5ChunkReader:
         return self._undo_filters(coords, raw, mask, None)
 
     def _undo_filters(
-        self, coords: tuple[int, ...], raw: Any, mask: int, out: np.ndarray | None
+        self, coords: tuple[int, ...], raw: Any, mask: int, out: Callable[[], np.ndarray] | None
     ) -> np.ndarray:
-        """Undo the filters on ``raw``; the last writes into ``out`` (if given) where it can.
+        """Undo the filters on ``raw``; the last writes into ``out()`` (if given) where it can.
 
-        With ``out`` the chunk is always in ``out``, never a view of ``raw``: one stored
-        without filters (or with every filter skipped), or inflated last, is copied there.
+        With ``out`` the chunk is always in ``out()``'s buffer (asked for once), never a
+        view of ``raw``: one stored without filters (or with every filter skipped), or
+        inflated last, is copied there.
         """
         nbytes = self._count * self._dtype.itemsize
         # HDF5 applied filter 0 first; a set bit of the mask: HDF5 skipped it for this chunk
         stages = [i for i in range(len(self._filters) - 1, -1, -1) if not mask & (1 << i)]
         data: Any = raw
+        dest: np.ndarray | None = None  # out()'s buffer, once asked for
         try:
             for n, i in enumerate(stages):
                 code, values = self._filters[i]
@@ -317,9 +322,10 @@ class HDF5ChunkReader:
                     if not inflate.eof:
                         raise ValueError("the deflate stream ends early")
                 else:
-                    into = out if n == len(stages) - 1 else None
-                    if into is not None:
+                    into = None
+                    if out is not None and n == len(stages) - 1:
                         _check_decoded(data, nbytes)  # shuffling keeps the size
+                        into = dest = out()
                     data = _unshuffle(data, values[0] if values else self._dtype.itemsize, into)
             _check_decoded(data, nbytes)
         except (ValueError, zlib.error) as exc:
@@ -327,13 +333,15 @@ class HDF5ChunkReader:
                 f"chunk {coords} of HDF5 dataset {self._name} is corrupt ({len(raw)} stored "
                 f"bytes: {exc})"
             ) from None
-        if out is not None and data is not out:
+        if out is not None and (dest is None or data is not dest):
             # stored as is (never view raw), or inflated last: a copy into out costs about
             # what keeping zlib's bytes would (the cache copies a chunk it keeps into pages)
-            out[...] = np.frombuffer(data, dtype=np.uint8, count=nbytes)
-            data = out
-        if data is out:
-            return out.view(self._dtype).reshape(self.chunks)
+            if dest is None:
+                dest = out()
+            dest[...] = np.frombuffer(data, dtype=np.uint8, count=nbytes)
+            data = dest
+        if dest is not None and data is dest:
+            return dest.view(self._dtype).reshape(self.chunks)
         return np.frombuffer(data, dtype=self._dtype, count=self._count).reshape(self.chunks)
 
 
@@ -343,10 +351,6 @@ def _check_decoded(data: Any, nbytes: int) -> None:
         raise ValueError(f"decoded {got} bytes, a chunk has {nbytes}")
 
 
-#: Each thread's buffer for :meth:`HDF5ChunkReader.read_stored`.
-_stored_scratch = threading.local()
-
-
 def _pread_reused(fd: int, size: int, offset: int) -> bytes | memoryview:
     """Up to ``size`` bytes of ``fd`` at ``offset``, in this thread's reusable buffer.
 
@@ -354,10 +358,7 @@ def _pread_reused(fd: int, size: int, offset: int) -> bytes | memoryview:
     """
     if not hasattr(os, "preadv"):
         return os.pread(fd, size, offset)
-    buffer: bytearray | None = getattr(_stored_scratch, "buffer", None)
-    if buffer is None or len(buffer) < size:
-        buffer = _stored_scratch.buffer = bytearray(size)
-    view = memoryview(buffer)[:size]
+    view = thread_read_buffer(size)
     got = 0
     while got < size:  # a short read before the end of the file: read on
         n = os.preadv(fd, [view[got:]], offset + got)

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from functools import partial
 from typing import Any
 
@@ -141,8 +141,11 @@ class _DecodedChunks:
         key = self._meta.encode_chunk_key(coords)
         return decode_checked(self._decode, raw, self._where, key, coords)
 
-    def decode_into(self, coords: tuple[int, ...], raw: Any, out: np.ndarray) -> np.ndarray:
-        """:meth:`decode` into ``out`` (``decoded_nbytes`` of ``uint8``); never views ``raw``."""
+    def decode_into(
+        self, coords: tuple[int, ...], raw: Any, out: Callable[[], np.ndarray]
+    ) -> np.ndarray:
+        """:meth:`decode` into the buffer ``out()`` gives (``decoded_nbytes`` of ``uint8``,
+        asked for once the stored bytes were checked); never a view of ``raw``."""
         if raw is None:
             return self._fill
         assert isinstance(self._decode, ChunkDecoder)

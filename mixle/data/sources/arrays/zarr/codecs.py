@@ -143,24 +143,35 @@ class ChunkDecoder:
         """The chunk that ``raw`` decodes to; ``ValueError`` if it is not exactly one chunk."""
         return self.decode_into(raw, None)
 
-    def decode_into(self, raw: Any, out: np.ndarray | None) -> np.ndarray:
-        """The chunk ``raw`` decodes to, written into ``out`` (``nbytes`` of ``uint8``) if given.
+    def decode_into(self, raw: Any, out: Callable[[], np.ndarray] | None) -> np.ndarray:
+        """The chunk ``raw`` decodes to, in the buffer ``out()`` gives (``nbytes`` of ``uint8``).
 
-        The last stage decodes straight into ``out`` where its codec can (zstd, blosc,
-        lz4), else its output is copied there; the chunk never views ``raw``, which its
-        caller may reuse at once. A format 3 array-to-array step (a filter) may still
-        return a chunk of its own. Without ``out`` the chunk is a new array.
+        ``out`` is called once, after the stored bytes were checked (a damaged chunk
+        allocates nothing). The last stage decodes straight into it where its codec can
+        (zstd, blosc, lz4), else its output is copied there; the chunk never views
+        ``raw``, which its caller may reuse at once. A format 3 array-to-array step (a
+        filter) may still return a chunk of its own. Without ``out`` (:meth:`__call__`)
+        the chunk may view ``raw``.
         """
+        given: list[np.ndarray] = []
+
+        def take() -> np.ndarray:
+            assert out is not None
+            given.append(out())
+            return given[0]
+
         buf: Any = raw
         last = len(self._codecs) - 1
+        into = None if out is None else take
         for k, (codec, (limit, exact)) in enumerate(zip(self._codecs, self._limits)):
-            buf = _decode_step(codec, buf, limit, exact, out if k == last else None)
+            buf = _decode_step(codec, buf, limit, exact, into if k == last else None)
         got = memoryview(buf).nbytes
         if got != self.nbytes:
             raise ValueError(f"decoded {got} bytes, a chunk has {self.nbytes}")
-        if out is not None and buf is not out:  # no codec wrote into out: copy (never view raw)
-            out[...] = np.frombuffer(buf, dtype=np.uint8, count=got)
-            buf = out
+        if out is not None and not (given and buf is given[0]):  # copy (never view raw)
+            dest = given[0] if given else take()
+            dest[...] = np.frombuffer(buf, dtype=np.uint8, count=got)
+            buf = dest
         flat = np.frombuffer(buf, dtype=self._stored, count=self._count)
         chunk = flat.reshape(self._shape, order=self._order)
         for step in self._array_steps:
@@ -169,11 +180,12 @@ class ChunkDecoder:
 
 
 def _decode_step(
-    codec: Any, buf: Any, limit: int, exact: bool, into: np.ndarray | None = None
+    codec: Any, buf: Any, limit: int, exact: bool, into: Callable[[], np.ndarray] | None = None
 ) -> Any:
     """``codec.decode(buf)``, its output at most ``limit`` bytes (exactly, if ``exact``).
 
-    ``into``: a buffer a compressor may decode straight into (:func:`bounded_decompress`).
+    ``into``: gives a buffer a compressor may decode straight into
+    (:func:`bounded_decompress`).
     """
     codec_id = getattr(codec, "codec_id", None)
     if codec_id in BOUNDED_COMPRESSORS:

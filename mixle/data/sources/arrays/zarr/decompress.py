@@ -34,7 +34,11 @@ class StageLimitError(ValueError):
 
 
 def bounded_decompress(
-    codec: Any, raw: Any, limit: int, exact: bool = False, out: np.ndarray | None = None
+    codec: Any,
+    raw: Any,
+    limit: int,
+    exact: bool = False,
+    out: Callable[[], np.ndarray] | None = None,
 ) -> Any:
     """``codec.decode(raw)`` for a compressor, never producing more than ``limit`` bytes.
 
@@ -49,8 +53,9 @@ def bounded_decompress(
     exact
         Whether the decoded bytes must be exactly ``limit``.
     out
-        A writable ``uint8`` buffer that zstd, blosc and lz4 decode straight into when the
-        stream's decoded size is exactly its length (others ignore it).
+        Gives a writable ``uint8`` buffer of ``limit`` bytes that zstd, blosc and lz4
+        decode straight into, when ``exact`` and the header says ``limit`` bytes: called
+        only then, after the header was checked (others ignore it).
 
     Returns
     -------
@@ -92,10 +97,9 @@ def bounded_decompress(
             raise (ValueError if exact else StageLimitError)(
                 f"the stored {codec_id} header says {declared} bytes, its stage holds {bound}"
             )
-        if out is None or out.nbytes != declared:
-            out = np.empty(declared, dtype=np.uint8)
-        codec.decode(data, out=out)
-        return out
+        into = out() if out is not None and exact else np.empty(declared, dtype=np.uint8)
+        codec.decode(data, out=into)
+        return into
     if codec_id == "zlib":
         return _stream(lambda: zlib.decompressobj(), data, limit, codec_id, members=False)
     if codec_id == "gzip":

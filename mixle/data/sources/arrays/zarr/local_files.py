@@ -12,13 +12,12 @@ import errno
 import json
 import os
 import stat
-import threading
 from typing import Any
 
 from mixle.data.sources.arrays.zarr.limits import ZARR_METADATA_LIMIT
 from mixle.errors import SpecialFileError
 from mixle.reading import CorruptChunkError
-from mixle.utils.files import open_regular_file, require_regular_file
+from mixle.utils.files import open_regular_file, require_regular_file, thread_read_buffer
 from mixle.utils.optional_deps import imported
 
 __all__ = [
@@ -56,18 +55,6 @@ def refuse_special(base: str, key: str, where: str, coords: tuple[int, ...]) -> 
     if stat.S_ISDIR(info.st_mode):
         raise CorruptChunkError(directory_message(key, where, coords, path))
     require_regular_file(path, f"chunk {key!r} of zarr array {where}: file")
-
-
-#: Each thread's buffer for :func:`read_local_object`'s ``reuse`` reads.
-_scratch = threading.local()
-
-
-def _thread_buffer(size: int) -> bytearray:
-    """This thread's reusable buffer of at least ``size`` bytes (grown, never shrunk)."""
-    buf: bytearray | None = getattr(_scratch, "buffer", None)
-    if buf is None or len(buf) < size:
-        buf = _scratch.buffer = bytearray(size)
-    return buf
 
 
 def read_local_object(
@@ -143,7 +130,7 @@ def read_local_object(
 
 def _read_into(file: Any, most: int) -> memoryview:
     """Up to ``most`` bytes of ``file`` (to its end) in this thread's buffer."""
-    view = memoryview(_thread_buffer(most))[:most]
+    view = thread_read_buffer(most)
     got = 0
     while got < most:
         n = file.readinto(view[got:])

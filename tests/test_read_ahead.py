@@ -67,6 +67,19 @@ def test_a_chunk_needed_sooner_evicts_the_one_needed_last_but_not_the_reverse():
     assert cache.get("q2") is not None
 
 
+def test_a_replaced_chunk_refused_for_a_plan_leaves_no_trace():
+    cache = ChunkCache(budget=2400)
+    with cache.read_ahead() as plan:
+        plan.update([[(1, (0,)), (1, (1,))]])
+        cache.put((1, (0,)), _chunk(1))
+        cache.put((1, (1,)), _chunk(2))
+        cache.put((2, (0,)), _chunk(3))  # unplanned, in the free room
+        cache.put((2, (0,)), _chunk(4, 1600))  # replaced by a larger one: no room for it
+        assert cache.get((2, (0,))) is None and len(cache) == 2
+        assert 2 not in cache._by_token and cache.drop_token(2) == 0
+        assert cache.stats().bytes == 1600
+
+
 def test_plans_of_two_readers_combine_and_a_collected_plan_is_withdrawn():
     cache = ChunkCache(budget=1600)
     one, two = cache.read_ahead(), cache.read_ahead()
@@ -138,7 +151,9 @@ def test_a_borrowed_chunk_is_copied_when_kept_and_returned_as_is_when_not():
 
 OPS = st.lists(
     st.tuples(
-        st.sampled_from(["put", "lease_put", "lease_drop", "get", "plan", "budget"]),
+        st.sampled_from(
+            ["put", "lease_put", "lease_drop", "get", "plan", "budget", "drop", "clear"]
+        ),
         st.integers(0, 11),
         st.integers(1, 4),
     ),
@@ -146,20 +161,39 @@ OPS = st.lists(
 )
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def _check_books(cache: ChunkCache) -> None:
+    """Every counter of the cache against what it holds (white-box)."""
+    entries = cache._entries
+    assert cache._bytes == sum(c.nbytes for c in entries.values())
+    assert cache._lru_bytes == sum(entries[k].nbytes for k in cache._lru)
+    for key in entries:  # every kept chunk is evictable: LRU, or filed under its distance
+        planned = cache._next.get(key)
+        assert (key in cache._lru) != (planned is not None)
+        assert planned is None or key in cache._planned[planned]
+    for distance, keys in cache._planned.items():
+        assert keys and all(cache._next[k] == distance for k in keys)
+        assert cache._planned_bytes[distance] == sum(entries[k].nbytes for k in keys)
+    assert cache._spare_bytes == sum(len(p) for pages in cache._spare.values() for p in pages)
+    assert cache._reserved >= 0
+    for token, keys in cache._by_token.items():
+        assert all(k in entries and k[0] == token for k in keys)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(OPS)
 def test_kept_spare_and_leased_bytes_stay_within_the_budget(ops):
     unit = PAGE_BACKED_CHUNK_BYTES
     cache = ChunkCache(budget=6 * unit)
     plan = cache.read_ahead()
     held = []
-    for op, key, n in ops:
+    for op, k, n in ops:
+        key = (k % 3, (k,))  # (token, coords): three tokens
         if op == "put":
-            cache.put(key, np.full(n * unit // 8, key, dtype=np.float64))
+            cache.put(key, np.full(n * unit // 8, k, dtype=np.float64))
         elif op in ("lease_put", "lease_drop"):
             buffer = cache.lease(key, n * unit)
             if buffer is not None:
-                buffer[...] = key
+                buffer[...] = k
                 if op == "lease_put":
                     cache.put(key, buffer)
                 else:
@@ -167,20 +201,26 @@ def test_kept_spare_and_leased_bytes_stay_within_the_budget(ops):
         elif op == "get":
             found = cache.get(key)
             if found is not None:
-                assert np.all(found.view(np.uint8) == key % 256) or np.all(found == key)
+                assert np.all(found.view(np.uint8) == k) or np.all(found == k)
         elif op == "plan":
-            plan.update([[k] for k in range(key, key + n)])
-        else:
+            plan.update([[(j % 3, (j,))] for j in range(k, k + n)])
+        elif op == "budget":
             cache.budget = n * 2 * unit
             held.clear()
+        elif op == "drop":
+            cache.drop_token(k % 3)
+        else:
+            cache.clear()
         if len(held) > 2:
             held.pop(0)
+        _check_books(cache)
         stats = cache.stats()
         leased = sum(b.nbytes for b in held)
-        assert stats.bytes + cache.spare_bytes <= stats.budget
         assert stats.bytes + cache.spare_bytes + leased <= max(stats.budget, leased)
     held.clear()
     plan.close()
+    _check_books(cache)
+    assert not cache._next and not cache._planned
     stats = cache.stats()
     assert stats.bytes + cache.spare_bytes <= stats.budget
 
@@ -342,3 +382,15 @@ def test_threads_reading_batches_that_share_chunks_decode_each_chunk_once():
         for b, (z, x) in enumerate(starts):
             np.testing.assert_array_equal(out[b], expected[z : z + 4, x : x + 4])
     assert cache.stats().decodes == 4
+
+
+def test_a_claim_never_released_delays_a_read_but_never_hangs_it(monkeypatch):
+    """A thread interrupted between claiming a chunk and decoding it never says it is done."""
+    monkeypatch.setattr(mixle.reading.executor, "CLAIM_WAIT_S", 0.05)
+    reader = _SlowReader()
+    cache = ChunkCache()
+    assert cache.claim((reader.token, (0, 0))) is None  # claimed, and abandoned
+    out = np.empty((1, 4, 4), np.float32)
+    mixle.reading.read_chunked(reader, [[0, 0]], (4, 4), (8, 8), out, cache=cache)
+    np.testing.assert_array_equal(out[0], np.zeros((4, 4), np.float32))
+    assert reader.calls == [(0, 0)]

@@ -120,6 +120,7 @@ class ReadAhead:
     def __init__(self, cache: ChunkCache) -> None:
         self._cache = cache
         self._id = object()
+        cache._open_plan(self._id)
         self._done = weakref.finalize(self, cache._withdraw, self._id)
         self._done.atexit = False
 
@@ -129,8 +130,7 @@ class ReadAhead:
         for distance, keys in enumerate(batches):
             for key in keys:
                 plan.setdefault(key, distance)
-        if self._done.alive:
-            self._cache._plan(self._id, plan)
+        self._cache._plan(self._id, plan)  # ignored once closed
 
     def close(self) -> None:
         """Withdraw the plan: the cache is plain LRU again for these chunks."""
@@ -181,7 +181,12 @@ class ChunkCache:
         self._lru_bytes = 0
         self._by_token: dict[Hashable, set[Hashable]] = {}  # token -> keys ``(token, ...)``
         self._plans: dict[object, dict[Hashable, int]] = {}  # ReadAhead id -> key -> distance
+        self._open: set[object] = set()  # ids of ReadAheads not closed
         self._next: dict[Hashable, int] = {}  # key -> nearest distance of any plan
+        # kept planned keys by distance, and their bytes: every kept key is in exactly one
+        # of _lru and these
+        self._planned: dict[int, dict[Hashable, None]] = {}
+        self._planned_bytes: dict[int, int] = {}
         self._budget = _parse_budget(budget)
         self._bytes = 0
         self._reserved = 0  # leased buffers not yet put
@@ -251,9 +256,14 @@ class ChunkCache:
             if pages is False:
                 return None
             self._reserved += nbytes
-        if pages is None:
-            pages = _Pages(-1, nbytes, **_PAGE_FLAGS)
-        return self._track(pages, reserved=True)
+        try:
+            if pages is None:
+                pages = _Pages(-1, nbytes, **_PAGE_FLAGS)
+            return self._track(pages, reserved=True)
+        except BaseException:  # no pages (out of memory, an address-space limit)
+            with self._lock:
+                self._reserved -= nbytes
+            raise
 
     def put(self, key: Hashable, chunk: np.ndarray, *, borrowed: bool = False) -> np.ndarray:
         """Keep ``chunk`` under ``key`` if it fits; return it (or its copy) read-only.
@@ -282,17 +292,17 @@ class ChunkCache:
         with self._lock:
             if own and pages is not None:
                 self._release(pages)
-            if not self._admits(key, size) or self._make_room(size, key, take=False) is False:
-                return self._refused(chunk, borrowed and not own)
-            old = self._entries.pop(key, None)
+            old = self._entries.pop(key, None)  # replaced: its room is the new chunk's
             if old is not None:
                 self._bytes -= old.nbytes
-                self._lru_remove(key, old)
+                self._deindex(key, old)
+                self._unindex(key)
+            if not self._admits(key, size) or self._make_room(size, key, take=False) is False:
+                return self._refused(chunk, borrowed and not own)
             chunk.flags.writeable = False
             self._entries[key] = chunk
             self._bytes += size
-            if key not in self._next:
-                self._lru_add(key, chunk)
+            self._index(key, chunk)
             token = _token_of(key)
             if token is not None:
                 self._by_token.setdefault(token, set()).add(key)
@@ -359,8 +369,14 @@ class ChunkCache:
         """A plan of the chunks the caller's next batches touch (empty until updated)."""
         return ReadAhead(self)
 
+    def _open_plan(self, owner: object) -> None:
+        with self._lock:
+            self._open.add(owner)
+
     def _plan(self, owner: object, plan: dict[Hashable, int]) -> None:
         with self._lock:
+            if owner not in self._open:
+                return  # closed (perhaps while this update was on its way)
             if plan:
                 self._plans[owner] = plan
             else:
@@ -369,33 +385,51 @@ class ChunkCache:
 
     def _withdraw(self, owner: object) -> None:
         with self._lock:
+            self._open.discard(owner)
             if self._plans.pop(owner, None) is not None:
                 self._replan()
 
     def _replan(self) -> None:
-        """Recompute every key's nearest planned distance; move kept keys in or out of LRU."""
+        """Recompute every key's nearest planned distance; re-index the kept keys it moves."""
         nearest: dict[Hashable, int] = {}
         for plan in self._plans.values():
             for key, distance in plan.items():
                 if nearest.get(key, distance) >= distance:
                     nearest[key] = distance
-        for key in self._next.keys() - nearest.keys():
-            chunk = self._entries.get(key)
-            if chunk is not None:
-                self._lru_add(key, chunk)  # no longer planned: evictable, as recently used
-        for key in nearest.keys() - self._next.keys():
-            chunk = self._entries.get(key)
-            if chunk is not None:
-                self._lru_remove(key, chunk)
+        old = self._next
+        moved = [
+            (key, chunk)
+            for key in old.keys() | nearest.keys()
+            if old.get(key) != nearest.get(key) and (chunk := self._entries.get(key)) is not None
+        ]
+        for key, chunk in moved:
+            self._deindex(key, chunk)
         self._next = nearest
+        for key, chunk in moved:  # no longer planned: evictable, as the most recently used
+            self._index(key, chunk)
 
-    def _lru_add(self, key: Hashable, chunk: np.ndarray) -> None:
-        self._lru[key] = None
-        self._lru_bytes += chunk.nbytes
+    def _index(self, key: Hashable, chunk: np.ndarray) -> None:
+        """File a kept chunk under LRU (unplanned) or its planned distance."""
+        distance = self._next.get(key)
+        if distance is None:
+            self._lru[key] = None
+            self._lru_bytes += chunk.nbytes
+        else:
+            self._planned.setdefault(distance, {})[key] = None
+            self._planned_bytes[distance] = self._planned_bytes.get(distance, 0) + chunk.nbytes
 
-    def _lru_remove(self, key: Hashable, chunk: np.ndarray) -> None:
+    def _deindex(self, key: Hashable, chunk: np.ndarray) -> None:
+        """Undo :meth:`_index` (the chunk is already out of ``_entries``)."""
         if self._lru.pop(key, False) is None:
             self._lru_bytes -= chunk.nbytes
+            return
+        distance = self._next.get(key)
+        keys = None if distance is None else self._planned.get(distance)
+        if keys is not None and keys.pop(key, False) is None:
+            self._planned_bytes[distance] -= chunk.nbytes  # type: ignore[index]
+            if not keys:
+                del self._planned[distance]  # type: ignore[arg-type]
+                del self._planned_bytes[distance]  # type: ignore[arg-type]
 
     def _admits(self, key: Hashable, size: int) -> bool:
         """Whether a chunk of ``size`` under ``key`` would be kept now."""
@@ -415,6 +449,12 @@ class ChunkCache:
         """
         found: _Pages | None = None
         distance = self._next.get(key)
+        # what no eviction can free: buffers being decoded into, chunks planned as soon
+        fixed = self._reserved + sum(
+            n for d, n in self._planned_bytes.items() if distance is None or d <= distance
+        )
+        if fixed + size > self._budget:
+            return False  # give up before evicting anything
         while True:
             if take and found is None:
                 spare = self._spare.get(size)
@@ -438,16 +478,18 @@ class ChunkCache:
         chunk's, ``-1`` for any; ``None``: unplanned, which never evicts a planned one).
         """
         if self._lru:
-            victim, _ = self._lru.popitem(last=False)
-            dropped = self._entries.pop(victim)
-            self._lru_bytes -= dropped.nbytes
+            victim = next(iter(self._lru))
         else:
-            if distance is None or not self._entries:
+            farthest = max(self._planned, default=None)
+            if farthest is None or distance is None or farthest <= distance:
                 return False
-            victim = max(self._entries, key=lambda k: self._next.get(k, -1))
-            if self._next.get(victim, -1) <= distance:
-                return False
-            dropped = self._entries.pop(victim)
+            victim = next(iter(self._planned[farthest]))
+        # out of _entries first (one step): a source collected meanwhile (drop_token) then
+        # skips it; it may also drop the victim before, which is progress too
+        dropped = self._entries.pop(victim, None)
+        if dropped is None:
+            return True
+        self._deindex(victim, dropped)
         self._bytes -= dropped.nbytes
         self._evictions += 1
         self._unindex(victim)
@@ -472,7 +514,7 @@ class ChunkCache:
                 chunk = self._entries.pop(key, None)  # None: being evicted by this thread
                 if chunk is not None:
                     self._bytes -= chunk.nbytes
-                    self._lru_remove(key, chunk)
+                    self._deindex(key, chunk)
                     dropped += 1
             return dropped
 
@@ -532,13 +574,16 @@ class ChunkCache:
     def clear(self) -> None:
         """Drop every chunk (and the spare pages) and reset the counters; plans stay."""
         with self._lock:
-            self._spare.clear()
-            self._spare_bytes = 0
-            self._entries.clear()
+            entries, self._entries = self._entries, {}
+            self._bytes = 0
             self._lru.clear()
             self._lru_bytes = 0
+            self._planned.clear()
+            self._planned_bytes.clear()
             self._by_token.clear()
-            self._bytes = 0
+            del entries  # their pages come back here, and are dropped just below
+            self._spare.clear()
+            self._spare_bytes = 0
             self._hits = self._misses = self._evictions = self._skipped = 0
             self._seconds = [0.0, 0.0, 0.0]
             self._decodes = 0

@@ -16,6 +16,7 @@ from mixle.reading.pool import decode_threads, run_all
 from mixle.reading.process_cache import chunk_cache
 
 __all__ = [
+    "CLAIM_WAIT_S",
     "SCRATCH_KEPT_BYTES",
     "STRIDED_BYTES_PER_THREAD",
     "ChunkReader",
@@ -199,8 +200,7 @@ def execute_plan(
             for k, loading in later:  # what other threads were decoding: done by now, mostly
                 if abandoned:
                     break
-                loading.wait()
-                chunk = _claimed_after_wait(load, store, (token, plan.chunks[k]), clock)
+                chunk = _claimed_after_wait(load, store, (token, plan.chunks[k]), loading, clock)
                 _scatter(out, plan.pieces[k], chunk, clock)
                 del chunk
         finally:
@@ -220,16 +220,26 @@ def _load_claimed(
 
 
 def _claimed_after_wait(
-    load: _Load, store: ChunkCache, key: tuple[int, tuple[int, ...]], clock: list[float]
+    load: _Load,
+    store: ChunkCache,
+    key: tuple[int, tuple[int, ...]],
+    loading: threading.Event,
+    clock: list[float],
 ) -> np.ndarray:
-    """A chunk another thread was decoding: cached by it, or (not kept there) decoded here."""
-    got = store.claim(key)
-    if isinstance(got, threading.Event):  # a third thread claimed it meanwhile: wait once
-        got.wait()
+    """A chunk another thread was decoding: cached by it, or (not kept there) decoded here.
+
+    Waits at most :data:`CLAIM_WAIT_S` for each claim, then decodes without one.
+    """
+    for _ in range(2):
+        if not loading.wait(CLAIM_WAIT_S):
+            break
         got = store.claim(key)
-        if isinstance(got, threading.Event):
-            return _load(load, key, clock)  # do not wait again: decode it here
-    return _load_claimed(load, store, key, clock) if got is None else got
+        if got is None:
+            return _load_claimed(load, store, key, clock)
+        if not isinstance(got, threading.Event):
+            return got
+        loading = got  # a third thread claimed it meanwhile: wait once more
+    return _load(load, key, clock)  # do not wait again: decode it here
 
 
 def _load(load: _Load, key: tuple[int, tuple[int, ...]], clock: list[float]) -> np.ndarray:
@@ -250,7 +260,10 @@ _Load = Callable[[tuple[int, ...], list[float]], np.ndarray]
 
 _scratch = threading.local()
 #: A thread keeps its scratch buffer for the next chunk only up to this size.
-SCRATCH_KEPT_BYTES = 64 * 1024 * 1024
+SCRATCH_KEPT_BYTES = 16 * 1024 * 1024
+#: A batch waits at most this long for a chunk another thread is decoding, then decodes it
+#: itself (that thread may have been interrupted before it could say it was done).
+CLAIM_WAIT_S = 10.0
 
 
 def _scratch_buffer(nbytes: int) -> np.ndarray:

@@ -32,7 +32,7 @@ __all__ = [
 
 #: A thread keeps its read buffer (:func:`thread_read_buffer`) for its next read only up
 #: to this size; larger reads get a buffer of their own.
-READ_BUFFER_KEPT_BYTES = 64 * 1024 * 1024
+READ_BUFFER_KEPT_BYTES = 16 * 1024 * 1024
 
 _read_buffers = threading.local()
 

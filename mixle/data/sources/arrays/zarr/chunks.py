@@ -131,7 +131,7 @@ class _DecodedChunks:
         self._where = where or repr(array.store)
         self._meta = array.metadata
         self._fill = fill_chunk(array, self.chunks)
-        if isinstance(decode, ChunkDecoder):
+        if isinstance(decode, ChunkDecoder) and decode.writes_into:
             self.decoded_nbytes = decode.nbytes
 
     def decode(self, coords: tuple[int, ...], raw: bytes | None) -> np.ndarray:

@@ -111,6 +111,9 @@ class ChunkDecoder:
     ----------
     nbytes
         Bytes of one decoded chunk.
+    writes_into
+        Whether the chunk :meth:`decode_into` returns is in the buffer it was given (no
+        array-to-array filter makes a new array after it).
     stored_limit
         The most stored bytes a chunk can have: reads of more are refused unread.
     """
@@ -130,6 +133,7 @@ class ChunkDecoder:
         self._array_steps = list(array_steps)
         self._count = math.prod(shape)
         self.nbytes = self._count * stored.itemsize
+        self.writes_into = all(getattr(s, "keeps_buffer", False) for s in self._array_steps)
         limits: list[tuple[int, bool]] = []
         size, exact = self.nbytes, True
         for codec in reversed(self._codecs):  # from the chunk back to the stored bytes
@@ -291,9 +295,14 @@ def bytes_steps(codecs: Sequence[Any]) -> list[Any] | None:
 
 
 def _untranspose(order: tuple[int, ...]) -> ArrayStep:
-    """An array step undoing ``transpose(order)``."""
+    """An array step undoing ``transpose(order)`` (a view: ``keeps_buffer``)."""
     back = tuple(int(i) for i in np.argsort(order))
-    return lambda chunk: chunk.transpose(back)
+
+    def step(chunk: np.ndarray) -> np.ndarray:
+        return chunk.transpose(back)
+
+    step.keeps_buffer = True  # type: ignore[attr-defined]
+    return step
 
 
 def _keeps_dtype(codec: Any, dtype: np.dtype) -> bool:

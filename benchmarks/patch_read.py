@@ -57,8 +57,11 @@ cube as zarr (``ZstdCodec(level=0)``, zarr-python 3's default made explicit) and
 both with 64^3 chunks, warms the page cache, and times passes of 320 random 32^3 patches
 (``PatchSampler(src, 32, 320, seed=repeat)``, 5 batches of 64), 5 passes a row with seeds
 0-4, best and median pass shown. Every row runs in a fresh process; every pass opens a fresh
-handle (timed) and starts with mixle's decoded-chunk cache emptied (``chunk_cache().clear()``)
-under a 256 MiB budget. Rows per backend:
+handle (timed) and starts with mixle's decoded-chunk cache emptied under a 256 MiB budget
+(``chunk_cache().clear(keep_pages=True)``: no chunk carried over, the pages of the last pass's
+chunks kept for the next ones, as evictions recycle them in a running job; the
+``fresh pages`` row empties it with ``clear()``, so every kept chunk faults in new memory,
+as in a new process). Rows per backend:
 
 - naive: ``np.array(arr[box])`` per patch on zarr-python / a fresh h5py file (its default
   chunk cache), ``np.stack`` per batch;
@@ -836,8 +839,14 @@ PASS_REPEATS = 5
 WARM_SEED = 1000
 #: Each backend's rows; "mixle" is the Loader, as users read; "naive" is the first.
 PASS_ROWS = {
-    "zarr zstd": ("naive", "tensorstore", "mixle", "mixle, get_batch (no plan)"),
-    "hdf5 gzip": ("naive", "mixle", "mixle, get_batch (no plan)"),
+    "zarr zstd": (
+        "naive",
+        "tensorstore",
+        "mixle",
+        "mixle, fresh pages",
+        "mixle, get_batch (no plan)",
+    ),
+    "hdf5 gzip": ("naive", "mixle", "mixle, fresh pages", "mixle, get_batch (no plan)"),
 }
 #: The pass table's goals for the "mixle" row (against the limit and tensorstore), and the
 #: most chunk decodes a pass may take per distinct chunk it touches.
@@ -919,7 +928,7 @@ def _pass_reader(folder: Path, size: int, backend: str, contender: str, count: i
             return first
 
     else:
-        planned = contender == "mixle"
+        planned = contender in ("mixle", "mixle, fresh pages")
 
         def read(seed: int, where: np.ndarray) -> np.ndarray:
             src = _mixle_source(folder, backend, shape)
@@ -963,7 +972,9 @@ def pass_measure(
 
     def fresh() -> None:  # every pass starts with mixle's decoded-chunk cache empty
         set_chunk_cache_bytes(CACHE_BYTES)
-        chunk_cache().clear()
+        # its pages kept for the next chunks (as a running job's evictions are), or given
+        # back to the system ("fresh pages": every kept chunk faults in new memory)
+        chunk_cache().clear(keep_pages=contender != "mixle, fresh pages")
 
     fresh()
     warm = corners(size, count, WARM_SEED)[:BATCH]
@@ -1068,7 +1079,9 @@ def pass_rows(folder: Path, size: int, count: int, repeats: int) -> list[dict[st
     print(
         "  cached: the OS page cache is warm (every file read once first). Every pass opens "
         "a fresh handle (timed) and starts with mixle's decoded-chunk cache emptied "
-        f"(chunk_cache().clear()), then holding up to {CACHE_BYTES // MIB} MiB; tensorstore: "
+        "(chunk_cache().clear(keep_pages=True): the last pass's pages reused, as evictions "
+        "reuse them in a running job; 'fresh pages': clear(), new memory for every kept "
+        f"chunk), then holding up to {CACHE_BYTES // MIB} MiB; tensorstore: "
         f"a fresh ts.open per pass, cache_pool {CACHE_BYTES // MIB} MiB, data_copy_concurrency "
         "= decode threads, one ts.Batch per batch; naive: zarr-python / h5py (a fresh file, "
         "its default 1 MiB chunk cache) np.array(arr[box]) per patch, np.stack per batch"

@@ -12,14 +12,14 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_quick(script: str, data_dir: Path) -> tuple[str, list[dict[str, Any]]]:
-    """``benchmarks/<script> --quick --json --data-dir data_dir``: its stdout and JSON rows.
+def run_quick(script: str, data_dir: Path, *extra: str) -> tuple[str, list[dict[str, Any]]]:
+    """``benchmarks/<script> --quick --json --data-dir data_dir [extra]``: stdout, JSON rows.
 
     Fails the test (with the end of stderr) when the script exits non-zero.
     """
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    args = ["--quick", "--json", "--data-dir", str(data_dir)]
+    args = ["--quick", "--json", "--data-dir", str(data_dir), *extra]
     run = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / script), *args],
         capture_output=True,

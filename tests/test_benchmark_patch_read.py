@@ -85,3 +85,31 @@ def test_patch_read_benchmark_quick_run_prints_both_tables(tmp_path):
     }
     for label, names in goals.items():
         assert f"goal ({label}): >= 1.5x the library's own read ({names}): worst " in stdout
+
+
+PASS = {
+    "zarr zstd": [
+        "naive",
+        "tensorstore",
+        "mixle",
+        "mixle, fresh pages",
+        "mixle, get_batch (no plan)",
+    ],
+    "hdf5 gzip": ["naive", "mixle", "mixle, fresh pages", "mixle, get_batch (no plan)"],
+}
+
+
+@pytest.mark.slow
+def test_patch_read_pass_table_decodes_each_chunk_of_a_pass_once(tmp_path):
+    stdout, rows = run_quick("patch_read.py", tmp_path, "--only", "pass")
+    table = [r for r in rows if r["table"] == "pass"]
+    assert [(r["backend"], r["contender"]) for r in table] == [
+        (b, c) for b, contenders in PASS.items() for c in contenders
+    ]
+    for r in table:
+        assert r["same"] is True and r["rate"] > 0, r  # the first batch is the library's
+        if r["contender"] in ("mixle", "mixle, fresh pages"):  # planned: each chunk once
+            assert r["decodes"] == r["distinct"], r
+    threads = [r for r in rows if r["table"] == "pass threads"]
+    assert {r["backend"] for r in threads} == set(PASS) and all(r["speedup"] > 0 for r in threads)
+    assert "goal (zarr zstd): mixle decodes within 10% of the distinct chunks" in stdout

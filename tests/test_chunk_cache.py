@@ -23,7 +23,6 @@ from mixle.reading import (
     set_chunk_cache_bytes,
     set_decode_threads,
 )
-from mixle.reading.cache import RECYCLED_PAGES_BYTES
 from mixle.reading.pool import run_all
 
 
@@ -400,24 +399,36 @@ def test_page_backed_false_keeps_the_decoders_array_without_a_copy() -> None:
         ChunkCache(page_backed=1)  # type: ignore[arg-type]
 
 
-def test_spare_pages_are_bounded_by_an_eighth_of_the_budget() -> None:
+def test_free_pages_count_against_the_budget_and_are_the_next_chunks_pages() -> None:
     size = 128 * 1024
-    cache = ChunkCache(8 * size * 4)  # 4 MiB budget: at most 512 KiB of spare pages
-    assert cache.spare_limit() == min(RECYCLED_PAGES_BYTES, cache.budget // 8) == 4 * size
+    cache = ChunkCache(8 * size * 4)  # 4 MiB: 32 chunks
     seen = set()
     for i in range(64):  # from the 33rd on, every put evicts one chunk and reuses its pages
         kept = cache.put((1, (i,)), np.full(size // 4, i, dtype="f4"))
         seen.add(id(kept.base.base))
-        assert cache.spare_bytes <= cache.spare_limit()
         assert cache.stats().bytes + cache.spare_bytes <= cache.budget
         del kept
     assert len(seen) <= 33  # pages of evicted chunks were the next chunks' pages
-    held = [cache.get((1, (i,))) for i in range(32, 64)]  # still cached: evict them
-    cache.budget = 8 * size  # 1 MiB budget: 128 KiB spare at most
-    del held
-    assert cache.spare_bytes <= size
+    assert cache.drop_token(1) == 32
+    assert cache.spare_bytes == 32 * size  # a dropped source's pages stay, within the budget
+    cache.budget = 8 * size  # 1 MiB budget: 8 pages at most
+    assert cache.spare_bytes <= cache.budget
     last = cache.put((1, (99,)), np.full(size // 4, 99, dtype="f4"))
-    assert np.all(last == 99)
+    assert np.all(last == 99) and cache.stats().bytes + cache.spare_bytes <= cache.budget
+
+
+def test_clear_gives_pages_back_unless_asked_to_keep_them() -> None:
+    size = 128 * 1024
+    cache = ChunkCache(8 * size)
+    for i in range(8):
+        cache.put((1, (i,)), np.full(size // 4, i, dtype="f4"))
+    cache.clear(keep_pages=True)
+    assert len(cache) == 0 and cache.spare_bytes == 8 * size
+    buffer = cache.lease((1, (0,)), size)  # one of the kept pages, nothing new
+    assert buffer is not None and cache.spare_bytes == 7 * size
+    del buffer
+    cache.clear()
+    assert cache.spare_bytes == 0 and cache.stats().bytes == 0
 
 
 def test_interrupted_run_all_waits_for_running_tasks_before_returning() -> None:

@@ -41,8 +41,6 @@ from mixle.utils.validation import parse_int
 __all__ = [
     "DEFAULT_CHUNK_CACHE_BYTES",
     "PAGE_BACKED_CHUNK_BYTES",
-    "RECYCLED_PAGES_BYTES",
-    "RECYCLED_PAGES_FRACTION",
     "CacheStats",
     "ChunkCache",
     "ReadAhead",
@@ -55,11 +53,6 @@ __all__ = [
 DEFAULT_CHUNK_CACHE_BYTES = 256 * 1024 * 1024
 #: Kept chunks at least this large live in pages of their own rather than the malloc heap.
 PAGE_BACKED_CHUNK_BYTES = 64 * 1024
-#: Pages of evicted chunks kept for reuse by the next chunks of the same size, at most.
-RECYCLED_PAGES_BYTES = 16 * 1024 * 1024
-#: ... and at most this fraction of the budget (``budget // 8``).
-RECYCLED_PAGES_FRACTION = 8
-
 _PAGE_FLAGS = (
     {"flags": mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)}
     if hasattr(mmap, "MAP_ANONYMOUS")
@@ -204,12 +197,12 @@ class ChunkCache:
 
     @property
     def spare_bytes(self) -> int:
-        """Bytes of evicted chunks' pages kept for reuse (at most :meth:`spare_limit`)."""
-        return self._spare_bytes
+        """Bytes of free pages (of evicted or dropped chunks) kept for the next chunks.
 
-    def spare_limit(self) -> int:
-        """Most bytes of spare pages kept: ``min(RECYCLED_PAGES_BYTES, budget // 8)``."""
-        return min(RECYCLED_PAGES_BYTES, self._budget // RECYCLED_PAGES_FRACTION)
+        They count against the budget with the kept chunks: the next chunk of their size
+        is decoded into them instead of fresh memory.
+        """
+        return self._spare_bytes
 
     @property
     def budget(self) -> int:
@@ -221,9 +214,9 @@ class ChunkCache:
         budget = _parse_budget(value)
         with self._lock:
             self._budget = budget
-            self._trim_spare(min(self.spare_limit(), max(0, budget - self._bytes)))
+            self._trim_spare(max(0, budget - self._bytes))
             self._evict_to(budget)
-            self._trim_spare(min(self.spare_limit(), max(0, budget - self._bytes)))
+            self._trim_spare(max(0, budget - self._bytes))
 
     # -- lookups ------------------------------------------------------------------------
     def get(self, key: Hashable) -> np.ndarray | None:
@@ -543,7 +536,7 @@ class ChunkCache:
     def _give_back(self, pages: _Pages) -> None:
         size = len(pages)
         used = self._bytes + self._reserved + self._spare_bytes
-        if self._spare_bytes + size <= self.spare_limit() and used + size <= self._budget:
+        if used + size <= self._budget:
             self._spare.setdefault(size, []).append(pages)
             self._spare_bytes += size
 
@@ -571,8 +564,14 @@ class ChunkCache:
             if not keys:
                 del self._by_token[token]
 
-    def clear(self) -> None:
-        """Drop every chunk (and the spare pages) and reset the counters; plans stay."""
+    def clear(self, *, keep_pages: bool = False) -> None:
+        """Drop every chunk and reset the counters; plans stay.
+
+        ``keep_pages``: keep the dropped chunks' pages (those no batch still holds) as
+        free pages for the next chunks, as eviction does in a long run, instead of giving
+        them back to the system: what a pass after ``clear`` then costs is a pass of a
+        running job, without the fresh memory a new process faults in.
+        """
         with self._lock:
             entries, self._entries = self._entries, {}
             self._bytes = 0
@@ -581,9 +580,10 @@ class ChunkCache:
             self._planned.clear()
             self._planned_bytes.clear()
             self._by_token.clear()
-            del entries  # their pages come back here, and are dropped just below
-            self._spare.clear()
-            self._spare_bytes = 0
+            del entries  # their pages come back here (kept, or dropped just below)
+            if not keep_pages:
+                self._spare.clear()
+                self._spare_bytes = 0
             self._hits = self._misses = self._evictions = self._skipped = 0
             self._seconds = [0.0, 0.0, 0.0]
             self._decodes = 0

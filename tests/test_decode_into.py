@@ -23,7 +23,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import mixle
-from mixle.reading import set_chunk_cache_bytes, set_decode_threads
+from mixle.reading import ChunkCache, read_chunked, set_chunk_cache_bytes, set_decode_threads
+from mixle.reading.cache import PAGE_BACKED_CHUNK_BYTES, _pages_of
 from mixle.reading.executor import SupportsDecodeInto
 
 zarr = pytest.importorskip("zarr")
@@ -318,6 +319,16 @@ def test_the_readers_decode_into_buffers(cases: dict[str, Case], name: str) -> N
         assert isinstance(reader, SupportsDecodeInto)
         assert callable(getattr(reader, "read_stored", None))
         assert reader.decoded_nbytes == cases[name].chunk_nbytes
+        if reader.decoded_nbytes < PAGE_BACKED_CHUNK_BYTES:
+            return
+        cache = ChunkCache(1 << 26)  # a large kept chunk is the lease it was decoded into
+        ones = [1] * len(source.shape)
+        out = np.empty((1, *ones), source.dtype)
+        read_chunked(reader, [[0] * len(ones)], ones, source.shape, out, cache=cache)
+        (kept,) = cache._entries.values()
+        pages = _pages_of(kept)
+        if cache.stats().decodes:  # a chunk never written is the fill chunk, no buffer
+            assert pages is not None and pages.owner is cache and len(pages) == kept.nbytes
 
 
 # -- property: any corners and sizes, a budget that evicts all the time ----------------------

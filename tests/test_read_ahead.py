@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import mixle
+from mixle.loading.plan import BatchPlan
 from mixle.reading import ChunkCache, chunk_cache, set_chunk_cache_bytes, set_decode_threads
 from mixle.reading.cache import PAGE_BACKED_CHUNK_BYTES
 
@@ -371,6 +372,7 @@ def test_threads_reading_batches_that_share_chunks_decode_each_chunk_once():
             t.start()
         for t in threads:
             t.join(30)
+            assert not t.is_alive()
     finally:
         set_decode_threads(None)
     assert sorted(reader.calls) == sorted(set(reader.calls)) and len(reader.calls) == 4
@@ -394,3 +396,210 @@ def test_a_claim_never_released_delays_a_read_but_never_hangs_it(monkeypatch):
     mixle.reading.read_chunked(reader, [[0, 0]], (4, 4), (8, 8), out, cache=cache)
     np.testing.assert_array_equal(out[0], np.zeros((4, 4), np.float32))
     assert reader.calls == [(0, 0)]
+
+
+def test_a_plan_not_updated_for_a_while_stops_holding_the_cache(monkeypatch):
+    monkeypatch.setattr(mixle.reading.cache, "PLAN_LAPSE_S", 0.05)
+    cache = ChunkCache(budget=1600)
+    plan = cache.read_ahead()
+    plan.update([["a", "b"]])
+    cache.put("a", _chunk(1))
+    cache.put("b", _chunk(2))
+    cache.put("x", _chunk(3))  # the plan is fresh: x is not kept at a planned chunk's cost
+    assert cache.get("x") is None
+    time.sleep(0.1)  # the reader paused (a validation pass): its plan lapses
+    cache.put("x", _chunk(3))
+    assert cache.get("x") is not None and not cache._plans
+    plan.update([["a"]])  # it reads again: planned again
+    assert cache._plans
+
+
+def _volume_sampler(path: str, **options) -> mixle.PatchSampler:
+    return mixle.PatchSampler(mixle.read_zarr(path), 12, 60, seed=3, **options)
+
+
+def test_a_planned_run_reads_the_batches_of_an_unplanned_one(volume, small_cache):
+    path, _ = volume
+    sampler = _volume_sampler(path)
+    plain = [sampler.get_batch(np.arange(b, b + 6)) for b in range(0, 60, 6)]
+    for threads in (0, 3):
+        small_cache.clear()
+        loader = mixle.Loader(sampler, batch_size=6, shuffle=False, num_threads=threads)
+        for (patches, coords), (want, where) in zip(loader, plain):
+            np.testing.assert_array_equal(patches, want)
+            np.testing.assert_array_equal(coords, where)
+        assert not small_cache._plans
+
+
+class _Failing(mixle.Source):
+    """A sampler whose third batch raises, and whose keys cannot be hashed."""
+
+    def __init__(self, sampler: mixle.PatchSampler, keys: str = "good") -> None:
+        self._sampler, self._keys = sampler, keys
+        self.batches = 0
+
+    def __len__(self) -> int:
+        return len(self._sampler)
+
+    def element_spec(self):
+        return self._sampler.element_spec()
+
+    def get_batch(self, indices):
+        self.batches += 1
+        if self.batches == 3:
+            raise RuntimeError("the third batch fails")
+        return self._sampler.get_batch(indices)
+
+    def chunk_keys(self, indices):
+        if self._keys == "unhashable":
+            return [[1, 2]]
+        return self._sampler.chunk_keys(indices)
+
+
+def test_a_run_that_fails_or_breaks_withdraws_its_plan_and_fails_where_it_did(volume, small_cache):
+    path, _ = volume
+    failing = _Failing(_volume_sampler(path))
+    loader = mixle.Loader(failing, batch_size=6, shuffle=False, num_threads=0)
+    got = []
+
+    def read_all() -> None:
+        for batch in loader:
+            got.append(batch)
+
+    with pytest.raises(RuntimeError, match="third batch"):
+        read_all()
+    assert len(got) == 2 and not small_cache._plans  # the same batches as without a plan
+    for _ in mixle.Loader(_volume_sampler(path), batch_size=6, num_threads=2):
+        break
+    assert not small_cache._plans
+    odd = _Failing(_volume_sampler(path), keys="unhashable")
+    odd.batches = -100  # never fails
+    assert len(list(mixle.Loader(odd, batch_size=6, num_epochs=1, num_threads=0))) == 10
+
+
+def test_an_error_in_the_plans_comes_after_the_batches_before_it():
+    from mixle.loading.read_ahead import ReadAheadPlans
+
+    def plans():
+        for k in range(3):
+            yield BatchPlan(0, k, np.array([k]), None)
+        raise ValueError("no fourth plan")
+
+    ahead = ReadAheadPlans(plans(), lambda idx: [("t", int(idx[0]))], ChunkCache())
+    seen = []
+
+    def read_all() -> None:
+        for plan in ahead:
+            ahead.starting(plan)
+            seen.append(plan.batch)
+
+    with pytest.raises(ValueError, match="fourth"):
+        read_all()
+    assert seen == [0, 1, 2]
+    ahead.close()
+
+
+def test_worker_processes_read_without_a_plan(volume, small_cache, monkeypatch):
+    made = []
+    real = mixle.loading.loader.ReadAheadPlans
+    monkeypatch.setattr(
+        mixle.loading.loader, "ReadAheadPlans", lambda *a, **k: made.append(1) or real(*a, **k)
+    )
+    path, _ = volume
+    loader = mixle.Loader(_volume_sampler(path), batch_size=6, num_epochs=1, num_workers=2)
+    assert len(list(loader)) == 10 and not made
+    assert len(list(mixle.Loader(_volume_sampler(path), batch_size=6, num_epochs=1))) == 10
+    assert made == [1]
+
+
+@pytest.fixture(scope="module")
+def keyed_stores(tmp_path_factory) -> dict[str, object]:
+    """Sources of several layouts (with channels, a coarser label array, CF decoding)."""
+    zarr = pytest.importorskip("zarr")
+    h5py = pytest.importorskip("h5py")
+    tmp = tmp_path_factory.mktemp("keys")
+    rng = np.random.default_rng(0)
+    data = rng.standard_normal((40, 36, 30)).astype("f4")
+
+    def written(name, values, chunks, **options):
+        path = str(tmp / name)
+        zarr.create_array(path, shape=values.shape, chunks=chunks, dtype=values.dtype, **options)[
+            ...
+        ] = values
+        return path
+
+    plain = written("v.zarr", data, (8, 8, 8))
+    channels = written("c.zarr", rng.standard_normal((3, 40, 36, 30)).astype("f4"), (2, 8, 8, 8))
+    labels = written("l.zarr", (rng.random((20, 18, 15)) * 3).astype("u1"), (4, 4, 4))
+    cf = written(
+        "cf.zarr",
+        (data * 100).astype("i2"),
+        (8, 8, 8),
+        attributes={"scale_factor": 0.5, "add_offset": 1.0, "_FillValue": -999},
+    )
+    h5 = tmp / "v.h5"
+    with h5py.File(h5, "w") as f:
+        f.create_dataset("c", data=data, chunks=(8, 8, 8), compression="gzip", shuffle=True)
+        f.create_dataset("cf", data=(data * 100).astype("i2"), chunks=(8, 8, 8)).attrs[
+            "scale_factor"
+        ] = 0.5
+    return {"plain": plain, "channels": channels, "labels": labels, "cf": cf, "h5": h5}
+
+
+KEYED = {
+    "zarr rows": lambda s: (mixle.read_zarr(s["plain"]), [0, 9, 39, -1]),
+    **{
+        f"patches, padding={pad}": (
+            lambda s, pad=pad: (
+                mixle.PatchSampler(mixle.read_zarr(s["plain"]), 12, 50, seed=1, padding=pad),
+                np.arange(50),
+            )
+        )
+        for pad in ("none", "constant", "edge", "reflect")
+    },
+    "grid": lambda s: (mixle.GridSampler(mixle.read_zarr(s["plain"]), 12, overlap=2), None),
+    "grid, reflect": lambda s: (
+        mixle.GridSampler(mixle.read_zarr(s["plain"]), 16, padding="reflect"),
+        None,
+    ),
+    "patches with channels": lambda s: (
+        mixle.PatchSampler(mixle.read_zarr(s["channels"]), (12, 12, 12), 40, seed=2),
+        np.arange(40),
+    ),
+    "a dict with a 2x coarser array": lambda s: (
+        mixle.PatchSampler(
+            {"img": mixle.read_zarr(s["plain"]), "lab": mixle.read_zarr(s["labels"])},
+            12,
+            40,
+            seed=3,
+            padding="constant",
+        ),
+        np.arange(40),
+    ),
+    "CF-decoded zarr": lambda s: (
+        mixle.PatchSampler(mixle.read_zarr(s["cf"], mask_and_scale=True), 12, 30, seed=4),
+        np.arange(30),
+    ),
+    "HDF5 rows": lambda s: (mixle.read_hdf5(s["h5"], "c"), [0, 17, 39]),
+    "HDF5 patches, reflect": lambda s: (
+        mixle.PatchSampler(mixle.read_hdf5(s["h5"], "c"), 12, 30, seed=5, padding="reflect"),
+        np.arange(30),
+    ),
+    "CF-decoded HDF5": lambda s: (mixle.read_hdf5(s["h5"], "cf", mask_and_scale=True), [0, 17]),
+}
+
+
+@pytest.mark.parametrize("case", list(KEYED))
+def test_chunk_keys_are_exactly_what_a_batch_reads(keyed_stores, case):
+    set_chunk_cache_bytes(1 << 30)
+    try:
+        source, indices = KEYED[case](keyed_stores)
+        indices = np.arange(len(source)) if indices is None else indices
+        cache = chunk_cache()
+        cache.clear()
+        keys = source.chunk_keys(indices)
+        source.get_batch(indices)
+        assert keys and len(set(keys)) == len(keys)
+        assert set(keys) == set(cache._entries)  # white-box: every chunk the batch read
+    finally:
+        set_chunk_cache_bytes(None)

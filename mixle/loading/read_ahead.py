@@ -7,8 +7,9 @@ and, as each batch starts to be read, hands the cache the keys of the batches no
 started, nearest first (:meth:`mixle.reading.ChunkCache.read_ahead`). The cache then keeps
 the chunks those batches need and drops the ones none of them do, instead of evicting the
 least recently used: a pass of random patches larger than the budget decodes each chunk
-about once, where LRU decodes a fifth to a third of them twice. Planning changes which
-chunks stay cached, never what a batch holds.
+once where its reuse falls within the window, where LRU decodes some of them twice. At most
+about :data:`READ_AHEAD_KEYS` keys are planned. Planning changes which chunks stay cached,
+never what a batch holds.
 """
 
 from __future__ import annotations
@@ -22,10 +23,13 @@ from typing import Any
 from mixle.loading.plan import BatchPlan
 from mixle.reading.cache import ChunkCache, ReadAhead
 
-__all__ = ["READ_AHEAD_BATCHES", "ReadAheadPlans", "chunk_keys_of"]
+__all__ = ["READ_AHEAD_BATCHES", "READ_AHEAD_KEYS", "ReadAheadPlans", "chunk_keys_of"]
 
 #: Batches beyond the one being read whose chunks the cache is told about.
 READ_AHEAD_BATCHES = 8
+#: ... and at most about this many chunk keys in all (at least one batch's): a plan longer
+#: than the cache can hold only costs time (it is made under the cache's lock) and memory.
+READ_AHEAD_KEYS = 8192
 
 #: ``indices -> cache keys`` of the chunks ``get_batch(indices)`` reads.
 KeysOf = Callable[[Any], list[Hashable]]
@@ -72,21 +76,29 @@ class ReadAheadPlans:
         self._pending: OrderedDict[int, list[Hashable]] = OrderedDict()  # not yet started
         self._started: dict[int, int] = {}  # id of a handed-out plan -> its number
         self._count = itertools.count()
+        self._error: BaseException | None = None  # raised by the plans, held for its turn
 
     def __iter__(self) -> Iterator[BatchPlan]:
         while True:
             self._peek(self._window + 1)
             with self._lock:
                 if not self._drawn:
-                    return
+                    break
                 number, plan = self._drawn.popleft()
                 self._started[id(plan)] = number
             yield plan
+        if self._error is not None:  # after the plans drawn before it, as without a plan
+            error, self._error = self._error, None
+            raise error
 
     def _peek(self, depth: int) -> None:
         """Draw plans until ``depth`` are waiting (or the run ends); learn their keys."""
-        while len(self._drawn) < depth:
-            plan = next(self._plans, None)
+        while len(self._drawn) < depth and self._error is None:
+            try:
+                plan = next(self._plans, None)
+            except Exception as exc:
+                self._error = exc
+                return
             if plan is None:
                 return
             number = next(self._count)
@@ -96,9 +108,10 @@ class ReadAheadPlans:
                 self._pending[number] = keys
 
     def _keys(self, plan: BatchPlan) -> list[Hashable]:
+        """The plan's keys, each once (``[]`` when the source cannot say)."""
         try:
-            return self._keys_of(plan.indices)
-        except Exception:  # the read of this batch raises it, where it belongs
+            return list(dict.fromkeys(self._keys_of(plan.indices)))
+        except Exception:  # an unhashable key, or what the read of this batch raises there
             return []
 
     def starting(self, plan: BatchPlan) -> None:
@@ -108,7 +121,12 @@ class ReadAheadPlans:
             if number is None:
                 return
             self._pending.pop(number, None)
-            upcoming = list(self._pending.values())
+            upcoming, total = [], 0
+            for keys in self._pending.values():
+                if upcoming and total + len(keys) > READ_AHEAD_KEYS:
+                    break
+                upcoming.append(keys)
+                total += len(keys)
         self._ahead.update(upcoming)
 
     def reading(self, reader: Callable[[BatchPlan], Any]) -> Callable[[BatchPlan], Any]:

@@ -10,8 +10,9 @@ Eviction. Without a plan it is least recently used. A reader that knows which ch
 next batches touch (the Loader does, :class:`ReadAhead`) says so with :meth:`ChunkCache.read_ahead`:
 chunks no planned batch touches go first (least recently used first), then planned ones,
 those needed last first; a chunk no planned batch needs is not kept at the cost of one
-that is (about what an oracle that sees the whole pass decodes, where plain LRU decodes a
-third more once a pass outgrows the budget).
+that is. A pass that outgrows the budget then decodes each chunk once where its reuse falls
+within the plan (plain LRU decodes some of them twice). A plan not updated for
+:data:`PLAN_LAPSE_S` stops counting.
 
 Memory. Kept chunks of :data:`PAGE_BACKED_CHUNK_BYTES` or more live in pages of their own
 (an anonymous ``mmap``), never the malloc heaps of the decode threads, whose free space
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import mmap
 import threading
+import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable, Sequence
@@ -41,6 +43,7 @@ from mixle.utils.validation import parse_int
 __all__ = [
     "DEFAULT_CHUNK_CACHE_BYTES",
     "PAGE_BACKED_CHUNK_BYTES",
+    "PLAN_LAPSE_S",
     "CacheStats",
     "ChunkCache",
     "ReadAhead",
@@ -53,6 +56,10 @@ __all__ = [
 DEFAULT_CHUNK_CACHE_BYTES = 256 * 1024 * 1024
 #: Kept chunks at least this large live in pages of their own rather than the malloc heap.
 PAGE_BACKED_CHUNK_BYTES = 64 * 1024
+#: A read plan not updated for this long stops counting: a reader that paused (a training
+#: loop in its validation pass, an iterator left alive) no longer holds the cache's room.
+PLAN_LAPSE_S = 5.0
+
 _PAGE_FLAGS = (
     {"flags": mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)}
     if hasattr(mmap, "MAP_ANONYMOUS")
@@ -175,6 +182,7 @@ class ChunkCache:
         self._by_token: dict[Hashable, set[Hashable]] = {}  # token -> keys ``(token, ...)``
         self._plans: dict[object, dict[Hashable, int]] = {}  # ReadAhead id -> key -> distance
         self._open: set[object] = set()  # ids of ReadAheads not closed
+        self._updated: dict[object, float] = {}  # plan id -> when it was last updated
         self._next: dict[Hashable, int] = {}  # key -> nearest distance of any plan
         # kept planned keys by distance, and their bytes: every kept key is in exactly one
         # of _lru and these
@@ -372,13 +380,28 @@ class ChunkCache:
                 return  # closed (perhaps while this update was on its way)
             if plan:
                 self._plans[owner] = plan
+                self._updated[owner] = time.monotonic()
             else:
                 self._plans.pop(owner, None)
+                self._updated.pop(owner, None)
+            self._replan()
+
+    def _lapse(self) -> None:
+        """Drop plans not updated for :data:`PLAN_LAPSE_S` (under the lock)."""
+        if not self._updated:
+            return
+        stale = time.monotonic() - PLAN_LAPSE_S
+        old = [owner for owner, t in self._updated.items() if t < stale]
+        if old:
+            for owner in old:
+                self._plans.pop(owner, None)
+                del self._updated[owner]
             self._replan()
 
     def _withdraw(self, owner: object) -> None:
         with self._lock:
             self._open.discard(owner)
+            self._updated.pop(owner, None)
             if self._plans.pop(owner, None) is not None:
                 self._replan()
 
@@ -428,6 +451,7 @@ class ChunkCache:
         """Whether a chunk of ``size`` under ``key`` would be kept now."""
         if size > self._budget:
             return False
+        self._lapse()
         if key in self._next or not self._next:
             return True
         # an unplanned chunk may only take the room of unplanned ones (and free space)

@@ -402,7 +402,9 @@ class ArraySource(SourceLifetime, abc.ABC):
     def box_chunk_keys(self, starts: ArrayLike, size: ArrayLike) -> list[Hashable]:
         """The decoded-chunk cache keys ``read_boxes(starts, size)`` reads, each once.
 
-        Boxes may hang over the edges (a padded read reads their inside). ``[]`` when the
+        Boxes may hang over the edges: the chunks of their part inside the array are
+        listed (what a padded read reads, except that a reflected box hanging out by more
+        than its inside part also mirrors voxels beyond it, not listed). ``[]`` when the
         store has no chunk reader (a memory map reads nothing through the cache). What a
         read plan (:meth:`mixle.reading.ChunkCache.read_ahead`) is made of.
         """

@@ -24,7 +24,7 @@ import io
 import os
 import threading
 import urllib.parse
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -475,9 +475,13 @@ class RemoteHDF5ChunkReader(HDF5ChunkReader):
         return self.decode_into(coords, raw, None)
 
     def decode_into(  # type: ignore[override]
-        self, coords: tuple[int, ...], raw: tuple[bytes, int] | None, out: np.ndarray | None
+        self,
+        coords: tuple[int, ...],
+        raw: tuple[bytes, int] | None,
+        out: Callable[[], np.ndarray] | None,
     ) -> Any:
-        """:meth:`decode`, written into ``out`` (``decoded_nbytes`` of ``uint8``) if given."""
+        """:meth:`decode`, into the buffer ``out()`` gives (``decoded_nbytes`` of ``uint8``,
+        asked for once the stored bytes decoded to one chunk) if given."""
         if raw is None:
             return self._fill
         blob, mask = raw

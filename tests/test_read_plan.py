@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mixle.reading import ChunkCache, order_by_offset, plan_chunks, read_chunked
+from mixle.reading import ChunkCache, order_by_offset, plan_chunks, read_chunked, touched_chunks
 from mixle.reading.executor import new_token
 
 
@@ -122,3 +124,29 @@ def test_a_plan_far_out_on_a_huge_grid_is_the_plan_near_the_origin_shifted(layou
     near, out = plan_chunks(starts, size, chunks, shape), plan_chunks(far, size, chunks, huge)
     assert out.chunks == [tuple(c + k for c, k in zip(cs, shift)) for cs in near.chunks]
     assert out.pieces == near.pieces
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_touched_chunks_are_the_plans_chunks_and_clip_boxes_hanging_over_the_edges(data):
+    ndim = data.draw(st.integers(1, 4))
+    shape = data.draw(st.tuples(*[st.integers(1, 30)] * ndim))
+    chunks = data.draw(st.tuples(*[st.integers(1, 9)] * ndim))
+    size = data.draw(st.tuples(*[st.integers(1, 12)] * ndim))
+    starts = data.draw(st.lists(st.tuples(*[st.integers(-12, 30)] * ndim), min_size=1, max_size=6))
+    got = touched_chunks(starts, size, chunks, shape)
+    # brute force: every element inside the array that a box covers, mapped to its chunk
+    want = set()
+    for start in starts:
+        lo = [max(0, a) for a in start]
+        hi = [min(d, a + n) for a, n, d in zip(start, size, shape)]
+        if all(h > low for low, h in zip(lo, hi)):
+            grids = [range(low // c, (h - 1) // c + 1) for low, h, c in zip(lo, hi, chunks)]
+            want.update(itertools.product(*grids))
+    assert got == sorted(want)
+    inside = [s for s in starts if all(a >= 0 and a + n <= d for a, n, d in zip(s, size, shape))]
+    if inside:
+        assert (
+            touched_chunks(inside, size, chunks, shape)
+            == plan_chunks(inside, size, chunks, shape).chunks
+        )

@@ -78,18 +78,7 @@ def plan_chunks(
     step = np.asarray(chunks, dtype=np.int64)
     if start.shape[0] == 0 or (ext == 0).any():
         return ChunkPlan([], [])
-    first = start // step
-    last = (start + ext - 1) // step
-    span = last - first + 1  # chunks per axis per box
-    per_box = np.prod(span, axis=1)
-    box = np.repeat(np.arange(start.shape[0], dtype=np.int64), per_box)
-    # position of each piece inside its box's chunk range, unravelled per axis (mixed radix)
-    rank = np.arange(box.size, dtype=np.int64) - np.repeat(np.cumsum(per_box) - per_box, per_box)
-    coord = np.empty((box.size, step.size), dtype=np.int64)
-    for axis in range(step.size - 1, -1, -1):
-        radix = span[box, axis]
-        coord[:, axis] = first[box, axis] + rank % radix
-        rank //= radix
+    box, coord = _pieces(start // step, (start + ext - 1) // step)
     # C order of the chunk grid without a flat index (a grid of 2**62 chunks per axis
     # overflows one): sort by axis 0 first, ties stable
     order = np.lexsort(coord.T[::-1])
@@ -136,18 +125,27 @@ def touched_chunks(
     keep = (hi > lo).all(axis=1)
     if not keep.any():
         return []
-    first, last = lo[keep] // step, (hi[keep] - 1) // step
-    span = last - first + 1
+    _, coord = _pieces(lo[keep] // step, (hi[keep] - 1) // step)
+    unique = np.unique(coord, axis=0)
+    return [tuple(c) for c in unique.tolist()]
+
+
+def _pieces(
+    first: NDArray[np.int64], last: NDArray[np.int64]
+) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """``(box, chunk coordinates)`` of every (box, chunk) pair, boxes spanning the chunks
+    ``first`` to ``last`` (inclusive, per axis), each box's chunks in C order."""
+    span = last - first + 1  # chunks per axis per box
     per_box = np.prod(span, axis=1)
     box = np.repeat(np.arange(first.shape[0], dtype=np.int64), per_box)
+    # position of each piece inside its box's chunk range, unravelled per axis (mixed radix)
     rank = np.arange(box.size, dtype=np.int64) - np.repeat(np.cumsum(per_box) - per_box, per_box)
-    coord = np.empty((box.size, step.size), dtype=np.int64)
-    for axis in range(step.size - 1, -1, -1):
+    coord = np.empty((box.size, first.shape[1]), dtype=np.int64)
+    for axis in range(first.shape[1] - 1, -1, -1):
         radix = span[box, axis]
         coord[:, axis] = first[box, axis] + rank % radix
         rank //= radix
-    unique = np.unique(coord, axis=0)
-    return [tuple(c) for c in unique.tolist()]
+    return box, coord
 
 
 def order_by_offset(starts: ArrayLike, byte_strides: Sequence[int]) -> NDArray[np.int64]:

@@ -103,10 +103,10 @@ class SupportsDecodeInto(Protocol):
     The planner hands :meth:`decode_into` a function giving a buffer of the cache's (the
     pages of an evicted chunk, so nothing is allocated or copied to keep it) or, for a chunk
     that will not be kept, a scratch buffer of the decoding thread that its next chunk
-    reuses. A reader that
-    also has ``read_stored(coords)`` (the stored bytes, ``None`` for a chunk never written)
-    gets its read and its decode timed apart; without it the planner reads with
-    ``fetch_many`` or ``read_chunk``.
+    reuses. A reader that also has ``read_stored(coords)`` (the stored bytes, ``None`` for
+    a chunk never written) gets its read and its decode timed apart; without it the
+    planner reads with ``fetch_many`` (then decodes with :meth:`decode_into`) or
+    ``read_chunk``.
 
     Attributes
     ----------

@@ -175,8 +175,8 @@ class HDF5ChunkReader:
     Attributes
     ----------
     decoded_nbytes
-        Bytes of one decoded chunk. Set by ``__init__`` only: the remote subclass, whose
-        stored bytes come from ``fetch_many``, decodes with its own ``decode``.
+        Bytes of one decoded chunk (the remote subclass, whose stored bytes come from
+        ``fetch_many``, decodes into the planner's buffers with its own ``decode_into``).
     """
 
     decoded_nbytes: int

@@ -399,15 +399,23 @@ def test_a_claim_never_released_delays_a_read_but_never_hangs_it(monkeypatch):
 
 
 def test_a_plan_not_updated_for_a_while_stops_holding_the_cache(monkeypatch):
-    monkeypatch.setattr(mixle.reading.cache, "PLAN_LAPSE_S", 0.05)
+    now = [1000.0]  # the cache's clock, moved by hand (no sleeping, no timing)
+
+    class Clock:
+        @staticmethod
+        def monotonic() -> float:
+            return now[0]
+
+    monkeypatch.setattr(mixle.reading.cache, "time", Clock)
     cache = ChunkCache(budget=1600)
     plan = cache.read_ahead()
     plan.update([["a", "b"]])
     cache.put("a", _chunk(1))
     cache.put("b", _chunk(2))
+    now[0] += mixle.reading.cache.PLAN_LAPSE_S * 0.9
     cache.put("x", _chunk(3))  # the plan is fresh: x is not kept at a planned chunk's cost
     assert cache.get("x") is None
-    time.sleep(0.1)  # the reader paused (a validation pass): its plan lapses
+    now[0] += mixle.reading.cache.PLAN_LAPSE_S * 0.2  # the reader paused: its plan lapses
     cache.put("x", _chunk(3))
     assert cache.get("x") is not None and not cache._plans
     plan.update([["a"]])  # it reads again: planned again

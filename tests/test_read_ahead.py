@@ -611,3 +611,21 @@ def test_chunk_keys_are_exactly_what_a_batch_reads(keyed_stores, case):
         assert set(keys) == set(cache._entries)  # white-box: every chunk the batch read
     finally:
         set_chunk_cache_bytes(None)
+
+
+def test_a_source_read_without_the_cache_is_asked_for_keys_once(tmp_path, small_cache):
+    raw = tmp_path / "v.raw"
+    np.arange(32**3, dtype=np.float32).tofile(raw)
+    sampler = mixle.PatchSampler(mixle.read_memmap(raw, "float32", (32, 32, 32)), 8, 40, seed=0)
+    asked = []
+
+    class Counted(_Failing):
+        def chunk_keys(self, indices):
+            asked.append(len(indices))
+            return super().chunk_keys(indices)
+
+    counted = Counted(sampler)
+    counted.batches = -100  # never fails
+    batches = list(mixle.Loader(counted, batch_size=4, num_epochs=1, num_threads=0))
+    assert len(batches) == 10 and asked == [4]  # a memory map: no keys, no more asking
+    assert not small_cache._plans

@@ -77,6 +77,9 @@ class ReadAheadPlans:
         self._started: dict[int, int] = {}  # id of a handed-out plan -> its number
         self._count = itertools.count()
         self._error: BaseException | None = None  # raised by the plans, held for its turn
+        # off once the first batch reads nothing through the cache (a memory map): then no
+        # batch does, and asking costs a fast source's batch a tenth of its time
+        self._planning = True
 
     def __iter__(self) -> Iterator[BatchPlan]:
         while True:
@@ -109,16 +112,21 @@ class ReadAheadPlans:
 
     def _keys(self, plan: BatchPlan) -> list[Hashable]:
         """The plan's keys, each once (``[]`` when the source cannot say)."""
-        try:
-            return list(dict.fromkeys(self._keys_of(plan.indices)))
-        except Exception:  # an unhashable key, or what the read of this batch raises there
+        if not self._planning:
             return []
+        try:
+            keys = list(dict.fromkeys(self._keys_of(plan.indices)))
+        except Exception:  # an unhashable key, or what the read of this batch raises there
+            keys = []
+        if not keys and plan.indices.size:
+            self._planning = False
+        return keys
 
     def starting(self, plan: BatchPlan) -> None:
         """``plan`` is about to be read: plan the cache for the batches after it."""
         with self._lock:
             number = self._started.pop(id(plan), None)
-            if number is None:
+            if number is None or not self._planning:
                 return
             self._pending.pop(number, None)
             upcoming, total = [], 0

@@ -286,6 +286,31 @@ def test_batches_equal_the_writers_read(
     _read_batches(case, batches=4, seed=zlib.crc32(f"{name}-{budget}-{threads}".encode()))
 
 
+@pytest.mark.parametrize("budget", ["off", "tiny"])
+@pytest.mark.parametrize("name", CASE_NAMES)
+def test_every_read_path_equals_the_writers_read(
+    cases: dict[str, Case],
+    reading_settings: Callable[[int, int], None],
+    name: str,
+    budget: str,
+) -> None:
+    """src[key], get_batch and a patch sampler through the buffers: one source, one answer."""
+    case = cases[name]
+    reading_settings(BUDGETS[budget](case.chunk_nbytes), 2)
+    truth = case.truth
+    with case.open() as source:
+        whole = source[...]
+        part = source[1:-1, ::2, 3]
+        rows = source.get_batch([0, len(truth) - 1, 1, 0])
+        size = tuple(min(5, n) for n in truth.shape)
+        sampler = mixle.PatchSampler(source, size, 12, seed=7)
+        patches, corners = sampler.get_batch(np.arange(12))
+        np.testing.assert_array_equal(whole, truth)
+        np.testing.assert_array_equal(part, truth[1:-1, ::2, 3])
+        np.testing.assert_array_equal(rows, truth[[0, len(truth) - 1, 1, 0]])
+        np.testing.assert_array_equal(patches, _expected(truth, corners, size))
+
+
 def test_two_sources_share_the_threads_buffers(
     cases: dict[str, Case], reading_settings: Callable[[int, int], None]
 ) -> None:

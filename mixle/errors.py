@@ -12,6 +12,7 @@ __all__ = [
     "ColumnNotFoundError",
     "CorruptChunkError",
     "DiskCacheWarning",
+    "DeviceMemoryError",
     "DiskFullError",
     "DtypeOverflowError",
     "DtypePolicyError",
@@ -276,6 +277,10 @@ class DtypePolicyError(TypeError):
 
 class DtypeOverflowError(DtypePolicyError, OverflowError):
     """Under ``dtype_policy="safe"``, 64-bit integers hold values that do not fit 32 bits."""
+
+
+class DeviceMemoryError(MemoryError):
+    """Data put on a device would not fit in the memory free there (checked before copying)."""
 
 
 # -- worker-resident data (MPEncodedData, DaskEncodedData) ---------------------------------

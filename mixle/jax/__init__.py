@@ -19,8 +19,18 @@ Nothing here changes JAX's global configuration: 64-bit leaves follow an explici
       for patches, coords in loader:
           keys = record_keys(seed, loader.last_epoch, loader.last_indices)
           patches = augment_batch(keys, patches)
+
+- :class:`DeviceSource`, :func:`scan_epoch`, :func:`permute`: epochs on the device. A
+  dataset that fits in device memory is held there; its batches are gathered by index
+  math that traces (the host Loader's Feistel order, bit for bit, in ``jax.numpy``), so
+  a whole epoch of steps runs in one jitted ``lax.scan``::
+
+      src = DeviceSource(sampler)  # read once, in batches
+      for epoch in range(num_epochs):
+          params = scan_epoch(train_step, params, src, 32, seed=seed, epoch=epoch)
 """
 
+from mixle.errors import DeviceMemoryError
 from mixle.jax.convert import (
     DTYPE_POLICIES,
     DtypeOverflowError,
@@ -31,26 +41,37 @@ from mixle.jax.convert import (
     to_jax,
     x64_enabled,
 )
+from mixle.jax.device_source import DeviceSource, free_device_bytes
 from mixle.jax.keys import DEFAULT_KEY_IMPL, record_key_data, record_keys
 from mixle.jax.loader import JaxLoader, batch_axis_blocks, process_shard
+from mixle.jax.permute import inverse_permute, permute, permute_blocks
 from mixle.jax.prefetch import THREAD_NAME, prefetch_to_device
+from mixle.jax.scan import BatchInfo, scan_epoch
 from mixle.loading.adapters import register_adapter
 
 __all__ = [
     "DEFAULT_KEY_IMPL",
     "DTYPE_POLICIES",
     "THREAD_NAME",
+    "BatchInfo",
+    "DeviceMemoryError",
+    "DeviceSource",
     "DtypeOverflowError",
     "DtypePolicy",
     "DtypePolicyError",
     "JaxLoader",
     "batch_axis_blocks",
     "device_dtype",
+    "free_device_bytes",
+    "inverse_permute",
     "jax_spec",
+    "permute",
+    "permute_blocks",
     "prefetch_to_device",
     "process_shard",
     "record_key_data",
     "record_keys",
+    "scan_epoch",
     "to_jax",
     "x64_enabled",
 ]

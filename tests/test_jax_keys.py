@@ -335,3 +335,58 @@ def case_workers_give_the_same_jax_batches_and_keys(tmp_path: Path) -> None:
         np.testing.assert_array_equal(indices, w_indices)
         np.testing.assert_array_equal(keys, w_keys)
     assert not multiprocessing.active_children()  # the workers are gone
+
+
+TRACED_KEY_CALLS = {"count": 0}
+
+
+def _traced_key_data(seed: Any, epoch: Any, indices: Any, impl: Any) -> Any:
+    TRACED_KEY_CALLS["count"] += 1  # runs once per compile
+    return record_key_data(seed, epoch, indices, impl=impl)
+
+
+def case_key_bits_hashed_on_the_device_under_jit_equal_the_host_bits() -> None:
+    indices = np.array([[0, 1, 7], [2**20, 2**31 - 1, 12345]], np.int64)
+    for impl in (None, "rbg"):
+        f = jax.jit(lambda s, e, i, impl=impl: _traced_key_data(s, e, i, impl))
+        TRACED_KEY_CALLS["count"] = 0
+        for seed, epoch in [(0, 0), (0, 1), (-7, 3), (2**31 - 1, 2**31 - 1)]:
+            got = f(jax.numpy.int32(seed), jax.numpy.int32(epoch), jax.numpy.asarray(indices))
+            words = 2 if impl is None else 4
+            assert got.dtype == np.uint32 and got.shape == (*indices.shape, words)
+            np.testing.assert_array_equal(
+                np.asarray(got), record_key_data(seed, epoch, indices, impl=impl)
+            )
+        assert TRACED_KEY_CALLS["count"] == 1  # one compile for every seed and epoch
+    # NumPy int64 indices stay whole beside a traced epoch, x64 off
+    wide = np.array([5, 2**32 + 5, 2**63 - 1], np.int64)
+    got = jax.jit(lambda e: record_key_data(2**70 + 1, e, wide, impl="rbg"))(jax.numpy.int32(3))
+    np.testing.assert_array_equal(np.asarray(got), record_key_data(2**70 + 1, 3, wide, impl="rbg"))
+    # typed keys from a jitted step, and unsigned 32-bit seeds taken whole
+    keys = jax.jit(lambda s, e: record_keys(s, e, jax.numpy.arange(4)))(
+        jax.numpy.uint32(2**32 - 1), jax.numpy.int32(2)
+    )
+    np.testing.assert_array_equal(
+        np.asarray(jax.random.key_data(keys)), record_key_data(2**32 - 1, 2, np.arange(4))
+    )
+    with jax.enable_x64(True):  # 64-bit traced seeds, epochs and indices
+        f = jax.jit(lambda s, e, i: record_key_data(s, e, i))
+        got = f(jax.numpy.uint64(2**64 - 7), jax.numpy.int64(2**40), jax.numpy.asarray(wide[1:]))
+        np.testing.assert_array_equal(np.asarray(got), record_key_data(-7, 2**40, wide[1:]))
+    assert not jax.config.jax_enable_x64
+
+
+def case_concrete_device_inputs_are_checked_and_traced_ones_are_not() -> None:
+    with pytest.raises(ValueError, match="indices must be record indices >= 0, got -1"):
+        record_key_data(0, 0, jax.numpy.array([3, -1]))
+    with pytest.raises(ValueError, match=r"epoch=-2 must be in \[0, 2\*\*63\)"):
+        record_key_data(0, jax.numpy.int32(-2), [3])
+    with pytest.raises(TypeError, match="seed must be an int or a JAX integer scalar"):
+        record_key_data(jax.numpy.float32(1), 0, [3])
+    with pytest.raises(ValueError, match="epoch must be a scalar"):
+        record_key_data(0, jax.numpy.arange(2), [3])
+    with pytest.raises(ValueError, match=r"epoch=-1 must be in"):  # host ints beside arrays
+        record_key_data(0, -1, jax.numpy.arange(2))
+    # traced values cannot be checked: a negative index hashes as its two's complement
+    got = jax.jit(lambda i: record_key_data(0, 0, i))(jax.numpy.array([-1], jax.numpy.int32))
+    np.testing.assert_array_equal(np.asarray(got), record_key_data(0, 0, [2**64 - 1]))

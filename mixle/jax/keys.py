@@ -116,8 +116,8 @@ def _device_word(value: Any, name: str) -> u64.U64:
         raise TypeError(f"{name} must be an int or a JAX integer scalar, got dtype {dtype}")
     if value.shape != ():
         raise ValueError(f"{name} must be a scalar, got shape {value.shape}")
-    if name == "epoch" and not isinstance(value, jax.core.Tracer) and int(value) < 0:
-        raise ValueError(f"epoch={int(value)} must be in [0, 2**63)")
+    if name == "epoch" and not isinstance(value, jax.core.Tracer):
+        _parse_epoch(int(value))  # a concrete epoch is checked as an int would be
     return u64.from_int(value)
 
 

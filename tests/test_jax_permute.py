@@ -27,7 +27,7 @@ from mixle.data.index_math import permutation as host  # noqa: E402
 from mixle.data.index_math.hashing import MASK64, mix_int, splitmix64_int  # noqa: E402
 from mixle.jax import u64  # noqa: E402
 from mixle.jax.convert import x64_enabled  # noqa: E402
-from mixle.jax.permute import inverse_permute, permute, permute_blocks  # noqa: E402
+from mixle.jax.feistel import inverse_permute, permute, permute_blocks  # noqa: E402
 from mixle.loading.plan import permute_blocks as host_permute_blocks  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

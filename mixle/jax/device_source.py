@@ -30,7 +30,7 @@ from mixle.jax.convert import (
     to_host,
     x64_enabled,
 )
-from mixle.jax.permute import permute_blocks
+from mixle.jax.feistel import permute_blocks
 from mixle.loading.arguments import parse_shuffle_block
 from mixle.loading.loader import Loader
 from mixle.utils.progress import progress_bar

@@ -42,9 +42,9 @@ from mixle.jax.convert import (
     x64_enabled,
 )
 from mixle.jax.device_source import DeviceSource, free_device_bytes
+from mixle.jax.feistel import inverse_permute, permute, permute_blocks
 from mixle.jax.keys import DEFAULT_KEY_IMPL, record_key_data, record_keys
 from mixle.jax.loader import JaxLoader, batch_axis_blocks, process_shard
-from mixle.jax.feistel import inverse_permute, permute, permute_blocks
 from mixle.jax.prefetch import THREAD_NAME, prefetch_to_device
 from mixle.jax.scan import BatchInfo, scan_epoch
 from mixle.loading.adapters import register_adapter

@@ -225,6 +225,51 @@ def test_sharded_over_four_devices() -> None:
         DeviceSource(columns(10), sharding=sharding)
 
 
+@pytest.mark.parametrize("explicit", [True, False])
+def test_sharded_arrays_and_sources_on_both_mesh_kinds(explicit: bool) -> None:
+    devices = np.array(jax.devices())
+    if explicit:
+        mesh = jax.make_mesh((4,), ("data",), axis_types=(jax.sharding.AxisType.Explicit,))
+    else:
+        mesh = jax.sharding.Mesh(devices, ("data",))  # auto axes
+    sharding = jax.sharding.NamedSharding(mesh, P("data"))
+    data = columns(24)
+    for src in (
+        DeviceSource(data, sharding=sharding),
+        DeviceSource(MemorySource(data), sharding=sharding, read_batch_size=5, progress=False),
+    ):
+        assert_tree_equal(src.arrays, data)
+        assert src.arrays["x"].sharding.is_equivalent_to(sharding, 2)
+        got = jax.jit(lambda s: s.get_batch_at(4, 8, seed=1, epoch=0))(src)
+        want = Loader(MemorySource(data), 8, shuffle=True, seed=1).batch_indices(0, 0)
+        np.testing.assert_array_equal(
+            np.asarray(got["id"]), np.asarray(DeviceSource(data).indices_at(4, 8, seed=1))
+        )
+        assert want.size == 8
+        state = scan_epoch(lambda c, b: c + b["y"].sum(), jnp.float32(0), src, 8, seed=2)
+        np.testing.assert_allclose(float(state), data["y"].sum(), rtol=1e-5)
+
+
+def test_traced_starts_wrap_and_int64_indices_are_checked() -> None:
+    src = DeviceSource(columns(24))
+    got = jax.jit(lambda st: src.indices_at(st, 3))(-1)
+    np.testing.assert_array_equal(np.asarray(got), [23, 0, 1])
+    with pytest.raises(IndexError, match="4294967297"):
+        src.gather(np.array([2**32 + 1]))
+
+
+def test_a_source_that_returns_extra_rows_is_refused() -> None:
+    class Long(MemorySource):
+        def get_batch(self, indices: Any) -> Any:
+            batch = super().get_batch(indices)
+            if len(indices) > 1:  # one row too many from a full read
+                return {k: np.concatenate([v, v[:1]]) for k, v in batch.items()}
+            return batch
+
+    with pytest.raises(ValueError, match="breaks its own element_spec"):
+        DeviceSource(Long(columns(8)), read_batch_size=4, progress=False)
+
+
 # -- errors ------------------------------------------------------------------------------
 def test_bad_input_errors() -> None:
     with pytest.raises(TypeError, match="data=3"):

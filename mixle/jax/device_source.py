@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from mixle.data.index_math.sharding import parse_drop_last
 from mixle.errors import DeviceMemoryError
 from mixle.jax.convert import (
     DtypePolicy,
@@ -155,6 +156,9 @@ class DeviceSource:
       rows too), and without ``shuffle`` ``get_batch_at(t * B, B)``.
     - Record indices are int32 while ``jax_enable_x64`` is off, so a DeviceSource holds
       at most ``2**31`` records then.
+    - ``jax.Array`` leaves already on the target are used as they are (no copy, and the
+      memory check does not count them): deleting or donating them afterwards breaks the
+      DeviceSource.
     - Nothing here changes JAX's global configuration.
     """
 
@@ -200,7 +204,9 @@ class DeviceSource:
         self._n = int(jax.tree_util.tree_leaves(arrays)[0].shape[0])
 
     # -- placement ---------------------------------------------------------------------
-    def _check_shapes(self, shapes: dict[str, tuple[tuple[int, ...], np.dtype]]) -> int:
+    def _check_shapes(
+        self, shapes: dict[str, tuple[tuple[int, ...], np.dtype]], resident: frozenset = frozenset()
+    ) -> int:
         """The common record count of leaves ``path -> (shape, device dtype)``; checks split
         and memory before anything is copied."""
         counts = {path: shape[0] if shape else None for path, (shape, _) in shapes.items()}
@@ -224,7 +230,7 @@ class DeviceSource:
                 f"{n % self._split} records (or {self._split - n % self._split}), or use a "
                 "sharding that leaves the record axis whole"
             )
-        self._check_memory(shapes)
+        self._check_memory({k: v for k, v in shapes.items() if k not in resident})
         return n
 
     def _check_memory(self, shapes: dict[str, tuple[tuple[int, ...], np.dtype]]) -> None:
@@ -254,7 +260,13 @@ class DeviceSource:
             _path(kp): (tuple(leaf.shape), device_dtype(leaf.dtype, policy, _path(kp)))
             for kp, leaf in leaves
         }
-        self._check_shapes(shapes)
+        resident = frozenset(  # jax arrays already laid out so: placing them copies nothing
+            _path(kp)
+            for kp, leaf in leaves
+            if isinstance(leaf, jax.Array)
+            and leaf.sharding.is_equivalent_to(self._target, leaf.ndim)
+        )
+        self._check_shapes(shapes, resident)
         platform = next(iter(self._target.device_set)).platform
 
         def place(key_path: tuple[Any, ...], leaf: Any) -> Any:
@@ -285,12 +297,20 @@ class DeviceSource:
             for kp, leaf in jax.tree_util.tree_leaves_with_path(first)
         }
         self._check_shapes(shapes)
-        buffers = jax.tree_util.tree_map(
-            lambda leaf: jax.jit(
-                lambda: jnp.zeros((n, *leaf.shape[1:]), leaf.dtype), out_shardings=self._target
-            )(),
-            first,
-        )
+        buffers, staged = None, None
+        if self._batch_sharding is None:  # one device: written in place, batch by batch
+            buffers = jax.tree_util.tree_map(
+                lambda leaf: jax.jit(
+                    lambda: jnp.zeros((n, *leaf.shape[1:]), leaf.dtype),
+                    out_shardings=self._target,
+                )(),
+                first,
+            )
+        else:  # split over devices: staged on the host, then placed shard by shard
+            staged = [
+                np.empty((n, *leaf.shape[1:]), leaf.dtype)
+                for leaf in jax.tree_util.tree_leaves(first)
+            ]
         structure = jax.tree_util.tree_structure(first)
         offset = 0
         loader = Loader(source, read_batch_size, num_epochs=1)
@@ -312,10 +332,22 @@ class DeviceSource:
                             f"{want.dtype}{list(want.shape[1:])}; a DeviceSource needs "
                             "fixed-shape records"
                         )
-                buffers = _write(buffers, host, offset)
                 rows = jax.tree_util.tree_leaves(host)[0].shape[0]
+                if offset + rows > n:
+                    raise ValueError(
+                        f"{source!r} gave more than its len() = {n} records when read in order"
+                    )
+                if staged is None:
+                    buffers = _write(buffers, host, offset)
+                else:
+                    for buf, leaf in zip(staged, jax.tree_util.tree_leaves(host)):
+                        buf[offset : offset + rows] = leaf
                 offset += rows
                 bar.update(rows)
+        if offset != n:
+            raise ValueError(f"{source!r} gave {offset} records when read in order, not {n}")
+        if staged is not None:
+            return jax.device_put(jax.tree_util.tree_unflatten(structure, staged), self._target)
         return buffers
 
     # -- the pytree ----------------------------------------------------------------------
@@ -361,7 +393,7 @@ class DeviceSource:
     def num_batches(self, batch_size: int, drop_last: bool | str = False) -> int:
         """Batches of ``batch_size`` in an epoch: ``drop_last=True`` floors, else ceils."""
         batch_size = _parse_size(batch_size, "batch_size")
-        if drop_last is True:
+        if parse_drop_last(drop_last) is True:
             return self._n // batch_size
         return -(-self._n // batch_size)
 
@@ -372,27 +404,37 @@ class DeviceSource:
         Negative indices count from the end. Concrete indices outside ``[-n, n)`` raise
         ``IndexError``; traced ones are clamped into range (XLA cannot raise).
         """
+        if not isinstance(indices, jax.core.Tracer):  # checked before any narrowing
+            host = np.asarray(indices)
+            if host.dtype.kind not in "iu":
+                raise TypeError(f"indices must be integers, got dtype {host.dtype}")
+            if host.size:
+                lo, hi = int(host.min()), int(host.max())
+                if lo < -self._n or hi >= self._n:
+                    bad = lo if lo < -self._n else hi
+                    raise IndexError(f"indices contains {bad}, outside [-{self._n}, {self._n})")
         idx = jnp.asarray(indices)
         if not jnp.issubdtype(idx.dtype, jnp.integer):
             raise TypeError(f"indices must be integers, got dtype {idx.dtype}")
-        if not isinstance(idx, jax.core.Tracer) and idx.size:
-            lo, hi = int(idx.min()), int(idx.max())
-            if lo < -self._n or hi >= self._n:
-                bad = lo if lo < -self._n else hi
-                raise IndexError(f"indices contains {bad}, outside [-{self._n}, {self._n})")
         idx = jnp.where(idx < 0, idx + self._n, idx)
         if self._batch_sharding is None:
             return jax.tree_util.tree_map(
                 lambda a: jnp.take(a, idx, axis=0, mode="clip"), self._arrays
             )
-        # records split over devices: say how the rows come out (an explicit mesh requires
-        # it), split like the records when the row count allows, else replicated
+        # records split over devices: the rows come out split like the records when their
+        # count allows, else replicated; an explicit mesh must be told, an auto one is asked
         split = idx.ndim and idx.shape[0] % self._split == 0
+        mesh = self._batch_sharding.mesh
         spec = self._batch_sharding.spec if split else jax.sharding.PartitionSpec()
-        out = jax.sharding.NamedSharding(self._batch_sharding.mesh, spec)
-        return jax.tree_util.tree_map(
-            lambda a: a.at[idx].get(mode="clip", out_sharding=out), self._arrays
+        out = jax.sharding.NamedSharding(mesh, spec)
+        if _explicit(mesh):
+            return jax.tree_util.tree_map(
+                lambda a: a.at[idx].get(mode="clip", out_sharding=out), self._arrays
+            )
+        batch = jax.tree_util.tree_map(
+            lambda a: jnp.take(a, idx, axis=0, mode="clip"), self._arrays
         )
+        return jax.lax.with_sharding_constraint(batch, out)
 
     def __getitem__(self, index: Any) -> Any:
         """``src[i]``: one record (an int) or records stacked (an integer array)."""
@@ -424,7 +466,8 @@ class DeviceSource:
             if not 0 <= start_int < self._n:
                 raise IndexError(f"start={start_int} is outside [0, {self._n})")
         udtype = jnp.uint64 if x64_enabled() else jnp.uint32
-        positions = jnp.asarray(start).astype(udtype) + jnp.arange(size, dtype=udtype)
+        first = jnp.remainder(jnp.asarray(start), self._n)  # a traced start outside wraps too
+        positions = first.astype(udtype) + jnp.arange(size, dtype=udtype)
         positions = (positions % udtype(self._n)).astype(jnp.int64 if x64_enabled() else jnp.int32)
         if seed is None:
             return positions
@@ -441,6 +484,13 @@ class DeviceSource:
 
 
 jax.tree_util.register_pytree_node_class(DeviceSource)
+
+
+def _explicit(mesh: Any) -> bool:
+    """Whether ``mesh`` has explicit axes (``jax.make_mesh``'s default in newer JAX)."""
+    explicit = getattr(getattr(jax.sharding, "AxisType", None), "Explicit", None)
+    types = getattr(mesh, "axis_types", ())
+    return explicit is not None and any(t == explicit for t in types)
 
 
 def _is_struct(x: Any) -> bool:

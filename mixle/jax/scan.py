@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 
 from mixle.data.index_math.hashing import MASK64, parse_seed
 from mixle.data.index_math.sharding import parse_drop_last
-from mixle.jax.convert import jax
+from mixle.jax.convert import jax, x64_enabled
 from mixle.jax.device_source import DeviceSource
 from mixle.jax.keys import record_keys
 from mixle.loading.batching import attach_mask
@@ -89,7 +89,7 @@ def _scan(
             return result
         return result, None
 
-    steps = jnp.arange(num_steps, dtype=jnp.int32)
+    steps = jnp.arange(num_steps, dtype=jnp.int64 if x64_enabled() else jnp.int32)
     return jax.lax.scan(body, state, steps, unroll=unroll)
 
 

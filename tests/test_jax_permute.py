@@ -9,14 +9,11 @@ fixed lists and the positions have one shape.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from _jax_child import assert_child_passes
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -30,7 +27,6 @@ from mixle.jax.convert import x64_enabled  # noqa: E402
 from mixle.jax.feistel import inverse_permute, permute, permute_blocks  # noqa: E402
 from mixle.loading.plan import permute_blocks as host_permute_blocks  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 300
 WIDTH = 32  # values per U64 golden example: one shape, one compile
 SHIFTS = (0, 1, 13, 31, 32, 33, 45, 63)
@@ -43,13 +39,7 @@ EPOCHS = st.integers(-(2**63), 2**64)
 
 
 def test_cases_pass_in_a_fresh_interpreter() -> None:
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
-    cmd += ["-o", "python_functions=case_*", __file__]
-    env = {**os.environ, "MIXLE_TEST_JAX_CHILD": "1"}
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S, env=env)
-    report = done.stdout[-8000:] + done.stderr[-2000:]
-    assert done.returncode == 0, report
-    assert " passed" in done.stdout and "skipped" not in done.stdout, report
+    assert_child_passes(__file__, functions="case_*", timeout=TIMEOUT_S)
 
 
 def enable_x64() -> Any:

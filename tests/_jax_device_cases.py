@@ -297,6 +297,8 @@ def test_bad_input_errors() -> None:
         )
     with pytest.raises(TypeError, match="device='gpu'"):
         DeviceSource(np.zeros(4, np.float32), device="gpu")
+    with pytest.raises(ValueError, match="read_batch_size=0"):
+        DeviceSource(MemorySource(columns(4)), read_batch_size=0)
     with pytest.raises(ValueError, match="shuffle_block"):
         DeviceSource(np.zeros(4, np.float32), shuffle_block=0)
     src = DeviceSource(np.zeros(4, np.float32))

@@ -284,14 +284,15 @@ class DeviceSource:
         n = len(source)
         if n == 0:
             raise ValueError(f"data={source!r} has no records")
+        if read_batch_size is not None:
+            read_batch_size = parse_int(read_batch_size, "read_batch_size")
+            if read_batch_size < 1:
+                raise ValueError(f"read_batch_size={read_batch_size} must be >= 1")
         with Loader(source, 1, num_epochs=1, num_threads=0) as probe:
             first = to_host(next(iter(probe)), policy)  # record 0, as a batch of one
         record_bytes = sum(x.nbytes for x in jax.tree_util.tree_leaves(first))
         if read_batch_size is None:
             read_batch_size = max(1, min(n, READ_BATCH_BYTES // max(1, record_bytes)))
-        read_batch_size = parse_int(read_batch_size, "read_batch_size")
-        if read_batch_size < 1:
-            raise ValueError(f"read_batch_size={read_batch_size} must be >= 1")
         shapes = {
             _path(kp): ((n, *leaf.shape[1:]), leaf.dtype)
             for kp, leaf in jax.tree_util.tree_leaves_with_path(first)

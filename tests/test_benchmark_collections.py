@@ -36,7 +36,7 @@ def test_collections_benchmark_quick_run_prints_its_tables(tmp_path):
         want.add(("torchio", "uniform", 4, 2, "-", None))
     else:
         assert "TorchIO rows skipped: torchio is not installed" in stdout
-        assert "pip install torchio" in stdout
+        assert 'pip install -e ".[bench]"' in stdout  # the extra that brings torchio
     assert got == want
     assert len(main) == len(want)
     for r in main:

@@ -393,7 +393,7 @@ class DeviceSource:
 
     def num_batches(self, batch_size: int, drop_last: bool | str = False) -> int:
         """Batches of ``batch_size`` in an epoch: ``drop_last=True`` floors, else ceils."""
-        batch_size = _parse_size(batch_size, "batch_size")
+        batch_size = parse_size(batch_size, "batch_size")
         if parse_drop_last(drop_last) is True:
             return self._n // batch_size
         return -(-self._n // batch_size)
@@ -461,7 +461,7 @@ class DeviceSource:
         -------
         An int32 array of shape ``(size,)`` (int64 with x64 on).
         """
-        size = _parse_size(size, "size")
+        size = parse_size(size, "size")
         if not isinstance(start, jax.core.Tracer):
             start_int = parse_int(start, "start") if not hasattr(start, "dtype") else int(start)
             if not 0 <= start_int < self._n:
@@ -498,7 +498,8 @@ def _is_struct(x: Any) -> bool:
     return isinstance(x, jax.ShapeDtypeStruct)
 
 
-def _parse_size(value: Any, name: str) -> int:
+def parse_size(value: Any, name: str) -> int:
+    """``value`` as an int ``>= 1`` (a batch size, a row count), else an error naming ``name``."""
     value = parse_int(value, name)
     if value < 1:
         raise ValueError(f"{name}={value} must be >= 1")

@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 from mixle.data.index_math.hashing import MASK64, parse_seed
 from mixle.data.index_math.sharding import parse_drop_last
 from mixle.jax.convert import jax, x64_enabled
-from mixle.jax.device_source import DeviceSource
+from mixle.jax.device_source import DeviceSource, parse_size
 from mixle.jax.keys import record_keys
 from mixle.loading.batching import attach_mask
 from mixle.utils.validation import parse_int
@@ -191,15 +191,11 @@ def scan_epoch(
         )
     if not callable(step):
         raise TypeError(f"step={step!r} must be callable: step(state, batch) -> state")
-    batch_size = parse_int(batch_size, "batch_size")
-    if batch_size < 1:
-        raise ValueError(f"batch_size={batch_size} must be >= 1")
+    batch_size = parse_size(batch_size, "batch_size")
     epoch = parse_int(epoch, "epoch")
     if not 0 <= epoch < 2**31:
         raise ValueError(f"epoch={epoch} must be in [0, 2**31)")
-    unroll = parse_int(unroll, "unroll")
-    if unroll < 1:
-        raise ValueError(f"unroll={unroll} must be >= 1")
+    unroll = parse_size(unroll, "unroll")
     drop = parse_drop_last(drop_last)
     if not isinstance(shuffle, bool):
         raise TypeError(f"shuffle={shuffle!r} must be True or False")

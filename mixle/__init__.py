@@ -93,7 +93,7 @@ from mixle.errors import (
     WorkerError,
     WorkerTimeoutError,
 )
-from mixle.loading import Loader, LoaderStateError
+from mixle.loading import Loader, LoaderStateError, merge_states
 from mixle.reading import chunk_cache, set_chunk_cache_bytes, set_decode_threads
 from mixle.utils import parallel as _parallel
 from mixle.utils.parallel.registry import encoded_data, register_encoded_data_backend
@@ -180,6 +180,7 @@ __all__ = [
     "partially_exchangeable",
     "concat",
     "map",
+    "merge_states",
     "mix",
     "read_array_record",
     "read_csv",

@@ -83,6 +83,10 @@ BAD_VALUES = {
     "epoch": st.one_of(NOT_INTS, NEGATIVE),
     "batch": st.one_of(NOT_INTS, NEGATIVE),
     "position": st.one_of(NOT_INTS, NEGATIVE),
+    "global_position": st.one_of(NOT_INTS, NEGATIVE),
+    "remainder": st.one_of(
+        st.booleans(), st.integers(), st.text(max_size=5), st.lists(st.integers(), max_size=3)
+    ),
 }
 
 
@@ -121,7 +125,7 @@ def test_unknown_keys_are_refused_with_their_values() -> None:
     assert tuple(make_loader().state_dict()) == STATE_KEYS == tuple(BAD_VALUES)  # all checked
     message = refusal({**saved_state(), "epochs": 3, 7: "x"})
     assert "unknown keys {'epochs': 3, 7: 'x'}" in message
-    assert "'epoch', 'batch', 'position']" in message  # the keys a state has
+    assert "'epoch', 'batch', 'position', 'global_position', 'remainder']" in message
 
 
 def test_missing_keys_are_named_with_the_keys_a_state_has() -> None:
@@ -145,7 +149,9 @@ def test_a_cursor_out_of_range_names_the_key_and_the_range() -> None:
     message = refusal({**state, "epoch": 2})
     assert "epoch=2 with batch=3: a run of num_epochs=2 ends at epoch=2, batch=0" in message
     finished = make_loader()
-    finished.load_state_dict({**state, "epoch": 2, "batch": 0, "position": 0})
+    finished.load_state_dict(
+        {**state, "epoch": 2, "batch": 0, "position": 0, "global_position": 0}
+    )
     assert list(finished) == []
 
 
@@ -165,3 +171,54 @@ def test_a_good_state_still_resumes_after_json_and_with_numpy_ints() -> None:
 def test_a_long_bad_value_is_abridged_in_the_message() -> None:
     message = refusal({**saved_state(), "source": "f" * 10_000})
     assert "source='fff" in message and len(message) < 600
+
+
+def remainder_refusal(remainder: Any) -> str:
+    """The refusal of a state whose ``remainder`` is ``remainder`` (a run resumed at
+    epoch 0, position 8, batch 2 of ``make_loader``'s 30 records)."""
+    return refusal({**saved_state(), "remainder": remainder})
+
+
+@pytest.mark.parametrize(
+    ("remainder", "expected"),
+    [
+        ({"epoch": 0, "start": 8}, "exactly the keys ['epoch', 'start', 'batch', 'read']"),
+        ({"epoch": 0, "start": -1, "batch": 2, "read": []}, "start=-1 must be an int >= 0"),
+        ({"epoch": True, "start": 8, "batch": 2, "read": []}, "epoch=True must be an int"),
+        ({"epoch": 0, "start": 31, "batch": 2, "read": []}, "start=31 is past num_records=30"),
+        ({"epoch": 1, "start": 8, "batch": 2, "read": []}, "epoch=1 is after the state's"),
+        ({"epoch": 0, "start": 8, "batch": 2, "read": 5}, "read=5 must be a list of"),
+        ({"epoch": 0, "start": 8, "batch": 2, "read": [[0, 9]]}, "must be [epoch, start, stop]"),
+        ({"epoch": 0, "start": 8, "batch": 2, "read": [[0, 9, 9]]}, "must have start < stop"),
+        ({"epoch": 0, "start": 8, "batch": 2, "read": [[0, 4, 6]]}, "at or past start=8"),
+        ({"epoch": 0, "start": 8, "batch": 2, "read": [[0, 9, 31]]}, "stop <= num_records=30"),
+        ({"epoch": 0, "start": 8, "batch": 2, "read": [[2, 9, 12]]}, "past num_epochs=2"),
+        (
+            {"epoch": 0, "start": 8, "batch": 2, "read": [[0, 20, 22], [0, 9, 12]]},
+            "sorted by epoch and start",
+        ),
+        (
+            {"epoch": 0, "start": 8, "batch": 2, "read": [[0, 9, 12], [0, 11, 14]]},
+            "overlaps the one before it",
+        ),
+    ],
+)
+def test_a_bad_remainder_is_refused_naming_what_is_wrong(remainder: Any, expected: str) -> None:
+    message = remainder_refusal(remainder)
+    assert "state remainder=" in message and expected in message
+
+
+def test_a_global_position_that_disagrees_with_the_batch_is_refused() -> None:
+    state = saved_state()
+    assert state["global_position"] == state["batch"] * 4 == 12
+    message = refusal({**state, "global_position": 13})
+    assert "global_position=13 does not match epoch=0, batch=3" in message
+    assert "expected global_position=12" in message
+
+
+def test_a_state_saved_before_the_global_cursor_keys_existed_still_resumes() -> None:
+    state = saved_state()
+    old = {k: v for k, v in state.items() if k not in ("global_position", "remainder")}
+    loader = make_loader()
+    loader.load_state_dict(old)
+    assert loader.state_dict() == state

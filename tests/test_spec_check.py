@@ -106,7 +106,7 @@ def test_first_checks_the_first_batch_of_each_epoch_and_of_each_run() -> None:
     src = Squares(10, bad=lambda call, idx: bool((idx == 4).any()))
     loader = mixle.Loader(src, batch_size=4, num_threads=0)
     state = loader.state_dict()
-    state.update(batch=1, position=4)
+    state.update(batch=1, position=4, global_position=4)
     loader.load_state_dict(state)
     with pytest.raises(mixle.SchemaMismatchError, match="at batch 1 of epoch 0"):
         next(iter(loader))

@@ -430,8 +430,11 @@ class JaxLoader(ActiveRun):
         """The Loader's state at the batch after the last one the loop received."""
         return dict(self._state)
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume at the batch after the one ``state`` was taken at.
+    def load_state_dict(self, state: dict[str, Any], *, reshard: bool = False) -> None:
+        """Resume at the batch after the one ``state`` was taken at; with ``reshard=True``
+        ``state`` may come from another batch size or shard layout (or be
+        :func:`mixle.merge_states` of every shard's), as in
+        :meth:`mixle.Loader.load_state_dict`.
 
         Raises
         ------
@@ -439,5 +442,5 @@ class JaxLoader(ActiveRun):
             (a ``ValueError``) as :meth:`mixle.Loader.load_state_dict`.
         """
         self.close()
-        self._loader.load_state_dict(state)
+        self._loader.load_state_dict(state, reshard=reshard)
         self._state = self._loader.state_dict()

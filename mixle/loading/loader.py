@@ -9,11 +9,13 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from mixle.data.index_math.elastic import Resume
 from mixle.data.index_math.sharding import SHARD_LAYOUTS, DropLast, ShardLayout
 from mixle.data.sources.compose.lineage import leaf_origins
 from mixle.data.sources.origins import Origins
 from mixle.data.sources.protocols import SupportsBatchRead, SupportsOrigins
 from mixle.data.spec import SpecTree, spec_of
+from mixle.errors import LoaderStateError
 from mixle.loading.arguments import (
     DEFAULT_NUM_THREADS,
     PREFETCH_PER_THREAD,
@@ -27,13 +29,8 @@ from mixle.loading.plan import INDEX_WINDOW_ROWS, BatchPlan, batch_plans, record
 from mixle.loading.prefetch import StopSignal
 from mixle.loading.read_ahead import ReadAheadPlans, chunk_keys_of
 from mixle.loading.reader import BatchReader, takes_rng
-from mixle.loading.state import (
-    STATE_VERSION,
-    check_cursor,
-    check_state,
-    layout_state,
-    source_fingerprint,
-)
+from mixle.loading.resume import check_cursor_keys, cursor_state, normalize_cursor, resharded
+from mixle.loading.state import STATE_VERSION, check_state, layout_state, source_fingerprint
 from mixle.loading.streams import StreamLoader, is_stream
 from mixle.reading.process_cache import chunk_cache
 from mixle.utils.validation import parse_choice, parse_int
@@ -260,6 +257,7 @@ class Loader(LoaderBase):
             check,
         )
         self._start_cursor()
+        self._resume: Resume | None = None  # where a run resumed onto this layout started
 
     # -- description --------------------------------------------------------------------
     @property
@@ -347,8 +345,8 @@ class Loader(LoaderBase):
             seed=self._seed,
             num_epochs=self._num_epochs,
             shuffle_block=self._shuffle_block,
+            resume=self._resume,
         )
-        nb = self._layout.num_batches
         first = list(itertools.islice(plans, 1))  # no batch left: no worker to start
         pooled = bool(self._num_workers and first)
         reader: Callable[[BatchPlan], Any] = self._reader
@@ -359,7 +357,7 @@ class Loader(LoaderBase):
             ahead = ReadAheadPlans(ordered, keys_of, chunk_cache())
             reader, ordered = ahead.reading(reader), ahead
         try:
-            yield from self._read_run(reader, ordered, signal, pooled, nb)
+            yield from self._read_run(reader, ordered, signal, pooled)
         finally:
             if ahead is not None:
                 ahead.close()
@@ -370,13 +368,12 @@ class Loader(LoaderBase):
         ordered: Iterable[BatchPlan],
         signal: StopSignal,
         pooled: bool,
-        nb: int,
     ) -> Iterator[Any]:
         """:meth:`_run`'s reads: the batches in order, moving the cursor."""
         with self._reading(reader, ordered, signal, pooled=pooled) as stream:
             for plan, batch in stream:
                 self._epoch, self._batch = (
-                    (plan.epoch + 1, 0) if plan.batch + 1 >= nb else (plan.epoch, plan.batch + 1)
+                    (plan.epoch + 1, 0) if plan.last else (plan.epoch, plan.batch + 1)
                 )
                 self._last_indices, self._last_epoch = plan.indices, plan.epoch
                 yield batch
@@ -402,7 +399,11 @@ class Loader(LoaderBase):
         ``drop_last``, ``shard_index``, ``num_shards``, ``shard_layout``, ``seed``,
         ``shuffle``, ``shuffle_block`` (only when it is not 1: a state without it means 1,
         so states of runs without blocks stay as they were), ``num_epochs``, ``epoch``,
-        ``batch`` (the next batch) and ``position`` (rows of the epoch read on this shard).
+        ``batch`` (the next batch), ``position`` (rows of the epoch read on this shard),
+        ``global_position`` (the first position of the epoch's global order no shard has
+        read, if every shard stands at this ``epoch`` and ``batch``: ``batch * batch_size
+        * num_shards`` in a run from the beginning) and ``remainder`` (``None``, or where a
+        run resumed with ``reshard=True`` started; see :mod:`mixle.loading.resume`).
         """
         lay = self._layout
         block = {"shuffle_block": self._shuffle_block} if self._shuffle_block != 1 else {}
@@ -417,27 +418,56 @@ class Loader(LoaderBase):
             "num_epochs": self._num_epochs,
             "epoch": self._epoch,
             "batch": self._batch,
-            "position": min(self._batch * lay.batch_size, lay.shard_length),
+            **cursor_state(lay, self._resume, self._epoch, self._batch),
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any], *, reshard: bool = False) -> None:
         """Resume at the batch after the one ``state`` was taken at.
+
+        Parameters
+        ----------
+        state
+            A dict :meth:`state_dict` returned (a JSON round trip keeps it), or one
+            :func:`mixle.merge_states` made of every shard's.
+        reshard
+            ``False`` (default): ``state`` was saved by this shard of this layout, and the
+            run goes on exactly as it would have. ``True``: ``state`` may come from another
+            ``batch_size``, ``num_shards``, ``shard_index`` or ``shard_layout`` (and any
+            ``num_workers``); the run continues at the state's global cursor, this shard
+            reading its part of the records of each epoch no shard has read yet, then
+            whole epochs as usual. A single state stands for every shard at its epoch and
+            batch (lock-step training); for shards that stopped apart, pass
+            :func:`mixle.merge_states` of them all. See ``docs/loader.md``.
 
         Raises
         ------
         LoaderStateError
-            (a ``ValueError``) ``state`` was saved for another source, batch or shard
-            layout, seed, ``shuffle``, ``shuffle_block`` or number of epochs; its cursor is
-            out of range; or it is not a state dict: a key is missing or unknown, or a value
-            has the wrong type or range (e.g. ``epoch=True``, ``batch=7.0``, a negative
-            count, a fingerprint that is not a string). The message names the key, the
-            value and what was expected.
+            (a ``ValueError``) ``state`` was saved for another source, seed, ``shuffle``,
+            ``shuffle_block``, number of epochs or ``drop_last``, or (without ``reshard``)
+            another batch size or shard layout, or is a merged state; its cursor is out
+            of range or its keys disagree; with ``reshard``, it is one shard's state of a
+            layout whose shards read different numbers of batches per epoch; or it is not
+            a state dict: a key is missing or unknown, or a value has the wrong type or
+            range (e.g. ``epoch=True``, ``batch=7.0``, a negative count, a fingerprint
+            that is not a string). The message names the key, the value and what was
+            expected.
+        TypeError
+            ``reshard`` is not ``True`` or ``False``.
         """
-        check_state(state, self.state_dict())
-        lay = self._layout
-        epoch, batch = check_cursor(
-            state, lay.num_batches, self._num_epochs, lay.batch_size, lay.shard_length
-        )
-        nb = lay.num_batches
+        if not isinstance(reshard, bool):
+            raise TypeError(f"reshard={reshard!r} must be True or False")
+        check_state(state, self.state_dict(), reshard=reshard)
+        saved, resume, epoch, batch = check_cursor_keys(state, self._num_epochs)
+        if reshard:
+            resume = resharded(state, saved, resume, (epoch, batch), self._layout)
+            epoch, batch = (epoch, 0) if resume is None else (resume.epoch, resume.batch)
+        elif state.get("merged", False):
+            raise LoaderStateError(
+                "state was made by mixle.merge_states() (it has 'merged': True): it stands "
+                "for every shard, so load it with load_state_dict(state, reshard=True)"
+            )
         self.close()
-        self._epoch, self._batch = (epoch + 1, 0) if batch == nb and nb else (epoch, batch)
+        self._resume = resume
+        self._epoch, self._batch = normalize_cursor(
+            self._layout, resume, epoch, batch, self._num_epochs
+        )

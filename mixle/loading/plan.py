@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
+from mixle.data.index_math.elastic import Remainder, Resume, span_of
 from mixle.data.index_math.hashing import hash_int, parse_seed
 from mixle.data.index_math.permutation import inverse_permute, permute
 from mixle.data.index_math.sharding import ShardLayout
@@ -59,7 +60,8 @@ class BatchPlan:
     """What one batch reads: its epoch, number, record indices and padding mask.
 
     ``first`` marks the first batch of an epoch or of a run (where ``check_spec="first"``
-    checks the source's batch against its ``element_spec()``).
+    checks the source's batch against its ``element_spec()``), ``last`` the last batch of
+    its epoch on this shard.
     """
 
     epoch: int
@@ -67,6 +69,7 @@ class BatchPlan:
     indices: NDArray[np.int64]
     mask: NDArray[np.bool_] | None
     first: bool = False
+    last: bool = False
 
 
 def permute_blocks(
@@ -118,14 +121,21 @@ def window(
     shuffle: bool,
     seed: int,
     shuffle_block: int = 1,
+    remainder: Remainder | None = None,
 ) -> tuple[NDArray[np.int64], NDArray[np.bool_] | None]:
     """Record indices and padding mask of batches ``[start, stop)`` of ``epoch``.
 
     The mask (``drop_last="pad"`` only, else ``None``) marks the real rows; padding rows
     read the record at their position modulo ``num_records``. With ``shuffle``, blocks of
-    ``shuffle_block`` consecutive records move as units (:func:`permute_blocks`).
+    ``shuffle_block`` consecutive records move as units (:func:`permute_blocks`). With a
+    ``remainder`` (an epoch a resumed run continues,
+    :mod:`mixle.data.index_math.elastic`), ``[start, stop)`` are batches of this shard's
+    part of it, counted from 0.
     """
-    positions = layout.positions(start, stop)
+    if remainder is None:
+        positions = layout.positions(start, stop)
+    else:
+        positions = remainder.shard_positions(layout, start, stop)
     n = layout.num_records
     mask = None
     if layout.drop_last == "pad":
@@ -145,26 +155,41 @@ def batch_plans(
     seed: int,
     num_epochs: int | None,
     shuffle_block: int = 1,
+    resume: Resume | None = None,
 ) -> Iterator[BatchPlan]:
     """Plans from batch ``batch`` of ``epoch`` to the end of ``num_epochs`` (``None``: endless).
 
     Indices are computed :data:`INDEX_WINDOW_ROWS` rows at a time. A layout with no batches
-    yields nothing. The first plan, and batch 0 of each epoch, are marked ``first``.
+    yields nothing. The first plan, and the first batch of each epoch, are marked
+    ``first``, the last batch of each epoch ``last``. The epochs a ``resume`` covers read
+    their remainder (:func:`mixle.data.index_math.elastic.span_of`), their batches
+    numbered from its first batch.
     """
     if layout.num_batches == 0:
         return
     first = True
     step = max(1, INDEX_WINDOW_ROWS // layout.batch_size)
     while num_epochs is None or epoch < num_epochs:
-        for start in range(batch, layout.num_batches, step):
-            stop = min(layout.num_batches, start + step)
+        remainder, offset, end = span_of(layout, resume, epoch)
+        span = layout if remainder is None else remainder.shard_layout(layout)
+        for start in range(batch, end, step):
+            stop = min(end, start + step)
             indices, mask = window(
-                layout, epoch, start, stop, shuffle=shuffle, seed=seed, shuffle_block=shuffle_block
+                layout,
+                epoch,
+                start - offset,
+                stop - offset,
+                shuffle=shuffle,
+                seed=seed,
+                shuffle_block=shuffle_block,
+                remainder=remainder,
             )
-            offset = 0
+            row = 0
             for b in range(start, stop):
-                end = offset + layout.batch_rows(b)
-                rows = None if mask is None else mask[offset:end].copy()
-                yield BatchPlan(epoch, b, indices[offset:end], rows, first or b == 0)
-                first, offset = False, end
+                rows = span.batch_rows(b - offset)
+                part = None if mask is None else mask[row : row + rows].copy()
+                yield BatchPlan(
+                    epoch, b, indices[row : row + rows], part, first or b == offset, b == end - 1
+                )
+                first, row = False, row + rows
         epoch, batch = epoch + 1, 0

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from mixle.loading.base import ShardLayoutLike
 
 __all__ = [
+    "DERIVED_STATE_KEYS",
     "LAYOUT_CHECKS",
     "LAYOUT_MATCH",
     "OPTIONAL_STATE_KEYS",
@@ -111,19 +112,41 @@ _EXPECTED: dict[str, ValueCheck] = {
     "epoch": (int_at_least(0), "an int >= 0 (the epoch of the next batch)"),
     "batch": (int_at_least(0), "an int >= 0 (the next batch of the epoch)"),
     "position": (int_at_least(0), "an int >= 0 (rows of the epoch read on this shard)"),
+    "global_position": (
+        int_at_least(0),
+        "an int >= 0 (the first position of the epoch's global order no shard has read)",
+    ),
+    "remainder": (
+        lambda v: v is None or isinstance(v, Mapping),
+        "None or a dict with the keys epoch, start, batch and read (where a resumed run started)",
+    ),
+    "merged": (one_of(True), "True (a state mixle.merge_states() made)"),
 }
 #: Keys a state holds only when they differ from these values; a state without one means
 #: the value (so states saved before the key existed still load, and still mean the same).
-OPTIONAL_STATE_KEYS: dict[str, object] = {"shuffle_block": 1}
+OPTIONAL_STATE_KEYS: dict[str, object] = {"shuffle_block": 1, "merged": False}
+#: Keys a state saved before they existed lacks; such a state is of a run never resumed
+#: onto another layout (``remainder=None``, ``global_position`` from ``batch``).
+DERIVED_STATE_KEYS = ("global_position", "remainder")
 #: Every key a state always has, in the order ``Loader.state_dict()`` writes them (an
 #: optional key it writes comes where it stands in ``_EXPECTED``).
 STATE_KEYS = tuple(key for key in _EXPECTED if key not in OPTIONAL_STATE_KEYS)
 _FIX = "pass the dict Loader.state_dict() returned (a JSON round trip keeps it)"
+_SOURCE_MATCH = (
+    ("source", "num_records"),
+    "it was saved for another source or sampler configuration",
+)
+_ORDER_MATCH = (
+    ("seed", "shuffle", "shuffle_block", "num_epochs"),
+    "it was saved with another order",
+)
 #: Keys that must equal this loader's for a state to resume it, and what differs if not.
-_MUST_MATCH = (
-    (("source", "num_records"), "it was saved for another source or sampler configuration"),
-    LAYOUT_MATCH,
-    (("seed", "shuffle", "shuffle_block", "num_epochs"), "it was saved with another order"),
+_MUST_MATCH = (_SOURCE_MATCH, LAYOUT_MATCH, _ORDER_MATCH)
+#: The same with ``reshard=True``: batch size, shard count, index and layout may change.
+_RESHARD_MATCH = (
+    _SOURCE_MATCH,
+    (("drop_last",), "it was saved with another drop_last; reshard keeps drop_last"),
+    _ORDER_MATCH,
 )
 
 
@@ -241,15 +264,19 @@ def fingerprint(source: Any, describe: Callable[[Any], Mapping[str, str]]) -> st
     return hashlib.sha256(text.encode()).hexdigest()[:_FINGERPRINT_DIGITS]
 
 
-def check_state(state: Mapping[str, Any], expected: Mapping[str, Any]) -> None:
+def check_state(
+    state: Mapping[str, Any], expected: Mapping[str, Any], *, reshard: bool = False
+) -> None:
     """Raise :class:`LoaderStateError` unless ``state`` can resume a loader with ``expected``.
 
     ``expected`` is the loader's own state dict. ``state`` must have exactly its keys, each
     with a value of the right type and range (an int is a Python or NumPy integer, never a
-    bool or a float), and the same source, layout and order; the cursor keys (``epoch``,
-    ``batch``, ``position``) are checked against the epoch length by the loader itself.
+    bool or a float), and the same source, layout and order (with ``reshard``, the batch
+    size and shard layout may differ); the cursor keys (``epoch``, ``batch``,
+    ``position``, ``global_position``, ``remainder``) are checked by the loader itself.
     A key of :data:`OPTIONAL_STATE_KEYS` may be absent from either, meaning its value
-    there. Every message names the key, the value found and what was expected.
+    there, and one of :data:`DERIVED_STATE_KEYS` from ``state``. Every message names the
+    key, the value found and what was expected.
     """
     check_mapping(state, "Loader.state_dict()")
     if state.get("stream") is True:
@@ -258,7 +285,9 @@ def check_state(state: Mapping[str, Any], expected: Mapping[str, Any]) -> None:
             "Loader reads a map-style source; resume with a Loader over the stream the run "
             "that saved it read"
         )
-    missing = sorted(expected.keys() - state.keys() - OPTIONAL_STATE_KEYS.keys())
+    missing = sorted(
+        expected.keys() - state.keys() - OPTIONAL_STATE_KEYS.keys() - set(DERIVED_STATE_KEYS)
+    )
     if missing:
         raise LoaderStateError(
             f"state is missing keys {missing}; was it made by Loader.state_dict()? "
@@ -273,13 +302,17 @@ def check_state(state: Mapping[str, Any], expected: Mapping[str, Any]) -> None:
         )
     check_values(state, _EXPECTED, _FIX)  # an optional key left out is skipped
     check_version(state, expected)
+    hints = {"source": " (and, for a sampler, call set_epoch() with the epoch it had)"}
+    if not reshard:
+        fix = "; to go on with another batch_size or shard layout, pass reshard=True"
+        hints |= {key: fix for key in LAYOUT_CHECKS if key != "drop_last"}
     check_matching(
         state,
         expected,
-        _MUST_MATCH,
+        _RESHARD_MATCH if reshard else _MUST_MATCH,
         "source",
         defaults=OPTIONAL_STATE_KEYS,
-        hints={"source": " (and, for a sampler, call set_epoch() with the epoch it had)"},
+        hints=hints,
     )
 
 
@@ -289,21 +322,29 @@ def check_cursor(
     num_epochs: int | None,
     batch_size: int,
     shard_length: int,
+    first: int = 0,
 ) -> tuple[int, int]:
     """``(epoch, batch)`` of a checked ``state``, unless it is out of this loader's range.
+
+    ``first`` and ``num_batches`` are the first batch number and the end of the state's
+    epoch (a resumed epoch counts from its first batch), ``shard_length`` its rows.
 
     Raises
     ------
     LoaderStateError
-        ``batch`` is past ``num_batches``, ``epoch`` past ``num_epochs``, or ``position``
-        is not ``min(batch * batch_size, shard_length)``; the message names the key, the
-        value and the range.
+        ``batch`` is outside ``[first, num_batches]``, ``epoch`` past ``num_epochs``, or
+        ``position`` is not ``min((batch - first) * batch_size, shard_length)``; the
+        message names the key, the value and the range.
     """
     epoch, batch = operator.index(state["epoch"]), operator.index(state["batch"])
-    position = min(batch * batch_size, shard_length)
+    position = min((batch - first) * batch_size, shard_length)
     problem = None
-    if batch > num_batches:
-        problem = f"batch={batch} is past the {num_batches} batches per epoch (0 to {num_batches})"
+    if not first <= batch <= num_batches:
+        problem = (
+            f"batch={batch} is outside the batches {first} to {num_batches} of epoch {epoch}"
+            if first
+            else f"batch={batch} is past the {num_batches} batches per epoch (0 to {num_batches})"
+        )
     elif num_epochs is not None and epoch > num_epochs:
         problem = f"epoch={epoch} is past num_epochs={num_epochs}"
     elif num_epochs is not None and epoch == num_epochs and batch != 0:
@@ -314,7 +355,8 @@ def check_cursor(
     elif operator.index(state["position"]) != position:
         problem = (
             f"position={state['position']!r} does not match batch={batch}: expected "
-            f"position={position} (batch * batch_size, at most the shard's rows)"
+            f"position={position} (rows of the epoch this shard read: batch * batch_size, "
+            "at most the shard's rows)"
         )
     if problem is not None:
         raise LoaderStateError(

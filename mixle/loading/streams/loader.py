@@ -319,11 +319,16 @@ class StreamLoader(LoaderBase):
             "position": self._batch * lay.global_batch_size,
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any], *, reshard: bool = False) -> None:
         """Resume at the batch after the one ``state`` was taken at.
 
         The next run re-creates the stream's iterator and pulls and discards the
-        ``position`` records before that batch (O(records skipped)).
+        ``position`` records before that batch (O(records skipped)). With
+        ``reshard=True`` ``state`` may come from another ``batch_size``, ``num_shards``,
+        ``shard_index`` or ``shard_layout``: the run goes on at the state's stream
+        position, which must fall on a global batch of this loader (it does when the
+        global batch size ``batch_size * num_shards`` is kept), every shard standing
+        there (lock-step); see :func:`~mixle.loading.streams.state.check_stream_state`.
 
         Raises
         ------
@@ -335,7 +340,9 @@ class StreamLoader(LoaderBase):
             The stream is a one-shot iterator, which cannot be rewound (a state of its
             own current cursor is accepted: nothing to rewind).
         """
-        epoch, batch = check_stream_state(state, self.state_dict())
+        if not isinstance(reshard, bool):
+            raise TypeError(f"reshard={reshard!r} must be True or False")
+        epoch, batch = check_stream_state(state, self.state_dict(), reshard=reshard)
         if self._kind == "one-shot" and (epoch, batch) != (self._epoch, self._batch):
             raise ValueError(
                 "load_state_dict() needs to read the stream again from its start, but it is "

@@ -81,9 +81,26 @@ def _stream_parts(source: Any) -> dict[str, str]:
     return parts
 
 
-def check_stream_state(state: object, expected: Mapping[str, Any]) -> tuple[int, int]:
+_RESHARD_MATCH = (
+    (("source",), "it was saved for another stream"),
+    (("drop_last",), "it was saved with another drop_last; reshard keeps drop_last"),
+    (("seed", "shuffle_buffer", "num_epochs"), "it was saved with another order"),
+)
+
+
+def check_stream_state(
+    state: object, expected: Mapping[str, Any], *, reshard: bool = False
+) -> tuple[int, int]:
     """``(epoch, batch)`` of ``state`` if it can resume a stream Loader whose state is
-    ``expected``; else :class:`~mixle.LoaderStateError` naming the key, value and fix."""
+    ``expected``; else :class:`~mixle.LoaderStateError` naming the key, value and fix.
+
+    With ``reshard``, ``state`` may have another batch size and shard layout: ``batch``
+    is then this loader's batch that starts at the state's stream position, which must
+    be a multiple of this loader's global batch (it is when the global batch size is
+    kept); one shard's state at the start of an epoch of a run with several shards and
+    ``drop_last=False`` is refused (a shard may have read nothing of the stream's last
+    short global batch while the others still had a batch of it to read).
+    """
     state = check_mapping(state, "the Loader's state_dict()")
     if "stream" not in state and "num_records" in state:
         raise LoaderStateError(
@@ -105,8 +122,12 @@ def check_stream_state(state: object, expected: Mapping[str, Any]) -> tuple[int,
         )
     check_values(state, _EXPECTED, _FIX)
     check_version(state, expected)
-    check_matching(state, expected, _MUST_MATCH, "stream")
+    hints = {} if reshard else {k: "; or pass reshard=True" for k in ("batch_size", "num_shards")}
+    check_matching(
+        state, expected, _RESHARD_MATCH if reshard else _MUST_MATCH, "stream", hints=hints
+    )
     epoch, batch = operator.index(state["epoch"]), operator.index(state["batch"])
+    global_batch = state["batch_size"] * state["num_shards"]
     num_epochs = expected["num_epochs"]
     problem = None
     if num_epochs is not None and epoch > num_epochs:
@@ -115,12 +136,38 @@ def check_stream_state(state: object, expected: Mapping[str, Any]) -> tuple[int,
         problem = (
             f"epoch={epoch} with batch={batch}: a run of num_epochs={num_epochs} ends at batch 0"
         )
-    elif state["position"] != batch * expected["batch_size"] * expected["num_shards"]:
+    elif state["position"] != batch * global_batch:
         problem = (
             f"position={state['position']!r} does not match batch={batch}: expected "
-            f"batch * batch_size * num_shards = "
-            f"{batch * expected['batch_size'] * expected['num_shards']}"
+            f"batch * batch_size * num_shards = {batch * global_batch}"
         )
     if problem is not None:
         raise LoaderStateError(f"state {problem}; it is not a cursor of this loader: {_FIX}")
+    if reshard:
+        return epoch, _resharded_batch(state, expected, epoch, batch)
     return epoch, batch
+
+
+def _resharded_batch(
+    state: Mapping[str, Any], expected: Mapping[str, Any], epoch: int, batch: int
+) -> int:
+    """This loader's batch at the stream position of a checked ``state`` (see
+    :func:`check_stream_state`)."""
+    position = operator.index(state["position"])
+    new_batch = expected["batch_size"] * expected["num_shards"]
+    if position % new_batch:
+        raise LoaderStateError(
+            f"cannot reshard: state position={position} (stream records of epoch {epoch} "
+            f"read) is not a multiple of this loader's global batch batch_size * num_shards "
+            f"= {new_batch}, and a stream Loader starts at a global batch; keep the global "
+            "batch size (change the per-shard batch_size with num_shards)"
+        )
+    if state["num_shards"] > 1 and state["drop_last"] is False and batch == 0 and epoch:
+        raise LoaderStateError(
+            f"cannot reshard one shard's state at the start of epoch {epoch}: with "
+            f"drop_last=False and num_shards={state['num_shards']}, shard "
+            f"{state['shard_index']} may have had no rows in the stream's last short global "
+            "batch while the other shards still had a batch of it; reshard a state taken "
+            "inside an epoch, or resume with the same layout"
+        )
+    return position // new_batch

@@ -1,0 +1,341 @@
+"""Elastic resume: the cursor keys of a Loader state, resharding a state, merging shards' states.
+
+A Loader state says where its shard stands (``epoch``, ``batch``, ``position``) and, in
+``global_position``, the first position of the epoch's global order no shard has read if
+every shard stands there too. ``remainder`` is ``None`` for a run that started at the
+beginning, else where the resumed run started (:class:`~mixle.data.index_math.elastic.
+Resume`): its epoch, global position, first batch number and the ranges read past it.
+``load_state_dict(state, reshard=True)`` continues a state on another batch size or shard
+layout from that global cursor; :func:`merge_states` makes one exact state of every
+shard's, for shards that stopped at different batches.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from mixle.data.index_math.elastic import (
+    Resume,
+    ShardCursor,
+    lockstep_resume,
+    merge_cursors,
+    span_of,
+    uneven_shards,
+)
+from mixle.data.index_math.sharding import ShardLayout
+from mixle.errors import LoaderStateError
+from mixle.loading.state import (
+    STATE_KEYS,
+    STATE_VERSION,
+    check_cursor,
+    check_mapping,
+    check_state,
+    int_at_least,
+    show,
+)
+
+__all__ = [
+    "CURSOR_KEYS",
+    "cursor_state",
+    "merge_states",
+    "normalize_cursor",
+    "resharded",
+    "resume_of",
+    "saved_layout",
+]
+
+#: State keys that say where a shard stands; the others say which run it belongs to.
+CURSOR_KEYS = ("shard_index", "epoch", "batch", "position", "global_position", "remainder")
+_REMAINDER_KEYS = ("epoch", "start", "batch", "read")
+_FIX = "pass the dict Loader.state_dict() or mixle.merge_states() returned"
+_is_int = int_at_least(0)
+
+
+def saved_layout(state: Mapping[str, Any]) -> ShardLayout:
+    """The shard layout a checked ``state`` was saved with."""
+    return ShardLayout(
+        operator.index(state["num_records"]),
+        operator.index(state["batch_size"]),
+        operator.index(state["shard_index"]),
+        operator.index(state["num_shards"]),
+        state["drop_last"],
+        blocked=state["shard_layout"] == "blocked",
+    )
+
+
+def _bad(value: object, why: str) -> LoaderStateError:
+    return LoaderStateError(f"state remainder={show(value)} is not valid: {why}; {_FIX}")
+
+
+def resume_of(state: Mapping[str, Any], num_epochs: int | None) -> Resume | None:
+    """The :class:`Resume` in a checked ``state``'s ``remainder`` (``None`` when it has none).
+
+    Raises
+    ------
+    LoaderStateError
+        The remainder is not a dict of the keys ``epoch``, ``start``, ``batch`` and
+        ``read``, an int is out of range, a read range is not ``[epoch, start, stop]``
+        inside the epoch and past ``start``, or the ranges are not sorted and disjoint.
+    """
+    value = state.get("remainder")
+    if value is None:
+        return None
+    if set(value) != set(_REMAINDER_KEYS):
+        raise _bad(value, f"it must have exactly the keys {list(_REMAINDER_KEYS)}")
+    n = operator.index(state["num_records"])
+    for key in ("epoch", "start", "batch"):
+        if not _is_int(value[key]):
+            raise _bad(value, f"{key}={show(value[key])} must be an int >= 0")
+    epoch, start = operator.index(value["epoch"]), operator.index(value["start"])
+    if start > n:
+        raise _bad(value, f"start={start} is past num_records={n}")
+    if epoch > operator.index(state["epoch"]):
+        raise _bad(value, f"epoch={epoch} is after the state's epoch={state['epoch']}")
+    read = value["read"]
+    if not isinstance(read, (list, tuple)):
+        raise _bad(value, f"read={show(read)} must be a list of [epoch, start, stop]")
+    ranges: list[tuple[int, int, int]] = []
+    for item in read:
+        if not (
+            isinstance(item, (list, tuple)) and len(item) == 3 and all(_is_int(v) for v in item)
+        ):
+            raise _bad(value, f"read range {show(item)} must be [epoch, start, stop] of ints >= 0")
+        e, a, b = (operator.index(v) for v in item)
+        if not (a < b <= n and e >= epoch and (e > epoch or a >= start)):
+            raise _bad(
+                value,
+                f"read range {show(item)} must have start < stop <= num_records={n}, in "
+                f"epoch {epoch} at or past start={start} or in a later epoch",
+            )
+        if num_epochs is not None and e >= num_epochs:
+            raise _bad(value, f"read range {show(item)} is past num_epochs={num_epochs}")
+        if ranges and (e, a) < ranges[-1][:2]:
+            raise _bad(value, "the read ranges must be sorted by epoch and start")
+        if ranges and e == ranges[-1][0] and a < ranges[-1][2]:
+            raise _bad(value, f"read range {show(item)} overlaps the one before it")
+        ranges.append((e, a, b))
+    resume = Resume(epoch, start, operator.index(value["batch"]), tuple(ranges))
+    if operator.index(state["epoch"]) > resume.last_epoch:
+        raise _bad(value, f"it covers no epoch at or after the state's epoch={state['epoch']}")
+    return resume
+
+
+def remainder_dict(resume: Resume | None) -> dict[str, Any] | None:
+    """``resume`` as a state's ``remainder`` (JSON-able: lists, ints)."""
+    if resume is None:
+        return None
+    return {
+        "epoch": resume.epoch,
+        "start": resume.start,
+        "batch": resume.batch,
+        "read": [list(r) for r in resume.read],
+    }
+
+
+def cursor_state(
+    layout: ShardLayout, resume: Resume | None, epoch: int, batch: int
+) -> dict[str, Any]:
+    """The ``position``, ``global_position`` and ``remainder`` keys of a shard at
+    ``(epoch, batch)`` of a run ``resume`` started (``None``: from the beginning)."""
+    if resume is not None and epoch > resume.last_epoch:
+        resume = None
+    rem, first, _ = span_of(layout, resume, epoch)
+    shard = layout if rem is None else rem.shard_layout(layout)
+    return {
+        "position": min((batch - first) * layout.batch_size, shard.shard_length),
+        "global_position": lockstep_resume(layout, resume, epoch, batch).start,
+        "remainder": remainder_dict(resume),
+    }
+
+
+def check_cursor_keys(
+    state: Mapping[str, Any], num_epochs: int | None
+) -> tuple[ShardLayout, Resume | None, int, int]:
+    """The saved layout, resume and ``(epoch, batch)`` of a checked ``state``, after
+    checking its cursor keys against each other (:func:`~mixle.loading.state.check_cursor`,
+    and ``global_position`` where the state has it)."""
+    layout = saved_layout(state)
+    resume = resume_of(state, num_epochs)
+    epoch = operator.index(state["epoch"])
+    rem, first, end = span_of(layout, resume, epoch)
+    shard = layout if rem is None else rem.shard_layout(layout)
+    epoch, batch = check_cursor(
+        state, end, num_epochs, layout.batch_size, shard.shard_length, first
+    )
+    if "global_position" in state:
+        expected = lockstep_resume(layout, resume, epoch, batch).start
+        if operator.index(state["global_position"]) != expected:
+            raise LoaderStateError(
+                f"state global_position={state['global_position']!r} does not match "
+                f"epoch={epoch}, batch={batch}: expected global_position={expected}; {_FIX}"
+            )
+    return layout, resume, epoch, batch
+
+
+def resharded(
+    state: Mapping[str, Any],
+    saved: ShardLayout,
+    resume: Resume | None,
+    cursor: tuple[int, int],
+    layout: ShardLayout,
+) -> Resume | None:
+    """Where ``layout`` continues a checked ``state`` (saved with ``saved``, at ``cursor``)
+    with ``reshard=True``: the state's global cursor, its batches numbered on from the
+    state's batch when the layouts read the same global batches, else from
+    ``global_position // (batch_size * num_shards)``.
+
+    Raises
+    ------
+    LoaderStateError
+        A single shard's state of a layout whose shards read different numbers of batches
+        per epoch (``drop_last=False``): it does not say where the other shards stopped.
+    """
+    epoch, batch = cursor
+    if state.get("merged", False):
+        assert resume is not None  # merge_states writes one
+        origin = resume
+    else:
+        if saved.num_shards > 1 and uneven_shards(saved, resume, epoch):
+            raise LoaderStateError(
+                f"cannot reshard one shard's state: with drop_last=False the "
+                f"{saved.num_shards} shards of batch_size={saved.batch_size} over "
+                f"num_records={saved.num_records} read different numbers of batches per "
+                f"epoch, so state shard_index={saved.shard_index} (epoch={epoch}, "
+                f"batch={batch}) does not say where the others stopped; pass "
+                "mixle.merge_states([...]) of every shard's state instead"
+            )
+        origin = lockstep_resume(saved, resume, epoch, batch)
+    same = (saved.batch_size, saved.num_shards, saved.blocked) == (
+        layout.batch_size,
+        layout.num_shards,
+        layout.blocked,
+    )
+    first = origin.batch if same else origin.start // layout.global_batch_size
+    if origin.start == 0 and not origin.read and first == 0:
+        return None  # the epoch from its beginning: an ordinary run
+    return Resume(origin.epoch, origin.start, first, origin.read)
+
+
+def normalize_cursor(
+    layout: ShardLayout, resume: Resume | None, epoch: int, batch: int, num_epochs: int | None
+) -> tuple[int, int]:
+    """``(epoch, batch)``, moved to the next epoch's start while it is at an epoch's end."""
+    while layout.num_batches and (num_epochs is None or epoch < num_epochs):
+        _, _, end = span_of(layout, resume, epoch)
+        if batch < end:
+            break
+        epoch += 1
+        batch = span_of(layout, resume, epoch)[1]
+    return epoch, batch
+
+
+def _alone(state: object, number: int) -> Mapping[str, Any]:
+    """``state`` checked on its own (keys, values, version), for :func:`merge_states`."""
+    state = check_mapping(state, "Loader.state_dict()")
+    expected: dict[str, Any] = {key: state.get(key) for key in STATE_KEYS}
+    expected["version"] = STATE_VERSION
+    try:
+        check_state(state, expected)
+    except LoaderStateError as exc:
+        raise LoaderStateError(f"states[{number}]: {exc}") from None
+    if state.get("merged", False):
+        raise LoaderStateError(
+            f"states[{number}] was made by merge_states() already; pass the states "
+            "Loader.state_dict() returned on each shard"
+        )
+    return state
+
+
+def merge_states(states: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """One exact state of every shard's state of a run, for ``load_state_dict(merged,
+    reshard=True)`` on any number of new shards.
+
+    Parameters
+    ----------
+    states
+        ``Loader.state_dict()`` (or ``JaxLoader.state_dict()``) of each shard ``0`` to
+        ``num_shards - 1`` of one run, in any order, taken wherever each shard stopped:
+        shards may stand at different batches, even different epochs.
+
+    Returns
+    -------
+    dict
+        A state (with ``"merged": True``) whose ``remainder`` is the first position of the
+        earliest unfinished epoch no shard has read and every position range read past it.
+        Loaded with ``reshard=True``, every new shard reads exactly the records no old
+        shard read (see ``docs/loader.md``). Its size grows with how far apart the shards
+        stopped (with interleaved shards, a range per record read past the slowest shard).
+
+    Raises
+    ------
+    LoaderStateError
+        ``states`` is empty, a state is not a Loader state or was merged already, a shard
+        index is missing or given twice, or the states are of different runs (another
+        source, order, batch or shard layout); the message names the states and the key.
+    """
+    if isinstance(states, Mapping):
+        raise LoaderStateError(
+            "merge_states() takes a list of every shard's state, got one state; pass "
+            "[state_of_shard_0, state_of_shard_1, ...]"
+        )
+    listed = [_alone(state, i) for i, state in enumerate(states)]
+    if not listed:
+        raise LoaderStateError("merge_states() got no states; pass every shard's state")
+    first = listed[0]
+    run_keys = [k for k in first if k not in CURSOR_KEYS and k != "version"]
+    for i, state in enumerate(listed[1:], start=1):
+        for key in run_keys + [k for k in state if k not in first]:
+            if state.get(key) != first.get(key):
+                raise LoaderStateError(
+                    f"states[{i}] {key}={show(state.get(key))} but states[0] "
+                    f"{key}={show(first.get(key))}: the states are of different runs; pass "
+                    "the states of the shards of one run"
+                )
+    shards = operator.index(first["num_shards"])
+    indices = [operator.index(s["shard_index"]) for s in listed]
+    missing = sorted(set(range(shards)) - set(indices))
+    twice = sorted({i for i in indices if indices.count(i) > 1})
+    if missing or twice:
+        raise LoaderStateError(
+            f"merge_states() needs the state of each of the num_shards={shards} shards once: "
+            + (f"shard_index {missing} missing" if missing else "")
+            + ("; " if missing and twice else "")
+            + (f"shard_index {twice} given more than once" if twice else "")
+        )
+    num_epochs = first["num_epochs"]
+    checked = [check_cursor_keys(s, num_epochs) for s in listed]
+    resumes = {remainder_key(r) for _, r, _, _ in checked if r is not None}
+    if len(resumes) > 1:
+        raise LoaderStateError(
+            "the states' remainders differ: the shards were resumed from different states; "
+            "pass the states of the shards of one run"
+        )
+    resume = next((r for _, r, _, _ in checked if r is not None), None)
+    if resume is not None:
+        for i, (_, own, epoch, _) in enumerate(checked):
+            if own is None and epoch <= resume.last_epoch:
+                raise LoaderStateError(
+                    f"states[{i}] has remainder=None at epoch={epoch}, but other shards' "
+                    f"runs resumed at epoch {resume.epoch}: the states are of different runs"
+                )
+    base = saved_layout({**first, "shard_index": 0})
+    cursors = [ShardCursor(s.shard_index, e, b) for s, _, e, b in checked]
+    merged = merge_cursors(base, resume, cursors)
+    out = {key: first[key] for key in first if key not in CURSOR_KEYS}
+    out |= {
+        "version": STATE_VERSION,
+        "shard_index": 0,
+        "epoch": merged.epoch,
+        "batch": merged.batch,
+    }
+    out |= cursor_state(base, merged, merged.epoch, merged.batch)
+    out["remainder"] = remainder_dict(merged)
+    out["merged"] = True
+    return {key: out[key] for key in (*STATE_KEYS, "shuffle_block", "merged") if key in out}
+
+
+def remainder_key(resume: Resume) -> tuple[Any, ...]:
+    """A hashable form of ``resume`` (to tell shards' remainders apart)."""
+    return (resume.epoch, resume.start, resume.batch, resume.read)

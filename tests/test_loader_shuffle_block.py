@@ -281,6 +281,7 @@ def test_a_state_without_shuffle_block_means_one() -> None:
     assert "shuffle_block" not in state  # runs without blocks save what they saved before
     # (nor the global cursor keys, which came later)
     del state["global_position"], state["remainder"]
+    state["version"] = 2
     old = {**state, "batch": 2, "position": 8}
     resumed = Loader(Rows(30), 4, shuffle=True, seed=3, num_threads=0, shuffle_block=1)
     resumed.load_state_dict(old)

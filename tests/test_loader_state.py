@@ -149,9 +149,7 @@ def test_a_cursor_out_of_range_names_the_key_and_the_range() -> None:
     message = refusal({**state, "epoch": 2})
     assert "epoch=2 with batch=3: a run of num_epochs=2 ends at epoch=2, batch=0" in message
     finished = make_loader()
-    finished.load_state_dict(
-        {**state, "epoch": 2, "batch": 0, "position": 0, "global_position": 0}
-    )
+    finished.load_state_dict({**state, "epoch": 2, "batch": 0, "position": 0, "global_position": 0})
     assert list(finished) == []
 
 
@@ -219,6 +217,9 @@ def test_a_global_position_that_disagrees_with_the_batch_is_refused() -> None:
 def test_a_state_saved_before_the_global_cursor_keys_existed_still_resumes() -> None:
     state = saved_state()
     old = {k: v for k, v in state.items() if k not in ("global_position", "remainder")}
+    old["version"] = 2
     loader = make_loader()
     loader.load_state_dict(old)
     assert loader.state_dict() == state
+    with pytest.raises(LoaderStateError, match=r"missing keys \['global_position', 'remainder'\]"):
+        make_loader().load_state_dict({**old, "version": 3})

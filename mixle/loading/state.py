@@ -20,10 +20,12 @@ if TYPE_CHECKING:
 __all__ = [
     "DERIVED_STATE_KEYS",
     "LAYOUT_CHECKS",
+    "LEGACY_STATE_VERSION",
     "LAYOUT_MATCH",
     "OPTIONAL_STATE_KEYS",
     "STATE_KEYS",
     "STATE_VERSION",
+    "STREAM_STATE_VERSION",
     "LoaderStateError",
     "ValueCheck",
     "check_cursor",
@@ -40,8 +42,14 @@ __all__ = [
     "source_fingerprint",
 ]
 
-#: Version of the state dict layout; a state of another version is refused.
-STATE_VERSION = 2
+#: Version of the Loader's state dict layout; a state of another version is refused,
+#: except one of :data:`LEGACY_STATE_VERSION`.
+STATE_VERSION = 3
+#: The version before ``global_position`` and ``remainder``: its states (which lack them)
+#: still load, as states of runs that started at the beginning.
+LEGACY_STATE_VERSION = 2
+#: The version of a stream Loader's state dict layout.
+STREAM_STATE_VERSION = 2
 #: Public attributes folded into the fingerprint when a source has them.
 _FINGERPRINT_ATTRS = ("shape", "dtype", "patch_size", "stride", "grid_shape", "seed")
 #: Hex digits in a source fingerprint.
@@ -125,8 +133,8 @@ _EXPECTED: dict[str, ValueCheck] = {
 #: Keys a state holds only when they differ from these values; a state without one means
 #: the value (so states saved before the key existed still load, and still mean the same).
 OPTIONAL_STATE_KEYS: dict[str, object] = {"shuffle_block": 1, "merged": False}
-#: Keys a state saved before they existed lacks; such a state is of a run never resumed
-#: onto another layout (``remainder=None``, ``global_position`` from ``batch``).
+#: Keys a state of :data:`LEGACY_STATE_VERSION` lacks; such a state is of a run that
+#: started at the beginning (``remainder=None``, ``global_position`` from ``batch``).
 DERIVED_STATE_KEYS = ("global_position", "remainder")
 #: Every key a state always has, in the order ``Loader.state_dict()`` writes them (an
 #: optional key it writes comes where it stands in ``_EXPECTED``).
@@ -189,9 +197,12 @@ def check_values(state: Mapping[str, Any], checks: Mapping[str, ValueCheck], fix
             )
 
 
-def check_version(state: Mapping[str, Any], expected: Mapping[str, Any]) -> None:
-    """Raise :class:`LoaderStateError` unless ``state`` has ``expected``'s ``version``."""
-    if state["version"] != expected["version"]:
+def check_version(
+    state: Mapping[str, Any], expected: Mapping[str, Any], legacy: tuple[int, ...] = ()
+) -> None:
+    """Raise :class:`LoaderStateError` unless ``state`` has ``expected``'s ``version`` (or
+    one of ``legacy``)."""
+    if state["version"] != expected["version"] and state["version"] not in legacy:
         raise LoaderStateError(
             f"state version={state['version']!r} is not this mixle's state version "
             f"{expected['version']}"
@@ -285,8 +296,12 @@ def check_state(
             "Loader reads a map-style source; resume with a Loader over the stream the run "
             "that saved it read"
         )
+    legacy = state.get("version") == LEGACY_STATE_VERSION
     missing = sorted(
-        expected.keys() - state.keys() - OPTIONAL_STATE_KEYS.keys() - set(DERIVED_STATE_KEYS)
+        expected.keys()
+        - state.keys()
+        - OPTIONAL_STATE_KEYS.keys()
+        - (set(DERIVED_STATE_KEYS) if legacy else set())
     )
     if missing:
         raise LoaderStateError(
@@ -301,7 +316,7 @@ def check_state(
             f"{list(expected)}: {_FIX}"
         )
     check_values(state, _EXPECTED, _FIX)  # an optional key left out is skipped
-    check_version(state, expected)
+    check_version(state, expected, (LEGACY_STATE_VERSION,))
     hints = {"source": " (and, for a sampler, call set_epoch() with the epoch it had)"}
     if not reshard:
         fix = "; to go on with another batch_size or shard layout, pass reshard=True"

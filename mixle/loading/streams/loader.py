@@ -21,7 +21,7 @@ from mixle.loading.element_spec import widen_leading
 from mixle.loading.prefetch import StopSignal
 from mixle.loading.reader import takes_rng
 from mixle.loading.spec_check import record_spec_of
-from mixle.loading.state import STATE_VERSION, layout_state
+from mixle.loading.state import STREAM_STATE_VERSION, layout_state
 from mixle.loading.streams.detect import ONE_SHOT_FIX, stream_kind
 from mixle.loading.streams.plan import EpochEnds, StreamLayout, StreamPlan, stream_plans
 from mixle.loading.streams.reader import StreamRead, StreamReader
@@ -307,7 +307,7 @@ class StreamLoader(LoaderBase):
         if self._fingerprint is None:  # once: a JaxLoader asks for the state every batch
             self._fingerprint = stream_fingerprint(self._source)
         return {
-            "version": STATE_VERSION,
+            "version": STREAM_STATE_VERSION,
             "stream": True,
             "source": self._fingerprint,
             **layout_state(lay),

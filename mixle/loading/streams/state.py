@@ -162,7 +162,15 @@ def _resharded_batch(
             f"= {new_batch}, and a stream Loader starts at a global batch; keep the global "
             "batch size (change the per-shard batch_size with num_shards)"
         )
-    if state["num_shards"] > 1 and state["drop_last"] is False and batch == 0 and epoch:
+    num_epochs = expected["num_epochs"]
+    inside_run = num_epochs is None or epoch < num_epochs
+    if (
+        state["num_shards"] > 1
+        and state["drop_last"] is False
+        and batch == 0
+        and epoch
+        and inside_run
+    ):
         raise LoaderStateError(
             f"cannot reshard one shard's state at the start of epoch {epoch}: with "
             f"drop_last=False and num_shards={state['num_shards']}, shard "

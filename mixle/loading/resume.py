@@ -141,6 +141,12 @@ def cursor_state(
     ``(epoch, batch)`` of a run ``resume`` started (``None``: from the beginning)."""
     if resume is not None and epoch > resume.last_epoch:
         resume = None
+    if resume is None:  # a fresh epoch (the common case, asked for every batch by JaxLoader)
+        return {
+            "position": min(batch * layout.batch_size, layout.shard_length),
+            "global_position": min(batch * layout.global_batch_size, layout.num_records),
+            "remainder": None,
+        }
     rem, first, _ = span_of(layout, resume, epoch)
     shard = layout if rem is None else rem.shard_layout(layout)
     return {

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import mixle
 from mixle import Loader, LoaderStateError
 from mixle.loading.state import STATE_KEYS, show
 
@@ -223,3 +224,24 @@ def test_a_state_saved_before_the_global_cursor_keys_existed_still_resumes() -> 
     assert loader.state_dict() == state
     with pytest.raises(LoaderStateError, match=r"missing keys \['global_position', 'remainder'\]"):
         make_loader().load_state_dict({**old, "version": 3})
+
+
+def test_a_merged_state_whose_remainder_was_changed_is_refused() -> None:
+    shards = [
+        Loader(Rows(30), 4, shard_index=s, num_shards=2, num_epochs=2, num_threads=0)
+        for s in range(2)
+    ]
+    for shard, steps in zip(shards, (1, 3), strict=True):
+        for _ in zip(range(steps), shard):
+            pass
+    merged = mixle.merge_states([shard.state_dict() for shard in shards])
+    assert merged["merged"] is True and merged["remainder"]["start"] == 8
+    loader = Loader(Rows(30), 5, num_epochs=2, num_threads=0)
+    with pytest.raises(LoaderStateError, match="does not start at its epoch=0, batch=3"):
+        loader.load_state_dict({**shards[1].state_dict(), "merged": True}, reshard=True)
+    with pytest.raises(
+        LoaderStateError, match=r"load it with load_state_dict\(state, reshard=True\)"
+    ):
+        Loader(Rows(30), 4, num_shards=2, num_epochs=2).load_state_dict(merged)
+    loader.load_state_dict(merged, reshard=True)
+    assert loader.state_dict()["remainder"] == merged["remainder"] | {"batch": 8 // 5}

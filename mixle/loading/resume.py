@@ -200,7 +200,12 @@ def resharded(
     """
     epoch, batch = cursor
     if state.get("merged", False):
-        assert resume is not None  # merge_states writes one
+        if resume is None or (resume.epoch, resume.batch) != cursor:
+            raise LoaderStateError(
+                f"state has 'merged': True but remainder={show(state.get('remainder'))} "
+                f"does not start at its epoch={epoch}, batch={batch}, as merge_states() "
+                f"writes; {_FIX}"
+            )
         origin = resume
     else:
         if saved.num_shards > 1 and uneven_shards(saved, resume, epoch):

@@ -202,12 +202,12 @@ def _fresh(layout: ShardLayout) -> Remainder:
 
 
 def uneven_shards(layout: ShardLayout, resume: Resume | None, epoch: int) -> bool:
-    """Whether the shards of ``layout`` read different numbers of batches in ``epoch`` or
-    in a fresh epoch (only possible with ``drop_last=False``)."""
+    """Whether the shards of ``layout`` read different numbers of batches in an epoch from
+    ``epoch`` on: a fresh one or one ``resume`` covers (only possible with
+    ``drop_last=False``)."""
     spans = [_fresh(layout)]
-    rem, _, _ = span_of(layout, resume, epoch)
-    if rem is not None:
-        spans.append(rem)
+    covered = () if resume is None else range(epoch, resume.last_epoch + 1)
+    spans += [rem for e in covered if (rem := span_of(layout, resume, e)[0]) is not None]
     for span in spans:
         counts = {
             span.shard_layout(_member(layout, s)).num_batches for s in range(layout.num_shards)

@@ -556,6 +556,51 @@ def test_chains_of_lockstep_single_states(
     check_after(run, case.new, [before, mid_reads], after, state["epoch"])
 
 
+@settings(max_examples=60, deadline=None)
+@given(lockstep_cases(), GRIDS, st.integers(0, 30), st.data())
+def test_single_states_of_resharded_runs_without_drop_last(
+    case: Case, mid: Grid, mid_steps: int, data: st.DataObject
+) -> None:
+    """``drop_last=False``: a resharded loader's single state is refused when the epoch it
+    resumed splits into different numbers of batches per shard, and read exactly once
+    from where it stands otherwise (always for one shard)."""
+    run = replace(case.run, drop_last=False)
+    case = replace(case, run=run, old=replace(case.old, num_shards=1), saved=0)
+    before, (state,) = cut(case)
+    middle = resume(case, mid, state)
+    mid_reads = [read(loader, mid_steps) for loader in middle]
+    mid_states = [roundtrip(loader.state_dict()) for loader in middle]
+    e0 = state["epoch"]
+    todo = len(expected_after(run, mid, read_positions(run, before), e0).get(e0, []))
+    resumed = {mid.layout(todo, s, False).num_batches for s in range(mid.num_shards)}
+    uneven = mid.uneven(run) or len(resumed) > 1
+    saved = mid_states[data.draw(st.integers(0, mid.num_shards - 1))]
+    target = case.new.loaders(run)[0]
+    if mid.num_shards > 1 and uneven and saved["epoch"] == e0 < run.num_epochs:
+        message = refusal(target, saved, reshard=True)
+        assert "merge_states" in message, message
+        return
+    refused = ""
+    try:
+        target.load_state_dict(saved, reshard=True)
+    except LoaderStateError as error:  # a resumed uneven epoch behind it: refused too
+        refused = str(error)
+    if refused:
+        assert mid.num_shards > 1 and uneven and "merge_states" in refused, refused
+        return
+    # the state stands for every middle shard at its cursor: read each up to there
+    cursor = (saved["epoch"], saved["batch"])
+    mid_reads = []
+    for loader in resume(case, mid, state):
+        reads: list[Read] = []
+        while (loader.state_dict()["epoch"], loader.state_dict()["batch"]) < cursor:
+            reads += read(loader, 1)
+        assert (loader.state_dict()["epoch"], loader.state_dict()["batch"]) == cursor
+        mid_reads.append(reads)
+    after = [read(loader) for loader in resume(case, case.new, saved)]
+    check_after(run, case.new, [before, mid_reads], after, saved["epoch"])
+
+
 @pytest.mark.parametrize("merged", [False, True])
 def test_endless_runs_reshard_too(merged: bool) -> None:
     """``num_epochs=None``: the epochs after the cut are read once each all the same."""

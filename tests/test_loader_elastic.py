@@ -784,6 +784,52 @@ def test_merge_states_refuses_what_is_not_all_shards_of_one_run() -> None:
         merge_states([states[0], broken, states[2]])
 
 
+def _scattered_merged() -> dict[str, Any]:
+    shards = BASE_GRID.loaders(replace(BASE, drop_last=False))
+    read(shards[0], 5)  # into epoch 1
+    read(shards[1], 1)
+    return merge_states([roundtrip(loader.state_dict()) for loader in shards])
+
+
+REMAINDER_EDITS = {
+    "ranges overlap": lambda r: r["read"].append(list(r["read"][-1])),
+    "ranges unsorted": lambda r: r["read"].insert(0, [1, 5, 6]),
+    "range past n": lambda r: r["read"].append([1, 28, 40]),
+    "empty range": lambda r: r["read"].append([1, 9, 9]),
+    "negative range": lambda r: r["read"].append([1, -3, 2]),
+    "range of an epoch past the run": lambda r: r["read"].append([5, 1, 2]),
+    "range before the start": lambda r: r["read"].insert(0, [0, 0, 1]),
+    "range of two numbers": lambda r: r["read"].append([1, 2]),
+    "read not a list": lambda r: r.__setitem__("read", "x"),
+    "start past n": lambda r: r.__setitem__("start", 31),
+    "start negative": lambda r: r.__setitem__("start", -1),
+    "start a float": lambda r: r.__setitem__("start", 3.0),
+    "epoch past the run": lambda r: r.__setitem__("epoch", 3),
+    "epoch a bool": lambda r: r.__setitem__("epoch", True),
+    "batch negative": lambda r: r.__setitem__("batch", -1),
+    "a key missing": lambda r: r.pop("batch"),
+    "a key unknown": lambda r: r.__setitem__("x", 1),
+}
+
+
+@pytest.mark.parametrize("edit", list(REMAINDER_EDITS), ids=list(REMAINDER_EDITS))
+def test_a_broken_remainder_is_refused_naming_it(edit: str) -> None:
+    merged = _scattered_merged()
+    assert merged["remainder"]["epoch"] == 0 and merged["remainder"]["read"][-1][0] == 1
+    REMAINDER_EDITS[edit](merged["remainder"])
+    message = refusal(Grid(3, 3).loaders(replace(BASE, drop_last=False))[0], merged, reshard=True)
+    assert "remainder" in message, message
+
+
+def test_a_global_position_that_does_not_match_the_cursor_is_refused() -> None:
+    (state, _) = base_states()
+    for position in (7, state["global_position"] + 1, 10**6):
+        for reshard, grid in ((False, BASE_GRID), (True, Grid(3, 3))):
+            bad = {**state, "global_position": position}
+            message = refusal(grid.loaders(BASE)[0], bad, reshard=reshard)
+            assert f"global_position={position}" in message, message
+
+
 def test_a_single_state_of_uneven_shards_is_refused() -> None:
     run = Run(25, shuffle=True, seed=3, num_epochs=2)  # 25 rows over 2 shards of 4: 4 and 3
     grid = Grid(4, 2)

@@ -876,6 +876,29 @@ def test_transform_batch_numbers(case: Case) -> None:
             assert r.tags is not None and set(r.tags.tolist()) == {want}, (r, number)
 
 
+@settings(max_examples=60, deadline=None)
+@given(scattered_cases())
+def test_transform_batch_numbers_of_merged_states(case: Case) -> None:
+    run, new = case.run, case.new
+    _, states = cut(case)
+    merged = merge_states(states)
+    if merged["remainder"] is None:  # every shard finished: nothing left to number
+        assert all(s["epoch"] == run.num_epochs for s in states)
+        return
+    e0 = merged["remainder"]["epoch"]
+    same = (merged["batch_size"], merged["num_shards"], merged["shard_layout"]) == (
+        new.batch_size,
+        new.num_shards,
+        new.name,
+    )
+    b0 = merged["batch"] if same else merged["global_position"] // new.global_batch
+    for s, loader in enumerate(resume(case, new, merged, transform=tag)):
+        for r in read(loader):
+            number = r.number + (b0 if r.epoch == e0 else 0)
+            want = expected_tag(run.seed, r.epoch, number, s)
+            assert r.tags is not None and set(r.tags.tolist()) == {want}, (r, number)
+
+
 # -- 7. worker processes ------------------------------------------------------------------
 @pytest.mark.parametrize(
     "case",

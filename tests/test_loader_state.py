@@ -245,3 +245,9 @@ def test_a_merged_state_whose_remainder_was_changed_is_refused() -> None:
         Loader(Rows(30), 4, num_shards=2, num_epochs=2).load_state_dict(merged)
     loader.load_state_dict(merged, reshard=True)
     assert loader.state_dict()["remainder"] == merged["remainder"] | {"batch": 8 // 5}
+
+
+@pytest.mark.parametrize("states", [5, None, {"version": 3}])
+def test_merge_states_of_something_not_a_list_of_states_names_it(states: Any) -> None:
+    with pytest.raises(LoaderStateError, match="takes a list of every shard's state, got"):
+        mixle.merge_states(states)

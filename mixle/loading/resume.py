@@ -27,6 +27,7 @@ from mixle.data.index_math.elastic import (
 from mixle.data.index_math.sharding import ShardLayout
 from mixle.errors import LoaderStateError
 from mixle.loading.state import (
+    OPTIONAL_STATE_KEYS,
     STATE_KEYS,
     STATE_VERSION,
     check_cursor,
@@ -246,6 +247,7 @@ def _alone(state: object, number: int) -> Mapping[str, Any]:
     """``state`` checked on its own (keys, values, version), for :func:`merge_states`."""
     state = check_mapping(state, "Loader.state_dict()")
     expected: dict[str, Any] = {key: state.get(key) for key in STATE_KEYS}
+    expected |= {key: state[key] for key in OPTIONAL_STATE_KEYS if key in state}
     expected["version"] = STATE_VERSION
     try:
         check_state(state, expected)
@@ -286,9 +288,10 @@ def merge_states(states: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         index is missing or given twice, or the states are of different runs (another
         source, order, batch or shard layout); the message names the states and the key.
     """
-    if isinstance(states, Mapping):
+    if isinstance(states, Mapping) or not isinstance(states, Iterable):
+        got = "one state" if isinstance(states, Mapping) else show(states)
         raise LoaderStateError(
-            "merge_states() takes a list of every shard's state, got one state; pass "
+            f"merge_states() takes a list of every shard's state, got {got}; pass "
             "[state_of_shard_0, state_of_shard_1, ...]"
         )
     listed = [_alone(state, i) for i, state in enumerate(states)]

@@ -156,7 +156,10 @@ class Loader(LoaderBase):
       A new ``iter()`` stops the previous iterator and continues from the cursor.
     - Batch ``t`` of epoch ``e`` is a pure function of ``(seed, e, t)``, the source and the
       shard layout: the same whatever ``num_threads``, ``prefetch``, ``num_workers`` and
-      the start method.
+      the start method. After ``load_state_dict(state, reshard=True)`` the epochs the
+      state left unfinished read only what no shard had read (so they have fewer batches
+      than ``len(loader)``); ``batch_indices`` and ``record_indices`` still describe whole
+      epochs.
     - With ``drop_last="pad"`` the mask of real rows is ``batch["mask"]`` for dict records,
       the last element for tuple and list records, and ``(batch, mask)`` for array records.
       It is attached after ``transform``. Padding rows repeat real records (see

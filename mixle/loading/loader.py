@@ -9,7 +9,6 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from mixle.data.index_math.elastic import Resume
 from mixle.data.index_math.sharding import SHARD_LAYOUTS, DropLast, ShardLayout
 from mixle.data.sources.compose.lineage import leaf_origins
 from mixle.data.sources.origins import Origins
@@ -29,7 +28,7 @@ from mixle.loading.plan import INDEX_WINDOW_ROWS, BatchPlan, batch_plans, record
 from mixle.loading.prefetch import StopSignal
 from mixle.loading.read_ahead import ReadAheadPlans, chunk_keys_of
 from mixle.loading.reader import BatchReader, takes_rng
-from mixle.loading.resume import check_cursor_keys, cursor_state, normalize_cursor, resharded
+from mixle.loading.resume import ResumedRun, check_cursor_keys, normalize_cursor, resharded
 from mixle.loading.state import STATE_VERSION, check_state, layout_state, source_fingerprint
 from mixle.loading.streams import StreamLoader, is_stream
 from mixle.reading.process_cache import chunk_cache
@@ -260,7 +259,7 @@ class Loader(LoaderBase):
             check,
         )
         self._start_cursor()
-        self._resume: Resume | None = None  # where a run resumed onto this layout started
+        self._resumed = ResumedRun(self._layout, None)  # where a resharded run started
 
     # -- description --------------------------------------------------------------------
     @property
@@ -348,7 +347,7 @@ class Loader(LoaderBase):
             seed=self._seed,
             num_epochs=self._num_epochs,
             shuffle_block=self._shuffle_block,
-            resume=self._resume,
+            resume=self._resumed.resume,
         )
         first = list(itertools.islice(plans, 1))  # no batch left: no worker to start
         pooled = bool(self._num_workers and first)
@@ -421,7 +420,7 @@ class Loader(LoaderBase):
             "num_epochs": self._num_epochs,
             "epoch": self._epoch,
             "batch": self._batch,
-            **cursor_state(lay, self._resume, self._epoch, self._batch),
+            **self._resumed.cursor_state(self._epoch, self._batch),
         }
 
     def load_state_dict(self, state: dict[str, Any], *, reshard: bool = False) -> None:
@@ -470,7 +469,7 @@ class Loader(LoaderBase):
                 "for every shard, so load it with load_state_dict(state, reshard=True)"
             )
         self.close()
-        self._resume = resume
+        self._resumed = ResumedRun(self._layout, resume)
         self._epoch, self._batch = normalize_cursor(
             self._layout, resume, epoch, batch, self._num_epochs
         )

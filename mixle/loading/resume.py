@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from mixle.data.index_math.elastic import (
+    Remainder,
     Resume,
     ShardCursor,
     lockstep_resume,
@@ -39,7 +40,8 @@ from mixle.loading.state import (
 
 __all__ = [
     "CURSOR_KEYS",
-    "cursor_state",
+    "MERGE_MAX_EPOCHS_APART",
+    "ResumedRun",
     "merge_states",
     "normalize_cursor",
     "resharded",
@@ -47,6 +49,8 @@ __all__ = [
     "saved_layout",
 ]
 
+#: How many epochs apart the shards given to :func:`merge_states` may stand.
+MERGE_MAX_EPOCHS_APART = 16
 #: State keys that say where a shard stands; the others say which run it belongs to.
 CURSOR_KEYS = ("shard_index", "epoch", "batch", "position", "global_position", "remainder")
 _REMAINDER_KEYS = ("epoch", "start", "batch", "read")
@@ -55,7 +59,18 @@ _is_int = int_at_least(0)
 
 
 def saved_layout(state: Mapping[str, Any]) -> ShardLayout:
-    """The shard layout a checked ``state`` was saved with."""
+    """The shard layout a checked ``state`` was saved with.
+
+    Raises
+    ------
+    LoaderStateError
+        Its ``shard_index`` is not below its ``num_shards``.
+    """
+    if operator.index(state["shard_index"]) >= operator.index(state["num_shards"]):
+        raise LoaderStateError(
+            f"state shard_index={state['shard_index']!r} is not valid for its "
+            f"num_shards={state['num_shards']!r}: shard_index must be below num_shards; {_FIX}"
+        )
     return ShardLayout(
         operator.index(state["num_records"]),
         operator.index(state["batch_size"]),
@@ -117,10 +132,7 @@ def resume_of(state: Mapping[str, Any], num_epochs: int | None) -> Resume | None
         if ranges and e == ranges[-1][0] and a < ranges[-1][2]:
             raise _bad(value, f"read range {show(item)} overlaps the one before it")
         ranges.append((e, a, b))
-    resume = Resume(epoch, start, operator.index(value["batch"]), tuple(ranges))
-    if operator.index(state["epoch"]) > resume.last_epoch:
-        raise _bad(value, f"it covers no epoch at or after the state's epoch={state['epoch']}")
-    return resume
+    return Resume(epoch, start, operator.index(value["batch"]), tuple(ranges))
 
 
 def remainder_dict(resume: Resume | None) -> dict[str, Any] | None:
@@ -135,26 +147,40 @@ def remainder_dict(resume: Resume | None) -> dict[str, Any] | None:
     }
 
 
-def cursor_state(
-    layout: ShardLayout, resume: Resume | None, epoch: int, batch: int
-) -> dict[str, Any]:
-    """The ``position``, ``global_position`` and ``remainder`` keys of a shard at
-    ``(epoch, batch)`` of a run ``resume`` started (``None``: from the beginning)."""
-    if resume is not None and epoch > resume.last_epoch:
-        resume = None
-    if resume is None:  # a fresh epoch (the common case, asked for every batch by JaxLoader)
+class ResumedRun:
+    """A Loader's :class:`Resume` (``None``: a run from the beginning) and the cursor keys
+    of its states, each epoch's span worked out once (``JaxLoader`` asks for the state
+    every batch)."""
+
+    def __init__(self, layout: ShardLayout, resume: Resume | None) -> None:
+        self.layout, self.resume = layout, resume
+        self._spans: dict[int, tuple[Remainder | None, int, int]] = {}
+        self._remainder = remainder_dict(resume)
+
+    def span(self, epoch: int) -> tuple[Remainder | None, int, int]:
+        """:func:`~mixle.data.index_math.elastic.span_of` of this shard in ``epoch``."""
+        if self.resume is None:
+            return None, 0, self.layout.num_batches
+        if epoch not in self._spans:
+            if len(self._spans) > 8:
+                self._spans.clear()
+            self._spans[epoch] = span_of(self.layout, self.resume, epoch)
+        return self._spans[epoch]
+
+    def cursor_state(self, epoch: int, batch: int) -> dict[str, Any]:
+        """The ``position``, ``global_position`` and ``remainder`` keys at ``(epoch,
+        batch)``. The remainder's ``read`` list is shared by every state of the run: copy
+        it before changing it."""
+        layout = self.layout
+        rem, first, _ = self.span(epoch)
+        shard = layout if rem is None else rem.shard_layout(layout)
+        rows = (batch - first) * layout.global_batch_size
+        remainder = None if self._remainder is None else dict(self._remainder)
         return {
-            "position": min(batch * layout.batch_size, layout.shard_length),
-            "global_position": min(batch * layout.global_batch_size, layout.num_records),
-            "remainder": None,
+            "position": min((batch - first) * layout.batch_size, shard.shard_length),
+            "global_position": min(rows, layout.num_records) if rem is None else rem.cursor(rows),
+            "remainder": remainder,
         }
-    rem, first, _ = span_of(layout, resume, epoch)
-    shard = layout if rem is None else rem.shard_layout(layout)
-    return {
-        "position": min((batch - first) * layout.batch_size, shard.shard_length),
-        "global_position": lockstep_resume(layout, resume, epoch, batch).start,
-        "remainder": remainder_dict(resume),
-    }
 
 
 def check_cursor_keys(
@@ -209,14 +235,16 @@ def resharded(
             )
         origin = resume
     else:
-        if saved.num_shards > 1 and uneven_shards(saved, resume, epoch):
+        if saved.num_shards > 1 and uneven_shards(saved, resume):
             raise LoaderStateError(
                 f"cannot reshard one shard's state: with drop_last=False the "
                 f"{saved.num_shards} shards of batch_size={saved.batch_size} over "
-                f"num_records={saved.num_records} read different numbers of batches per "
-                f"epoch, so state shard_index={saved.shard_index} (epoch={epoch}, "
-                f"batch={batch}) does not say where the others stopped; pass "
-                "mixle.merge_states([...]) of every shard's state instead"
+                f"num_records={saved.num_records} read different numbers of batches in an "
+                "epoch (a whole one, or one a resharded run resumed), so shards in lock "
+                f"step stand at different cursors and state shard_index={saved.shard_index}"
+                f" (epoch={epoch}, batch={batch}) does not say where the others are; pass "
+                "mixle.merge_states([...]) of every shard's state instead (or, on the same "
+                "layout, load each shard's own state with reshard=False)"
             )
         origin = lockstep_resume(saved, resume, epoch, batch)
     same = (saved.batch_size, saved.num_shards, saved.blocked) == (
@@ -246,11 +274,21 @@ def normalize_cursor(
 def _alone(state: object, number: int) -> Mapping[str, Any]:
     """``state`` checked on its own (keys, values, version), for :func:`merge_states`."""
     state = check_mapping(state, "Loader.state_dict()")
+    if state.get("stream") is True:
+        raise LoaderStateError(
+            f"states[{number}] is a stream Loader's state (it has 'stream': True); "
+            "merge_states() merges states of Loaders over map-style sources (a stream "
+            "Loader reshards from one state taken in lock step)"
+        )
     expected: dict[str, Any] = {key: state.get(key) for key in STATE_KEYS}
     expected |= {key: state[key] for key in OPTIONAL_STATE_KEYS if key in state}
     expected["version"] = STATE_VERSION
     try:
         check_state(state, expected)
+    except LoaderStateError as exc:
+        raise LoaderStateError(f"states[{number}]: {exc}") from None
+    try:
+        saved_layout(state)
     except LoaderStateError as exc:
         raise LoaderStateError(f"states[{number}]: {exc}") from None
     if state.get("merged", False):
@@ -288,7 +326,7 @@ def merge_states(states: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         index is missing or given twice, or the states are of different runs (another
         source, order, batch or shard layout); the message names the states and the key.
     """
-    if isinstance(states, Mapping) or not isinstance(states, Iterable):
+    if isinstance(states, (Mapping, str, bytes)) or not isinstance(states, Iterable):
         got = "one state" if isinstance(states, Mapping) else show(states)
         raise LoaderStateError(
             f"merge_states() takes a list of every shard's state, got {got}; pass "
@@ -320,20 +358,22 @@ def merge_states(states: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         )
     num_epochs = first["num_epochs"]
     checked = [check_cursor_keys(s, num_epochs) for s in listed]
-    resumes = {remainder_key(r) for _, r, _, _ in checked if r is not None}
+    resumes = {None if r is None else remainder_key(r) for _, r, _, _ in checked}
     if len(resumes) > 1:
         raise LoaderStateError(
-            "the states' remainders differ: the shards were resumed from different states; "
-            "pass the states of the shards of one run"
+            "the states' remainders differ (shards resumed from different states, or some "
+            "resumed and some not): the states are of different runs; pass the states of "
+            "the shards of one run"
         )
-    resume = next((r for _, r, _, _ in checked if r is not None), None)
-    if resume is not None:
-        for i, (_, own, epoch, _) in enumerate(checked):
-            if own is None and epoch <= resume.last_epoch:
-                raise LoaderStateError(
-                    f"states[{i}] has remainder=None at epoch={epoch}, but other shards' "
-                    f"runs resumed at epoch {resume.epoch}: the states are of different runs"
-                )
+    resume = checked[0][1]
+    epochs = [epoch for _, _, epoch, _ in checked]
+    if max(epochs) - min(epochs) > MERGE_MAX_EPOCHS_APART:
+        raise LoaderStateError(
+            f"the shards stand {max(epochs) - min(epochs)} epochs apart (epochs "
+            f"{min(epochs)} and {max(epochs)}); merge_states() takes shards at most "
+            f"{MERGE_MAX_EPOCHS_APART} epochs apart (a merged state lists every range read "
+            "past the slowest shard)"
+        )
     base = saved_layout({**first, "shard_index": 0})
     cursors = [ShardCursor(s.shard_index, e, b) for s, _, e, b in checked]
     merged = merge_cursors(base, resume, cursors)
@@ -344,7 +384,7 @@ def merge_states(states: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         "epoch": merged.epoch,
         "batch": merged.batch,
     }
-    out |= cursor_state(base, merged, merged.epoch, merged.batch)
+    out |= ResumedRun(base, merged).cursor_state(merged.epoch, merged.batch)
     out["remainder"] = remainder_dict(merged)
     out["merged"] = True
     return {key: out[key] for key in (*STATE_KEYS, "shuffle_block", "merged") if key in out}

@@ -308,6 +308,12 @@ def check_state(
             f"state is missing keys {missing}; was it made by Loader.state_dict()? "
             f"A Loader state has the keys {list(expected)}"
         )
+    newer = [key for key in (*DERIVED_STATE_KEYS, "merged") if legacy and key in state]
+    if newer:
+        raise LoaderStateError(
+            f"state version={LEGACY_STATE_VERSION} has the keys {newer}, which came with "
+            f"version {STATE_VERSION}: {_FIX}"
+        )
     unknown = sorted(state.keys() - expected.keys() - OPTIONAL_STATE_KEYS.keys(), key=repr)
     if unknown:
         found = ", ".join(f"{show(key)}: {show(state[key])}" for key in unknown)

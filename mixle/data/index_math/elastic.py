@@ -165,9 +165,14 @@ class Resume:
         return epoch == self.epoch or any(r[0] == epoch for r in self.read)
 
     @property
+    def epochs(self) -> list[int]:
+        """The epochs this resume changes, in order: its own and those with ranges read."""
+        return sorted({self.epoch, *(r[0] for r in self.read)})
+
+    @property
     def last_epoch(self) -> int:
         """The last epoch this resume changes."""
-        return max([self.epoch, *(r[0] for r in self.read)])
+        return self.epochs[-1]
 
     def read_in(self, epoch: int) -> tuple[tuple[int, int], ...]:
         """The ranges read in ``epoch``."""
@@ -201,20 +206,21 @@ def _fresh(layout: ShardLayout) -> Remainder:
     return Remainder(layout.num_records, layout.global_batch_size, layout.drop_last)
 
 
-def uneven_shards(layout: ShardLayout, resume: Resume | None, epoch: int) -> bool:
-    """Whether the shards of ``layout`` read different numbers of batches in an epoch from
-    ``epoch`` on: a fresh one or one ``resume`` covers (only possible with
-    ``drop_last=False``)."""
+def uneven_shards(layout: ShardLayout, resume: Resume | None) -> bool:
+    """Whether the shards of ``layout`` read different numbers of batches in some epoch: a
+    fresh one or one ``resume`` covers (only possible with ``drop_last=False``). Then
+    shards in lock step stand at different cursors after it, so one shard's cursor does
+    not say where the others are."""
     spans = [_fresh(layout)]
-    covered = () if resume is None else range(epoch, resume.last_epoch + 1)
-    spans += [rem for e in covered if (rem := span_of(layout, resume, e)[0]) is not None]
-    for span in spans:
-        counts = {
-            span.shard_layout(_member(layout, s)).num_batches for s in range(layout.num_shards)
-        }
-        if len(counts) > 1:
-            return True
-    return False
+    if resume is not None:
+        spans += [span_of(layout, resume, e)[0] for e in resume.epochs]  # type: ignore[misc]
+    first, last = _member(layout, 0), _member(layout, layout.num_shards - 1)
+    # a shard's batch count never grows with its index: the first and last shards differ
+    # exactly when any two do
+    return any(
+        span.shard_layout(first).num_batches != span.shard_layout(last).num_batches
+        for span in spans
+    )
 
 
 def lockstep_resume(layout: ShardLayout, resume: Resume | None, epoch: int, batch: int) -> Resume:
@@ -285,14 +291,17 @@ def merge_cursors(
     one): the first position of the earliest unfinished epoch no shard has read, and every
     range read past it.
 
-    The work is proportional to the rows read past the slowest shard.
+    The work is proportional to the rows read past the slowest shard, so the caller bounds
+    how many epochs apart the cursors may be.
     """
     epoch = min(c.epoch for c in cursors)
-    last = max([c.epoch for c in cursors] + ([resume.last_epoch] if resume else []))
+    epochs = set(range(epoch + 1, max(c.epoch for c in cursors) + 1))
+    if resume is not None:
+        epochs |= {e for e in resume.epochs if e > epoch}
     read: list[ReadRange] = []
     ranges, common, first = _read_in_epoch(layout, resume, cursors, epoch)
     start = ranges[0][1] if ranges and ranges[0][0] == 0 else 0
     read += [(epoch, a, b) for a, b in ranges if b > start]
-    for later in range(epoch + 1, last + 1):
+    for later in sorted(epochs):
         read += [(later, a, b) for a, b in _read_in_epoch(layout, resume, cursors, later)[0]]
     return Resume(epoch, start, first + common, tuple(read))

@@ -97,9 +97,9 @@ def check_stream_state(
     With ``reshard``, ``state`` may have another batch size and shard layout: ``batch``
     is then this loader's batch that starts at the state's stream position, which must
     be a multiple of this loader's global batch (it is when the global batch size is
-    kept); one shard's state at the start of an epoch of a run with several shards and
-    ``drop_last=False`` is refused (a shard may have read nothing of the stream's last
-    short global batch while the others still had a batch of it to read).
+    kept); with several shards and ``drop_last=False`` a state past epoch 0 is refused (a
+    shard may have had no rows in an epoch's last short global batch, so shards in lock
+    step stand at different batches after it).
     """
     state = check_mapping(state, "the Loader's state_dict()")
     if "stream" not in state and "num_records" in state:
@@ -162,20 +162,12 @@ def _resharded_batch(
             f"= {new_batch}, and a stream Loader starts at a global batch; keep the global "
             "batch size (change the per-shard batch_size with num_shards)"
         )
-    num_epochs = expected["num_epochs"]
-    inside_run = num_epochs is None or epoch < num_epochs
-    if (
-        state["num_shards"] > 1
-        and state["drop_last"] is False
-        and batch == 0
-        and epoch
-        and inside_run
-    ):
+    if state["num_shards"] > 1 and state["drop_last"] is False and epoch:
         raise LoaderStateError(
-            f"cannot reshard one shard's state at the start of epoch {epoch}: with "
-            f"drop_last=False and num_shards={state['num_shards']}, shard "
-            f"{state['shard_index']} may have had no rows in the stream's last short global "
-            "batch while the other shards still had a batch of it; reshard a state taken "
-            "inside an epoch, or resume with the same layout"
+            f"cannot reshard one shard's state of epoch {epoch}: with drop_last=False and "
+            f"num_shards={state['num_shards']}, the shards may have read different numbers "
+            "of batches of an earlier epoch (a shard with no rows in the stream's last short "
+            "global batch), so lock-step shards may stand at different batches; reshard a "
+            "state of epoch 0, or resume each shard with the same layout"
         )
     return position // new_batch

@@ -105,3 +105,13 @@ def test_jax_loader_refuses_as_the_loader_does() -> None:
     other = JaxLoader(source(), 3, **{**new_options(False, 0), "seed": 12})
     with pytest.raises(LoaderStateError, match="seed"):
         other.load_state_dict(merge_states(states), reshard=True)
+
+
+def test_changing_a_jax_loaders_state_changes_nothing_in_it() -> None:
+    jl = JaxLoader(source(), 3, **new_options(False, 0))
+    jl.load_state_dict(merge_states(old_states(False, [2, 7])), reshard=True)
+    state = jl.state_dict()
+    kept = json.loads(json.dumps(state))
+    state["remainder"]["start"] = 0
+    state["remainder"]["read"].clear()
+    assert jl.state_dict() == kept

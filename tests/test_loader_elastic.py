@@ -411,8 +411,11 @@ def test_lockstep_reshard_reads_the_rest_of_the_global_order(case: Case) -> None
     assert state["remainder"] is None
     assert "merged" not in state
     if old.uneven(run):
+        # a shard other than the one that saved it (or another layout): refused; its own
+        # shard on its own layout goes on exactly, as with reshard=False
+        other = (case.saved + 1) % new.num_shards if new == old else 0
         with pytest.raises(LoaderStateError, match="merge_states"):
-            new.loaders(run)[0].load_state_dict(state, reshard=True)
+            new.loaders(run)[other].load_state_dict(state, reshard=True)
         return
     shards = resume(case, new, state)
     fresh = new.loaders(run)
@@ -576,6 +579,10 @@ def test_single_states_of_resharded_runs_without_drop_last(
     uneven = mid.uneven(run) or len(resumed) > 1
     saved = mid_states[data.draw(st.integers(0, mid.num_shards - 1))]
     target = case.new.loaders(run)[0]
+    if case.new == mid and saved["shard_index"] == 0:  # its own shard and layout: exact
+        target.load_state_dict(saved, reshard=True)
+        assert target.state_dict() == saved
+        return
     if mid.num_shards > 1 and uneven and saved["epoch"] == e0 < run.num_epochs:
         message = refusal(target, saved, reshard=True)
         assert "merge_states" in message, message
@@ -835,9 +842,12 @@ def test_a_single_state_of_uneven_shards_is_refused() -> None:
     grid = Grid(4, 2)
     assert grid.uneven(run)
     (state, _) = base_states(run, grid)
-    for loader in (Grid(3, 3).loaders(run)[0], grid.loaders(run)[0]):
+    for loader in (Grid(3, 3).loaders(run)[0], grid.loaders(run)[1]):
         message = refusal(loader, state, reshard=True)
         assert "merge_states" in message, message
+    own = grid.loaders(run)[0]  # its own shard and layout: exact, as with reshard=False
+    own.load_state_dict(state, reshard=True)
+    assert own.state_dict() == state
     # the same state still resumes its own shard with reshard=False, and merged it reshards
     grid.loaders(run)[0].load_state_dict(state)
     Grid(3, 3).loaders(run)[0].load_state_dict(merge_states(base_states(run, grid)), reshard=True)

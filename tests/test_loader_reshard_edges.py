@@ -122,3 +122,45 @@ def test_a_resumed_run_works_out_each_epochs_span_once(monkeypatch) -> None:
     for _ in zip(range(300), loader):
         loader.state_dict()
     assert calls == [0]
+
+
+def test_changing_a_returned_state_changes_no_later_state() -> None:
+    shards = loaders(40, 2, 2, num_epochs=2)
+    for steps, shard in zip((1, 4), shards, strict=True):
+        for _ in zip(range(steps), shard):
+            pass
+    loader = loaders(40, 4, 1, num_epochs=2)[0]
+    loader.load_state_dict(mixle.merge_states([s.state_dict() for s in shards]), reshard=True)
+    first = loader.state_dict()
+    before = [list(r) for r in first["remainder"]["read"]]
+    assert before
+    first["remainder"]["start"] = 0
+    first["remainder"]["read"][0][1] = 0
+    first["remainder"]["read"].clear()
+    later = loader.state_dict()
+    assert later["remainder"]["start"] != 0
+    assert [list(r) for r in later["remainder"]["read"]] == before
+
+
+def test_a_shards_own_state_resharded_onto_its_own_layout_goes_on_exactly() -> None:
+    # shards that stopped apart each reload their own state with reshard=True: each goes
+    # on as with reshard=False, keeping the run's remainder, so they can still be merged
+    first = loaders(24, 2, 2, num_epochs=3)
+    for steps, shard in zip((1, 3), first, strict=True):
+        for _ in zip(range(steps), shard):
+            pass
+    merged = mixle.merge_states([s.state_dict() for s in first])
+    middle = loaders(24, 3, 2, num_epochs=3)
+    for shard, steps in zip(middle, (2, 5), strict=True):
+        shard.load_state_dict(merged, reshard=True)
+        for _ in zip(range(steps), shard):
+            pass
+    states = [shard.state_dict() for shard in middle]
+    again = loaders(24, 3, 2, num_epochs=3)
+    for shard, state in zip(again, states, strict=True):
+        exact = loaders(24, 3, 2, num_epochs=3)[shard.layout.shard_index]
+        exact.load_state_dict(state)
+        shard.load_state_dict(state, reshard=True)
+        assert shard.state_dict() == exact.state_dict()
+        assert [b.tolist() for b in shard] == [b.tolist() for b in exact]
+    assert mixle.merge_states(states)["merged"] is True  # one run: the remainders agree

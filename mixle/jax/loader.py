@@ -427,8 +427,13 @@ class JaxLoader(ActiveRun):
 
     # -- resume -------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """The Loader's state at the batch after the last one the loop received."""
-        return dict(self._state)
+        """The Loader's state at the batch after the last one the loop received (a copy:
+        changing it changes nothing here)."""
+        state = dict(self._state)
+        remainder = state.get("remainder")
+        if isinstance(remainder, dict):
+            state["remainder"] = {**remainder, "read": [list(r) for r in remainder["read"]]}
+        return state
 
     def load_state_dict(self, state: dict[str, Any], *, reshard: bool = False) -> None:
         """Resume at the batch after the one ``state`` was taken at; with ``reshard=True``

@@ -460,10 +460,13 @@ class Loader(LoaderBase):
             raise TypeError(f"reshard={reshard!r} must be True or False")
         check_state(state, self.state_dict(), reshard=reshard)
         saved, resume, epoch, batch = check_cursor_keys(state, self._num_epochs)
+        merged = state.get("merged", False)
+        if reshard and not merged and saved == self._layout:
+            reshard = False  # this shard's own state: go on exactly, keeping its remainder
         if reshard:
             resume = resharded(state, saved, resume, (epoch, batch), self._layout)
             epoch, batch = (epoch, 0) if resume is None else (resume.epoch, resume.batch)
-        elif state.get("merged", False):
+        elif merged:
             raise LoaderStateError(
                 "state was made by mixle.merge_states() (it has 'merged': True): it stands "
                 "for every shard, so load it with load_state_dict(state, reshard=True)"

@@ -391,7 +391,7 @@ class JaxLoader(ActiveRun):
         run = loader._iterate(signal)
         try:
             for batch in run:
-                state = loader.state_dict()
+                state = loader._shared_state()  # copied by state_dict() when asked
                 indices = loader.last_indices  # set before the Loader yields a batch
                 # the cursor moved past the batch: to batch 0 of the next epoch after the last
                 epoch = state["epoch"] - 1 if state["batch"] == 0 else state["epoch"]

@@ -239,6 +239,11 @@ class LoaderBase(ActiveRun, ABC):
                 if self._pool is pool:
                     self._pool = None
 
+    def _shared_state(self) -> dict[str, Any]:
+        """The state for mixle's own bookkeeping (``JaxLoader`` keeps one per batch): the
+        Loader over a map-style source shares its remainder lists between such states."""
+        return self.state_dict()  # type: ignore[attr-defined,no-any-return]
+
     def to_jax(self, **options: Any) -> JaxLoader:
         """This loader's batches as ``jax.Array`` pytrees on devices (needs ``mixle[jax]``).
 

@@ -407,6 +407,15 @@ class Loader(LoaderBase):
         * num_shards`` in a run from the beginning) and ``remainder`` (``None``, or where a
         run resumed with ``reshard=True`` started; see :mod:`mixle.loading.resume`).
         """
+        return self._state(copy=True)
+
+    def _shared_state(self) -> dict[str, Any]:
+        """:meth:`state_dict` whose remainder lists are shared with the run's other such
+        states: O(1) however many ranges it lists (``JaxLoader`` keeps one per batch and
+        copies it when asked for its state)."""
+        return self._state(copy=False)
+
+    def _state(self, *, copy: bool) -> dict[str, Any]:
         lay = self._layout
         block = {"shuffle_block": self._shuffle_block} if self._shuffle_block != 1 else {}
         return {
@@ -420,7 +429,7 @@ class Loader(LoaderBase):
             "num_epochs": self._num_epochs,
             "epoch": self._epoch,
             "batch": self._batch,
-            **self._resumed.cursor_state(self._epoch, self._batch),
+            **self._resumed.cursor_state(self._epoch, self._batch, copy=copy),
         }
 
     def load_state_dict(self, state: dict[str, Any], *, reshard: bool = False) -> None:

@@ -155,6 +155,7 @@ class ResumedRun:
     def __init__(self, layout: ShardLayout, resume: Resume | None) -> None:
         self.layout, self.resume = layout, resume
         self._spans: dict[int, tuple[Remainder | None, int, int]] = {}
+        self._shared = remainder_dict(resume)  # for states nobody outside mixle sees
 
     def span(self, epoch: int) -> tuple[Remainder | None, int, int]:
         """:func:`~mixle.data.index_math.elastic.span_of` of this shard in ``epoch``."""
@@ -166,15 +167,20 @@ class ResumedRun:
             self._spans[epoch] = span_of(self.layout, self.resume, epoch)
         return self._spans[epoch]
 
-    def cursor_state(self, epoch: int, batch: int) -> dict[str, Any]:
+    def cursor_state(self, epoch: int, batch: int, *, copy: bool = True) -> dict[str, Any]:
         """The ``position``, ``global_position`` and ``remainder`` keys at ``(epoch,
-        batch)``, each state with lists of its own (a caller may change them; the cost
-        grows with the read ranges, about 1 ms per 10,000)."""
+        batch)``. With ``copy`` the remainder's lists are the state's own (a caller may
+        change them; the cost grows with the read ranges, about 1 ms per 10,000); without,
+        they are shared by every such state of the run, for mixle's own bookkeeping
+        (``JaxLoader`` keeps a state per batch)."""
         layout = self.layout
         rem, first, _ = self.span(epoch)
         shard = layout if rem is None else rem.shard_layout(layout)
         rows = (batch - first) * layout.global_batch_size
-        remainder = remainder_dict(self.resume)
+        if copy or self._shared is None:
+            remainder = remainder_dict(self.resume)
+        else:
+            remainder = dict(self._shared)
         return {
             "position": min((batch - first) * layout.batch_size, shard.shard_length),
             "global_position": min(rows, layout.num_records) if rem is None else rem.cursor(rows),

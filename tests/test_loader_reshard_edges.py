@@ -62,16 +62,24 @@ def test_a_state_with_a_huge_shard_count_is_answered_at_once() -> None:
         loaders(20, 2, 1)[0].load_state_dict(state, reshard=True)
 
 
-def test_a_read_range_far_ahead_does_not_walk_the_epochs_between() -> None:
+def test_read_ranges_reach_at_most_the_merge_limit_past_the_resumed_epoch() -> None:
+    # no merge or reshard writes a range farther ahead, and a state listing one epoch after
+    # another would make every check walk them all
     shards = loaders(20, 3, 2, drop_last=True, num_epochs=None)
     for _ in zip(range(1), shards[0]):
         pass
     state = shards[0].state_dict()
-    state["remainder"] = {"epoch": 0, "start": 6, "batch": 1, "read": [[10**7, 0, 1]]}
     state["position"] = 0  # the resumed epoch's first batch
+    limit = resume_module.MERGE_MAX_EPOCHS_APART
+    for far in (limit + 1, 10**7):
+        state["remainder"] = {"epoch": 0, "start": 6, "batch": 1, "read": [[far, 0, 1]]}
+        loader = loaders(20, 3, 2, drop_last=True, num_epochs=None)[0]
+        with pytest.raises(LoaderStateError, match=f"more than {limit} epochs after epoch=0"):
+            loader.load_state_dict(state, reshard=True)
+    state["remainder"] = {"epoch": 0, "start": 6, "batch": 1, "read": [[limit, 0, 1]]}
     loader = loaders(20, 3, 2, drop_last=True, num_epochs=None)[0]
     loader.load_state_dict(state, reshard=True)
-    assert loader.state_dict()["remainder"]["read"] == [[10**7, 0, 1]]
+    assert loader.state_dict()["remainder"]["read"] == [[limit, 0, 1]]
 
 
 def test_shards_too_many_epochs_apart_are_not_merged() -> None:
@@ -164,3 +172,27 @@ def test_a_shards_own_state_resharded_onto_its_own_layout_goes_on_exactly() -> N
         assert shard.state_dict() == exact.state_dict()
         assert [b.tolist() for b in shard] == [b.tolist() for b in exact]
     assert mixle.merge_states(states)["merged"] is True  # one run: the remainders agree
+
+
+def test_one_state_resharded_onto_its_own_layout_gives_every_shard_the_same_remainder() -> None:
+    # every shard of the layout that saved it loads one shard's state with reshard=True:
+    # they go on in that state's run, so their later states still merge
+    first = loaders(30, 3, 3, drop_last="pad", num_epochs=None)
+    for steps, shard in zip((1, 5, 2), first, strict=True):
+        for _ in zip(range(steps), shard):
+            pass
+    merged = mixle.merge_states([s.state_dict() for s in first])
+    middle = loaders(30, 3, 3, drop_last="pad", num_epochs=None)
+    for shard in middle:
+        shard.load_state_dict(merged, reshard=True)
+        for _ in zip(range(2), shard):
+            pass
+    lockstep = middle[1].state_dict()
+    last = loaders(30, 3, 3, drop_last="pad", num_epochs=None)
+    for shard in last:
+        shard.load_state_dict(lockstep, reshard=True)
+        for _ in zip(range(3), shard):
+            pass
+    states = [shard.state_dict() for shard in last]
+    assert all(s["remainder"] == lockstep["remainder"] for s in states)
+    assert mixle.merge_states(states)["merged"] is True

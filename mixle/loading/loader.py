@@ -470,11 +470,8 @@ class Loader(LoaderBase):
         check_state(state, self.state_dict(), reshard=reshard)
         saved, resume, epoch, batch = check_cursor_keys(state, self._num_epochs)
         merged = state.get("merged", False)
-        if reshard and not merged and saved == self._layout:
-            reshard = False  # this shard's own state: go on exactly, keeping its remainder
         if reshard:
-            resume = resharded(state, saved, resume, (epoch, batch), self._layout)
-            epoch, batch = (epoch, 0) if resume is None else (resume.epoch, resume.batch)
+            resume, epoch, batch = resharded(state, saved, resume, (epoch, batch), self._layout)
         elif merged:
             raise LoaderStateError(
                 "state was made by mixle.merge_states() (it has 'merged': True): it stands "

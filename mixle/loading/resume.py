@@ -13,6 +13,7 @@ shard's, for shards that stopped at different batches.
 from __future__ import annotations
 
 import operator
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -127,6 +128,12 @@ def resume_of(state: Mapping[str, Any], num_epochs: int | None) -> Resume | None
             )
         if num_epochs is not None and e >= num_epochs:
             raise _bad(value, f"read range {show(item)} is past num_epochs={num_epochs}")
+        if e > epoch + MERGE_MAX_EPOCHS_APART:  # no merge or reshard writes one farther
+            raise _bad(
+                value,
+                f"read range {show(item)} is more than {MERGE_MAX_EPOCHS_APART} epochs "
+                f"after epoch={epoch}",
+            )
         if ranges and (e, a) < ranges[-1][:2]:
             raise _bad(value, "the read ranges must be sorted by epoch and start")
         if ranges and e == ranges[-1][0] and a < ranges[-1][2]:
@@ -170,7 +177,7 @@ class ResumedRun:
     def cursor_state(self, epoch: int, batch: int, *, copy: bool = True) -> dict[str, Any]:
         """The ``position``, ``global_position`` and ``remainder`` keys at ``(epoch,
         batch)``. With ``copy`` the remainder's lists are the state's own (a caller may
-        change them; the cost grows with the read ranges, about 1 ms per 10,000); without,
+        change them; the cost grows with the read ranges); without,
         they are shared by every such state of the run, for mixle's own bookkeeping
         (``JaxLoader`` keeps a state per batch)."""
         layout = self.layout
@@ -218,19 +225,30 @@ def resharded(
     resume: Resume | None,
     cursor: tuple[int, int],
     layout: ShardLayout,
-) -> Resume | None:
+) -> tuple[Resume | None, int, int]:
     """Where ``layout`` continues a checked ``state`` (saved with ``saved``, at ``cursor``)
-    with ``reshard=True``: the state's global cursor, its batches numbered on from the
-    state's batch when the layouts read the same global batches, else from
+    with ``reshard=True``: its resume and ``(epoch, batch)``.
+
+    A merged state gives its own remainder. A single state stands for every shard at its
+    cursor: on a layout with the state's batch size, shard count and shard layout, each
+    shard goes on from there in the state's run (the shard that saved it exactly as with
+    ``reshard=False``), so every shard carries the same remainder; on another, the run
+    continues at the state's global cursor, its batches numbered from
     ``global_position // (batch_size * num_shards)``.
 
     Raises
     ------
     LoaderStateError
-        A single shard's state of a layout whose shards read different numbers of batches
-        per epoch (``drop_last=False``): it does not say where the other shards stopped.
+        A single shard's state, for another shard, of a run whose shards read different
+        numbers of batches in some epoch (``drop_last=False``): it does not say where the
+        other shards stand; a merged state whose remainder does not start at its cursor.
     """
     epoch, batch = cursor
+    same = (saved.batch_size, saved.num_shards, saved.blocked) == (
+        layout.batch_size,
+        layout.num_shards,
+        layout.blocked,
+    )
     if state.get("merged", False):
         if resume is None or (resume.epoch, resume.batch) != cursor:
             raise LoaderStateError(
@@ -239,6 +257,8 @@ def resharded(
                 f"writes; {_FIX}"
             )
         origin = resume
+    elif saved == layout:
+        return resume, epoch, batch  # the shard that saved it: exactly as without reshard
     else:
         if saved.num_shards > 1 and uneven_shards(saved, resume):
             raise LoaderStateError(
@@ -246,22 +266,18 @@ def resharded(
                 f"{saved.num_shards} shards of batch_size={saved.batch_size} over "
                 f"num_records={saved.num_records} read different numbers of batches in an "
                 "epoch (a whole one, or one a resharded run resumed or a merged state "
-                "lists), so shards in lock "
-                f"step stand at different cursors and state shard_index={saved.shard_index}"
-                f" (epoch={epoch}, batch={batch}) does not say where the others are; pass "
-                "mixle.merge_states([...]) of every shard's state instead (or, on the same "
-                "layout, load each shard's own state with reshard=False)"
+                "lists), so shards in lock step stand at different cursors and state "
+                f"shard_index={saved.shard_index} (epoch={epoch}, batch={batch}) does not "
+                "say where the others are; pass mixle.merge_states([...]) of every shard's "
+                "state instead (or, on the same layout, load each shard's own state)"
             )
+        if same:  # the same global batches: every shard goes on in the state's run
+            return resume, epoch, batch
         origin = lockstep_resume(saved, resume, epoch, batch)
-    same = (saved.batch_size, saved.num_shards, saved.blocked) == (
-        layout.batch_size,
-        layout.num_shards,
-        layout.blocked,
-    )
     first = origin.batch if same else origin.start // layout.global_batch_size
     if origin.start == 0 and not origin.read and first == 0:
-        return None  # the epoch from its beginning: an ordinary run
-    return Resume(origin.epoch, origin.start, first, origin.read)
+        return None, origin.epoch, 0  # the epoch from its beginning: an ordinary run
+    return Resume(origin.epoch, origin.start, first, origin.read), origin.epoch, first
 
 
 def normalize_cursor(
@@ -354,7 +370,7 @@ def merge_states(states: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     shards = operator.index(first["num_shards"])
     indices = [operator.index(s["shard_index"]) for s in listed]
     missing = sorted(set(range(shards)) - set(indices))
-    twice = sorted({i for i in indices if indices.count(i) > 1})
+    twice = sorted(i for i, count in Counter(indices).items() if count > 1)
     if missing or twice:
         raise LoaderStateError(
             f"merge_states() needs the state of each of the num_shards={shards} shards once: "
@@ -364,7 +380,7 @@ def merge_states(states: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         )
     num_epochs = first["num_epochs"]
     checked = [check_cursor_keys(s, num_epochs) for s in listed]
-    resumes = {None if r is None else remainder_key(r) for _, r, _, _ in checked}
+    resumes = {r for _, r, _, _ in checked}  # Resume is a frozen dataclass: hashable
     if len(resumes) > 1:
         raise LoaderStateError(
             "the states' remainders differ (shards resumed from different states, or some "
@@ -394,8 +410,3 @@ def merge_states(states: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     out["remainder"] = remainder_dict(merged)
     out["merged"] = True
     return {key: out[key] for key in (*STATE_KEYS, "shuffle_block", "merged") if key in out}
-
-
-def remainder_key(resume: Resume) -> tuple[Any, ...]:
-    """A hashable form of ``resume`` (to tell shards' remainders apart)."""
-    return (resume.epoch, resume.start, resume.batch, resume.read)

@@ -169,11 +169,6 @@ class Resume:
         """The epochs this resume changes, in order: its own and those with ranges read."""
         return sorted({self.epoch, *(r[0] for r in self.read)})
 
-    @property
-    def last_epoch(self) -> int:
-        """The last epoch this resume changes."""
-        return self.epochs[-1]
-
     def read_in(self, epoch: int) -> tuple[tuple[int, int], ...]:
         """The ranges read in ``epoch``."""
         return tuple((a, b) for e, a, b in self.read if e == epoch)

@@ -855,15 +855,20 @@ PASS_GOAL_TSTORE = 1.3
 PASS_GOAL_DECODES = 1.10
 
 
-def distinct_chunks(starts: np.ndarray) -> int:
-    """Distinct 64^3 chunks that the 32^3 boxes at ``starts`` touch together."""
+def pass_chunks(starts: np.ndarray) -> np.ndarray:
+    """Grid coordinates of the distinct 64^3 chunks the 32^3 boxes at ``starts`` touch."""
     lo, hi = starts // CHUNK, (starts + PATCH - 1) // CHUNK
     keys = []
     for offset in np.ndindex(*(2,) * starts.shape[1]):  # a box spans at most 2 chunks an axis
         ids = lo + np.asarray(offset)
         inside = (ids <= hi).all(axis=1)
         keys.append(ids[inside])
-    return len(np.unique(np.concatenate(keys), axis=0))
+    return np.unique(np.concatenate(keys), axis=0)
+
+
+def distinct_chunks(starts: np.ndarray) -> int:
+    """How many distinct 64^3 chunks the 32^3 boxes at ``starts`` touch together."""
+    return len(pass_chunks(starts))
 
 
 def thread_counts() -> list[int]:
@@ -958,16 +963,28 @@ def _pass_reader(folder: Path, size: int, backend: str, contender: str, count: i
     return read
 
 
-def pass_measure(
-    folder: Path, size: int, backend: str, contender: str, threads: int, count: int, repeats: int
-) -> dict[str, Any]:
-    """Every timed pass of one row (seconds, decodes, stage seconds); runs in the worker."""
+def pass_serve(
+    folder: Path, size: int, backend: str, contender: str, threads: int, count: int
+) -> None:
+    """One row's process: after an untimed warm-up pass it answers every seed read from
+    stdin with one timed pass (a JSON line), until stdin ends.
+
+    The rows of a backend each have such a process and take turns pass by pass, so every
+    ratio compares passes run side by side (a noisy machine shifts them all alike).
+    ``contender="limit"`` times the decode-bound limit of each pass instead.
+    """
     from mixle.reading import chunk_cache, set_chunk_cache_bytes, set_decode_threads
 
     if threads:
         set_decode_threads(threads)
     files = [folder / "v.zarr"] if backend == "zarr zstd" else [folder / "v.h5"]
     _warm_files(files)
+    if contender == "limit":
+        limit = _limit_meter(folder, size, backend, count)
+        print(json.dumps({"same": True}), flush=True)
+        for line in sys.stdin:
+            print(json.dumps(limit(int(line))), flush=True)
+        return
     read = _pass_reader(folder, size, backend, contender, count)
 
     def fresh() -> None:  # every pass starts with mixle's decoded-chunk cache empty
@@ -979,17 +996,18 @@ def pass_measure(
     fresh()
     warm = corners(size, count, WARM_SEED)[:BATCH]
     first = read(WARM_SEED, warm)  # warm-up: imports, pools, handles (untimed)
-    expected = _expected_patches(folder, backend, warm)
-    passes = []
-    for seed in range(repeats):
+    same = bool(np.array_equal(first, _expected_patches(folder, backend, warm)))
+    print(json.dumps({"same": same}), flush=True)
+    mine = contender.startswith("mixle")
+    for line in sys.stdin:
+        seed = int(line)
         where = corners(size, count, seed)
         fresh()
         t0 = time.perf_counter()
         read(seed, where)
         seconds = time.perf_counter() - t0
         stats = chunk_cache().stats()
-        mine = contender.startswith("mixle")
-        passes.append({
+        print(json.dumps({
             "seed": seed,
             "seconds": seconds,
             "decodes": stats.decodes if mine else None,
@@ -997,8 +1015,117 @@ def pass_measure(
             "read_s": stats.read_seconds if mine else None,
             "decode_s": stats.decode_seconds if mine else None,
             "scatter_s": stats.scatter_seconds if mine else None,
-        })  # fmt: skip
-    return {"passes": passes, "same": bool(np.array_equal(first, expected))}
+        }), flush=True)  # fmt: skip
+
+
+def _limit_meter(folder: Path, size: int, backend: str, count: int):
+    """``limit(seed)``: one thread's seconds to decode every distinct chunk of that pass once
+    into a reused buffer (its stored bytes read first, untimed), and the seconds the decode
+    threads take for the same decodes shared out (the machine's own scaling)."""
+    import threading
+
+    import h5py
+    import numcodecs
+
+    from mixle.reading import decode_threads
+
+    nbytes = CHUNK**3 * 4
+    if backend == "zarr zstd":
+        zstd = numcodecs.Zstd()
+
+        def stored(c: tuple[int, ...]) -> bytes:
+            return (folder / "v.zarr" / "c" / "/".join(map(str, c))).read_bytes()
+
+        def decode(blob: bytes, out: np.ndarray) -> None:
+            zstd.decode(blob, out=out)
+    else:
+        ds = h5py.File(folder / "v.h5", "r")["gzip"]
+
+        def stored(c: tuple[int, ...]) -> bytes:
+            return ds.id.read_direct_chunk(tuple(v * CHUNK for v in c))[1]
+
+        def decode(blob: bytes, out: np.ndarray) -> None:
+            zlib.decompress(blob, bufsize=nbytes)
+
+    def limit(seed: int) -> dict[str, Any]:
+        blobs = [stored(tuple(c)) for c in pass_chunks(corners(size, count, seed)).tolist()]
+        out = np.empty(nbytes, dtype=np.uint8)
+        t0 = time.perf_counter()
+        for blob in blobs:
+            decode(blob, out)
+        one = time.perf_counter() - t0
+        n = decode_threads()
+        start = threading.Barrier(n + 1)
+
+        def share(k: int) -> None:
+            mine = np.empty(nbytes, dtype=np.uint8)
+            start.wait()
+            for blob in blobs[k::n]:
+                decode(blob, mine)
+
+        workers = [threading.Thread(target=share, args=(k,)) for k in range(n)]
+        for w in workers:
+            w.start()
+        start.wait()
+        t0 = time.perf_counter()
+        for w in workers:
+            w.join()
+        return {"seed": seed, "seconds": one, "shared_seconds": time.perf_counter() - t0,
+                "chunks": len(blobs)}  # fmt: skip
+
+    return limit
+
+
+class _PassRow:
+    """The process of one row (:func:`pass_serve`), asked for one pass at a time."""
+
+    def __init__(
+        self, folder: Path, size: int, backend: str, contender: str, threads: int, count: int
+    ) -> None:
+        self.name = f"{backend} / {contender} / {threads or 'default'} threads"
+        cmd = [sys.executable, __file__, "--pass-server", str(folder), str(size), backend,
+               contender, str(threads), str(count)]  # fmt: skip
+        self._proc = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        self.same = bool(self._answer()["same"])
+        self.passes: list[dict[str, Any]] = []
+
+    def run(self, seed: int) -> dict[str, Any]:
+        """One timed pass of ``seed``; kept in :attr:`passes`."""
+        assert self._proc.stdin is not None
+        self._proc.stdin.write(f"{seed}\n")
+        self._proc.stdin.flush()
+        got = self._answer()
+        self.passes.append(got)
+        return got
+
+    def _answer(self) -> dict[str, Any]:
+        assert self._proc.stdout is not None
+        line = self._proc.stdout.readline()
+        if not line:
+            self._proc.kill()
+            _, err = self._proc.communicate()
+            raise RuntimeError(f"pass row {self.name} failed:\n{err}")
+        return json.loads(line)
+
+    def close(self) -> None:
+        if self._proc.stdin is not None:
+            self._proc.stdin.close()
+        try:
+            self._proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+
+
+def run_side_by_side(rows: list[_PassRow], repeats: int) -> None:
+    """Round ``r`` runs pass ``r`` (seed ``r``) of every row, their order rotated a place
+    each round, so no row always runs first or right after another."""
+    for seed in range(repeats):
+        shift = seed % len(rows)
+        for row in rows[shift:] + rows[:shift]:
+            row.run(seed)
 
 
 def _expected_patches(folder: Path, backend: str, starts: np.ndarray) -> np.ndarray:
@@ -1013,36 +1140,25 @@ def _expected_patches(folder: Path, backend: str, starts: np.ndarray) -> np.ndar
         return np.stack([np.array(f["gzip"][_box(s)]) for s in starts.tolist()])
 
 
-def pass_isolated(
-    folder: Path, size: int, backend: str, contender: str, threads: int, count: int, repeats: int
-) -> dict[str, Any]:
-    """:func:`pass_measure` of one row, run in a fresh process."""
-    cmd = [sys.executable, __file__, "--pass-worker", str(folder), str(size), backend,
-           contender, str(threads), str(count), str(repeats)]  # fmt: skip
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
-    if out.returncode:
-        raise RuntimeError(f"pass {backend} / {contender} failed:\n{out.stderr}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
 def _pass_summary(
-    got: dict[str, Any], count: int, chunk_s: float, distinct: dict[int, int], threads: int
-) -> dict[str, Any]:
-    """Best and median pass of one row, its ratio to the limit and its decodes."""
-    passes = got["passes"]
+    passes: list[dict[str, Any]], same: bool, count: int, limit_s: dict[int, float],
+    distinct: dict[int, int],
+) -> dict[str, Any]:  # fmt: skip
+    """Best and median pass of one row, its ratio to the limit of the same passes, and its
+    decodes."""
     seconds = [p["seconds"] for p in passes]
-    limit_s = [distinct[p["seed"]] * chunk_s / threads for p in passes]
-    x_limit = [lim / s for lim, s in zip(limit_s, seconds)]
+    limits = [limit_s[p["seed"]] for p in passes]
+    x_limit = [lim / s for lim, s in zip(limits, seconds)]
     row: dict[str, Any] = {
         "rate": count / min(seconds),
         "rate_median": count / float(np.median(seconds)),
         "ms_best": 1e3 * min(seconds),
         "ms_median": 1e3 * float(np.median(seconds)),
-        "limit_ms": 1e3 * float(np.median(limit_s)),
+        "limit_ms": 1e3 * float(np.median(limits)),
         "x_limit": max(x_limit),
         "x_limit_median": float(np.median(x_limit)),
         "distinct": float(np.median([distinct[p["seed"]] for p in passes])),
-        "same": got["same"],
+        "same": same,
         "passes": len(passes),
     }
     if passes[0]["decodes"] is not None:
@@ -1055,7 +1171,7 @@ def _pass_summary(
 
 
 def pass_rows(folder: Path, size: int, count: int, repeats: int) -> list[dict[str, Any]]:
-    """The pass table: each backend's rows and its thread scaling, printed as it runs."""
+    """The pass table: each backend's rows and its thread scaling, run side by side."""
     from mixle.reading import decode_threads
     from mixle.utils.optional_deps import has
 
@@ -1066,8 +1182,6 @@ def pass_rows(folder: Path, size: int, count: int, repeats: int) -> list[dict[st
         done.touch()
     _warm_files([folder / "v.zarr", folder / "v.h5"])
     threads = decode_threads()
-    rates = decode_rates(folder, size)
-    chunk_s = {name: 1 / r for name, r in rates.items()}
     distinct = {seed: distinct_chunks(corners(size, count, seed)) for seed in range(repeats)}
     spread = sorted(distinct.values())
     print(
@@ -1075,6 +1189,11 @@ def pass_rows(folder: Path, size: int, count: int, repeats: int) -> list[dict[st
         f"{count} random {PATCH}^3 patches in batches of {BATCH}; {repeats} passes a row "
         f"(seeds 0-{repeats - 1}), best and median shown; {threads} decode threads; written "
         f"in {time.perf_counter() - t0:.0f} s"
+    )
+    print(
+        "  side by side: every row of a backend has its own process and the rows take turns "
+        "pass by pass (pass r of every row, then pass r+1; the order rotated each round), so "
+        "each ratio compares passes run next to each other, the limit included"
     )
     print(
         "  cached: the OS page cache is warm (every file read once first). Every pass opens "
@@ -1098,15 +1217,14 @@ def pass_rows(folder: Path, size: int, count: int, repeats: int) -> list[dict[st
         "the read planner decoded) / .misses after the pass (median pass)"
     )
     how = {
-        "zarr zstd": "numcodecs.Zstd().decode(blob, out=buffer) on stored chunk files",
-        "hdf5 gzip": "zlib.decompress(raw, bufsize=nbytes) on read_direct_chunk",
+        "zarr zstd": "numcodecs.Zstd().decode(blob, out=buffer) of the stored chunk files",
+        "hdf5 gzip": "zlib.decompress(raw, bufsize=nbytes) of read_direct_chunk",
     }
     for name in PASS_ROWS:
-        limit_ms = 1e3 * float(np.median(spread)) * chunk_s[name] / threads
         print(
-            f"  limit ({name}): one thread decodes a chunk in {1e3 * chunk_s[name]:.2f} ms "
-            f"({how[name]}); distinct chunks x that / {threads} threads = {limit_ms:.0f} ms "
-            f"a pass ({count / limit_ms * 1e3:.0f} patches/s)"
+            f"  limit ({name}): the pass's distinct chunks, each decoded once by one thread "
+            f"({how[name]}; stored bytes read first, untimed), / {threads} threads; timed in "
+            "its turn of every round"
         )
     print(
         "  stage ms: chunk_cache().stats() read_seconds / decode_seconds / scatter_seconds of "
@@ -1118,17 +1236,37 @@ def pass_rows(folder: Path, size: int, count: int, repeats: int) -> list[dict[st
         f"{'x tstore':>13} {'x limit':>13} {'decodes':>8} {'misses':>7} {'distinct':>8} "
         f"{'worst':>6} {'read ms':>8} {'decode ms':>9} {'scatter ms':>10} {'same':>5}"
     )
-    print(head, flush=True)
     rows: list[dict[str, Any]] = []
     mixle_rows: dict[str, dict[str, Any]] = {}
+    scaling: dict[str, list[tuple[int, dict[str, Any]]]] = {}
+    bare: dict[str, tuple[float, float]] = {}
     for backend, contenders in PASS_ROWS.items():
+        named = [c for c in contenders if c != "tensorstore" or has("tensorstore")]
+        others = [n for n in thread_counts() if n != threads]
+        procs: list[_PassRow] = []
+        try:
+            for contender in ["limit", *named]:
+                procs.append(_PassRow(folder, size, backend, contender, 0, count))
+            for n in others:
+                procs.append(_PassRow(folder, size, backend, "mixle", n, count))
+            run_side_by_side(procs, repeats)
+        finally:
+            for proc in procs:
+                proc.close()
+        limit_row, by_name = procs[0], dict(zip(named, procs[1 : 1 + len(named)]))
+        limit_s = {p["seed"]: p["seconds"] / threads for p in limit_row.passes}
+        shared = [p["shared_seconds"] for p in limit_row.passes]
+        one = [p["seconds"] for p in limit_row.passes]
+        bare[backend] = (min(one) / min(shared), float(np.median(one) / np.median(shared)))
+        if backend == next(iter(PASS_ROWS)):
+            print(head, flush=True)
         found: dict[str, dict[str, Any]] = {}
         for contender in contenders:
-            if contender == "tensorstore" and not has("tensorstore"):
+            if contender not in by_name:
                 print(f"{backend:<10} {contender:<27} {'not installed':>10}")
                 continue
-            got = pass_isolated(folder, size, backend, contender, 0, count, repeats)
-            r = found[contender] = _pass_summary(got, count, chunk_s[backend], distinct, threads)
+            proc = by_name[contender]
+            r = found[contender] = _pass_summary(proc.passes, proc.same, count, limit_s, distinct)
             r["x_naive"] = r["rate"] / found["naive"]["rate"]
             peer = found.get("tensorstore") if contender.startswith("mixle") else None
             r["x_tstore"] = r["rate"] / peer["rate"] if peer else None
@@ -1136,33 +1274,41 @@ def pass_rows(folder: Path, size: int, count: int, repeats: int) -> list[dict[st
             rows.append({"table": "pass", "backend": backend, "contender": contender,
                          "threads": threads, **r})  # fmt: skip
             _print_pass_row(backend, contender, r)
-        if "mixle" in found:
-            mixle_rows[backend] = found["mixle"]
+        mixle_rows[backend] = found["mixle"]
+        counted = {threads: found["mixle"]}
+        for n, proc in zip(others, procs[1 + len(named) :]):
+            limit_n = {seed: v * threads / n for seed, v in limit_s.items()}
+            counted[n] = _pass_summary(proc.passes, proc.same, count, limit_n, distinct)
+        scaling[backend] = sorted(counted.items())
     print()
     print(
-        f"{'backend':<10} {'threads':>7} {'ms/pass':>8} {'median':>7} {'speedup':>8} "
+        f"{'backend':<10} {'threads':>7} {'ms/pass':>8} {'median':>7} {'speedup':>13} "
         f"{'limit ms':>9} {'x limit':>13} {'decodes':>8}  (the mixle Loader row; at "
         f"{threads} threads: the row above)",
         flush=True,
     )
-    for backend in PASS_ROWS:
-        one = None
-        for n in thread_counts():
-            if n == threads and backend in mixle_rows:
-                r = dict(mixle_rows[backend])
-            else:
-                got = pass_isolated(folder, size, backend, "mixle", n, count, repeats)
-                r = _pass_summary(got, count, chunk_s[backend], distinct, n)
-            one = one if one is not None else r
-            r["speedup"] = one["ms_best"] / r["ms_best"]
+    for backend, counted in scaling.items():
+        one_row = counted[0][1]
+        for n, r in counted:
+            r = dict(r)
+            r["speedup"] = one_row["ms_best"] / r["ms_best"]
+            r["speedup_median"] = one_row["ms_median"] / r["ms_median"]
             rows.append({"table": "pass threads", "backend": backend, "contender": "mixle",
                          "threads": n, **r})  # fmt: skip
             print(
                 f"{backend:<10} {n:>7} {r['ms_best']:>8.0f} {r['ms_median']:>7.0f} "
-                f"{r['speedup']:>8.2f} {r['limit_ms']:>9.0f} "
+                f"{_pair(r['speedup'], r['speedup_median']):>13} {r['limit_ms']:>9.0f} "
                 f"{_pair(r['x_limit'], r['x_limit_median']):>13} {r['decodes']:>8.0f}",
                 flush=True,
             )
+        best, median = bare[backend]
+        rows.append({"table": "pass bare decode", "backend": backend, "threads": threads,
+                     "speedup": best, "speedup_median": median})  # fmt: skip
+        print(
+            f"{backend:<10} {threads:>7} {'bare':>8} {'':>7} {_pair(best, median):>13}  (the "
+            f"limit's decodes shared out over {threads} threads: the machine's own scaling)",
+            flush=True,
+        )
     print_pass_goals(mixle_rows)
     return rows
 
@@ -1350,13 +1496,11 @@ def main() -> None:
     parser.add_argument("--data-dir", help="keep the data files in this folder and reuse them")
     parser.add_argument("--worker", nargs=5, help=argparse.SUPPRESS)
     parser.add_argument("--format-worker", nargs=5, help=argparse.SUPPRESS)
-    parser.add_argument("--pass-worker", nargs=7, help=argparse.SUPPRESS)
+    parser.add_argument("--pass-server", nargs=6, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.pass_worker:
-        folder, size, backend, contender, threads, patches, repeats = args.pass_worker
-        got = pass_measure(Path(folder), int(size), backend, contender, int(threads),
-                           int(patches), int(repeats))  # fmt: skip
-        print(json.dumps(got))
+    if args.pass_server:
+        folder, size, backend, contender, threads, patches = args.pass_server
+        pass_serve(Path(folder), int(size), backend, contender, int(threads), int(patches))
         return
     if args.worker:
         folder, size, backend, method, batches = args.worker

@@ -1,8 +1,9 @@
 """Regular files only: FIFOs, devices, sockets and directories are refused before any read.
 
 A FIFO blocks a read for ever and ``/dev/zero`` never ends, so every reader that opens a
-path a user (or a store's metadata) named goes through :func:`open_regular_file` or
-:func:`read_regular_file`. Both open without blocking, check the opened file with
+path a user (or a store's metadata) named goes through :func:`open_regular_file`,
+:func:`open_regular_fd` or :func:`read_regular_file`. They open without blocking, check the
+opened file with
 ``fstat`` (so a path swapped between a check and the open cannot slip through) and follow
 symlinks: a link to ``/dev/zero`` is refused as the character device it points to.
 """
@@ -23,8 +24,11 @@ __all__ = [
     "cache_dir",
     "env_byte_budget",
     "file_kind",
+    "open_regular_fd",
     "open_regular_file",
     "publish_file",
+    "read_fd",
+    "read_fd_into",
     "read_regular_file",
     "require_regular_file",
     "thread_read_buffer",
@@ -95,11 +99,12 @@ def require_regular_file(path: str | os.PathLike[str], what: str = "file") -> os
     return info
 
 
-def open_regular_file(path: str | os.PathLike[str], what: str = "file") -> BinaryIO:
-    """Open ``path`` for binary reading, refusing anything but a regular file.
+def open_regular_fd(path: str | os.PathLike[str], what: str = "file") -> tuple[int, os.stat_result]:
+    """A descriptor of the regular file ``path`` and its ``fstat``; refuses anything else.
 
-    The open itself does not block on a FIFO (``O_NONBLOCK``), and the check is made on
-    the opened descriptor; the returned file reads in normal, blocking mode.
+    The open does not block on a FIFO (``O_NONBLOCK``, left set: a regular file ignores
+    it, and :func:`read_fd_into` clears it if a read ever says it would block). The caller
+    closes the descriptor.
     """
     flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
     try:
@@ -110,9 +115,60 @@ def open_regular_file(path: str | os.PathLike[str], what: str = "file") -> Binar
             raise _refuse(path, mode, what) from None
         raise exc from None
     try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise _refuse(path, mode, what)
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise _refuse(path, info.st_mode, what)
+        return fd, info
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_fd_into(fd: int, view: memoryview, expected: int) -> int:
+    """Read ``fd`` from its offset into ``view`` until it ends, ``view`` is full or at
+    least ``expected`` bytes came; returns how many came.
+
+    ``expected`` is the size ``fstat`` gave: once that many bytes came no read is spent
+    finding the end (a view one byte longer shows a file that grew before the read).
+    """
+    got = 0
+    while got < len(view) and got < expected:
+        try:
+            n = os.readv(fd, [view[got:]])
+        except BlockingIOError:  # a file system that honours O_NONBLOCK on regular files
+            os.set_blocking(fd, True)
+            continue
+        if not n:
+            break
+        got += n
+    return got
+
+
+def read_fd(fd: int, most: int, expected: int) -> bytes:
+    """:func:`read_fd_into` into new bytes: at most ``most`` bytes of ``fd``."""
+    parts: list[bytes] = []
+    got = 0
+    while got < most and got < expected:
+        try:
+            part = os.read(fd, most - got)
+        except BlockingIOError:
+            os.set_blocking(fd, True)
+            continue
+        if not part:
+            break
+        parts.append(part)
+        got += len(part)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def open_regular_file(path: str | os.PathLike[str], what: str = "file") -> BinaryIO:
+    """Open ``path`` for binary reading, refusing anything but a regular file.
+
+    The open itself does not block on a FIFO (``O_NONBLOCK``), and the check is made on
+    the opened descriptor; the returned file reads in normal, blocking mode.
+    """
+    fd, _ = open_regular_fd(path, what)
+    try:
         if hasattr(os, "set_blocking"):
             os.set_blocking(fd, True)
         return os.fdopen(fd, "rb")

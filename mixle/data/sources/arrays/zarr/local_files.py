@@ -17,7 +17,14 @@ from typing import Any
 from mixle.data.sources.arrays.zarr.limits import ZARR_METADATA_LIMIT
 from mixle.errors import SpecialFileError
 from mixle.reading import CorruptChunkError
-from mixle.utils.files import open_regular_file, require_regular_file, thread_read_buffer
+from mixle.utils.files import (
+    open_regular_fd,
+    open_regular_file,
+    read_fd,
+    read_fd_into,
+    require_regular_file,
+    thread_read_buffer,
+)
 from mixle.utils.optional_deps import imported
 
 __all__ = [
@@ -87,17 +94,24 @@ def read_local_object(
     """
     try:
         if byte_range is None:
-            with open_regular_file(path, what) as file:
-                size = os.fstat(file.fileno()).st_size
+            # a bare descriptor: open, fstat, one read, close (a file object costs more
+            # calls, each a hand-off of the GIL between decode threads)
+            fd, info = open_regular_fd(path, what)
+            try:
+                size = info.st_size
                 if size > limit:  # refused unread
                     raise ValueError(
                         f"{what} {path!r} has {size:,} bytes, more than the {limit:,} a stored "
                         "chunk of this array can have"
                     )
+                # one byte over the file's size (a cap of it, too) shows a file that grew
                 if reuse:
-                    data: bytes | memoryview = _read_into(file, size + 1)
-                else:  # one buffer of the file's size (a cap of it, too)
-                    data = file.read(size + 1)
+                    view = thread_read_buffer(size + 1)
+                    data: bytes | memoryview = view[: read_fd_into(fd, view, size)]
+                else:
+                    data = read_fd(fd, size + 1, size)
+            finally:
+                os.close(fd)
             if len(data) > limit:
                 raise ValueError(f"{what} {path!r} grew past {limit:,} bytes while read")
             return data
@@ -126,18 +140,6 @@ def read_local_object(
         if exc.errno == errno.ENXIO:  # a socket cannot be opened: say what it is
             require_regular_file(path, what)
         raise
-
-
-def _read_into(file: Any, most: int) -> memoryview:
-    """Up to ``most`` bytes of ``file`` (to its end) in this thread's buffer."""
-    view = thread_read_buffer(most)
-    got = 0
-    while got < most:
-        n = file.readinto(view[got:])
-        if not n:
-            break
-        got += n
-    return view[:got]
 
 
 def directory_message(key: str, where: str, coords: tuple[int, ...], path: str) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -84,28 +85,24 @@ def plan_chunks(
     order = np.lexsort(coord.T[::-1])
     box, coord = box[order], coord[order]
     origin = coord * step
-    lo = np.maximum(start[box], origin)
-    hi = np.minimum(start[box] + ext, origin + step)
-    out_lo, out_hi = (lo - start[box]).tolist(), (hi - start[box]).tolist()
-    in_lo, in_hi = (lo - origin).tolist(), (hi - origin).tolist()
-    boundaries = np.flatnonzero((np.diff(coord, axis=0) != 0).any(axis=1)) + 1
-    heads = np.concatenate(([0], boundaries)).tolist()
-    tails = np.concatenate((boundaries, [box.size])).tolist()
-    box_ids = box.tolist()
-    coords = coord[heads].tolist()
-    pieces: list[list[Piece]] = []
-    for head, tail in zip(heads, tails):
-        pieces.append(
-            [
-                (
-                    box_ids[k],
-                    tuple(map(slice, out_lo[k], out_hi[k])),
-                    tuple(map(slice, in_lo[k], in_hi[k])),
-                )
-                for k in range(head, tail)
-            ]
-        )
-    return ChunkPlan([tuple(c) for c in coords], pieces)
+    first = start[box]
+    lo = np.maximum(first, origin)
+    hi = np.minimum(first + ext, origin + step)
+    boundaries = np.flatnonzero((coord[1:] != coord[:-1]).any(axis=1)) + 1
+    edges = [0, *boundaries.tolist(), box.size]
+    # slices made axis by axis and zipped into tuples in C: no bytecode runs per piece
+    flat = list(
+        zip(box.tolist(), _slices(lo - first, hi - first), _slices(lo - origin, hi - origin))
+    )
+    pieces: list[list[Piece]] = [flat[a:b] for a, b in pairwise(edges)]
+    return ChunkPlan([tuple(c) for c in coord[edges[:-1]].tolist()], pieces)
+
+
+def _slices(lo: NDArray[np.int64], hi: NDArray[np.int64]) -> list[tuple[slice, ...]]:
+    """``tuple(slice(lo[k, a], hi[k, a]) for a in axes)`` for every row ``k``."""
+    return list(
+        zip(*(map(slice, lo[:, a].tolist(), hi[:, a].tolist()) for a in range(lo.shape[1])))
+    )
 
 
 def touched_chunks(

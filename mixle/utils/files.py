@@ -3,9 +3,9 @@
 A FIFO blocks a read for ever and ``/dev/zero`` never ends, so every reader that opens a
 path a user (or a store's metadata) named goes through :func:`open_regular_file`,
 :func:`open_regular_fd` or :func:`read_regular_file`. They open without blocking, check the
-opened file with
-``fstat`` (so a path swapped between a check and the open cannot slip through) and follow
-symlinks: a link to ``/dev/zero`` is refused as the character device it points to.
+opened file with ``fstat`` (so a path swapped between a check and the open cannot slip
+through) and follow symlinks: a link to ``/dev/zero`` is refused as the character device it
+points to.
 """
 
 from __future__ import annotations

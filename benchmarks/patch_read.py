@@ -52,12 +52,15 @@ before every pass, or kept). Every pass opens a fresh handle (timed) and mixle's
 decoded-chunk cache is emptied first, so each pass decodes what it reads; mixle's on-disk
 cache (``MIXLE_CACHE_DIR``) is set inside the data folder. Each format runs in a fresh
 process. ``x library`` is mixle's best pass over the library's best.
-The pass table (``--only pass``; about two minutes on two cores at the defaults) writes the
-cube as zarr (``ZstdCodec(level=0)``, zarr-python 3's default made explicit) and HDF5 gzip,
-both with 64^3 chunks, warms the page cache, and times passes of 320 random 32^3 patches
-(``PatchSampler(src, 32, 320, seed=repeat)``, 5 batches of 64), 5 passes a row with seeds
-0-4, best and median pass shown. Every row runs in a fresh process; every pass opens a fresh
-handle (timed) and starts with mixle's decoded-chunk cache emptied under a 256 MiB budget
+The pass table (``--only pass``; about four minutes on two cores at the defaults) writes
+the cube as zarr (``ZstdCodec(level=0)``, zarr-python 3's default made explicit) and HDF5
+gzip, both with 64^3 chunks, warms the page cache, and times passes of 320 random 32^3
+patches (``PatchSampler(src, 32, 320, seed=repeat)``, 5 batches of 64), 5 passes a row with
+seeds 0-4, best and median pass shown. The rows run side by side: every row of a backend
+(the limit and each thread count included) has its own process, and they take turns pass by
+pass (pass r of every row, then pass r + 1, the order rotated each round), so a ratio
+never compares passes run minutes apart. Every pass opens a fresh handle (timed) and starts
+with mixle's decoded-chunk cache emptied under a 256 MiB budget
 (``chunk_cache().clear(keep_pages=True)``: no chunk carried over, the pages of the last pass's
 chunks kept for the next ones, as evictions recycle them in a running job; the
 ``fresh pages`` row empties it with ``clear()``, so every kept chunk faults in new memory,
@@ -73,14 +76,16 @@ as in a new process). Rows per backend:
 
 Columns: patches/s (best, median pass); ``x naive`` (best over best), ``x tstore`` (best
 over best, and median over median); ``x limit``, the pass against the decode-bound limit =
-distinct chunks the pass touches x
-one thread's decode time of one chunk into a reused buffer (zstd: ``numcodecs.Zstd().decode``
-of stored chunk files; gzip: ``zlib.decompress`` of ``read_direct_chunk``; measured in this
-run) / decode threads; decodes (``chunk_cache().stats().decodes``; ``.misses`` beside it)
-against distinct chunks (worst pass's ratio); the read / decode / scatter seconds of
-``chunk_cache().stats()`` (summed over threads) in ms. Then the Loader row at 1, 2, 4, ...
-decode threads up to the core count (``set_decode_threads``): ms a pass, speedup over one
-thread, the limit there.
+one thread's time to decode each distinct chunk the same pass touches once, into a reused
+buffer (zstd: ``numcodecs.Zstd().decode`` of the stored chunk files; gzip:
+``zlib.decompress`` of ``read_direct_chunk``; the stored bytes read first, untimed; timed in
+its turn of every round) / decode threads; decodes (``chunk_cache().stats().decodes``;
+``.misses`` beside it) against distinct chunks (worst pass's ratio); the read / decode /
+scatter seconds of ``chunk_cache().stats()`` (summed over threads) in ms. Then the Loader
+row at 1, 2, 4, ... decode threads up to the core count (``set_decode_threads``): ms a pass,
+speedup over one thread (best over best, median over median), the limit there; and ``bare``:
+the limit's decodes shared out over the decode threads, against one thread, the machine's
+own scaling for the same work (memory bandwidth and caches shared between cores).
 Goal lines: zarr zstd >= 0.85x its limit and >= 1.3x tensorstore at the same budget, HDF5
 gzip >= 0.85x its limit, decodes within 10% of distinct chunks. The machines are noisy:
 compare the ratios of one run, never absolute times across runs.

@@ -112,4 +112,9 @@ def test_patch_read_pass_table_decodes_each_chunk_of_a_pass_once(tmp_path):
             assert r["decodes"] == r["distinct"], r
     threads = [r for r in rows if r["table"] == "pass threads"]
     assert {r["backend"] for r in threads} == set(PASS) and all(r["speedup"] > 0 for r in threads)
+    for r in threads:  # every thread count ran its passes beside the others, limit included
+        assert r["passes"] == 2 and r["limit_ms"] > 0 and r["decodes"] == r["distinct"], r
+    bare = [r for r in rows if r["table"] == "pass bare decode"]
+    assert [r["backend"] for r in bare] == list(PASS) and all(r["speedup"] > 0 for r in bare)
+    assert "the rows take turns pass by pass" in stdout
     assert "goal (zarr zstd): mixle decodes within 10% of the distinct chunks" in stdout

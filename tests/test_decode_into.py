@@ -353,7 +353,7 @@ def test_the_readers_decode_into_buffers(cases: dict[str, Case], name: str) -> N
         (kept,) = cache._entries.values()
         pages = _pages_of(kept)
         if cache.stats().decodes:  # a chunk never written is the fill chunk, no buffer
-            assert pages is not None and pages.owner is cache and len(pages) == kept.nbytes
+            assert pages is not None and pages.owner is cache and pages.size == kept.nbytes
 
 
 # -- property: any corners and sizes, a budget that evicts all the time ----------------------

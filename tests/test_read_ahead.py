@@ -404,6 +404,26 @@ def test_threads_reading_batches_that_share_chunks_decode_each_chunk_once():
     assert cache.stats().decodes == 4
 
 
+def test_a_claim_makes_its_event_only_when_another_thread_waits():
+    cache = ChunkCache()
+    assert cache.claim("a") is None  # this thread loads "a"; nobody waits yet
+    waiting = cache.claim("a")
+    assert isinstance(waiting, threading.Event) and not waiting.is_set()
+    assert cache.claim("a") is waiting  # every later waiter waits on the same event
+    done = threading.Event()
+    waiter = threading.Thread(target=lambda: done.set() if waiting.wait(10) else None)
+    waiter.start()
+    cache.put("a", _chunk(1))
+    cache.unclaim("a")
+    waiter.join()
+    assert waiting.is_set() and done.is_set()
+    assert cache.claim("a") is not None and not isinstance(cache.claim("a"), threading.Event)
+    assert cache.claim("b") is None  # a load nobody waited for ends without an event
+    cache.unclaim("b")
+    assert cache.claim("b") is None  # not kept, so claimed again
+    cache.unclaim("b")
+
+
 def test_a_claim_never_released_delays_a_read_but_never_hangs_it(monkeypatch):
     """A thread interrupted between claiming a chunk and decoding it never says it is done."""
     monkeypatch.setattr(mixle.reading.executor, "CLAIM_WAIT_S", 0.05)

@@ -212,7 +212,8 @@ class ChunkCache:
         self._hits = self._misses = self._evictions = self._skipped = 0
         self._seconds = [0.0, 0.0, 0.0]  # read, decode, scatter
         self._decodes = 0
-        self._loading: dict[Hashable, threading.Event] = {}  # keys a thread is decoding now
+        # keys a thread is decoding now: the event others wait on, made when one first does
+        self._loading: dict[Hashable, threading.Event | None] = {}
         self._spare: dict[int, list[_Pages]] = {}
         self._spare_bytes = 0
 
@@ -370,10 +371,12 @@ class ChunkCache:
                 if key in self._lru:
                     self._lru.move_to_end(key)
                 return found
-            loading = self._loading.get(key)
-            if loading is not None:
+            if key in self._loading:
+                loading = self._loading[key]
+                if loading is None:  # the first thread to wait for this load makes its event
+                    loading = self._loading[key] = threading.Event()
                 return loading
-            self._loading[key] = threading.Event()
+            self._loading[key] = None
             return None
 
     def unclaim(self, key: Hashable) -> None:

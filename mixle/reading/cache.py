@@ -72,7 +72,8 @@ _PAGE_FLAGS = (
 #: Where a chunk starts in its pages: half a page in. A batch array's data starts a few
 #: bytes past a page boundary (the allocator's header), and a copy between two buffers at
 #: the same offset within a page stalls on the CPU's load/store address checks (4K
-#: aliasing): whole chunks scattered from page-aligned pages ran about 3x slower.
+#: aliasing): whole chunks scattered from page-aligned pages ran 2.7x slower
+#: (benchmarks/chunk_scatter.py).
 PAGE_OFFSET = 2048
 
 

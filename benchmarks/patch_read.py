@@ -101,6 +101,7 @@ import argparse
 import contextlib
 import json
 import os
+import select
 import shutil
 import subprocess
 import sys
@@ -859,6 +860,8 @@ PASS_ROWS = {
 PASS_GOAL_LIMIT = {"zarr zstd": 0.85, "hdf5 gzip": 0.85}
 PASS_GOAL_TSTORE = 1.3
 PASS_GOAL_DECODES = 1.10
+#: A pass row that answers nothing for this long (its warm-up or one pass) is killed.
+PASS_ROW_TIMEOUT_S = 1800.0
 
 
 def pass_chunks(starts: np.ndarray) -> np.ndarray:
@@ -1076,8 +1079,7 @@ def _limit_meter(folder: Path, size: int, backend: str, count: int):
         t0 = time.perf_counter()
         for w in workers:
             w.join()
-        return {"seed": seed, "seconds": one, "shared_seconds": time.perf_counter() - t0,
-                "chunks": len(blobs)}  # fmt: skip
+        return {"seed": seed, "seconds": one, "shared_seconds": time.perf_counter() - t0}
 
     return limit
 
@@ -1091,8 +1093,10 @@ class _PassRow:
         self.name = f"{backend} / {contender} / {threads or 'default'} threads"
         cmd = [sys.executable, __file__, "--pass-server", str(folder), str(size), backend,
                contender, str(threads), str(count)]  # fmt: skip
+        # stderr to a file: a pipe nobody drains would stop a row that warns a lot
+        self._err = tempfile.TemporaryFile("w+")  # noqa: SIM115 (closed in close())
         self._proc = subprocess.Popen(
-            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err, text=True
         )
         self.same = bool(self._answer()["same"])
         self.passes: list[dict[str, Any]] = []
@@ -1107,12 +1111,16 @@ class _PassRow:
         return got
 
     def _answer(self) -> dict[str, Any]:
+        """The row's next line; a row silent for :data:`PASS_ROW_TIMEOUT_S` is killed."""
         assert self._proc.stdout is not None
-        line = self._proc.stdout.readline()
+        ready, _, _ = select.select([self._proc.stdout], [], [], PASS_ROW_TIMEOUT_S)
+        line = self._proc.stdout.readline() if ready else ""
         if not line:
             self._proc.kill()
-            _, err = self._proc.communicate()
-            raise RuntimeError(f"pass row {self.name} failed:\n{err}")
+            self._proc.wait()
+            self._err.seek(0)
+            why = "failed" if ready else f"gave no answer in {PASS_ROW_TIMEOUT_S:.0f} s"
+            raise RuntimeError(f"pass row {self.name} {why}:\n{self._err.read()[-4000:]}")
         return json.loads(line)
 
     def close(self) -> None:
@@ -1123,6 +1131,7 @@ class _PassRow:
         except subprocess.TimeoutExpired:
             self._proc.kill()
             self._proc.wait()
+        self._err.close()
 
 
 def run_side_by_side(rows: list[_PassRow], repeats: int) -> None:

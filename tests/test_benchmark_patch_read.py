@@ -116,5 +116,9 @@ def test_patch_read_pass_table_decodes_each_chunk_of_a_pass_once(tmp_path):
         assert r["passes"] == 2 and r["limit_ms"] > 0 and r["decodes"] == r["distinct"], r
     bare = [r for r in rows if r["table"] == "pass bare decode"]
     assert [r["backend"] for r in bare] == list(PASS) and all(r["speedup"] > 0 for r in bare)
+    for r in bare:  # the most x limit the machine's own scaling allows a pass
+        assert r["x_limit"] == pytest.approx(r["speedup"] / r["threads"]), r
+    assert "goal (zarr zstd): mixle >= 0.85x limit" in stdout
+    assert "the bare decodes on these threads reach" in stdout
     assert "the rows take turns pass by pass" in stdout
     assert "goal (zarr zstd): mixle decodes within 10% of the distinct chunks" in stdout

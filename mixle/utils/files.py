@@ -10,6 +10,7 @@ points to.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import stat
 import threading
@@ -20,12 +21,14 @@ from typing import BinaryIO
 from mixle.errors import SpecialFileError
 
 __all__ = [
+    "READ_BUFFER_ALIGN",
     "READ_BUFFER_KEPT_BYTES",
     "cache_dir",
     "env_byte_budget",
     "file_kind",
     "open_regular_fd",
     "open_regular_file",
+    "page_aligned_buffer",
     "publish_file",
     "read_fd",
     "read_fd_into",
@@ -38,22 +41,39 @@ __all__ = [
 #: to this size; larger reads get a buffer of their own.
 READ_BUFFER_KEPT_BYTES = 16 * 1024 * 1024
 
+#: Where read buffers start (:func:`page_aligned_buffer`): a page.
+READ_BUFFER_ALIGN = 4096
+
 _read_buffers = threading.local()
 
 
 def thread_read_buffer(size: int) -> memoryview:
-    """``size`` writable bytes of this thread's reusable read buffer.
+    """``size`` writable bytes of this thread's reusable read buffer, starting on a page.
 
     What stored chunks are read into before they are decoded: no fresh allocation (and
     page faults) per chunk. Valid only until this thread's next call; grown as needed,
     kept up to :data:`READ_BUFFER_KEPT_BYTES`.
     """
-    buffer: bytearray | None = getattr(_read_buffers, "buffer", None)
+    buffer: memoryview | None = getattr(_read_buffers, "buffer", None)
     if buffer is None or len(buffer) < size:
-        buffer = bytearray(size)
+        buffer = page_aligned_buffer(size)
         if size <= READ_BUFFER_KEPT_BYTES:
             _read_buffers.buffer = buffer
-    return memoryview(buffer)[:size]
+    return buffer[:size]
+
+
+def page_aligned_buffer(size: int) -> memoryview:
+    """``size`` writable bytes (zeroed) that start on a :data:`READ_BUFFER_ALIGN` boundary.
+
+    A large ``bytearray``'s bytes start 16 bytes into a page (the allocator's header),
+    and on some machines the kernel copies a file read into such a buffer several times
+    slower than into one that starts on the page (measured in
+    ``benchmarks/read_alignment.py``).
+    """
+    raw = bytearray(size + READ_BUFFER_ALIGN)
+    address = ctypes.addressof(ctypes.c_char.from_buffer(raw))
+    start = -address % READ_BUFFER_ALIGN
+    return memoryview(raw)[start : start + size]
 
 
 _KINDS = (

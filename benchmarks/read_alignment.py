@@ -4,7 +4,7 @@ mixle reads a stored chunk (a zarr chunk file, an HDF5 chunk's bytes) into a per
 buffer and decodes it from there. A large ``bytearray``'s bytes start 16 bytes into a page
 (the allocator's header), and on some machines the kernel copies a read into such a
 buffer several times slower than into one that starts on the page (seen on AMD EPYC, Linux
-6.x: 3.7x, only where the buffer starts 1 to 31 bytes into a page). So
+6.x: 4-5x, where it starts 4 to 28 bytes into a page; 0, and 32 on, were fast). So
 :func:`mixle.utils.files.thread_read_buffer` starts its buffer on a page. This prints,
 measured side by side in interleaved rounds:
 
